@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The few kernel types bpf/tcp.bpf.c reads, declared for CO-RE.
+ *
+ * Instead of a 3 MB vmlinux.h generated from one kernel, these declare only
+ * the members the programs touch, with preserve_access_index: libbpf
+ * relocates every access against the running kernel's BTF at load time, by
+ * member name (anonymous unions in the real structs are matched through).
+ * The compiled object therefore does not depend on the build machine's
+ * kernel, and rebuilds byte-identically.
+ */
+#ifndef NETTAP_VMLINUX_MIN_H
+#define NETTAP_VMLINUX_MIN_H
+/* Tells bpf_tracing.h to use the kernel's pt_regs member names. */
+#define __VMLINUX_H__
+
+typedef unsigned char __u8;
+typedef unsigned short __u16;
+typedef unsigned int __u32;
+typedef unsigned long long __u64;
+typedef signed char __s8;
+typedef short __s16;
+typedef int __s32;
+typedef long long __s64;
+typedef __u16 __be16;
+typedef __u32 __be32;
+typedef __u32 __wsum;
+typedef _Bool bool;
+typedef unsigned short umode_t;
+typedef int pid_t;
+
+enum { false = 0, true = 1 };
+
+enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_RINGBUF = 27,
+};
+
+enum {
+	BPF_ANY = 0,
+	BPF_NOEXIST = 1,
+	BPF_EXIST = 2,
+};
+
+enum {
+	BPF_RB_NO_WAKEUP = 1,
+	BPF_RB_FORCE_WAKEUP = 2,
+};
+
+enum {
+	BPF_RB_AVAIL_DATA = 0,
+	BPF_RB_RING_SIZE = 1,
+	BPF_RB_CONS_POS = 2,
+	BPF_RB_PROD_POS = 3,
+};
+
+#pragma clang attribute push (__attribute__((preserve_access_index)), apply_to = record)
+
+struct in6_addr {
+	union {
+		__u8 u6_addr8[16];
+	} in6_u;
+};
+
+struct ns_common {
+	unsigned int inum;
+};
+
+struct net {
+	struct ns_common ns;
+};
+
+typedef struct {
+	struct net *net;
+} possible_net_t;
+
+struct sock_common {
+	__be32 skc_daddr;
+	__be32 skc_rcv_saddr;
+	__be16 skc_dport;
+	__u16 skc_num;
+	unsigned short skc_family;
+	possible_net_t skc_net;
+	struct in6_addr skc_v6_daddr;
+	struct in6_addr skc_v6_rcv_saddr;
+};
+
+struct sock {
+	struct sock_common __sk_common;
+	__u16 sk_type;
+	__u16 sk_protocol;
+};
+
+struct socket {
+	short type;
+	struct sock *sk;
+};
+
+struct inode {
+	umode_t i_mode;
+};
+
+struct file {
+	struct inode *f_inode;
+	void *private_data;
+};
+
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+};
+
+struct files_struct {
+	struct fdtable *fdt;
+};
+
+enum iter_type {
+	ITER_UBUF = 0,
+};
+
+struct iov_iter {
+	__u8 iter_type;
+	void *ubuf;
+};
+
+struct msghdr {
+	struct iov_iter msg_iter;
+};
+
+/* x86-64 register frame, as bpf_tracing.h reads it for kprobes. */
+struct pt_regs {
+	unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+	unsigned long ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
+};
+
+struct task_struct {
+	struct files_struct *files;
+};
+
+struct trace_event_raw_inet_sock_set_state {
+	const void *skaddr;
+	int oldstate;
+	int newstate;
+	__u16 protocol;
+};
+
+#pragma clang attribute pop
+
+/* Syscall tracepoint records: their layout is the tracepoint ABI
+ * (/sys/kernel/tracing/events/syscalls/sys_enter_write/format), not a
+ * kernel struct, so no CO-RE relocation applies. */
+struct trace_event_raw_sys_enter {
+	__u64 ent;
+	long id;
+	unsigned long args[6];
+};
+
+struct trace_event_raw_sys_exit {
+	__u64 ent;
+	long id;
+	long ret;
+};
+
+/* User-space ABI structs (uapi/linux/uio.h, include/linux/socket.h). */
+struct iovec {
+	void *iov_base;
+	__u64 iov_len;
+};
+
+struct user_msghdr {
+	void *msg_name;
+	int msg_namelen;
+	struct iovec *msg_iov;
+	__u64 msg_iovlen;
+	void *msg_control;
+	__u64 msg_controllen;
+	unsigned int msg_flags;
+};
+
+#endif /* NETTAP_VMLINUX_MIN_H */
