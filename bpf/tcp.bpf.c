@@ -136,14 +136,6 @@ struct {
 	__type(value, struct conn);
 } capture_conns SEC(".maps");
 
-/* Scratch for building a chunk header once per call. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct nettap_chunk);
-} chunk_scratch SEC(".maps");
-
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/records.py. */
 struct nettap_chunk btf_nettap_chunk __attribute__((unused));
@@ -391,19 +383,34 @@ int tcp_recvmsg_enter_msg(struct trace_event_raw_sys_enter *ctx)
 
 /* ---- tracepoint mechanism: return -------------------------------------- */
 
+/* The state of one call's chunking. It lives in a per-CPU map, not on the
+ * stack: the verifier does not track values in map memory, so the states
+ * of the bpf_loop callback below converge after one pass instead of being
+ * explored once per distinct byte count. */
 struct emit_state {
-	struct nettap_chunk *hdr;	/* per-CPU scratch holding the header */
-	struct nettap_capture_config *cfg;
-	__u64 seg_base;
-	__u64 seg_left;
-	__u64 iov;			/* next user iovec, when vectored */
-	__u32 iov_left;
-	__u32 done;
-	__u32 want;
-	__u32 probe;
+	__u64 seg_base;		/* user address of the current segment */
+	__u64 seg_left;		/* bytes left in it */
+	__u64 iov;		/* next user iovec, when vectored */
+	__u64 iov_left;
+	__u64 done;		/* bytes of the call captured so far */
+	__u64 want;		/* bytes of the call to capture */
 	__u64 published;
 	__u64 dropped;
+	__u32 probe;
+	__u32 pad;
 };
+
+struct call_scratch {
+	struct nettap_chunk hdr;	/* header copied into every chunk */
+	struct emit_state st;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct call_scratch);
+} call_scratch SEC(".maps");
 
 static __always_inline void fill_conn_fields(struct nettap_chunk *h, struct sock *sk)
 {
@@ -421,35 +428,47 @@ static __always_inline void fill_conn_fields(struct nettap_chunk *h, struct sock
 	}
 }
 
-/* Publish one chunk of up to NETTAP_CHUNK_DATA bytes; false when done. */
-static __always_inline bool emit_one(struct emit_state *st)
+/* bpf_loop callback: publish one chunk of up to NETTAP_CHUNK_DATA bytes,
+ * or step to the next iovec. Returns 1 to stop. bpf_loop (Linux 5.17) has
+ * the verifier check this body once; an open-coded loop of the same bound
+ * explodes past the 1M-instruction limit. */
+static long emit_chunk(__u32 i, void *arg)
 {
-	struct nettap_chunk *rec;
-	__u32 n;
+	struct nettap_capture_config *cfg;
+	struct call_scratch *cs;
+	struct emit_state *st;
+	struct nettap_chunk *hdr, *rec;
+	__u32 zero = 0;
+	__u64 n;
 	long err;
 
+	cs = bpf_map_lookup_elem(&call_scratch, &zero);
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	if (!cs || !cfg)
+		return 1;
+	st = &cs->st;
+	hdr = &cs->hdr;
 	if (st->done >= st->want)
-		return false;
-	while (st->seg_left == 0) {
+		return 1;
+	if (st->seg_left == 0) {
 		struct iovec v = {};
 
 		if (st->iov_left == 0)
-			return false;
+			return 1;
 		if (bpf_probe_read_user(&v, sizeof(v), (void *)st->iov))
-			return false;
+			return 1;
 		st->iov += sizeof(v);
 		st->iov_left--;
 		st->seg_base = (__u64)v.iov_base;
 		st->seg_left = v.iov_len;
-		/* The verifier needs the loop bounded; iov_left is <= MAX_IOV. */
-		if (st->seg_left == 0 && st->iov_left == 0)
-			return false;
-		if (st->seg_left == 0)
-			return true;
+		return 0;
 	}
 	n = st->want - st->done;
 	if (n > st->seg_left)
 		n = st->seg_left;
+	/* Clamp last, on the register passed to the helper, so the verifier
+	 * sees n <= NETTAP_CHUNK_DATA whatever clang reorders. */
+	barrier_var(n);
 	if (n > NETTAP_CHUNK_DATA)
 		n = NETTAP_CHUNK_DATA;
 
@@ -457,8 +476,8 @@ static __always_inline bool emit_one(struct emit_state *st)
 	if (!rec) {
 		st->dropped++;
 	} else {
-		__builtin_memcpy(rec, st->hdr, offsetof(struct nettap_chunk, data));
-		rec->offset = st->hdr->call_offset + st->done;
+		__builtin_memcpy(rec, hdr, offsetof(struct nettap_chunk, data));
+		rec->offset = hdr->call_offset + st->done;
 		rec->len = n;
 		err = bpf_probe_read_user(rec->data, n, (void *)st->seg_base);
 		if (err) {
@@ -466,13 +485,13 @@ static __always_inline bool emit_one(struct emit_state *st)
 			rec->flags |= NETTAP_CHUNK_F_READ_FAILED;
 			emit_log(NETTAP_LOG_READ_USER_FAILED, st->probe, (__u64)-err, n);
 		}
-		bpf_ringbuf_submit(rec, wakeup_flags(&capture_chunks, st->cfg));
+		bpf_ringbuf_submit(rec, wakeup_flags(&capture_chunks, cfg));
 		st->published++;
 	}
 	st->seg_base += n;
 	st->seg_left -= n;
 	st->done += n;
-	return true;
+	return 0;
 }
 
 static __always_inline int exit_call(__u32 probe, long ret)
@@ -481,8 +500,9 @@ static __always_inline int exit_call(__u32 probe, long ret)
 	struct inflight *in = bpf_map_lookup_elem(&inflight_calls, &id);
 	struct nettap_capture_config *cfg;
 	struct nettap_probe_counters *c;
+	struct call_scratch *cs;
 	struct nettap_chunk *hdr;
-	struct emit_state st = {};
+	struct emit_state *st;
 	struct conn *cn, fresh = {};
 	struct sock *sk;
 	__u64 key, off = 0, buf;
@@ -503,10 +523,12 @@ static __always_inline int exit_call(__u32 probe, long ret)
 		return 0;
 	c->bytes += ret;
 
-	hdr = bpf_map_lookup_elem(&chunk_scratch, &zero);
+	cs = bpf_map_lookup_elem(&call_scratch, &zero);
 	cfg = bpf_map_lookup_elem(&capture_config, &zero);
-	if (!hdr || !cfg)
+	if (!cs || !cfg)
 		return 0;
+	hdr = &cs->hdr;
+	st = &cs->st;
 
 	key = (__u64)sk;
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
@@ -547,30 +569,26 @@ static __always_inline int exit_call(__u32 probe, long ret)
 	fill_conn_fields(hdr, sk);
 	bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
 
-	st.hdr = hdr;
-	st.cfg = cfg;
-	st.probe = probe;
-	st.want = ret;
-	if (st.want > cfg->max_payload_bytes)
-		st.want = cfg->max_payload_bytes;
+	__builtin_memset(st, 0, sizeof(*st));
+	st->probe = probe;
+	st->want = ret;
+	if (st->want > cfg->max_payload_bytes)
+		st->want = cfg->max_payload_bytes;
 	if (iovcnt == 0) {
-		st.seg_base = buf;
-		st.seg_left = ret;
+		st->seg_base = buf;
+		st->seg_left = ret;
 	} else {
-		st.iov = buf;
-		st.iov_left = iovcnt > NETTAP_MAX_IOV ? NETTAP_MAX_IOV : iovcnt;
+		st->iov = buf;
+		st->iov_left = iovcnt > NETTAP_MAX_IOV ? NETTAP_MAX_IOV : iovcnt;
 	}
 
-	for (int i = 0; i < NETTAP_MAX_CHUNKS_PER_CALL + NETTAP_MAX_IOV; i++) {
-		if (!emit_one(&st))
-			break;
-	}
-	if (iovcnt > NETTAP_MAX_IOV && st.done < st.want)
-		emit_log(NETTAP_LOG_IOV_TRUNCATED, probe, iovcnt, st.want - st.done);
+	bpf_loop(NETTAP_MAX_CHUNKS_PER_CALL + NETTAP_MAX_IOV, emit_chunk, NULL, 0);
+	if (iovcnt > NETTAP_MAX_IOV && st->done < st->want)
+		emit_log(NETTAP_LOG_IOV_TRUNCATED, probe, iovcnt, st->want - st->done);
 
-	c->chunks += st.published;
-	if (st.dropped)
-		count_drop(NETTAP_RING_CAPTURE_CHUNKS, st.dropped);
+	c->chunks += st->published;
+	if (st->dropped)
+		count_drop(NETTAP_RING_CAPTURE_CHUNKS, st->dropped);
 	return 0;
 }
 

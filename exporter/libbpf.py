@@ -1,0 +1,152 @@
+"""A thin, typed ctypes binding over the system libbpf (``libbpf.so.1``).
+
+Only signatures live here: every function that returns a pointer declares
+``restype = c_void_p`` (a plain ``c_int`` would truncate 64-bit pointers), and
+the library is loaded lazily with ``use_errno=True``. Failures are raised as
+:class:`OSError` carrying the errno and the name of the libbpf call, the way
+libbpf itself reports them (negative errno returns, or NULL plus ``errno``).
+
+Nothing here holds state except the loaded library handle.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import os
+from ctypes import (POINTER, Structure, c_bool, c_char_p, c_int, c_size_t,
+                    c_uint32, c_uint64, c_void_p)
+from typing import Optional
+
+LIBBPF_NAME = "libbpf.so.1"
+
+# enum bpf_prog_type / bpf_attach_type / bpf_stats_type (uapi/linux/bpf.h)
+BPF_PROG_TYPE_TRACING = 26
+BPF_TRACE_FENTRY = 24
+BPF_STATS_RUN_TIME = 0
+# enum btf_kind (uapi/linux/btf.h)
+BTF_KIND_FUNC = 12
+# bpf_map_update_elem flags
+BPF_ANY = 0
+
+_lib: Optional[ctypes.CDLL] = None
+
+
+class bpf_prog_load_opts(Structure):
+    """``struct bpf_prog_load_opts`` of libbpf 1.x (bpf/bpf.h), up to the
+    fields nettap sets; ``sz`` tells libbpf how much of it we pass."""
+
+    _fields_ = [
+        ("sz", c_size_t),
+        ("attempts", c_int),
+        ("expected_attach_type", c_uint32),
+        ("prog_btf_fd", c_uint32),
+        ("prog_flags", c_uint32),
+        ("prog_ifindex", c_uint32),
+        ("kern_version", c_uint32),
+        ("attach_btf_id", c_uint32),
+        ("attach_prog_fd", c_uint32),
+        ("attach_btf_obj_fd", c_uint32),
+    ]
+
+
+# name: (restype, argtypes). Pointer results are c_void_p, always.
+_SIGNATURES = {
+    "libbpf_version_string": (c_char_p, []),
+    "libbpf_num_possible_cpus": (c_int, []),
+    "bpf_object__open_file": (c_void_p, [c_char_p, c_void_p]),
+    "bpf_object__load": (c_int, [c_void_p]),
+    "bpf_object__close": (None, [c_void_p]),
+    "bpf_object__next_program": (c_void_p, [c_void_p, c_void_p]),
+    "bpf_object__find_program_by_name": (c_void_p, [c_void_p, c_char_p]),
+    "bpf_object__next_map": (c_void_p, [c_void_p, c_void_p]),
+    "bpf_object__find_map_by_name": (c_void_p, [c_void_p, c_char_p]),
+    "bpf_program__name": (c_char_p, [c_void_p]),
+    "bpf_program__section_name": (c_char_p, [c_void_p]),
+    "bpf_program__set_autoload": (c_int, [c_void_p, c_bool]),
+    "bpf_program__autoload": (c_bool, [c_void_p]),
+    "bpf_program__fd": (c_int, [c_void_p]),
+    "bpf_program__attach": (c_void_p, [c_void_p]),
+    "bpf_program__attach_tracepoint": (c_void_p, [c_void_p, c_char_p, c_char_p]),
+    "bpf_link__destroy": (c_int, [c_void_p]),
+    "bpf_map__name": (c_char_p, [c_void_p]),
+    "bpf_map__fd": (c_int, [c_void_p]),
+    "bpf_map__type": (c_int, [c_void_p]),
+    "bpf_map__key_size": (c_uint32, [c_void_p]),
+    "bpf_map__value_size": (c_uint32, [c_void_p]),
+    "bpf_map__max_entries": (c_uint32, [c_void_p]),
+    "bpf_map__set_max_entries": (c_int, [c_void_p, c_uint32]),
+    "bpf_map_update_elem": (c_int, [c_int, c_void_p, c_void_p, c_uint64]),
+    "bpf_map_lookup_elem": (c_int, [c_int, c_void_p, c_void_p]),
+    "bpf_map_delete_elem": (c_int, [c_int, c_void_p]),
+    "bpf_map_get_next_key": (c_int, [c_int, c_void_p, c_void_p]),
+    "bpf_obj_get_info_by_fd": (c_int, [c_int, c_void_p, POINTER(c_uint32)]),
+    "bpf_enable_stats": (c_int, [c_int]),
+    "bpf_prog_load": (c_int, [c_int, c_char_p, c_char_p, c_void_p, c_size_t, c_void_p]),
+    "bpf_raw_tracepoint_open": (c_int, [c_char_p, c_int]),
+    "btf__load_vmlinux_btf": (c_void_p, []),
+    "btf__find_by_name_kind": (c_int, [c_void_p, c_char_p, c_uint32]),
+    "btf__free": (None, [c_void_p]),
+    "libbpf_set_print": (c_void_p, [c_void_p]),
+}
+
+
+def lib() -> ctypes.CDLL:
+    """The libbpf handle, loaded and typed on first use."""
+    global _lib
+    if _lib is None:
+        handle = ctypes.CDLL(LIBBPF_NAME, use_errno=True)
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(handle, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        _lib = handle
+    return _lib
+
+
+def _raise(call: str, err: int) -> None:
+    err = abs(err) or _errno.EIO
+    raise OSError(err, f"{call}: {os.strerror(err)}")
+
+
+def check(call: str, ret: int) -> int:
+    """Raise for libbpf's negative-errno convention; return ret otherwise."""
+    if ret < 0:
+        _raise(call, ret)
+    return ret
+
+
+def check_ptr(call: str, ptr: Optional[int]) -> int:
+    """Raise for libbpf's NULL-plus-errno convention; return the pointer."""
+    if not ptr:
+        _raise(call, ctypes.get_errno())
+    return ptr
+
+
+def call(name: str, *args):
+    """Call a libbpf function that returns a negative errno on failure."""
+    return check(name, getattr(lib(), name)(*args))
+
+
+def call_ptr(name: str, *args) -> int:
+    """Call a libbpf function that returns a pointer, NULL on failure."""
+    ctypes.set_errno(0)
+    return check_ptr(name, getattr(lib(), name)(*args))
+
+
+def name_of(fn: str, ptr: int) -> str:
+    """bpf_program__name / bpf_map__name as str."""
+    return getattr(lib(), fn)(ptr).decode()
+
+
+def version() -> str:
+    """libbpf's version, e.g. 'v1.1'."""
+    return lib().libbpf_version_string().decode()
+
+
+def possible_cpus() -> int:
+    return call("libbpf_num_possible_cpus")
+
+
+def silence() -> None:
+    """Stop libbpf printing to stderr (nettap reports failures itself)."""
+    lib().libbpf_set_print(None)

@@ -1,0 +1,285 @@
+"""The probe loader: open bpf/tcp.bpf.o, choose each probe's attach
+mechanism, load, attach, and own the lifetime of everything it made.
+
+Per probe the mechanism is decided before load, from what this kernel
+accepts, in the order the design card gives: fentry/fexit, then
+kprobe/kretprobe, then syscall tracepoints. The programs of the mechanisms
+not chosen get autoload switched off (libbpf-tools' way: fallbacks are
+decided in user space, not with #ifdefs). A probe whose attach fails is
+reported with mechanism ``none``; the others keep running.
+
+:meth:`Probes.close` destroys every link and closes the object, so nothing
+stays in the kernel: no pins are made, and links die with the process even
+when it is killed.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from . import libbpf
+
+log = logging.getLogger(__name__)
+
+BPF_DIR = Path(os.environ.get("NETTAP_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf"))
+OBJECT = "tcp.bpf.o"
+
+PROBES = ("tcp_sendmsg", "tcp_recvmsg")
+RINGS = ("capture_chunks", "capture_eof", "logs")
+MECHANISMS = ("fentry", "kprobe", "tracepoint")
+
+TRACEFS = Path("/sys/kernel/tracing")
+KPROBE_PMU = Path("/sys/bus/event_source/devices/kprobe/type")
+
+
+def _syscall_tps(prefix: str, calls: Tuple[str, ...]) -> List[Tuple[str, str]]:
+    return [("syscalls", f"{prefix}_{c}") for c in calls]
+
+
+# program name -> tracepoints it is attached to (one program may serve several).
+_TP_PLAN: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
+    "tcp_sendmsg": {
+        "tcp_sendmsg_enter": _syscall_tps("sys_enter", ("write", "sendto")),
+        "tcp_sendmsg_enter_iov": _syscall_tps("sys_enter", ("writev",)),
+        "tcp_sendmsg_enter_msg": _syscall_tps("sys_enter", ("sendmsg",)),
+        "tcp_sendmsg_exit": _syscall_tps("sys_exit", ("write", "sendto", "writev", "sendmsg")),
+    },
+    "tcp_recvmsg": {
+        "tcp_recvmsg_enter": _syscall_tps("sys_enter", ("read", "recvfrom")),
+        "tcp_recvmsg_enter_iov": _syscall_tps("sys_enter", ("readv",)),
+        "tcp_recvmsg_enter_msg": _syscall_tps("sys_enter", ("recvmsg",)),
+        "tcp_recvmsg_exit": _syscall_tps("sys_exit", ("read", "recvfrom", "readv", "recvmsg")),
+    },
+}
+LIFECYCLE = {"tcp_state": [("sock", "inet_sock_set_state")]}
+_TRACEPOINTS = {prog: tps for plan in (*_TP_PLAN.values(), LIFECYCLE) for prog, tps in plan.items()}
+
+
+def programs_for(probe: str, mechanism: str) -> List[str]:
+    if mechanism == "tracepoint":
+        return list(_TP_PLAN[probe])
+    suffix = {"fentry": ("fentry", "fexit"), "kprobe": ("kprobe", "kretprobe")}[mechanism]
+    return [f"{probe}_{s}" for s in suffix]
+
+
+# ---- what the kernel accepts ---------------------------------------------
+
+def fentry_support(func: str) -> Tuple[bool, str]:
+    """Load and attach a two-instruction fentry program on ``func``.
+
+    This is the only honest test: BTF may name the function while the
+    kernel still refuses tracing programs (lockdown, LSM, or a kernel built
+    without the trampoline), as it does with EPERM on nettap's CI kernel.
+    """
+    lb = libbpf.lib()
+    btf = lb.btf__load_vmlinux_btf()
+    if not btf:
+        return False, "no vmlinux BTF"
+    try:
+        btf_id = lb.btf__find_by_name_kind(btf, func.encode(), libbpf.BTF_KIND_FUNC)
+    finally:
+        lb.btf__free(btf)
+    if btf_id <= 0:
+        return False, f"{func} not in vmlinux BTF"
+    # r0 = 0; exit
+    insns = (ctypes.c_uint64 * 2)(0x00000000000000B7, 0x0000000000000095)
+    opts = libbpf.bpf_prog_load_opts(sz=ctypes.sizeof(libbpf.bpf_prog_load_opts),
+                                     expected_attach_type=libbpf.BPF_TRACE_FENTRY,
+                                     attach_btf_id=btf_id)
+    fd = lb.bpf_prog_load(libbpf.BPF_PROG_TYPE_TRACING, b"nettap_probe", b"GPL",
+                          insns, 2, ctypes.byref(opts))
+    if fd < 0:
+        return False, f"load refused: {os.strerror(-fd)}"
+    try:
+        link = lb.bpf_raw_tracepoint_open(None, fd)
+        if link < 0:
+            return False, f"attach refused: {os.strerror(-link)}"
+        os.close(link)
+        return True, "fentry attach works"
+    finally:
+        os.close(fd)
+
+
+def kprobe_support() -> Tuple[bool, str]:
+    if KPROBE_PMU.exists() or (TRACEFS / "kprobe_events").exists():
+        return True, "kprobe PMU present"
+    return False, "kernel has no kprobes (no kprobe PMU, no kprobe_events)"
+
+
+def tracepoint_support() -> Tuple[bool, str]:
+    if (TRACEFS / "events/syscalls/sys_enter_write/id").exists():
+        return True, "syscall tracepoints present"
+    return False, f"{TRACEFS}/events/syscalls not found (tracefs not mounted, or no CONFIG_FTRACE_SYSCALLS)"
+
+
+def ensure_tracefs() -> None:
+    """Make /sys/kernel/tracing available to this process.
+
+    libbpf reads tracepoint ids from tracefs. When it is not mounted, mount
+    it inside a private mount namespace (unshare(CLONE_NEWNS) with slave
+    propagation), so that the mount dies with nettap, even on kill -9,
+    and the host's mount table is left as it was.
+    """
+    if (TRACEFS / "events").is_dir():
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    CLONE_NEWNS, MS_REC, MS_SLAVE = 0x00020000, 0x4000, 0x80000
+    if threading.active_count() == 1 and libc.unshare(CLONE_NEWNS) == 0:
+        if libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None) != 0:
+            log.warning("tracefs: cannot make / a slave mount: %s", os.strerror(ctypes.get_errno()))
+    else:
+        log.warning("tracefs: no private mount namespace (%s); mounting on the host",
+                    os.strerror(ctypes.get_errno()) if threading.active_count() == 1 else "threads running")
+    if libc.mount(b"tracefs", str(TRACEFS).encode(), b"tracefs", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tracefs on {TRACEFS}: {os.strerror(err)}")
+
+
+@dataclass
+class ProbeState:
+    probe: str
+    mechanism: str = "none"       # fentry | kprobe | tracepoint | none
+    attached: bool = False
+    reasons: Dict[str, str] = field(default_factory=dict)   # mechanism -> why (not) chosen
+    error: str = ""
+
+
+def choose_mechanisms(forced: Optional[str] = None) -> Dict[str, ProbeState]:
+    """Per probe, the first mechanism the kernel accepts."""
+    kp = kprobe_support()
+    tp = tracepoint_support()
+    states = {}
+    for probe in PROBES:
+        st = ProbeState(probe)
+        checks = {"fentry": lambda: fentry_support(probe), "kprobe": lambda: kp, "tracepoint": lambda: tp}
+        for mech in MECHANISMS:
+            if forced and mech != forced:
+                st.reasons[mech] = "not requested"
+                continue
+            ok, why = checks[mech]()
+            st.reasons[mech] = why
+            if ok:
+                st.mechanism = mech
+                break
+        states[probe] = st
+    return states
+
+
+class Probes:
+    """The loaded object, its maps and links. Not thread-safe: open and
+    close from one thread; the map fds it hands out may be used anywhere."""
+
+    def __init__(self, ring_sizes: Optional[Dict[str, int]] = None,
+                 mechanism: Optional[str] = None, obj_path: Optional[Path] = None):
+        self.obj = 0
+        self.links: List[int] = []
+        self.prog_fds: Dict[str, int] = {}
+        self.map_fds: Dict[str, int] = {}
+        self.map_info: Dict[str, Tuple[int, int, int, int]] = {}   # type, key, value, max
+        ensure_tracefs()
+        self.states = choose_mechanisms(mechanism)
+        path = str(obj_path or BPF_DIR / OBJECT)
+        try:
+            self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
+            self._configure(ring_sizes or {})
+            libbpf.call("bpf_object__load", self.obj)
+            self._collect_fds()
+            self._attach()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup --
+    def _programs(self):
+        prog = libbpf.lib().bpf_object__next_program(self.obj, None)
+        while prog:
+            yield libbpf.name_of("bpf_program__name", prog), prog
+            prog = libbpf.lib().bpf_object__next_program(self.obj, prog)
+
+    def _maps(self):
+        m = libbpf.lib().bpf_object__next_map(self.obj, None)
+        while m:
+            yield libbpf.name_of("bpf_map__name", m), m
+            m = libbpf.lib().bpf_object__next_map(self.obj, m)
+
+    def _wanted_programs(self) -> Dict[str, str]:
+        """program name -> probe (or 'lifecycle') for every program to load."""
+        want = {name: "lifecycle" for name in LIFECYCLE}
+        for probe, st in self.states.items():
+            if st.mechanism != "none":
+                want.update({p: probe for p in programs_for(probe, st.mechanism)})
+        return want
+
+    def _configure(self, ring_sizes: Dict[str, int]) -> None:
+        want = self._wanted_programs()
+        for name, prog in self._programs():
+            libbpf.call("bpf_program__set_autoload", prog, name in want)
+        for name, m in self._maps():
+            if name in ring_sizes:
+                libbpf.call("bpf_map__set_max_entries", m, ring_sizes[name])
+
+    def _collect_fds(self) -> None:
+        lb = libbpf.lib()
+        for name, prog in self._programs():
+            if lb.bpf_program__autoload(prog):
+                self.prog_fds[name] = libbpf.call("bpf_program__fd", prog)
+        for name, m in self._maps():
+            self.map_fds[name] = libbpf.call("bpf_map__fd", m)
+            self.map_info[name] = (lb.bpf_map__type(m), lb.bpf_map__key_size(m),
+                                   lb.bpf_map__value_size(m), lb.bpf_map__max_entries(m))
+
+    def _attach_one(self, name: str, mechanism: str) -> None:
+        prog = libbpf.call_ptr("bpf_object__find_program_by_name", self.obj, name.encode())
+        if mechanism == "tracepoint":
+            for cat, tp in _TRACEPOINTS[name]:
+                self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint",
+                                                  prog, cat.encode(), tp.encode()))
+        else:
+            self.links.append(libbpf.call_ptr("bpf_program__attach", prog))
+
+    def _attach(self) -> None:
+        self._attach_one("tcp_state", "tracepoint")
+        for probe, st in self.states.items():
+            if st.mechanism == "none":
+                st.error = "no mechanism accepted: " + "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
+                log.error("probe %s not attached: %s", probe, st.error)
+                continue
+            first = len(self.links)
+            try:
+                for name in programs_for(probe, st.mechanism):
+                    self._attach_one(name, st.mechanism)
+                st.attached = True
+                log.info("probe %s attached by %s", probe, st.mechanism)
+            except OSError as e:
+                # Undo this probe's partial attach; the others keep running.
+                for link in self.links[first:]:
+                    libbpf.lib().bpf_link__destroy(link)
+                del self.links[first:]
+                st.error = str(e)
+                st.mechanism = "none"
+                log.error("probe %s not attached: %s", probe, e)
+
+    # -- lifetime --
+    def close(self) -> None:
+        """Destroy every link and close the object (frees programs and maps
+        once no fd refers to them). Safe to call twice."""
+        lb = libbpf.lib()
+        for link in self.links:
+            lb.bpf_link__destroy(link)
+        self.links = []
+        if self.obj:
+            lb.bpf_object__close(self.obj)
+            self.obj = 0
+        self.prog_fds = {}
+        self.map_fds = {}
+
+    def __enter__(self) -> "Probes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
