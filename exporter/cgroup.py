@@ -34,7 +34,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -95,7 +95,7 @@ class _Mount:
     fstype: str  # "cgroup" or "cgroup2"
     root: str  # mountinfo field 4: the cgroup path that is the mount's root
     mountpoint: str  # already re-rooted at cgroup_root
-    controllers: frozenset  # v1 super options (cpu, cpuacct, memory, name=...)
+    controllers: FrozenSet[str]  # v1 super options (cpu, cpuacct, memory, name=...)
 
 
 def _read(path: str) -> str:
@@ -152,6 +152,13 @@ def _join(mount: _Mount, path: str) -> str:
     return os.path.join(mount.mountpoint, rel) if rel else mount.mountpoint
 
 
+def _pick(mounts: List[_Mount], cgroup_root: str) -> Optional[_Mount]:
+    """The first mount, preferring those under cgroup_root (a hierarchy may be mounted twice)."""
+    under = [m for m in mounts if (m.mountpoint + "/").startswith(cgroup_root.rstrip("/") + "/")]
+    chosen = under or mounts
+    return chosen[0] if chosen else None
+
+
 def locate_cgroup(proc_root: str = "/proc", cgroup_root: str = DEFAULT_CGROUP_ROOT,
                   pid: str = "self") -> CgroupLocation:
     """Finds the cpu and memory controller directories of the process's cgroup.
@@ -181,9 +188,9 @@ def locate_cgroup(proc_root: str = "/proc", cgroup_root: str = DEFAULT_CGROUP_RO
     v2: Optional[ControllerDir] = None
     if v2_path is not None:
         if mounts is not None:
-            unified = [m for m in mounts if m.fstype == "cgroup2"]
-            if unified:
-                v2 = ControllerDir("2", v2_path, _join(unified[0], v2_path))
+            unified = _pick([m for m in mounts if m.fstype == "cgroup2"], cgroup_root)
+            if unified is not None:
+                v2 = ControllerDir("2", v2_path, _join(unified, v2_path))
         else:
             for base in (cgroup_root, os.path.join(cgroup_root, "unified")):
                 if os.path.exists(os.path.join(base, "cgroup.controllers")):
@@ -193,19 +200,22 @@ def locate_cgroup(proc_root: str = "/proc", cgroup_root: str = DEFAULT_CGROUP_RO
     def v2_has(filename: str, key: Optional[str] = None) -> bool:
         if v2 is None:
             return False
+        if key is None:
+            return os.path.exists(os.path.join(v2.directory, filename))
         try:
             text = _read(os.path.join(v2.directory, filename))
         except OSError:
             return False
-        return key is None or key in _keyed(text)
+        return key in _keyed(text)
 
     def v1_dir(ctl: str) -> Optional[ControllerDir]:
         if ctl not in v1:
             return None
         ctls, path = v1[ctl]
         if mounts is not None:
-            found = [m for m in mounts if m.fstype == "cgroup" and ctl in m.controllers]
-            return ControllerDir("1", path, _join(found[0], path)) if found else None
+            found = _pick([m for m in mounts if m.fstype == "cgroup" and ctl in m.controllers],
+                          cgroup_root)
+            return ControllerDir("1", path, _join(found, path)) if found is not None else None
         for name in dict.fromkeys((ctls, ctl, "cpu,cpuacct", "cpuacct,cpu")):
             if ctl in name.split(",") and os.path.isdir(os.path.join(cgroup_root, name)):
                 return ControllerDir("1", path, os.path.join(cgroup_root, name, path.lstrip("/")))

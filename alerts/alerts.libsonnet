@@ -1,0 +1,309 @@
+// nettap's alerts. Thresholds, windows and selectors come from config.libsonnet; every alert
+// links to its section of docs/runbook.md (anchor = lowercased alert name).
+//
+// Where a condition can be seen from two sources (nettap's own cgroup counters, and
+// cAdvisor / kube-state-metrics on Kubernetes) the alert has one rule per source under the
+// same name: their label sets differ (instance vs. namespace/pod/container), so they never
+// collide in ALERTS, and either fires when only one source is scraped.
+{
+  local cfg = $._config {
+    kubeLabels: std.join(', ', $._config.kubeContainerLabels),
+  },
+
+  // Adds the runbook link every alert carries.
+  local withRunbook(rule) = rule {
+    annotations+: { runbook_url: cfg.runbookURLPattern % std.asciiLower(rule.alert) },
+  },
+  local group(name, rules) = { name: name, rules: std.map(withRunbook, rules) },
+
+  prometheusAlerts+:: {
+    groups+: [
+      group('nettap-capture', [
+        {
+          alert: 'NettapRingBufferDrops',
+          expr: |||
+            rate(nettap_ringbuf_drops_total{%(nettapSelector)s, ring=~"%(dataLossRingsRegex)s"}[%(rateInterval)s]) > 0
+          ||| % cfg,
+          'for': cfg.ringBufferDropsFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'nettap is losing captured data: a ring buffer reserve is failing.',
+            description: 'nettap on {{ $labels.instance }} dropped {{ $value | humanize }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s: captured payload is being lost.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapRingBufferDrops',
+          expr: |||
+            rate(nettap_ringbuf_drops_total{%(nettapSelector)s, ring!~"%(dataLossRingsRegex)s"}[%(rateInterval)s]) > 0
+          ||| % cfg,
+          'for': cfg.ringBufferDropsFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap is dropping events: a ring buffer reserve is failing.',
+            description: 'nettap on {{ $labels.instance }} dropped {{ $value | humanize }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapRingBufferFillHigh',
+          expr: |||
+            avg_over_time(nettap_ringbuf_pending_bytes{%(nettapSelector)s}[%(rateInterval)s])
+              / (nettap_ringbuf_capacity_bytes{%(nettapSelector)s} > 0)
+            > %(ringBufferFillRatio)s
+          ||| % cfg,
+          'for': cfg.ringBufferFillFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'A nettap ring buffer is filling up; drops follow when it is full.',
+            description: 'Ring {{ $labels.ring }} of nettap on {{ $labels.instance }} is {{ $value | humanizePercentage }} full on average over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
+          // Chunks published (kernel side) vs. records drained (user side) from capture_chunks:
+          // equal in steady state. The seed's "calls climb while chunks flatten" is the kernel
+          // side of the same story and shows as NettapRingBufferDrops.
+          alert: 'NettapPipelineFallingBehind',
+          expr: |||
+            (
+              sum without (ring) (rate(nettap_ringbuf_records_drained_total{%(nettapSelector)s, ring="capture_chunks"}[%(rateInterval)s]))
+                /
+              (sum without (probe) (rate(nettap_probe_chunks_published_total{%(nettapSelector)s}[%(rateInterval)s])) > 0)
+            ) < %(pipelineDrainedRatio)s
+          ||| % cfg,
+          'for': cfg.pipelineFallingBehindFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap user space is not keeping up with the chunks its probes publish.',
+            description: 'nettap on {{ $labels.instance }} drained only {{ $value | humanizePercentage }} of the chunks its probes published over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapRecordsLost',
+          expr: |||
+            rate(nettap_records_lost_total{%(nettapSelector)s}[%(rateInterval)s]) > 0
+          ||| % cfg,
+          'for': cfg.recordsLostFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'nettap is losing captured records after reading them from the ring.',
+            description: 'nettap on {{ $labels.instance }} lost {{ $value | humanize }} records/s at stage {{ $labels.stage }} over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapProbeAttachFailed',
+          expr: |||
+            nettap_probe_attached{%(nettapSelector)s, mechanism="none"} == 1
+          ||| % cfg,
+          'for': cfg.probeAttachFailedFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'A nettap probe is not attached and captures nothing.',
+            description: 'Probe {{ $labels.probe }} of nettap on {{ $labels.instance }} failed to attach with fentry, kprobe and tracepoint.',
+          },
+        },
+      ]),
+
+      group('nettap-exporter', [
+        {
+          alert: 'NettapExporterDown',
+          expr: |||
+            up{%(nettapSelector)s} == 0
+          ||| % cfg,
+          'for': cfg.exporterDownFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'nettap cannot be scraped: nothing is captured or measured on its node.',
+            description: 'Prometheus has failed to scrape nettap on {{ $labels.instance }} for %(exporterDownFor)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapExporterDown',
+          expr: |||
+            absent(up{%(nettapSelector)s})
+          ||| % cfg,
+          'for': cfg.exporterAbsentFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Prometheus has no nettap target at all.',
+            // absent() only carries the selector's equality matchers: degrade gracefully.
+            description: 'Prometheus has discovered no nettap target{{ with $labels.job }} of job {{ . }}{{ end }} for %(exporterAbsentFor)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapRestarting',
+          expr: |||
+            changes(process_start_time_seconds{%(nettapSelector)s}[%(restartsWindow)s]) >= %(restartsThreshold)s
+          ||| % cfg,
+          'for': cfg.restartingFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap keeps restarting; captures are lost at every restart.',
+            description: 'nettap on {{ $labels.instance }} restarted {{ $value }} times in the last %(restartsWindow)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapConfigReloadFailed',
+          expr: |||
+            nettap_config_last_reload_successful{%(nettapSelector)s} == 0
+          ||| % cfg,
+          'for': cfg.configReloadFailedFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap refused its configuration; the previous one is still in force.',
+            description: 'The last configuration reload of nettap on {{ $labels.instance }} failed.',
+          },
+        },
+        {
+          alert: 'NettapScrapeCollectorFailed',
+          expr: |||
+            nettap_scrape_collector_success{%(nettapSelector)s} == 0
+          ||| % cfg,
+          'for': cfg.collectorFailedFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'A nettap collector keeps failing; its series are missing.',
+            description: 'Collector {{ $labels.collector }} of nettap on {{ $labels.instance }} has failed every scrape for %(collectorFailedFor)s.' % cfg,
+          },
+        },
+      ]),
+
+      group('nettap-cost', [
+        {
+          alert: 'NettapBPFStatsLeftOn',
+          expr: |||
+            nettap_bpf_stats_enabled{%(nettapSelector)s} == 1
+          ||| % cfg,
+          'for': cfg.bpfStatsLeftOnFor,
+          labels: { severity: 'info' },
+          annotations: {
+            summary: 'Kernel BPF run-time statistics are left on; they cost on every BPF program of the node.',
+            description: 'BPF run-time statistics have been on for more than %(bpfStatsLeftOnFor)s on {{ $labels.instance }}; set diagnostics.bpfStats.enabled to false when done measuring.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapKernelBPFCPUHigh',
+          expr: |||
+            sum without (program) (rate(nettap_bpf_program_run_time_seconds_total{%(nettapSelector)s}[%(rateInterval)s])) > %(kernelBPFCPUCores)s
+          ||| % cfg,
+          'for': cfg.kernelBPFCPUFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: "nettap's BPF programs use more kernel CPU than budgeted.",
+            description: "nettap's BPF programs on {{ $labels.instance }} use {{ $value | humanize }} cores of kernel time, charged to the processes making the syscalls, not to nettap's cgroup.",
+          },
+        },
+      ]),
+
+      group('nettap-resources', [
+        {
+          alert: 'NettapCPUThrottlingHigh',
+          expr: |||
+            rate(nettap_cgroup_cpu_throttled_periods_total{%(nettapSelector)s}[%(rateInterval)s])
+              / (rate(nettap_cgroup_cpu_periods_total{%(nettapSelector)s}[%(rateInterval)s]) > 0)
+            > %(cpuThrottlingRatio)s
+          ||| % cfg,
+          'for': cfg.cpuThrottlingFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap is CPU-throttled; throttling precedes ring-buffer drops.',
+            description: '{{ $value | humanizePercentage }} of the CFS periods of nettap on {{ $labels.instance }} were throttled over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapCPUThrottlingHigh',
+          expr: |||
+            sum by (%(kubeLabels)s) (rate(container_cpu_cfs_throttled_periods_total{%(cadvisorSelector)s, %(nettapContainerSelector)s}[%(rateInterval)s]))
+              / (sum by (%(kubeLabels)s) (rate(container_cpu_cfs_periods_total{%(cadvisorSelector)s, %(nettapContainerSelector)s}[%(rateInterval)s])) > 0)
+            > %(cpuThrottlingRatio)s
+          ||| % cfg,
+          'for': cfg.cpuThrottlingFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap is CPU-throttled; throttling precedes ring-buffer drops.',
+            description: '{{ $value | humanizePercentage }} of the CFS periods of container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} were throttled over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapMemoryNearLimit',
+          expr: |||
+            nettap_cgroup_memory_usage_bytes{%(nettapSelector)s}
+              / (nettap_cgroup_memory_limit_bytes{%(nettapSelector)s} > 0)
+            > %(memoryNearLimitRatio)s
+          ||| % cfg,
+          'for': cfg.memoryNearLimitFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap is close to its memory limit; the OOM killer is next.',
+            description: 'The cgroup of nettap on {{ $labels.instance }} uses {{ $value | humanizePercentage }} of its memory limit.',
+          },
+        },
+        {
+          alert: 'NettapMemoryNearLimit',
+          expr: |||
+            max by (%(kubeLabels)s) (container_memory_working_set_bytes{%(cadvisorSelector)s, %(nettapContainerSelector)s})
+              / on (%(kubeLabels)s)
+            max by (%(kubeLabels)s) (kube_pod_container_resource_limits{%(kubeStateMetricsSelector)s, %(nettapContainerSelector)s, resource="memory"})
+            > %(memoryNearLimitRatio)s
+          ||| % cfg,
+          'for': cfg.memoryNearLimitFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap is close to its memory limit; the OOM killer is next.',
+            description: 'Container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} has a working set of {{ $value | humanizePercentage }} of its memory limit.',
+          },
+        },
+        {
+          // A new container gets a new cgroup, so this catches kills that did not take the
+          // whole container down (or deployments outside Kubernetes); the next rule catches
+          // the container's own death.
+          alert: 'NettapOOMKilled',
+          expr: |||
+            increase(nettap_cgroup_memory_oom_kills_total{%(nettapSelector)s}[%(oomWindow)s]) > 0
+          ||| % cfg,
+          'for': cfg.oomKilledFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The OOM killer killed a process of nettap.',
+            description: 'A process in the cgroup of nettap on {{ $labels.instance }} was OOM-killed in the last %(oomWindow)s.' % cfg,
+          },
+        },
+        {
+          // cAdvisor's OOM events, or kube-state-metrics' last termination reason joined with
+          // a recent restart (the reason alone stays OOMKilled until the next termination, so
+          // it would fire forever). One rule, so one alert per container when both report it.
+          alert: 'NettapOOMKilled',
+          expr: |||
+            (
+              sum by (%(kubeLabels)s) (increase(container_oom_events_total{%(cadvisorSelector)s, %(nettapContainerSelector)s}[%(oomWindow)s])) > 0
+            )
+            or
+            (
+              max by (%(kubeLabels)s) (kube_pod_container_status_last_terminated_reason{%(kubeStateMetricsSelector)s, %(nettapContainerSelector)s, reason="OOMKilled"}) == 1
+              and on (%(kubeLabels)s)
+              sum by (%(kubeLabels)s) (increase(kube_pod_container_status_restarts_total{%(kubeStateMetricsSelector)s, %(nettapContainerSelector)s}[%(oomWindow)s])) > 0
+            )
+          ||| % cfg,
+          'for': cfg.oomKilledFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The OOM killer killed a process of nettap.',
+            description: 'Container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} was OOM-killed in the last %(oomWindow)s.' % cfg,
+          },
+        },
+        {
+          alert: 'NettapMemoryRequestBelowUsage',
+          expr: |||
+            max by (%(kubeLabels)s) (container_memory_working_set_bytes{%(cadvisorSelector)s, %(nettapContainerSelector)s})
+              > on (%(kubeLabels)s)
+            max by (%(kubeLabels)s) (kube_pod_container_resource_requests{%(kubeStateMetricsSelector)s, %(nettapContainerSelector)s, resource="memory"})
+          ||| % cfg,
+          'for': cfg.memoryRequestBelowUsageFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap uses more memory than it requests: an early eviction candidate.',
+            description: 'Container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} has a working set of {{ $value | humanize1024 }}B, above its memory request; set the request to at least the working set (%(memoryRequestMinimum)s minimum).' % cfg,
+          },
+        },
+      ]),
+    ],
+  },
+}

@@ -1,0 +1,109 @@
+// Every selector, threshold and duration the nettap mixin uses. Override any of them with
+//   (import 'mixin.libsonnet') + { _config+:: { nettapSelector: 'job="my-nettap"' } }
+{
+  _config+:: {
+    // --- Selectors ---------------------------------------------------------------------
+
+    // nettap's own scrape job: every nettap_*, process_* and up series it produces.
+    nettapSelector: 'job="nettap"',
+    // cAdvisor, as scraped from the kubelet (/metrics/cadvisor) or standalone.
+    cadvisorSelector: 'job="cadvisor"',
+    // kube-state-metrics, for the requests, limits, restarts and termination reasons in force.
+    kubeStateMetricsSelector: 'job="kube-state-metrics"',
+    // node_exporter, only used to count the node's CPUs.
+    nodeExporterSelector: 'job="node"',
+    // nettap's containers in cAdvisor and kube-state-metrics series (the DaemonSet's
+    // containers are named nettap, nettap-capture, ...).
+    nettapContainerSelector: 'container=~"nettap.*"',
+    // Labels that name one container in both cAdvisor and kube-state-metrics series; add
+    // 'cluster' when one Prometheus holds several clusters.
+    kubeContainerLabels: ['namespace', 'pod', 'container'],
+
+    // --- Joining nettap with node_exporter ---------------------------------------------
+    // nettap and node_exporter run on the same node but are scraped on different ports, so
+    // their `instance` labels differ. Both sides get `nodeJoinLabel`, copied from
+    // `nodeJoinSourceLabel` through `nodeJoinRegex` (default: the host part of instance).
+    // On Kubernetes, where both jobs usually carry a `node` target label, set
+    // nodeJoinSourceLabel: 'node' and nodeJoinRegex: '(.*)'.
+    nodeJoinLabel: 'node',
+    nodeJoinSourceLabel: 'instance',
+    nodeJoinRegex: '(.+?)(?::[0-9]+)?',
+    // The node's CPU count, with the labels nodeJoinSourceLabel needs.
+    nodeCPUCountQuery: 'count without (cpu, mode) (node_cpu_seconds_total{%(nodeExporterSelector)s, mode="idle"})' % self,
+
+    // --- Windows -----------------------------------------------------------------------
+
+    // Window of every rate() in alerts and recording rules: at least four scrapes at the
+    // usual 15s-1m intervals. Recording rule names carry it (…:rate5m).
+    rateInterval: '5m',
+
+    // --- Capture pipeline --------------------------------------------------------------
+
+    // Rings whose drops lose captured payload (critical); drops on other rings are warnings.
+    dataLossRingsRegex: 'capture_chunks',
+    // Any drop is data loss; 2m keeps one scrape's jitter from paging, and a single burst
+    // still fires because rate() stays above zero for the whole window.
+    ringBufferDropsFor: '2m',
+    // Fill (pending / capacity, averaged over rateInterval) that warns before reserves fail.
+    ringBufferFillRatio: 0.5,
+    ringBufferFillFor: '5m',
+    // User space falls behind when it drains less than this fraction of the chunks the
+    // kernel published into capture_chunks.
+    pipelineDrainedRatio: 0.9,
+    pipelineFallingBehindFor: '10m',
+    // Records lost after the ring (queue, sink, decode) are data loss too.
+    recordsLostFor: '2m',
+    // A probe that failed to attach (mechanism="none") captures nothing until fixed.
+    probeAttachFailedFor: '5m',
+
+    // --- Exporter health ---------------------------------------------------------------
+
+    exporterDownFor: '5m',
+    // No nettap target at all: more often service discovery than a crash, so slower.
+    exporterAbsentFor: '15m',
+    // Restarts (process_start_time_seconds changes) within restartsWindow that alert.
+    restartsThreshold: 2,
+    restartsWindow: '30m',
+    restartingFor: '1m',
+    // Same semantics as Prometheus' own PrometheusConfigReloadFailed.
+    configReloadFailedFor: '10m',
+    // A collector failing every scrape hides part of the cost picture.
+    collectorFailedFor: '15m',
+
+    // --- Cost --------------------------------------------------------------------------
+
+    // bpfStats costs on every BPF program of the node (the seed: "cheap but not free"):
+    // turn it on to measure, then off. Left on this long, say so.
+    bpfStatsLeftOnFor: '3h',
+    // Kernel CPU spent in nettap's BPF programs, in cores (not charged to nettap's cgroup,
+    // so the CPU limit does not cap it). 0.5 = the seed's whole default CPU limit.
+    kernelBPFCPUCores: 0.5,
+    kernelBPFCPUFor: '30m',
+
+    // --- Resources ---------------------------------------------------------------------
+
+    // Fraction of CFS periods throttled (kubernetes-mixin's CPUThrottlingHigh uses 25%).
+    // The seed: throttling on the capture container precedes data loss.
+    cpuThrottlingRatio: 0.25,
+    cpuThrottlingFor: '15m',
+    // Memory usage (nettap's cgroup) or working set (cAdvisor) over the limit.
+    memoryNearLimitRatio: 0.9,
+    memoryNearLimitFor: '15m',
+    // OOM kills counted within this window (and kube restarts joined over it).
+    oomWindow: '10m',
+    oomKilledFor: '1m',
+    // Working set above the memory request: an early eviction candidate under node memory
+    // pressure. The seed's advice: request at least the working set, 512Mi at minimum.
+    memoryRequestBelowUsageFor: '30m',
+    memoryRequestMinimum: '512Mi',
+
+    // --- Links and dashboards ----------------------------------------------------------
+
+    // %s is the lowercased alert name: the anchor of its section in docs/runbook.md.
+    runbookURLPattern: 'https://github.com/nettap/nettap/blob/main/docs/runbook.md#%s',
+    dashboardTags: ['nettap'],
+    dashboardRefresh: '30s',
+    dashboardTimeFrom: 'now-1h',
+    dashboardTimezone: 'utc',
+  },
+}

@@ -1,0 +1,95 @@
+"""nettap's command line: flags and wiring only."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import List, Optional
+
+from . import __version__, config
+
+log = logging.getLogger("nettap")
+
+
+def _args(argv: Optional[List[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.")
+    p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
+    p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
+                   help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
+    p.add_argument("--mechanism", choices=("fentry", "kprobe", "tracepoint"),
+                   help="force one attach mechanism instead of the first the kernel accepts")
+    p.add_argument("--check-config", action="store_true", help="validate --config and exit")
+    p.add_argument("--decode", metavar="FILE", help="decode raw ring records from FILE to JSON lines on stdout, and exit")
+    p.add_argument("--ring", default="capture_chunks", help="with --decode: the ring the records come from")
+    p.add_argument("--log-level", choices=config.LOG_LEVELS, help="override the config's log_level")
+    p.add_argument("--version", action="version", version=f"nettap {__version__}")
+    return p.parse_args(argv)
+
+
+def _decode(path: str, ring: str) -> int:
+    from . import records
+    from .ringbuf import walk
+    if ring not in records.RECORDS:
+        print(f"nettap: --ring must be one of {', '.join(records.RECORDS)}", file=sys.stderr)
+        return 2
+    with open(path, "rb") as f:
+        buf = f.read()
+    recs, bad, _ = walk(buf, records.RECORDS[ring])
+    out = sys.stdout
+    for line in records.lines(ring, recs):
+        out.write(line + "\n")
+    if bad:
+        print(f"nettap: {bad} bad record(s) in {path} skipped", file=sys.stderr)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _args(argv)
+    if args.decode:
+        return _decode(args.decode, args.ring)
+    try:
+        cfg = config.load(args.config) if args.config else config.DEFAULT
+    except config.ConfigError as e:
+        print(f"nettap: config refused: {e}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"{args.config}: ok")
+        return 0
+    level = args.log_level or cfg.log_level
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from .app import Nettap
+    from .server import serve
+
+    try:
+        app = Nettap(cfg, mechanism=args.mechanism)
+    except config.ConfigError as e:
+        print(f"nettap: config refused: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"nettap: cannot load probes: {e} (nettap needs root, or CAP_BPF+CAP_PERFMON)", file=sys.stderr)
+        return 1
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        srv = serve(args.listen, app.registry(), app.stats, app.not_ready)
+    except (OSError, ValueError) as e:
+        print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
+        app.close()
+        return 1
+    log.info("nettap %s listening on %s; probes: %s; captures: %s", __version__, args.listen,
+             ", ".join(f"{p}={s.mechanism}" for p, s in app.probes.states.items()),
+             ", ".join(map(str, cfg.captures)) or "none (add captures: to a config file)")
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        log.info("shutting down")
+        srv.shutdown()
+        app.close()
+    return 0

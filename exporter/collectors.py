@@ -1,0 +1,151 @@
+"""Prometheus collectors that read the kernel and the pipeline at scrape time.
+
+Each collector builds fresh metric families from what it reads now, has a
+``describe()`` that reads nothing (so registering it does not touch the
+kernel), and takes what it reads from through its constructor. The
+:class:`Guarded` wrapper gives every collector node_exporter's discipline:
+its own success and duration series, and a failure that does not take the
+other collectors down.
+"""
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+import time
+from typing import Callable, Dict, Iterable, List
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__, libbpf
+from .records import PROBES, RINGS
+
+log = logging.getLogger(__name__)
+
+
+def _families(specs) -> List[Metric]:
+    return [kind(name, doc, labels=labels) for kind, name, doc, labels in specs]
+
+
+class ProbeCollector(Collector):
+    """The seed's probe counters and ring drops, from per-CPU BPF maps.
+
+    ``read_counters()`` returns {probe: {calls, returns, bytes, chunks}};
+    ``read_drops()`` returns {ring: dropped}."""
+
+    SPECS = [
+        (CounterMetricFamily, "nettap_probe_calls", "Probe entry invocations acting on enabled captures.", ["probe"]),
+        (CounterMetricFamily, "nettap_probe_returns", "Probe return invocations acting on enabled captures.", ["probe"]),
+        (CounterMetricFamily, "nettap_probe_bytes_processed", "Bytes moved by the calls the probe captured.", ["probe"]),
+        (CounterMetricFamily, "nettap_probe_chunks_published", "Capture chunks published by the probe to the capture_chunks ring.", ["probe"]),
+        (CounterMetricFamily, "nettap_ringbuf_drops", "Records dropped because a ring-buffer reserve failed.", ["ring"]),
+    ]
+
+    def __init__(self, read_counters: Callable[[], Dict[str, Dict[str, int]]],
+                 read_drops: Callable[[], Dict[str, int]]):
+        self.read_counters = read_counters
+        self.read_drops = read_drops
+
+    def describe(self) -> Iterable[Metric]:
+        return _families(self.SPECS)
+
+    def collect(self) -> Iterable[Metric]:
+        calls, returns, nbytes, chunks, drops = _families(self.SPECS)
+        for probe, c in self.read_counters().items():
+            calls.add_metric([probe], c["calls"])
+            returns.add_metric([probe], c["returns"])
+            nbytes.add_metric([probe], c["bytes"])
+            chunks.add_metric([probe], c["chunks"])
+        for ring, n in self.read_drops().items():
+            drops.add_metric([ring], n)
+        return [calls, returns, nbytes, chunks, drops]
+
+
+class PipelineCollector(Collector):
+    """Attach state, rings seen from user space, losses after the rings."""
+
+    SPECS = [
+        (GaugeMetricFamily, "nettap_probe_attached", "1 when the probe is attached by that mechanism; mechanism none when it is not attached.", ["probe", "mechanism"]),
+        (CounterMetricFamily, "nettap_ringbuf_records_drained", "Records read from the ring by user space.", ["ring"]),
+        (GaugeMetricFamily, "nettap_ringbuf_capacity_bytes", "Data size of the ring.", ["ring"]),
+        (GaugeMetricFamily, "nettap_ringbuf_pending_bytes", "Bytes produced into the ring and not yet consumed.", ["ring"]),
+        (CounterMetricFamily, "nettap_records_lost", "Records lost after the ring, by stage (queue, decode, sink).", ["stage"]),
+        (CounterMetricFamily, "nettap_sink_records_written", "Records written by the sink.", ["sink"]),
+        (CounterMetricFamily, "nettap_sink_errors", "Failed sink writes.", ["sink"]),
+    ]
+
+    def __init__(self, app):
+        self.app = app
+
+    def describe(self) -> Iterable[Metric]:
+        return _families(self.SPECS)
+
+    def collect(self) -> Iterable[Metric]:
+        attached, drained, cap, pending, lost, written, errors = _families(self.SPECS)
+        for probe, st in self.app.probes.states.items():
+            attached.add_metric([probe, st.mechanism if st.attached else "none"], 1 if st.attached else 0)
+        for name, ring in self.app.rings.items():
+            drained.add_metric([name], ring.drained)
+            cap.add_metric([name], ring.size)
+            pending.add_metric([name], ring.pending_bytes())
+        pipe = self.app.pipeline
+        sink = pipe.sink
+        lost.add_metric(["queue"], pipe.lost["queue"])
+        lost.add_metric(["decode"], pipe.lost["decode"])
+        lost.add_metric(["sink"], sink.lost if sink else 0)
+        if sink:
+            written.add_metric([sink.name], sink.written)
+            errors.add_metric([sink.name], sink.errors)
+        return [attached, drained, cap, pending, lost, written, errors]
+
+
+class BuildInfoCollector(Collector):
+    def __init__(self):
+        self._info = [__version__, platform.release(), libbpf.version(), platform.python_version()]
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily("nettap_build_info", "nettap build and platform; value 1.",
+                                 labels=["version", "kernel_release", "libbpf_version", "python_version"])
+
+    def collect(self) -> Iterable[Metric]:
+        g = self._family()
+        g.add_metric(self._info, 1)
+        return [g]
+
+
+class Guarded(Collector):
+    """Runs named collectors, each guarded: a collector that raises loses
+    its own series for this scrape and reports success 0; the rest go on."""
+
+    def __init__(self, collectors: Dict[str, Collector]):
+        self.collectors = collectors
+
+    def describe(self) -> Iterable[Metric]:
+        out: List[Metric] = []
+        for c in self.collectors.values():
+            out.extend(c.describe())
+        return out + self._meta()[0:2]
+
+    @staticmethod
+    def _meta():
+        return [GaugeMetricFamily("nettap_scrape_collector_success", "1 if the collector succeeded this scrape.", labels=["collector"]),
+                GaugeMetricFamily("nettap_scrape_collector_duration_seconds", "How long the collector took this scrape.", labels=["collector"])]
+
+    def collect(self) -> Iterable[Metric]:
+        ok, dur = self._meta()
+        out: List[Metric] = []
+        for name, c in self.collectors.items():
+            t = time.perf_counter()
+            try:
+                out.extend(list(c.collect()))
+                success = 1
+            except Exception as e:
+                log.warning("collector %s failed: %s", name, e)
+                success = 0
+            ok.add_metric([name], success)
+            dur.add_metric([name], time.perf_counter() - t)
+        return out + [ok, dur]

@@ -1,0 +1,161 @@
+"""Ring records: the numpy layouts of bpf/tcp.h and their JSON lines.
+
+Each dtype mirrors one C struct of ``bpf/tcp.h`` (tests/unit/test_layout.py
+checks names, offsets and sizes against the BTF in ``bpf/tcp.bpf.o``).
+:data:`SLOTS` wraps each in the 8-byte ring-buffer record header
+(``struct bpf_ringbuf_hdr``: u32 len with the BUSY and DISCARD bits, u32
+pg_off) and pads it to its stride, so a run of records in ring memory is one
+numpy array.
+
+Decoding is columnar: a batch is turned into Python values column by column
+(``tolist()``), then into one JSON line per record with keys in byte order
+and the payload in base64, so binary and non-UTF-8 bytes survive.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import socket
+from typing import Dict, Iterator, List
+
+import numpy as np
+
+# bpf/tcp.h constants
+CHUNK_DATA = 400
+MAX_PAYLOAD_BYTES = 164 * CHUNK_DATA          # NETTAP_MAX_CHUNKS_PER_CALL * NETTAP_CHUNK_DATA
+PROBES = ("tcp_sendmsg", "tcp_recvmsg")       # NETTAP_PROBE_*
+RINGS = ("capture_chunks", "capture_eof", "logs")  # NETTAP_RING_*
+TARGET_PID, TARGET_CGROUP, TARGET_NETNS, TARGET_PORT = 1, 2, 4, 8
+MAX_CGROUP_LEVEL = 31
+DIRECTIONS = ("egress", "ingress")
+CHUNK_FLAGS = ((1, "read_failed"), (2, "no_conn"))
+LOG_CODES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated"}
+AF_NAMES = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6"}
+TCP_STATES = ("", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
+              "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV", "BOUND_INACTIVE")
+
+# kernel/bpf/ringbuf.c: BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ
+RB_BUSY = 1 << 31
+RB_DISCARD = 1 << 30
+RB_HDR = 8
+
+CAPTURE_CONFIG = np.dtype([("flags", "<u4"), ("cgroup_levels", "<u4"),
+                           ("max_payload_bytes", "<u4"), ("wakeup_bytes", "<u4")])
+PROBE_COUNTERS = np.dtype([("calls", "<u8"), ("returns", "<u8"), ("bytes", "<u8"), ("chunks", "<u8")])
+
+_CONN = [("family", "<u2"), ("sport", "<u2"), ("dport", "<u2")]
+
+CHUNK = np.dtype([
+    ("conn_id", "<u8"), ("ts_ns", "<u8"), ("offset", "<u8"), ("call_offset", "<u8"),
+    ("call_len", "<u4"), ("len", "<u4"), ("pid", "<u4"), ("tid", "<u4"),
+    *_CONN, ("direction", "u1"), ("flags", "u1"),
+    ("saddr", "S16"), ("daddr", "S16"), ("comm", "S16"), ("data", f"V{CHUNK_DATA}"),
+])
+EOF_ = np.dtype([
+    ("conn_id", "<u8"), ("ts_ns", "<u8"), ("start_ns", "<u8"), ("tx_bytes", "<u8"), ("rx_bytes", "<u8"),
+    ("pid", "<u4"), ("tid", "<u4"), *_CONN, ("oldstate", "u1"), ("pad0", "u1"),
+    ("saddr", "S16"), ("daddr", "S16"), ("comm", "S16"), ("tx_calls", "<u8"), ("rx_calls", "<u8"),
+])
+LOG = np.dtype([
+    ("ts_ns", "<u8"), ("code", "<u4"), ("probe", "<u4"), ("arg0", "<u8"), ("arg1", "<u8"),
+    ("pid", "<u4"), ("tid", "<u4"), ("comm", "S16"),
+])
+RECORDS = {"capture_chunks": CHUNK, "capture_eof": EOF_, "logs": LOG}
+C_NAMES = {"capture_chunks": "nettap_chunk", "capture_eof": "nettap_eof", "logs": "nettap_log"}
+
+
+def stride(record: np.dtype) -> int:
+    """Bytes one record takes in ring memory: header + record, 8-aligned."""
+    return (RB_HDR + record.itemsize + 7) & ~7
+
+
+def slot_dtype(record: np.dtype) -> np.dtype:
+    """Ring header + record + padding, as laid out in ring memory."""
+    return np.dtype({"names": ["rb_len", "rb_pg_off", "rec"],
+                     "formats": ["<u4", "<u4", record],
+                     "offsets": [0, 4, RB_HDR], "itemsize": stride(record)})
+
+
+SLOTS = {ring: slot_dtype(rec) for ring, rec in RECORDS.items()}
+
+
+# ---- JSON lines --------------------------------------------------------
+
+_addr_cache: Dict[bytes, str] = {}
+
+
+def _addr(family: int, raw: bytes) -> str:
+    # numpy's S16 strips trailing NULs: pad back before formatting.
+    key = bytes((family & 0xff,)) + raw
+    s = _addr_cache.get(key)
+    if s is None:
+        raw = raw.ljust(16, b"\0")
+        if family == socket.AF_INET6:
+            s = socket.inet_ntop(socket.AF_INET6, raw)
+        else:
+            s = socket.inet_ntop(socket.AF_INET, raw[:4])
+        if len(_addr_cache) > 65536:
+            _addr_cache.clear()
+        _addr_cache[key] = s
+    return s
+
+
+def _text(raw: bytes) -> str:
+    """A task name: bytes to the first NUL, invalid UTF-8 replaced by U+FFFD
+    (as Rust's String::from_utf8_lossy does), JSON-escaped."""
+    return json.dumps(raw.split(b"\0", 1)[0].decode("utf-8", "replace"), ensure_ascii=False)
+
+
+def _flags(v: int) -> str:
+    return "[" + ",".join(f'"{n}"' for bit, n in CHUNK_FLAGS if v & bit) + "]"
+
+
+def chunk_lines(recs: np.ndarray) -> Iterator[str]:
+    """One JSON line per chunk record (keys in byte order)."""
+    cols = {f: recs[f].tolist() for f in CHUNK.names if f != "data"}
+    data = recs["data"]
+    for i in range(len(recs)):
+        n = cols["len"][i]
+        fam = cols["family"][i]
+        payload = base64.b64encode(data[i].tobytes()[:min(n, CHUNK_DATA)]).decode()
+        yield (f'{{"call_len":{cols["call_len"][i]},"call_offset":{cols["call_offset"][i]},'
+               f'"comm":{_text(cols["comm"][i])},"conn_id":{cols["conn_id"][i]},'
+               f'"daddr":"{_addr(fam, cols["daddr"][i])}","data":"{payload}",'
+               f'"direction":"{DIRECTIONS[cols["direction"][i] & 1]}","dport":{cols["dport"][i]},'
+               f'"family":"{AF_NAMES.get(fam, str(fam))}","flags":{_flags(cols["flags"][i])},'
+               f'"len":{n},"offset":{cols["offset"][i]},"pid":{cols["pid"][i]},'
+               f'"saddr":"{_addr(fam, cols["saddr"][i])}","sport":{cols["sport"][i]},'
+               f'"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},"type":"chunk"}}')
+
+
+def eof_lines(recs: np.ndarray) -> Iterator[str]:
+    cols = {f: recs[f].tolist() for f in EOF_.names}
+    for i in range(len(recs)):
+        fam = cols["family"][i]
+        st = cols["oldstate"][i]
+        yield (f'{{"comm":{_text(cols["comm"][i])},"conn_id":{cols["conn_id"][i]},'
+               f'"daddr":"{_addr(fam, cols["daddr"][i])}","dport":{cols["dport"][i]},'
+               f'"family":"{AF_NAMES.get(fam, str(fam))}",'
+               f'"oldstate":"{TCP_STATES[st] if st < len(TCP_STATES) else st}",'
+               f'"pid":{cols["pid"][i]},"rx_bytes":{cols["rx_bytes"][i]},"rx_calls":{cols["rx_calls"][i]},'
+               f'"saddr":"{_addr(fam, cols["saddr"][i])}","sport":{cols["sport"][i]},'
+               f'"start_ns":{cols["start_ns"][i]},"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},'
+               f'"tx_bytes":{cols["tx_bytes"][i]},"tx_calls":{cols["tx_calls"][i]},"type":"eof"}}')
+
+
+def log_lines(recs: np.ndarray) -> Iterator[str]:
+    cols = {f: recs[f].tolist() for f in LOG.names}
+    for i in range(len(recs)):
+        p = cols["probe"][i]
+        yield (f'{{"arg0":{cols["arg0"][i]},"arg1":{cols["arg1"][i]},'
+               f'"code":"{LOG_CODES.get(cols["code"][i], cols["code"][i])}",'
+               f'"comm":{_text(cols["comm"][i])},"pid":{cols["pid"][i]},'
+               f'"probe":"{PROBES[p] if p < len(PROBES) else p}",'
+               f'"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},"type":"log"}}')
+
+
+LINES = {"capture_chunks": chunk_lines, "capture_eof": eof_lines, "logs": log_lines}
+
+
+def lines(ring: str, recs: np.ndarray) -> List[str]:
+    return list(LINES[ring](recs))

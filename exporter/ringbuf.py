@@ -1,0 +1,210 @@
+"""Reading BPF ring buffers (BPF_MAP_TYPE_RINGBUF) from user space, in batches.
+
+Two layers, after cilium/ebpf's ring reader: :class:`RingMemory` reads the
+ring's memory (positions and records, no waiting); :class:`RingPoller` waits
+for any of several rings to have data (epoll on the map fds, plus a wake-up
+fd so :meth:`RingPoller.close` unblocks a waiting :meth:`RingPoller.wait`).
+
+Ring memory (kernel/bpf/ringbuf.c, ``bpf_ringbuf_mmap_user``): page 0 holds
+``consumer_pos`` and is the only page user space may write; page 1 holds
+``producer_pos``; the data pages follow, mapped twice in a row so that a
+record crossing the end of the ring reads contiguously. Each record starts
+with an 8-byte header: u32 ``len`` whose bit 31 (BUSY) is set while the
+producer still fills the record and bit 30 (DISCARD) when it was discarded,
+and u32 ``pg_off``. Records are 8-byte aligned.
+
+Every record nettap's programs write to one ring has the same size, and each
+stride divides the ring size, so the records between the consumer and the
+producer are one strided numpy array: a batch is read with one fancy index,
+its headers checked as vectors, and no Python runs per record. A header that
+does not fit the stride (garbage) sends that batch down :func:`walk`, the
+record-by-record path, which resynchronises on the header lengths.
+
+Memory ordering: the kernel publishes a record by clearing BUSY with
+``xchg`` after writing it, and advances ``producer_pos`` with
+``smp_store_release``; it reads ``consumer_pos`` with ``smp_load_acquire``.
+On x86-64 (TSO) loads are not reordered with older loads and stores are not
+reordered with older loads, so plain loads of ``producer_pos`` then of the
+headers and data, followed by a plain store of ``consumer_pos`` after the
+copy, give the acquire/release pairing the protocol needs. On a weakly
+ordered architecture (arm64, ppc64, riscv) this reader would need a load
+acquire of ``producer_pos`` and of each header (``ldar``), and a store
+release of ``consumer_pos`` (``stlr``), which plain numpy loads and stores do
+not give; nettap's loader therefore only runs this reader on x86-64.
+
+Thread-safety: a RingMemory is read by one thread at a time (the drain
+thread). :meth:`RingPoller.close` may be called from any thread.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import select
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from .records import RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, SLOTS
+
+_LEN_MASK = ~(RB_BUSY | RB_DISCARD) & 0xFFFFFFFF
+
+
+@dataclass
+class Batch:
+    ring: str
+    records: np.ndarray        # structured array of the ring's record dtype
+    bad: int = 0               # records whose header did not match the layout
+
+
+def walk(buf: bytes, record: np.dtype, start: int = 0, end: Optional[int] = None) -> Tuple[np.ndarray, int, int]:
+    """Record-by-record walk of ring-format bytes ``buf[start:end]``.
+
+    Returns (records of the expected size, count of bad records, offset
+    reached). A record whose length is not the layout's size is counted bad
+    and skipped by its own length; a length that runs past ``end`` ends the
+    walk (a cut-short record), and so does a BUSY record.
+    """
+    end = len(buf) if end is None else end
+    good: List[bytes] = []
+    bad = 0
+    pos = start
+    while pos + RB_HDR <= end:
+        hdr = int.from_bytes(buf[pos:pos + 4], "little")
+        if hdr & RB_BUSY:
+            break
+        n = hdr & _LEN_MASK
+        nxt = pos + ((RB_HDR + n + 7) & ~7)
+        if nxt > end or n == 0:
+            if n == 0:
+                bad += 1
+                pos = nxt
+                continue
+            bad += 1            # cut short
+            pos = end
+            break
+        if not hdr & RB_DISCARD:
+            if n == record.itemsize:
+                good.append(bytes(buf[pos + RB_HDR:pos + RB_HDR + n]))
+            else:
+                bad += 1
+        pos = nxt
+    recs = np.frombuffer(b"".join(good), dtype=record) if good else np.empty(0, dtype=record)
+    return recs, bad, pos
+
+
+class RingMemory:
+    """The mapped memory of one ring. Reads records; never waits."""
+
+    def __init__(self, name: str, map_fd: int, size: int):
+        if platform.machine() not in ("x86_64", "AMD64"):
+            raise OSError(f"ring reader: memory ordering is only proven on x86-64, not {platform.machine()}")
+        self.name = name
+        self.fd = map_fd
+        self.size = size
+        self.mask = size - 1
+        self.record = RECORDS[name]
+        self.slot = SLOTS[name]
+        if size % self.slot.itemsize:
+            raise ValueError(f"ring {name}: size {size} is not a multiple of its stride {self.slot.itemsize}")
+        page = mmap.PAGESIZE
+        self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        self._prod_map = mmap.mmap(map_fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        self._cons = np.frombuffer(self._cons_map, dtype=np.uint64, count=1)
+        self._prod = np.frombuffer(self._prod_map, dtype=np.uint64, count=1)
+        self._data = memoryview(self._prod_map)[page:page + 2 * size]
+        self._slots = np.frombuffer(self._prod_map, dtype=self.slot, count=size // self.slot.itemsize, offset=page)
+        self.drained = 0
+        self.bad = 0
+
+    def positions(self) -> Tuple[int, int]:
+        return int(self._cons[0]), int(self._prod[0])
+
+    def pending_bytes(self) -> int:
+        cons, prod = self.positions()
+        return prod - cons
+
+    def read(self, max_records: int = 1 << 16) -> Optional[Batch]:
+        """Copy out the committed records after consumer_pos (up to
+        max_records), then release them to the producer."""
+        cons, prod = self.positions()
+        if prod == cons:
+            return None
+        stride = self.slot.itemsize
+        if (prod - cons) % stride or cons % stride:
+            return self._read_walk(cons, prod)
+        n = min((prod - cons) // stride, max_records)
+        first = (cons & self.mask) // stride
+        idx = np.arange(first, first + n) % len(self._slots)
+        slots = self._slots[idx]                       # the copy
+        hdr = slots["rb_len"]
+        busy = np.flatnonzero(hdr & RB_BUSY)
+        if busy.size:                                  # stop at the first uncommitted record
+            n = int(busy[0])
+            slots, hdr = slots[:n], hdr[:n]
+            if n == 0:
+                return None
+        keep = (hdr & RB_DISCARD) == 0
+        size_ok = (hdr & _LEN_MASK) == self.record.itemsize
+        if not size_ok[keep].all():
+            return self._read_walk(cons, prod)
+        recs = slots["rec"][keep]
+        self._cons[0] = cons + n * stride              # release (x86-64: plain store)
+        self.drained += len(recs)
+        return Batch(self.name, recs)
+
+    def _read_walk(self, cons: int, prod: int) -> Optional[Batch]:
+        start = cons & self.mask
+        end = start + min(prod - cons, self.size)      # data is mapped twice: no wrap
+        recs, bad, pos = walk(self._data, self.record, start, end)
+        if pos == start:
+            return None
+        self._cons[0] = cons + (pos - start)
+        self.drained += len(recs)
+        self.bad += bad
+        return Batch(self.name, recs, bad)
+
+    def close(self) -> None:
+        # Drop numpy views before unmapping.
+        self._cons = self._prod = self._slots = None
+        self._data.release()
+        self._cons_map.close()
+        self._prod_map.close()
+
+
+class RingPoller:
+    """Waits for data on several rings. :meth:`close` (any thread) wakes a
+    waiting :meth:`wait`, which then returns False."""
+
+    def __init__(self, rings: Iterable[RingMemory]):
+        self.rings: Dict[int, RingMemory] = {r.fd: r for r in rings}
+        self._ep = select.epoll()
+        self._wake_r, self._wake_w = os.pipe()
+        self._ep.register(self._wake_r, select.EPOLLIN)
+        for fd in self.rings:
+            self._ep.register(fd, select.EPOLLIN)
+        self.closed = False
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a ring signals data or timeout seconds pass; False once closed."""
+        if self.closed:
+            return False
+        try:
+            self._ep.poll(timeout)
+        except InterruptedError:
+            pass
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Free the epoll and pipe fds (after the waiting thread has left)."""
+        self._ep.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)

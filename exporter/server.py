@@ -1,0 +1,95 @@
+"""The HTTP endpoint: /metrics, /stats, /, /healthz, /readyz."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional, Tuple
+
+from prometheus_client.exposition import choose_encoder
+
+from . import __version__
+
+log = logging.getLogger(__name__)
+
+LANDING = """<!doctype html>
+<html><head><meta charset="utf-8"><title>nettap</title></head>
+<body><h1>nettap {version}</h1>
+<p>A lean eBPF TCP collector that tells exactly what running it costs.</p>
+<ul>
+<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
+<li><a href="/stats">/stats</a>: probe counters as JSON</li>
+<li><a href="/healthz">/healthz</a>: process alive</li>
+<li><a href="/readyz">/readyz</a>: probes attached and drain running</li>
+</ul></body></html>
+"""
+
+
+def parse_listen(addr: str) -> Tuple[str, int]:
+    """':42424' -> ('', 42424); '127.0.0.1:9' -> ('127.0.0.1', 9); '[::1]:9' -> ('::1', 9)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--web.listen-address: expected HOST:PORT, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def serve(addr: str, registry, stats: Callable[[], dict],
+          readiness: Callable[[], Optional[str]]) -> _Server:
+    """Start serving in a background thread; readiness() returns None when
+    ready, else the reason it is not."""
+    host, port = parse_listen(addr)
+    if ":" in host:
+        _Server.address_family = __import__("socket").AF_INET6
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            try:
+                if path == "/metrics":
+                    encoder, ctype = choose_encoder(self.headers.get("Accept"))
+                    self._send(200, encoder(registry), ctype)
+                elif path == "/stats":
+                    self._send(200, json.dumps(stats(), indent=2, sort_keys=True).encode() + b"\n",
+                               "application/json")
+                elif path == "/":
+                    self._send(200, LANDING.format(version=__version__).encode(), "text/html; charset=utf-8")
+                elif path == "/healthz":
+                    self._send(200, b"ok\n", "text/plain; charset=utf-8")
+                elif path == "/readyz":
+                    why = readiness()
+                    if why is None:
+                        self._send(200, b"ready\n", "text/plain; charset=utf-8")
+                    else:
+                        self._send(503, f"not ready: {why}\n".encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+            except BrokenPipeError:
+                pass
+            except Exception as e:
+                log.exception("serving %s failed", path)
+                self._send(500, f"error: {e}\n".encode(), "text/plain; charset=utf-8")
+
+        do_HEAD = do_GET
+
+        def log_message(self, fmt, *args) -> None:
+            log.debug("%s " + fmt, self.address_string(), *args)
+
+    srv = _Server((host, port), Handler)
+    threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
+    return srv

@@ -1,0 +1,152 @@
+"""Capture targets: from config items to entries of the kernel's filter maps.
+
+:func:`resolve` checks that each target exists and turns it into what the
+BPF programs compare against: a tgid, a cgroup v2 id and level, a network
+namespace inode, a port bit. :class:`TargetMaps` writes a resolved set into
+the maps of a loaded object, changing only what differs, so captures change
+at run time without reloading any program.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+import numpy as np
+
+from . import maps
+from .config import ConfigError, Target
+from .records import (CAPTURE_CONFIG, MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
+                      TARGET_PORT)
+
+
+@dataclass
+class Resolved:
+    pids: Set[int] = field(default_factory=set)
+    cgroups: Dict[int, int] = field(default_factory=dict)     # cgroup id -> level
+    netns: Set[int] = field(default_factory=set)
+    ports: Set[int] = field(default_factory=set)
+
+    @property
+    def flags(self) -> int:
+        return ((TARGET_PID if self.pids else 0) | (TARGET_CGROUP if self.cgroups else 0)
+                | (TARGET_NETNS if self.netns else 0) | (TARGET_PORT if self.ports else 0))
+
+    @property
+    def cgroup_levels(self) -> int:
+        m = 0
+        for lvl in self.cgroups.values():
+            m |= 1 << lvl
+        return m
+
+
+def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> List[Tuple[str, str]]:
+    """(mount point, root within the hierarchy) of every cgroup2 mount."""
+    out = []
+    with open(mountinfo) as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fields = pre.split()
+            if post.split()[:1] == ["cgroup2"]:
+                out.append((fields[4].replace("\\040", " "), fields[3]))
+    return out
+
+
+def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo") -> Tuple[int, int]:
+    """A cgroup v2 directory's id (its kernfs inode) and level (root = 0)."""
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise ConfigError(f"cgroup {path}: no such cgroup directory")
+    best = None
+    for mnt, root in cgroup2_mounts(mountinfo):
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (best is None or len(mnt) > len(best[0])):
+            best = (mnt, root)
+    if best is None:
+        raise ConfigError(f"cgroup {path}: not on a cgroup v2 hierarchy (a cgroup v1 path?); "
+                          "nettap matches cgroup v2 ids")
+    mnt, root = best
+    rel = Path(real).relative_to(mnt).parts
+    level = len([p for p in root.split("/") if p]) + len(rel)
+    if level > MAX_CGROUP_LEVEL:
+        raise ConfigError(f"cgroup {path}: level {level} is deeper than {MAX_CGROUP_LEVEL}")
+    return os.stat(real).st_ino, level
+
+
+def netns_inode(value) -> int:
+    if isinstance(value, int):
+        return value
+    try:
+        st = os.stat(value)
+    except OSError as e:
+        raise ConfigError(f"netns {value}: {e.strerror}") from None
+    if st.st_dev != os.stat("/proc/self/ns/net").st_dev:
+        raise ConfigError(f"netns {value}: not a namespace file (expected e.g. /var/run/netns/NAME)")
+    return st.st_ino
+
+
+def resolve(targets: Iterable[Target], proc: str = "/proc") -> Resolved:
+    r = Resolved()
+    for i, t in enumerate(targets):
+        try:
+            if t.kind == "port":
+                r.ports.add(t.value)
+            elif t.kind == "pid":
+                if not os.path.exists(f"{proc}/{t.value}"):
+                    raise ConfigError(f"pid {t.value}: no such process")
+                r.pids.add(t.value)
+            elif t.kind == "cgroup":
+                cid, lvl = cgroup_id_level(t.value)
+                r.cgroups[cid] = lvl
+            elif t.kind == "netns":
+                r.netns.add(netns_inode(t.value))
+        except ConfigError as e:
+            raise ConfigError(f"captures[{i}].{t.kind}: {e}") from None
+    return r
+
+
+def _u32(v: int) -> bytes:
+    return v.to_bytes(4, "little")
+
+
+def _u64(v: int) -> bytes:
+    return v.to_bytes(8, "little")
+
+
+class TargetMaps:
+    """The filter maps of one loaded object. Not thread-safe: one writer."""
+
+    def __init__(self, map_fds: Dict[str, int]):
+        self.fds = map_fds
+        self.current = Resolved()
+        self._bitmap = np.zeros(1024, dtype="<u8")
+
+    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: int) -> None:
+        """Add new entries, then switch capture_config, then remove stale
+        entries, so no call is missed while targets change."""
+        old = self.current
+        for pid in new.pids - old.pids:
+            maps.update(self.fds["capture_pids"], _u32(pid), b"\1")
+        for cid in new.cgroups.keys() - old.cgroups.keys():
+            maps.update(self.fds["capture_cgroups"], _u64(cid), b"\1")
+        for ino in new.netns - old.netns:
+            maps.update(self.fds["capture_netns"], _u32(ino), b"\1")
+        bitmap = np.zeros(1024, dtype="<u8")
+        for p in new.ports:
+            bitmap[p >> 6] |= np.uint64(1) << np.uint64(p & 63)
+        for word in np.flatnonzero(bitmap != self._bitmap):
+            maps.update(self.fds["capture_ports"], _u32(int(word)), bitmap[word].tobytes())
+        cfg = np.zeros(1, dtype=CAPTURE_CONFIG)
+        cfg["flags"] = new.flags
+        cfg["cgroup_levels"] = new.cgroup_levels
+        cfg["max_payload_bytes"] = max_payload_bytes
+        cfg["wakeup_bytes"] = wakeup_bytes
+        maps.update(self.fds["capture_config"], _u32(0), cfg.tobytes())
+        for pid in old.pids - new.pids:
+            maps.delete(self.fds["capture_pids"], _u32(pid))
+        for cid in old.cgroups.keys() - new.cgroups.keys():
+            maps.delete(self.fds["capture_cgroups"], _u64(cid))
+        for ino in old.netns - new.netns:
+            maps.delete(self.fds["capture_netns"], _u32(ino))
+        self._bitmap = bitmap
+        self.current = new
