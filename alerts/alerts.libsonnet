@@ -48,7 +48,7 @@
           expr: |||
             avg_over_time(nettap_ringbuf_pending_bytes{%(nettapSelector)s}[%(rateInterval)s])
               / (nettap_ringbuf_capacity_bytes{%(nettapSelector)s} > 0)
-            > %(ringBufferFillRatio)s
+            > %(ringBufferFillRatio)g
           ||| % cfg,
           'for': cfg.ringBufferFillFor,
           labels: { severity: 'warning' },
@@ -67,7 +67,7 @@
               sum without (ring) (rate(nettap_ringbuf_records_drained_total{%(nettapSelector)s, ring="capture_chunks"}[%(rateInterval)s]))
                 /
               (sum without (probe) (rate(nettap_probe_chunks_published_total{%(nettapSelector)s}[%(rateInterval)s])) > 0)
-            ) < %(pipelineDrainedRatio)s
+            ) < %(pipelineDrainedRatio)g
           ||| % cfg,
           'for': cfg.pipelineFallingBehindFor,
           labels: { severity: 'warning' },
@@ -131,7 +131,7 @@
         {
           alert: 'NettapRestarting',
           expr: |||
-            changes(process_start_time_seconds{%(nettapSelector)s}[%(restartsWindow)s]) >= %(restartsThreshold)s
+            changes(process_start_time_seconds{%(nettapSelector)s}[%(restartsWindow)s]) >= %(restartsThreshold)g
           ||| % cfg,
           'for': cfg.restartingFor,
           labels: { severity: 'warning' },
@@ -182,7 +182,7 @@
         {
           alert: 'NettapKernelBPFCPUHigh',
           expr: |||
-            sum without (program) (rate(nettap_bpf_program_run_time_seconds_total{%(nettapSelector)s}[%(rateInterval)s])) > %(kernelBPFCPUCores)s
+            sum without (program) (rate(nettap_bpf_program_run_time_seconds_total{%(nettapSelector)s}[%(rateInterval)s])) > %(kernelBPFCPUCores)g
           ||| % cfg,
           'for': cfg.kernelBPFCPUFor,
           labels: { severity: 'warning' },
@@ -199,10 +199,10 @@
           expr: |||
             rate(nettap_cgroup_cpu_throttled_periods_total{%(nettapSelector)s}[%(rateInterval)s])
               / (rate(nettap_cgroup_cpu_periods_total{%(nettapSelector)s}[%(rateInterval)s]) > 0)
-            > %(cpuThrottlingRatio)s
+            > %(cpuThrottlingRatio)g
           ||| % cfg,
           'for': cfg.cpuThrottlingFor,
-          labels: { severity: 'warning' },
+          labels: { severity: 'warning', source: 'nettap' },
           annotations: {
             summary: 'nettap is CPU-throttled; throttling precedes ring-buffer drops.',
             description: '{{ $value | humanizePercentage }} of the CFS periods of nettap on {{ $labels.instance }} were throttled over the last %(rateInterval)s.' % cfg,
@@ -213,10 +213,10 @@
           expr: |||
             sum by (%(kubeLabels)s) (rate(container_cpu_cfs_throttled_periods_total{%(cadvisorSelector)s, %(nettapContainerSelector)s}[%(rateInterval)s]))
               / (sum by (%(kubeLabels)s) (rate(container_cpu_cfs_periods_total{%(cadvisorSelector)s, %(nettapContainerSelector)s}[%(rateInterval)s])) > 0)
-            > %(cpuThrottlingRatio)s
+            > %(cpuThrottlingRatio)g
           ||| % cfg,
           'for': cfg.cpuThrottlingFor,
-          labels: { severity: 'warning' },
+          labels: { severity: 'warning', source: 'kubernetes' },
           annotations: {
             summary: 'nettap is CPU-throttled; throttling precedes ring-buffer drops.',
             description: '{{ $value | humanizePercentage }} of the CFS periods of container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} were throttled over the last %(rateInterval)s.' % cfg,
@@ -227,10 +227,10 @@
           expr: |||
             nettap_cgroup_memory_usage_bytes{%(nettapSelector)s}
               / (nettap_cgroup_memory_limit_bytes{%(nettapSelector)s} > 0)
-            > %(memoryNearLimitRatio)s
+            > %(memoryNearLimitRatio)g
           ||| % cfg,
           'for': cfg.memoryNearLimitFor,
-          labels: { severity: 'warning' },
+          labels: { severity: 'warning', source: 'nettap' },
           annotations: {
             summary: 'nettap is close to its memory limit; the OOM killer is next.',
             description: 'The cgroup of nettap on {{ $labels.instance }} uses {{ $value | humanizePercentage }} of its memory limit.',
@@ -242,10 +242,10 @@
             max by (%(kubeLabels)s) (container_memory_working_set_bytes{%(cadvisorSelector)s, %(nettapContainerSelector)s})
               / on (%(kubeLabels)s)
             max by (%(kubeLabels)s) (kube_pod_container_resource_limits{%(kubeStateMetricsSelector)s, %(nettapContainerSelector)s, resource="memory"})
-            > %(memoryNearLimitRatio)s
+            > %(memoryNearLimitRatio)g
           ||| % cfg,
           'for': cfg.memoryNearLimitFor,
-          labels: { severity: 'warning' },
+          labels: { severity: 'warning', source: 'kubernetes' },
           annotations: {
             summary: 'nettap is close to its memory limit; the OOM killer is next.',
             description: 'Container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} has a working set of {{ $value | humanizePercentage }} of its memory limit.',
@@ -260,7 +260,7 @@
             increase(nettap_cgroup_memory_oom_kills_total{%(nettapSelector)s}[%(oomWindow)s]) > 0
           ||| % cfg,
           'for': cfg.oomKilledFor,
-          labels: { severity: 'warning' },
+          labels: { severity: 'warning', source: 'nettap' },
           annotations: {
             summary: 'The OOM killer killed a process of nettap.',
             description: 'A process in the cgroup of nettap on {{ $labels.instance }} was OOM-killed in the last %(oomWindow)s.' % cfg,
@@ -283,7 +283,7 @@
             )
           ||| % cfg,
           'for': cfg.oomKilledFor,
-          labels: { severity: 'warning' },
+          labels: { severity: 'warning', source: 'kubernetes' },
           annotations: {
             summary: 'The OOM killer killed a process of nettap.',
             description: 'Container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} was OOM-killed in the last %(oomWindow)s.' % cfg,

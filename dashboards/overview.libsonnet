@@ -1,0 +1,133 @@
+// nettap / Overview: is it up, is it capturing everything, and what does it cost.
+local lib = import 'lib.libsonnet';
+
+{
+  grafanaDashboards+:: {
+    local cfg = $._config { sel: 'job=~"$job", instance=~"$instance"' },
+    local q(expr) = expr % cfg,
+
+    'nettap-overview.json': lib.dashboard(
+      cfg,
+      uid='nettap-overview',
+      title='nettap / Overview',
+      description='nettap health, capture pipeline, cost (user and kernel CPU, memory) and cgroup resources.',
+      variables=[
+        lib.queryVariable('job', 'Job', q('label_values(nettap_build_info{%(nettapSelector)s}, job)')),
+        lib.queryVariable('instance', 'Instance', q('label_values(nettap_build_info{job=~"$job"}, instance)'), multi=true),
+      ],
+      rows=[
+        {
+          title: 'Health',
+          panels: [
+            lib.stat('Targets', 'none', [
+              lib.target(q('sum(up{%(sel)s})'), 'up', instant=true),
+              lib.target(q('count(up{%(sel)s}) - sum(up{%(sel)s})'), 'down', instant=true),
+            ], description='nettap targets Prometheus scrapes successfully, and those it cannot.', h=6),
+            lib.stat('BPF run-time stats', 'none', [
+              lib.target(q('nettap_bpf_stats_enabled{%(sel)s}'), '{{instance}}', instant=true),
+            ], description='Kernel BPF run-time statistics (diagnostics.bpfStats.enabled). Cheap but not free, on every BPF program of the node: turn off when done measuring.', h=6, mappings=lib.boolMapping('off', 'green', 'on', 'orange')),
+            lib.stat('Config reload', 'none', [
+              lib.target(q('nettap_config_last_reload_successful{%(sel)s}'), '{{instance}}', instant=true),
+            ], description='Whether the last configuration (re)load succeeded. A refused file leaves the previous one in force.', h=6, mappings=lib.boolMapping('failed', 'red', 'ok', 'green')),
+            lib.stat('Since last good config', 's', [
+              lib.target(q('time() - nettap_config_last_reload_success_timestamp_seconds{%(sel)s}'), '{{instance}}', instant=true),
+            ], h=6),
+            lib.table('Probe attach mechanisms', 'none', [
+              lib.target(q('nettap_probe_attached{%(sel)s} == 1'), instant=true, format='table'),
+            ], description='How each probe is attached (fentry, kprobe, tracepoint); "none" means it failed and captures nothing.', w=8, h=6, hide=['job', 'Value']),
+          ],
+        },
+        {
+          title: 'Capture pipeline',
+          panels: [
+            lib.timeseries('Probe calls vs. chunks published', 'ops', [
+              lib.target(q('sum by (probe) (rate(nettap_probe_calls_total{%(sel)s}[$__rate_interval]))'), '{{probe}} calls'),
+              lib.target(q('sum by (probe) (rate(nettap_probe_chunks_published_total{%(sel)s}[$__rate_interval]))'), '{{probe}} chunks'),
+            ], description='If calls keep climbing while chunks published flattens, the pipeline is falling behind.'),
+            lib.timeseries('Bytes processed', 'Bps', [
+              lib.target(q('sum by (probe) (rate(nettap_probe_bytes_processed_total{%(sel)s}[$__rate_interval]))'), '{{probe}}'),
+            ]),
+            lib.timeseries('Ring buffer drops', 'ops', [
+              lib.target(q('sum by (instance, ring) (rate(nettap_ringbuf_drops_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{ring}}'),
+            ], description='Records dropped because a ring-buffer reserve failed. Drops on capture_chunks are lost captured data.', w=8),
+            lib.timeseries('Ring buffer fill', 'percentunit', [
+              lib.target(q('nettap_ringbuf_pending_bytes{%(sel)s} / nettap_ringbuf_capacity_bytes{%(sel)s}'), '{{instance}} {{ring}}'),
+            ], description='Bytes produced but not yet consumed, over the ring size. Reserves fail when it reaches 100%.', w=8, max=1),
+            lib.timeseries('Records drained', 'ops', [
+              lib.target(q('sum by (ring) (rate(nettap_ringbuf_records_drained_total{%(sel)s}[$__rate_interval]))'), '{{ring}}'),
+            ], description='Records user space reads from each ring.', w=8),
+            lib.timeseries('Records lost after the ring', 'ops', [
+              lib.target(q('sum by (instance, stage) (rate(nettap_records_lost_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{stage}}'),
+            ], description='queue: user-space queue full; sink: sink write failed; decode: record failed to decode.'),
+            lib.timeseries('Sink records written', 'ops', [
+              lib.target(q('sum by (sink) (rate(nettap_sink_records_written_total{%(sel)s}[$__rate_interval]))'), '{{sink}} written'),
+              lib.target(q('sum by (sink) (rate(nettap_sink_errors_total{%(sel)s}[$__rate_interval]))'), '{{sink}} errors'),
+            ]),
+          ],
+        },
+        {
+          title: 'Cost',
+          panels: [
+            lib.timeseries('nettap process CPU (cores)', 'short', [
+              lib.target(q('rate(process_cpu_seconds_total{%(sel)s}[$__rate_interval])'), '{{instance}}'),
+            ], description="The exporter process's own CPU: what container CPU accounting and kubectl top see.", w=8),
+            lib.timeseries('nettap RSS', 'bytes', [
+              lib.target(q('process_resident_memory_bytes{%(sel)s}'), '{{instance}}'),
+            ], w=8),
+            lib.timeseries('Kernel BPF CPU (cores)', 'short', [
+              lib.target(q('sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))'), '{{instance}}'),
+            ], description="Kernel time in nettap's BPF programs, charged to whichever process made the syscall, not to nettap. Needs bpfStats on.", w=8),
+            lib.timeseries('Kernel time per run', 's', [
+              // The seed's query: `> 0` keeps programs that never fired from dividing by zero.
+              lib.target(q(|||
+                sum by (program) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))
+                  / (sum by (program) (rate(nettap_bpf_program_runs_total{%(sel)s}[$__rate_interval])) > 0)
+              |||), '{{program}}'),
+            ], description='Average kernel time per execution, by program. Needs bpfStats on.', w=8),
+            lib.timeseries('Kernel BPF time vs. process CPU', 'percentunit', [
+              lib.target(q(|||
+                sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))
+                  / (sum by (instance) (rate(process_cpu_seconds_total{%(sel)s}[$__rate_interval])) > 0)
+              |||), '{{instance}}'),
+            ], description="Kernel time in nettap's BPF programs over its own process CPU: how much container accounting under-reports nettap's cost.", w=8),
+            lib.timeseries('Total cost: process + kernel BPF (cores)', 'short', [
+              lib.target(q(|||
+                sum by (instance) (rate(process_cpu_seconds_total{%(sel)s}[$__rate_interval]))
+                  + sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))
+              |||), '{{instance}}'),
+            ], description='What running nettap costs the node, in cores. Absent while bpfStats is off (the kernel part is unknown then).', w=8),
+            lib.timeseries('BPF map memory', 'bytes', [
+              lib.target(q('sum by (map) (nettap_bpf_map_memory_bytes{%(sel)s})'), '{{map}}'),
+            ], stack=true),
+            lib.timeseries('BPF map fill', 'percentunit', [
+              lib.target(q('nettap_bpf_map_entries{%(sel)s} / (nettap_bpf_map_max_entries{%(sel)s} > 0)'), '{{instance}} {{map}}'),
+            ], max=1),
+          ],
+        },
+        {
+          title: 'Resources (cgroup)',
+          panels: [
+            lib.timeseries('CPU throttling', 'percentunit', [
+              lib.target(q(|||
+                rate(nettap_cgroup_cpu_throttled_periods_total{%(sel)s}[$__rate_interval])
+                  / (rate(nettap_cgroup_cpu_periods_total{%(sel)s}[$__rate_interval]) > 0)
+              |||), '{{instance}}'),
+            ], description='Throttled CFS periods over all periods. Throttling precedes ring-buffer drops.', w=8, max=1),
+            lib.timeseries('Memory vs. limit', 'bytes', [
+              lib.target(q('nettap_cgroup_memory_usage_bytes{%(sel)s}'), '{{instance}} usage'),
+              lib.target(q('nettap_cgroup_memory_limit_bytes{%(sel)s}'), '{{instance}} limit'),
+            ], description='cgroup memory usage and limit (no limit line when unlimited).', w=8),
+            lib.timeseries('OOM kills', 'short', [
+              lib.target(q('sum by (instance) (increase(nettap_cgroup_memory_oom_kills_total{%(sel)s}[$__rate_interval]))'), '{{instance}} kills'),
+              lib.target(q('sum by (instance) (increase(nettap_cgroup_memory_oom_events_total{%(sel)s}[$__rate_interval]))'), '{{instance}} OOM events'),
+            ], description="OOM-killer invocations and kills in nettap's cgroup.", w=8),
+            lib.table('Collectors', 'none', [
+              lib.target(q('nettap_scrape_collector_success{%(sel)s}'), instant=true, format='table'),
+              lib.target(q('nettap_scrape_collector_duration_seconds{%(sel)s}'), instant=true, format='table'),
+            ], columns=[{ name: 'success', unit: 'none' }, { name: 'duration', unit: 's' }], description='Each collector reports whether it succeeded this scrape, and how long it took.', hide=['job'], h=6),
+          ],
+        },
+      ],
+    ),
+  },
+}
