@@ -3,8 +3,8 @@
 //
 // Where a condition can be seen from two sources (nettap's own cgroup counters, and
 // cAdvisor / kube-state-metrics on Kubernetes) the alert has one rule per source under the
-// same name: their label sets differ (instance vs. namespace/pod/container), so they never
-// collide in ALERTS, and either fires when only one source is scraped.
+// same name, told apart by a static `source` label (nettap | kubernetes): either fires when
+// only its source is scraped, and promtool's duplicate-rule lint stays quiet.
 {
   local cfg = $._config {
     kubeLabels: std.join(', ', $._config.kubeContainerLabels),
@@ -28,7 +28,7 @@
           labels: { severity: 'critical' },
           annotations: {
             summary: 'nettap is losing captured data: a ring buffer reserve is failing.',
-            description: 'nettap on {{ $labels.instance }} dropped {{ $value | humanize }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s: captured payload is being lost.' % cfg,
+            description: 'nettap on {{ $labels.instance }} dropped {{ printf "%%.2f" $value }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s: captured payload is being lost.' % cfg,
           },
         },
         {
@@ -40,7 +40,7 @@
           labels: { severity: 'warning' },
           annotations: {
             summary: 'nettap is dropping events: a ring buffer reserve is failing.',
-            description: 'nettap on {{ $labels.instance }} dropped {{ $value | humanize }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s.' % cfg,
+            description: 'nettap on {{ $labels.instance }} dropped {{ printf "%%.2f" $value }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s.' % cfg,
           },
         },
         {
@@ -85,13 +85,18 @@
           labels: { severity: 'critical' },
           annotations: {
             summary: 'nettap is losing captured records after reading them from the ring.',
-            description: 'nettap on {{ $labels.instance }} lost {{ $value | humanize }} records/s at stage {{ $labels.stage }} over the last %(rateInterval)s.' % cfg,
+            description: 'nettap on {{ $labels.instance }} lost {{ printf "%%.2f" $value }} records/s at stage {{ $labels.stage }} over the last %(rateInterval)s.' % cfg,
           },
         },
         {
+          // A probe that no mechanism attached is reported as mechanism="none" (value 0 in
+          // exporter/collectors.py). Match that series whatever its value, unless the same
+          // probe is also attached by a real mechanism.
           alert: 'NettapProbeAttachFailed',
           expr: |||
-            nettap_probe_attached{%(nettapSelector)s, mechanism="none"} == 1
+            nettap_probe_attached{%(nettapSelector)s, mechanism="none"}
+              unless ignoring (mechanism)
+            (nettap_probe_attached{%(nettapSelector)s, mechanism!="none"} == 1)
           ||| % cfg,
           'for': cfg.probeAttachFailedFor,
           labels: { severity: 'warning' },
@@ -188,7 +193,7 @@
           labels: { severity: 'warning' },
           annotations: {
             summary: "nettap's BPF programs use more kernel CPU than budgeted.",
-            description: "nettap's BPF programs on {{ $labels.instance }} use {{ $value | humanize }} cores of kernel time, charged to the processes making the syscalls, not to nettap's cgroup.",
+            description: "nettap's BPF programs on {{ $labels.instance }} use {{ printf \"%.2f\" $value }} cores of kernel time, charged to the processes making the syscalls, not to nettap's cgroup.",
           },
         },
       ]),

@@ -33,7 +33,7 @@ local lib = import 'lib.libsonnet';
               lib.target(q('time() - nettap_config_last_reload_success_timestamp_seconds{%(sel)s}'), '{{instance}}', instant=true),
             ], h=6),
             lib.table('Probe attach mechanisms', 'none', [
-              lib.target(q('nettap_probe_attached{%(sel)s} == 1'), instant=true, format='table'),
+              lib.target(q('nettap_probe_attached{%(sel)s}'), instant=true, format='table'),
             ], description='How each probe is attached (fentry, kprobe, tracepoint); "none" means it failed and captures nothing.', w=8, h=6, hide=['job', 'Value']),
           ],
         },

@@ -38,7 +38,9 @@ class Nettap:
             self.target_maps = targets.TargetMaps(fds)
             self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
-            self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3]) for r in RINGS}
+            keep = config.output.type != "none"        # no sink: count records, copy nothing
+            self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
+                          for r in RINGS}
             self.apply_targets(config)
             self.pipeline = Pipeline(self.rings, sinks.make(config.output), config.output.queue_records)
             self.pipeline.start()

@@ -21,6 +21,8 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--mechanism", choices=("fentry", "kprobe", "tracepoint"),
                    help="force one attach mechanism instead of the first the kernel accepts")
     p.add_argument("--check-config", action="store_true", help="validate --config and exit")
+    p.add_argument("--preflight", action="store_true",
+                   help="load and attach the probes, print each probe's mechanism, release everything and exit (0 if all attached)")
     p.add_argument("--decode", metavar="FILE", help="decode raw ring records from FILE to JSON lines on stdout, and exit")
     p.add_argument("--ring", default="capture_chunks", help="with --decode: the ring the records come from")
     p.add_argument("--log-level", choices=config.LOG_LEVELS, help="override the config's log_level")
@@ -72,6 +74,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         print(f"nettap: cannot load probes: {e} (nettap needs root, or CAP_BPF+CAP_PERFMON)", file=sys.stderr)
         return 1
+
+    if args.preflight:
+        for p, st in app.probes.states.items():
+            why = "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
+            print(f"{p}: {st.mechanism if st.attached else 'NOT ATTACHED'} ({why})", flush=True)
+        ok = all(st.attached for st in app.probes.states.values())
+        app.close()
+        return 0 if ok else 1
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

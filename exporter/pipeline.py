@@ -62,12 +62,14 @@ class Pipeline:
                 b = ring.read()
                 if b is None:
                     break
-                total += len(b.records)
+                total += b.count
                 self.lost["decode"] += b.bad
                 if ring.name == "logs":
                     self._log_bpf_problems(b)
                 if self.sink and len(b.records):
                     self._enqueue(b)
+                if not b.full:                      # caught up (or at a BUSY record)
+                    break
         return total
 
     def _drain_loop(self) -> None:

@@ -7,8 +7,9 @@ fd so :meth:`RingPoller.close` unblocks a waiting :meth:`RingPoller.wait`).
 
 Ring memory (kernel/bpf/ringbuf.c, ``bpf_ringbuf_mmap_user``): page 0 holds
 ``consumer_pos`` and is the only page user space may write; page 1 holds
-``producer_pos``; the data pages follow, mapped twice in a row so that a
-record crossing the end of the ring reads contiguously. Each record starts
+``producer_pos``; the data pages follow (mapped twice in a row by the kernel
+so that a record crossing the end reads contiguously; nettap maps them once,
+see :class:`RingMemory`). Each record starts
 with an 8-byte header: u32 ``len`` whose bit 31 (BUSY) is set while the
 producer still fills the record and bit 30 (DISCARD) when it was discarded,
 and u32 ``pg_off``. Records are 8-byte aligned.
@@ -18,7 +19,9 @@ stride divides the ring size, so the records between the consumer and the
 producer are one strided numpy array: a batch is read with one fancy index,
 its headers checked as vectors, and no Python runs per record. A header that
 does not fit the stride (garbage) sends that batch down :func:`walk`, the
-record-by-record path, which resynchronises on the header lengths.
+record-by-record path, which resynchronises on the header lengths. A read
+stops at the first record still BUSY and the caller comes back on its next
+poll, rather than chasing the producer record by record.
 
 Memory ordering: the kernel publishes a record by clearing BUSY with
 ``xchg`` after writing it, and advances ``producer_pos`` with
@@ -54,8 +57,10 @@ _LEN_MASK = ~(RB_BUSY | RB_DISCARD) & 0xFFFFFFFF
 @dataclass
 class Batch:
     ring: str
-    records: np.ndarray        # structured array of the ring's record dtype
+    records: np.ndarray        # structured array of the ring's record dtype (empty when not copied)
+    count: int = -1            # records read (== len(records) when copied)
     bad: int = 0               # records whose header did not match the layout
+    full: bool = False         # max_records were read: more may be waiting
 
 
 def walk(buf: bytes, record: np.dtype, start: int = 0, end: Optional[int] = None) -> Tuple[np.ndarray, int, int]:
@@ -97,7 +102,7 @@ def walk(buf: bytes, record: np.dtype, start: int = 0, end: Optional[int] = None
 class RingMemory:
     """The mapped memory of one ring. Reads records; never waits."""
 
-    def __init__(self, name: str, map_fd: int, size: int):
+    def __init__(self, name: str, map_fd: int, size: int, copy: bool = True):
         if platform.machine() not in ("x86_64", "AMD64"):
             raise OSError(f"ring reader: memory ordering is only proven on x86-64, not {platform.machine()}")
         self.name = name
@@ -110,13 +115,21 @@ class RingMemory:
             raise ValueError(f"ring {name}: size {size} is not a multiple of its stride {self.slot.itemsize}")
         page = mmap.PAGESIZE
         self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._prod_map = mmap.mmap(map_fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        # The kernel maps the data pages twice in a row so that a record
+        # crossing the end reads contiguously; nettap's strides divide the
+        # ring, so no record crosses it and one mapping is enough (the
+        # second would only double the ring's share of nettap's RSS).
+        self._prod_map = mmap.mmap(map_fd, page + size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
         self._cons = np.frombuffer(self._cons_map, dtype=np.uint64, count=1)
         self._prod = np.frombuffer(self._prod_map, dtype=np.uint64, count=1)
-        self._data = memoryview(self._prod_map)[page:page + 2 * size]
+        self._data = memoryview(self._prod_map)[page:page + size]
         self._slots = np.frombuffer(self._prod_map, dtype=self.slot, count=size // self.slot.itemsize, offset=page)
+        # The same memory as rows of raw bytes: copying rows is one memcpy,
+        # where copying structured items goes field by field.
+        self._rows = np.frombuffer(self._prod_map, dtype=np.uint8, count=size, offset=page).reshape(-1, self.slot.itemsize)
         self.drained = 0
         self.bad = 0
+        self.copy = copy     # False: records are counted and released, not copied out
 
     def positions(self) -> Tuple[int, int]:
         return int(self._cons[0]), int(self._prod[0])
@@ -126,8 +139,9 @@ class RingMemory:
         return prod - cons
 
     def read(self, max_records: int = 1 << 16) -> Optional[Batch]:
-        """Copy out the committed records after consumer_pos (up to
-        max_records), then release them to the producer."""
+        """Copy out the committed records after consumer_pos (at most
+        max_records, stopping at the first record still BUSY), then release
+        them to the producer. None when there is nothing committed."""
         cons, prod = self.positions()
         if prod == cons:
             return None
@@ -136,34 +150,49 @@ class RingMemory:
             return self._read_walk(cons, prod)
         n = min((prod - cons) // stride, max_records)
         first = (cons & self.mask) // stride
-        idx = np.arange(first, first + n) % len(self._slots)
-        slots = self._slots[idx]                       # the copy
-        hdr = slots["rb_len"]
+        nslots = len(self._slots)
+        # Views, no copy yet: the pending records wrap at most once.
+        spans = [(first, min(first + n, nslots))]
+        if first + n > nslots:
+            spans.append((0, first + n - nslots))
+        hdr = np.concatenate([self._slots["rb_len"][a:b] for a, b in spans])
         busy = np.flatnonzero(hdr & RB_BUSY)
         if busy.size:                                  # stop at the first uncommitted record
             n = int(busy[0])
-            slots, hdr = slots[:n], hdr[:n]
             if n == 0:
                 return None
+            hdr = hdr[:n]
+            a0, b0 = spans[0]
+            spans = [(a0, min(b0, a0 + n))] + ([(0, n - (b0 - a0))] if n > b0 - a0 else [])
         keep = (hdr & RB_DISCARD) == 0
-        size_ok = (hdr & _LEN_MASK) == self.record.itemsize
-        if not size_ok[keep].all():
+        if not ((hdr & _LEN_MASK) == self.record.itemsize)[keep].all():
             return self._read_walk(cons, prod)
-        recs = slots["rec"][keep]
+        if self.copy:
+            rows = np.concatenate([self._rows[a:b] for a, b in spans])     # the copy
+            recs = rows.view(self.slot).reshape(-1)["rec"]
+            if not keep.all():
+                recs = recs[keep]
+            count = len(recs)
+        else:                                          # counted, not kept
+            recs = np.empty(0, dtype=self.record)
+            count = int(keep.sum())
         self._cons[0] = cons + n * stride              # release (x86-64: plain store)
-        self.drained += len(recs)
-        return Batch(self.name, recs)
+        self.drained += count
+        return Batch(self.name, recs, count=count, full=n == max_records)
 
     def _read_walk(self, cons: int, prod: int) -> Optional[Batch]:
         start = cons & self.mask
-        end = start + min(prod - cons, self.size)      # data is mapped twice: no wrap
-        recs, bad, pos = walk(self._data, self.record, start, end)
+        end = start + min(prod - cons, self.size)
+        buf = self._data[start:end] if end <= self.size else \
+            bytes(self._data[start:self.size]) + bytes(self._data[:end - self.size])
+        recs, bad, pos = walk(buf, self.record)
+        pos += start
         if pos == start:
             return None
         self._cons[0] = cons + (pos - start)
         self.drained += len(recs)
         self.bad += bad
-        return Batch(self.name, recs, bad)
+        return Batch(self.name, recs, count=len(recs), bad=bad)
 
     def close(self) -> None:
         # Drop numpy views before unmapping.
