@@ -81,8 +81,9 @@ def render():
     return files
 
 
-def stale(files, root=REPO):
-    """Rendered paths whose committed copy is missing or differs."""
+def stale(files, root=None):
+    """Rendered paths whose committed copy (under root, default the repository) is missing or differs."""
+    root = Path(root or REPO)
     out = []
     for rel, content in files.items():
         path = root / rel
@@ -98,7 +99,7 @@ def main(argv=None):
 
     files = render()
     if args.check:
-        bad = stale(files)
+        bad = stale(files, REPO)
         for rel in bad:
             print(f"stale: {rel} differs from a fresh render; run python alerts/render.py", file=sys.stderr)
         return 1 if bad else 0

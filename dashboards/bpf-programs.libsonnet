@@ -1,5 +1,6 @@
 // nettap / BPF programs: every BPF program on the node (nettap's, the CNI's, anyone's) by
-// kernel CPU, runs/s and time per run, from nettap_node_bpf_program_* (needs bpfStats on).
+// kernel CPU, runs/s and time per run, from nettap_node_bpf_program_* (needs bpfStats on
+// with scope node: diagnostics.bpfStats.scope: node).
 local lib = import 'lib.libsonnet';
 
 {
@@ -13,7 +14,7 @@ local lib = import 'lib.libsonnet';
       cfg,
       uid='nettap-bpf-programs',
       title='nettap / BPF programs',
-      description='Every BPF program on the node by kernel CPU, runs/s and time per run, with its owner. Needs bpfStats on.',
+      description='Every BPF program on the node by kernel CPU, runs/s and time per run, with its owner. Needs diagnostics.bpfStats.enabled: true and scope: node.',
       variables=[
         lib.queryVariable('job', 'Job', q('label_values(nettap_build_info{%(nettapSelector)s}, job)')),
         lib.queryVariable('instance', 'Instance', q('label_values(nettap_build_info{job=~"$job"}, instance)'), multi=true),

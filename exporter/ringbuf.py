@@ -196,7 +196,7 @@ class RingMemory:
 
     def close(self) -> None:
         # Drop numpy views before unmapping.
-        self._cons = self._prod = self._slots = None
+        self._cons = self._prod = self._slots = self._rows = None
         self._data.release()
         self._cons_map.close()
         self._prod_map.close()

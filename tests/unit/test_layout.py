@@ -1,0 +1,161 @@
+"""exporter/records.py mirrors bpf/tcp.h: the numpy layouts against the BTF
+compiled into bpf/tcp.bpf.o (via ``bpftool -j btf dump file``), and the
+constants against the #defines of the header text."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from exporter import records as R
+
+ROOT = Path(__file__).resolve().parents[2]
+OBJ = ROOT / "bpf" / "tcp.bpf.o"
+HEADER = ROOT / "bpf" / "tcp.h"
+
+LAYOUTS = {
+    "nettap_chunk": R.CHUNK,
+    "nettap_eof": R.EOF_,
+    "nettap_log": R.LOG,
+    "nettap_capture_config": R.CAPTURE_CONFIG,
+    "nettap_probe_counters": R.PROBE_COUNTERS,
+}
+
+
+def _bpftool() -> str:
+    for p in (shutil.which("bpftool"), "/usr/sbin/bpftool", "/usr/bin/bpftool"):
+        if p and Path(p).exists():
+            return p
+    raise AssertionError("bpftool not found (looked in PATH, /usr/sbin, /usr/bin)")
+
+
+@pytest.fixture(scope="module")
+def btf():
+    out = subprocess.run([_bpftool(), "-j", "btf", "dump", "file", str(OBJ)],
+                         check=True, capture_output=True, timeout=60).stdout
+    return {t["id"]: t for t in json.loads(out)["types"]}
+
+
+def _struct(btf, name):
+    found = [t for t in btf.values() if t["kind"] == "STRUCT" and t["name"] == name]
+    assert len(found) == 1, f"struct {name}: {len(found)} in BTF"
+    return found[0]
+
+
+def _size(btf, type_id):
+    """Byte size of a BTF type (through typedefs and qualifiers)."""
+    t = btf[type_id]
+    if t["kind"] in ("TYPEDEF", "VOLATILE", "CONST", "RESTRICT", "TYPE_TAG"):
+        return _size(btf, t["type_id"])
+    if t["kind"] == "ARRAY":
+        return t["nr_elems"] * _size(btf, t["type_id"])
+    return t["size"]
+
+
+@pytest.mark.parametrize("cname", list(LAYOUTS))
+def test_struct_layout_matches_btf(btf, cname):
+    st = _struct(btf, cname)
+    dt = LAYOUTS[cname]
+    members = [m["name"] for m in st["members"]]
+    assert dt.names == tuple(members)                  # same fields, same order, none extra
+    for m in st["members"]:
+        assert m["bits_offset"] % 8 == 0, m            # no bitfields
+        fdt, off = dt.fields[m["name"]][:2]
+        assert (m["name"], off) == (m["name"], m["bits_offset"] // 8)
+        assert (m["name"], fdt.itemsize) == (m["name"], _size(btf, m["type_id"]))
+    assert dt.itemsize == st["size"]
+
+
+def test_known_struct_sizes(btf):
+    assert {c: _struct(btf, c)["size"] for c in LAYOUTS} == {
+        "nettap_chunk": 504, "nettap_eof": 120, "nettap_log": 56,
+        "nettap_capture_config": 16, "nettap_probe_counters": 32}
+
+
+def test_ring_records_are_the_c_structs():
+    assert {ring: LAYOUTS[c] for ring, c in R.C_NAMES.items()} == R.RECORDS
+
+
+@pytest.mark.parametrize("ring", list(R.RECORDS))
+def test_ring_stride_is_power_of_two(ring):
+    s = R.stride(R.RECORDS[ring])
+    assert s & (s - 1) == 0
+    assert R.SLOTS[ring].itemsize == s
+    assert R.SLOTS[ring].fields["rec"][1] == R.RB_HDR
+
+
+def test_ring_strides():
+    assert {r: R.stride(d) for r, d in R.RECORDS.items()} == {
+        "capture_chunks": 512, "capture_eof": 128, "logs": 64}
+
+
+# ---- #define constants ----------------------------------------------------
+
+def _defines():
+    """NAME -> int for every `#define NETTAP_* <integer expression>` in tcp.h."""
+    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
+    out = {}
+    for name, expr in re.findall(r"^#define[ \t]+(NETTAP_\w+)[ \t]+(.+?)[ \t]*$", text, flags=re.M):
+        expr = re.sub(r"(\d+)[uUlL]+\b", r"\1", expr)
+        if re.fullmatch(r"[0-9()<\s*]+", expr):
+            out[name] = eval(expr, {"__builtins__": {}})    # digits, parentheses, << and * only
+    return out
+
+
+DEFINES = _defines()
+
+
+def _prefixed(prefix):
+    return {k[len(prefix):].lower(): v for k, v in DEFINES.items() if k.startswith(prefix)}
+
+
+def test_header_parsed():
+    # every #define of the header but the include guard was read as an integer
+    lines = re.findall(r"^#define[ \t]+(\w+)", HEADER.read_text(), flags=re.M)
+    assert sorted(DEFINES) == sorted(n for n in lines if n != "NETTAP_TCP_H")
+    assert len(DEFINES) == 23
+
+
+def test_chunk_sizes():
+    assert DEFINES["NETTAP_CHUNK_DATA"] == R.CHUNK_DATA == R.CHUNK["data"].itemsize
+    assert DEFINES["NETTAP_MAX_CHUNKS_PER_CALL"] * DEFINES["NETTAP_CHUNK_DATA"] == R.MAX_PAYLOAD_BYTES
+    assert DEFINES["NETTAP_MAX_CGROUP_LEVEL"] == R.MAX_CGROUP_LEVEL
+
+
+def test_probes_in_index_order():
+    probes = _prefixed("NETTAP_PROBE_")
+    count = probes.pop("count")
+    assert tuple(sorted(probes, key=probes.get)) == R.PROBES
+    assert sorted(probes.values()) == list(range(count)) and count == len(R.PROBES)
+
+
+def test_rings_in_index_order():
+    rings = _prefixed("NETTAP_RING_")
+    count = rings.pop("count")
+    assert tuple(sorted(rings, key=rings.get)) == R.RINGS
+    assert sorted(rings.values()) == list(range(count)) and count == len(R.RINGS)
+    assert tuple(R.RECORDS) == R.RINGS
+
+
+def test_targets():
+    assert _prefixed("NETTAP_TARGET_") == {"pid": R.TARGET_PID, "cgroup": R.TARGET_CGROUP,
+                                           "netns": R.TARGET_NETNS, "port": R.TARGET_PORT}
+
+
+def test_log_codes():
+    assert {v: k for k, v in _prefixed("NETTAP_LOG_").items()} == R.LOG_CODES
+
+
+def test_chunk_flags():
+    flags = _prefixed("NETTAP_CHUNK_F_")
+    assert tuple(sorted((v, k) for k, v in flags.items())) == R.CHUNK_FLAGS
+
+
+def test_directions():
+    dirs = _prefixed("NETTAP_DIR_")
+    assert tuple(sorted(dirs, key=dirs.get)) == R.DIRECTIONS
+    assert sorted(dirs.values()) == [0, 1]

@@ -1,0 +1,173 @@
+"""exporter.server: parse_listen, and the HTTP endpoints served from a
+background thread on a free loopback port."""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry, Counter
+
+from exporter import __version__, server
+from exporter.server import parse_listen, serve
+
+
+@pytest.mark.parametrize("addr, want", [
+    (":42424", ("", 42424)),
+    ("127.0.0.1:9", ("127.0.0.1", 9)),
+    ("[::1]:9", ("::1", 9)),
+    ("[::]:42424", ("::", 42424)),
+    ("localhost:65535", ("localhost", 65535)),
+    ("0.0.0.0:0", ("0.0.0.0", 0)),
+])
+def test_parse_listen(addr, want):
+    assert parse_listen(addr) == want
+
+
+@pytest.mark.parametrize("addr", ["", "42424", "localhost", ":", "127.0.0.1:", ":http", ":65536",
+                                  ":-1", ":+80", ": 80", "[::1]", "::1]:x", ":4242a"])
+def test_parse_listen_refuses(addr):
+    with pytest.raises(ValueError) as e:
+        parse_listen(addr)
+    assert str(e.value) == f"--web.listen-address: expected HOST:PORT, got {addr!r}"
+
+
+class App:
+    def __init__(self):
+        self.why = "probes not attached"
+        self.registry = CollectorRegistry()
+        c = Counter("nettap_test_events", "Events seen by the test.", registry=self.registry)
+        c.inc(3)
+
+    def stats(self):
+        return {"probes": {"tcp_sendmsg": {"calls": 7}}, "b": [1, 2]}
+
+    def not_ready(self):
+        return self.why
+
+
+@pytest.fixture
+def app():
+    return App()
+
+
+@pytest.fixture
+def base(app):
+    srv = serve("127.0.0.1:0", app.registry, app.stats, app.not_ready)   # port 0: the kernel picks a free one
+    host, port = srv.server_address
+    yield f"http://{host}:{port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def http():
+    s = requests.Session()
+    s.trust_env = False              # never through a proxy from the environment
+    yield s
+    s.close()
+
+
+def test_metrics_text_format(base, http):
+    r = http.get(base + "/metrics", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert r.text == ("# HELP nettap_test_events_total Events seen by the test.\n"
+                      "# TYPE nettap_test_events_total counter\n"
+                      "nettap_test_events_total 3.0\n") + r.text.split("nettap_test_events_total 3.0\n", 1)[1]
+    assert "# EOF" not in r.text
+
+
+def test_metrics_openmetrics(base, http):
+    r = http.get(base + "/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=10)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    assert r.text.startswith("# HELP nettap_test_events Events seen by the test.\n"
+                             "# TYPE nettap_test_events counter\n"
+                             "nettap_test_events_total 3.0\n")
+    assert r.text.endswith("# EOF\n")
+
+
+def test_metrics_with_query_string(base, http):
+    r = http.get(base + "/metrics?name[]=x", timeout=10)
+    assert r.status_code == 200
+    assert "nettap_test_events_total 3.0\n" in r.text
+
+
+def test_stats_json(base, http):
+    r = http.get(base + "/stats", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "application/json"
+    assert r.json() == {"probes": {"tcp_sendmsg": {"calls": 7}}, "b": [1, 2]}
+    assert r.text == json.dumps(App().stats(), indent=2, sort_keys=True) + "\n"
+
+
+def test_landing_page(base, http):
+    r = http.get(base + "/", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert f"<h1>nettap {__version__}</h1>" in r.text
+    for path in ("/metrics", "/stats", "/healthz", "/readyz"):
+        assert f'<a href="{path}">{path}</a>' in r.text
+
+
+def test_healthz(base, http):
+    r = http.get(base + "/healthz", timeout=10)
+    assert (r.status_code, r.text, r.headers["Content-Type"]) == (200, "ok\n", "text/plain; charset=utf-8")
+
+
+def test_readyz_flips(base, http, app):
+    r = http.get(base + "/readyz", timeout=10)
+    assert (r.status_code, r.text) == (503, "not ready: probes not attached\n")
+    app.why = None
+    r = http.get(base + "/readyz", timeout=10)
+    assert (r.status_code, r.text) == (200, "ready\n")
+    app.why = "drain thread stopped"
+    r = http.get(base + "/readyz", timeout=10)
+    assert (r.status_code, r.text) == (503, "not ready: drain thread stopped\n")
+
+
+@pytest.mark.parametrize("path", ["/nope", "/metrics/", "/METRICS", "/favicon.ico"])
+def test_unknown_path_404(base, http, path):
+    r = http.get(base + path, timeout=10)
+    assert (r.status_code, r.text) == (404, "not found\n")
+
+
+def test_head_has_no_body(base, http):
+    r = http.head(base + "/healthz", timeout=10)
+    assert (r.status_code, r.headers["Content-Length"], r.content) == (200, "3", b"")
+
+
+def test_keep_alive_serves_several_requests(base, http):
+    assert [http.get(base + p, timeout=10).status_code for p in ("/healthz", "/nope", "/healthz")] == [200, 404, 200]
+
+
+def test_handler_error_is_500(base, http, app):
+    def boom():
+        raise RuntimeError("boom")
+    app.stats = boom
+    r = http.get(base + "/stats", timeout=10)
+    assert (r.status_code, r.text) == (500, "error: boom\n")
+    assert http.get(base + "/healthz", timeout=10).status_code == 200
+
+
+def test_serve_ipv6_loopback(app, http, monkeypatch):
+    try:
+        socket.socket(socket.AF_INET6).close()
+        s = socket.socket(socket.AF_INET6)
+        s.bind(("::1", 0))
+        s.close()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    # serve() sets address_family on the shared _Server class (see report):
+    # monkeypatch restores it, so later IPv4 tests still work.
+    monkeypatch.setattr(server._Server, "address_family", socket.AF_INET)
+    srv = serve("[::1]:0", app.registry, app.stats, app.not_ready)
+    try:
+        port = srv.server_address[1]
+        r = http.get(f"http://[::1]:{port}/healthz", timeout=10)
+        assert (r.status_code, r.text) == (200, "ok\n")
+    finally:
+        srv.shutdown()
+        srv.server_close()
