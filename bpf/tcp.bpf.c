@@ -111,19 +111,22 @@ struct {
 	__uint(max_entries, 64 << 10);
 } logs SEC(".maps");
 
-/* A call between its entry and its return, keyed by pid_tgid. LRU: a thread
- * killed inside the syscall never returns, and its entry must age out. */
+/* A call between its entry and its return, in task-local storage: no
+ * hashing, nothing to delete (valid is cleared at the return), and it goes
+ * away with the task, also when a thread dies inside the syscall. */
 struct inflight {
-	struct sock *sk;
+	__u64 sk;		/* kernel address of the sock */
 	__u64 buf;		/* user buffer, or user iovec array */
 	__u32 iovcnt;		/* 0: buf is a plain buffer */
 	__u32 probe;
+	__u32 valid;
+	__u32 pad;
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct inflight);
 } inflight_calls SEC(".maps");
 
@@ -298,17 +301,21 @@ static __always_inline int enter_sock(__u32 probe, struct sock *sk,
 				      __u64 buf, __u32 iovcnt)
 {
 	struct nettap_probe_counters *c = counters(probe);
-	struct inflight in = {};
-	__u64 id = bpf_get_current_pid_tgid();
+	struct inflight *in;
 
 	if (c)
 		c->calls++;
-	in.sk = sk;
-	in.buf = buf;
-	in.iovcnt = iovcnt;
-	in.probe = probe;
-	if (bpf_map_update_elem(&inflight_calls, &id, &in, BPF_ANY))
+	in = bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0,
+				  BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!in) {
 		emit_log(NETTAP_LOG_INFLIGHT_FULL, probe, 0, 0);
+		return 0;
+	}
+	in->sk = (__u64)sk;
+	in->buf = buf;
+	in->iovcnt = iovcnt;
+	in->probe = probe;
+	in->valid = 1;
 	return 0;
 }
 
@@ -510,7 +517,7 @@ static long emit_chunk(__u32 i, void *arg)
 static __always_inline int exit_call(__u32 probe, long ret)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct inflight *in = bpf_map_lookup_elem(&inflight_calls, &id);
+	struct inflight *in = bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
 	struct nettap_capture_config *cfg;
 	struct nettap_probe_counters *c;
 	struct call_scratch *cs;
@@ -521,12 +528,12 @@ static __always_inline int exit_call(__u32 probe, long ret)
 	__u64 key, off = 0, buf;
 	__u32 iovcnt, zero = 0;
 
-	if (!in || in->probe != probe)
+	if (!in || !in->valid || in->probe != probe)
 		return 0;
-	sk = in->sk;
+	in->valid = 0;
+	sk = (struct sock *)in->sk;
 	buf = in->buf;
 	iovcnt = in->iovcnt;
-	bpf_map_delete_elem(&inflight_calls, &id);
 
 	c = counters(probe);
 	if (!c)

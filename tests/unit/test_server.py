@@ -36,11 +36,14 @@ def test_parse_listen_refuses(addr):
 class App:
     def __init__(self):
         self.why = "probes not attached"
+        self.fail = None
         self.registry = CollectorRegistry()
         c = Counter("nettap_test_events", "Events seen by the test.", registry=self.registry)
         c.inc(3)
 
     def stats(self):
+        if self.fail:
+            raise RuntimeError(self.fail)
         return {"probes": {"tcp_sendmsg": {"calls": 7}}, "b": [1, 2]}
 
     def not_ready(self):
@@ -144,9 +147,7 @@ def test_keep_alive_serves_several_requests(base, http):
 
 
 def test_handler_error_is_500(base, http, app):
-    def boom():
-        raise RuntimeError("boom")
-    app.stats = boom
+    app.fail = "boom"
     r = http.get(base + "/stats", timeout=10)
     assert (r.status_code, r.text) == (500, "error: boom\n")
     assert http.get(base + "/healthz", timeout=10).status_code == 200
