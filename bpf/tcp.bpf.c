@@ -149,6 +149,23 @@ struct {
 	__type(value, struct conn);
 } capture_conns SEC(".maps");
 
+/* Entries in capture_conns, so user space need not walk the map to know. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} capture_conns_live SEC(".maps");
+
+static __always_inline void conns_live_add(__s64 d)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&capture_conns_live, &zero);
+
+	if (n)
+		__sync_fetch_and_add(n, d);
+}
+
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/records.py. */
 struct nettap_chunk btf_nettap_chunk __attribute__((unused));
@@ -558,6 +575,9 @@ static __always_inline int exit_call(__u32 probe, long ret)
 		fresh.pid = id >> 32;
 		/* BPF_NOEXIST: a racing thread may have inserted it first. */
 		long err = bpf_map_update_elem(&capture_conns, &key, &fresh, BPF_NOEXIST);
+
+		if (!err)
+			conns_live_add(1);
 		cn = bpf_map_lookup_elem(&capture_conns, &key);
 		if (!cn && err)
 			emit_log(NETTAP_LOG_CONN_TABLE_FULL, probe, -err, 0);
@@ -749,7 +769,8 @@ int tcp_state(struct trace_event_raw_inet_sock_set_state *ctx)
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
 		bpf_ringbuf_submit(e, wakeup_flags(&capture_eof, cfg));
 	}
-	bpf_map_delete_elem(&capture_conns, &key);
+	if (!bpf_map_delete_elem(&capture_conns, &key))
+		conns_live_add(-1);
 	return 0;
 }
 

@@ -36,12 +36,20 @@ def _decode(path: str, ring: str) -> int:
     if ring not in records.RECORDS:
         print(f"nettap: --ring must be one of {', '.join(records.RECORDS)}", file=sys.stderr)
         return 2
-    with open(path, "rb") as f:
-        buf = f.read()
-    recs, bad, _ = walk(buf, records.RECORDS[ring])
-    out = sys.stdout
+    try:
+        with open(path, "rb") as f:
+            buf = f.read()
+    except OSError as e:
+        print(f"nettap: cannot read {path}: {e.strerror}", file=sys.stderr)
+        return 1
+    recs, bad, pos = walk(buf, records.RECORDS[ring])
+    out = sys.stdout.buffer                      # JSON lines are UTF-8, whatever the locale
     for line in records.lines(ring, recs):
-        out.write(line + "\n")
+        out.write(line.encode("utf-8", "surrogateescape") + b"\n")
+    out.flush()
+    if pos < len(buf):
+        bad += 1
+        print(f"nettap: {len(buf) - pos} trailing byte(s) in {path} are not a whole record", file=sys.stderr)
     if bad:
         print(f"nettap: {bad} bad record(s) in {path} skipped", file=sys.stderr)
     return 0

@@ -85,7 +85,7 @@ def _map(v: Any, key: str, allowed: Tuple[str, ...]) -> Dict[str, Any]:
     if v is None:
         return {}
     if not isinstance(v, dict):
-        raise ConfigError(f"{key}: must be a mapping, got {type(v).__name__}")
+        raise ConfigError(f"{key or 'config'}: must be a mapping, got {type(v).__name__}")
     for k in v:
         if k not in allowed:
             where = f"{key}.{k}" if key else str(k)
@@ -103,7 +103,7 @@ def _target(item: Any, key: str) -> Target:
     if kind == "port":
         return Target(kind, _int(v, k, 1, 65535))
     if kind == "pid":
-        return Target(kind, _int(v, k, 1, 2**22))
+        return Target(kind, _int(v, k, 1, 2**22 - 1))     # PID_MAX_LIMIT - 1
     if kind == "netns" and isinstance(v, int) and not isinstance(v, bool):
         return Target(kind, _int(v, k, 1, 2**32 - 1))
     path = _str(v, k)
@@ -124,7 +124,8 @@ def _ring_size(v: Any, key: str, ring: str) -> int:
 def parse(doc: Any) -> Config:
     """Validate a loaded YAML document into a Config."""
     top = _map(doc, "", ("captures", "capture", "output", "rings", "diagnostics", "log_level"))
-    caps = top.get("captures") or []
+    caps = top.get("captures")
+    caps = [] if caps is None else caps
     if not isinstance(caps, list):
         raise ConfigError(f"captures: must be a list, got {type(caps).__name__}")
     captures = tuple(_target(item, f"captures[{i}]") for i, item in enumerate(caps))

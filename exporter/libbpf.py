@@ -83,10 +83,11 @@ _SIGNATURES = {
     "bpf_enable_stats": (c_int, [c_int]),
     "bpf_prog_load": (c_int, [c_int, c_char_p, c_char_p, c_void_p, c_size_t, c_void_p]),
     "bpf_raw_tracepoint_open": (c_int, [c_char_p, c_int]),
+    "bpf_prog_get_next_id": (c_int, [c_uint32, POINTER(c_uint32)]),
+    "bpf_prog_get_fd_by_id": (c_int, [c_uint32]),
     "btf__load_vmlinux_btf": (c_void_p, []),
     "btf__find_by_name_kind": (c_int, [c_void_p, c_char_p, c_uint32]),
     "btf__free": (None, [c_void_p]),
-    "libbpf_set_print": (c_void_p, [c_void_p]),
 }
 
 
@@ -145,8 +146,3 @@ def version() -> str:
 
 def possible_cpus() -> int:
     return call("libbpf_num_possible_cpus")
-
-
-def silence() -> None:
-    """Stop libbpf printing to stderr (nettap reports failures itself)."""
-    lib().libbpf_set_print(None)

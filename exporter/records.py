@@ -86,14 +86,16 @@ _addr_cache: Dict[bytes, str] = {}
 
 def _addr(family: int, raw: bytes) -> str:
     # numpy's S16 strips trailing NULs: pad back before formatting.
-    key = bytes((family & 0xff,)) + raw
+    key = family.to_bytes(2, "little") + raw
     s = _addr_cache.get(key)
     if s is None:
         raw = raw.ljust(16, b"\0")
         if family == socket.AF_INET6:
             s = socket.inet_ntop(socket.AF_INET6, raw)
-        else:
+        elif family == socket.AF_INET:
             s = socket.inet_ntop(socket.AF_INET, raw[:4])
+        else:                               # not an address family nettap records: raw hex
+            s = raw.hex()
         if len(_addr_cache) > 65536:
             _addr_cache.clear()
         _addr_cache[key] = s
@@ -106,8 +108,19 @@ def _text(raw: bytes) -> str:
     return json.dumps(raw.split(b"\0", 1)[0].decode("utf-8", "replace"), ensure_ascii=False)
 
 
+_KNOWN_FLAGS = sum(bit for bit, _ in CHUNK_FLAGS)
+
+
 def _flags(v: int) -> str:
-    return "[" + ",".join(f'"{n}"' for bit, n in CHUNK_FLAGS if v & bit) + "]"
+    names = [f'"{n}"' for bit, n in CHUNK_FLAGS if v & bit]
+    if v & ~_KNOWN_FLAGS:                   # bits this decoder does not know, as a number
+        names.append(f'"{v & ~_KNOWN_FLAGS:#x}"')
+    return "[" + ",".join(names) + "]"
+
+
+def _name(names, i: int) -> str:
+    """names[i], or the number itself for a value this decoder does not know."""
+    return names[i] if 0 <= i < len(names) and names[i] else str(i)
 
 
 def chunk_lines(recs: np.ndarray) -> Iterator[str]:
@@ -121,7 +134,7 @@ def chunk_lines(recs: np.ndarray) -> Iterator[str]:
         yield (f'{{"call_len":{cols["call_len"][i]},"call_offset":{cols["call_offset"][i]},'
                f'"comm":{_text(cols["comm"][i])},"conn_id":{cols["conn_id"][i]},'
                f'"daddr":"{_addr(fam, cols["daddr"][i])}","data":"{payload}",'
-               f'"direction":"{DIRECTIONS[cols["direction"][i] & 1]}","dport":{cols["dport"][i]},'
+               f'"direction":"{_name(DIRECTIONS, cols["direction"][i])}","dport":{cols["dport"][i]},'
                f'"family":"{AF_NAMES.get(fam, str(fam))}","flags":{_flags(cols["flags"][i])},'
                f'"len":{n},"offset":{cols["offset"][i]},"pid":{cols["pid"][i]},'
                f'"saddr":"{_addr(fam, cols["saddr"][i])}","sport":{cols["sport"][i]},'
@@ -136,7 +149,7 @@ def eof_lines(recs: np.ndarray) -> Iterator[str]:
         yield (f'{{"comm":{_text(cols["comm"][i])},"conn_id":{cols["conn_id"][i]},'
                f'"daddr":"{_addr(fam, cols["daddr"][i])}","dport":{cols["dport"][i]},'
                f'"family":"{AF_NAMES.get(fam, str(fam))}",'
-               f'"oldstate":"{TCP_STATES[st] if st < len(TCP_STATES) else st}",'
+               f'"oldstate":"{_name(TCP_STATES, st)}",'
                f'"pid":{cols["pid"][i]},"rx_bytes":{cols["rx_bytes"][i]},"rx_calls":{cols["rx_calls"][i]},'
                f'"saddr":"{_addr(fam, cols["saddr"][i])}","sport":{cols["sport"][i]},'
                f'"start_ns":{cols["start_ns"][i]},"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},'
@@ -150,7 +163,7 @@ def log_lines(recs: np.ndarray) -> Iterator[str]:
         yield (f'{{"arg0":{cols["arg0"][i]},"arg1":{cols["arg1"][i]},'
                f'"code":"{LOG_CODES.get(cols["code"][i], cols["code"][i])}",'
                f'"comm":{_text(cols["comm"][i])},"pid":{cols["pid"][i]},'
-               f'"probe":"{PROBES[p] if p < len(PROBES) else p}",'
+               f'"probe":"{_name(PROBES, p)}",'
                f'"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},"type":"log"}}')
 
 

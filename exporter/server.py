@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional, Tuple
@@ -26,12 +28,15 @@ LANDING = """<!doctype html>
 """
 
 
+_LISTEN = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]*:[0-9A-Fa-f:.%\w]*)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})$", re.ASCII)
+
+
 def parse_listen(addr: str) -> Tuple[str, int]:
     """':42424' -> ('', 42424); '127.0.0.1:9' -> ('127.0.0.1', 9); '[::1]:9' -> ('::1', 9)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--web.listen-address: expected HOST:PORT, got {addr!r}")
-    return host.strip("[]"), int(port)
+    m = _LISTEN.match(addr)
+    if not m or int(m["port"]) > 65535:
+        raise ValueError(f"--web.listen-address: expected HOST:PORT or [IPV6]:PORT, got {addr!r}")
+    return (m["v6"] if m["v6"] is not None else m["host"]), int(m["port"])
 
 
 class _Server(ThreadingHTTPServer):
@@ -39,13 +44,21 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        # An empty host listens on every address, IPv4 included (dual stack).
+        if self.server_address[0] == "::":
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 def serve(addr: str, registry, stats: Callable[[], dict],
           readiness: Callable[[], Optional[str]]) -> _Server:
     """Start serving in a background thread; readiness() returns None when
     ready, else the reason it is not."""
     host, port = parse_listen(addr)
-    if ":" in host:
-        _Server.address_family = __import__("socket").AF_INET6
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -90,6 +103,14 @@ def serve(addr: str, registry, stats: Callable[[], dict],
         def log_message(self, fmt, *args) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
 
-    srv = _Server((host, port), Handler)
+    if ":" in host:
+        srv = _Server6((host, port), Handler)
+    elif host == "" and socket.has_ipv6:
+        try:
+            srv = _Server6(("::", port), Handler)
+        except OSError:                      # no IPv6 on this host
+            srv = _Server(("", port), Handler)
+    else:
+        srv = _Server((host, port), Handler)
     threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
     return srv

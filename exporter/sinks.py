@@ -44,16 +44,24 @@ class Sink:
         pass
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class StdoutSink(Sink):
+    """Writes to the stdout fd directly, unbuffered: a failed write leaves
+    nothing behind to come out later."""
+
     name = "stdout"
 
-    def __init__(self, stream=None) -> None:
+    def __init__(self, fd: Optional[int] = None) -> None:
         super().__init__()
-        self.stream = stream or sys.stdout.buffer
+        self.fd = sys.stdout.fileno() if fd is None else fd
 
     def _write(self, data: bytes) -> None:
-        self.stream.write(data)
-        self.stream.flush()
+        _write_all(self.fd, data)
 
 
 class JsonlFileSink(Sink):
@@ -75,11 +83,11 @@ class JsonlFileSink(Sink):
         d = os.path.dirname(self.path)
         if d:
             os.makedirs(d, exist_ok=True)
-        self._f = open(self.path, "ab", buffering=0)
-        self._size = self._f.tell()
+        self._f = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        self._size = os.lseek(self._f, 0, os.SEEK_END)
 
     def _rotate(self) -> None:
-        self._f.close()
+        os.close(self._f)
         self._f = None
         if self.backups == 0:
             os.unlink(self.path)
@@ -96,15 +104,21 @@ class JsonlFileSink(Sink):
         if self._size and self._size + len(data) > self.max_bytes:
             self._rotate()
             self._open()
-        view = memoryview(data)
-        while view:                      # a short write on a full disk raises on the next try
-            n = self._f.write(view)
-            self._size += n
-            view = view[n:]
+        try:
+            _write_all(self._f, data)
+        except OSError:
+            # A full disk may take part of the batch: cut it off again, so
+            # the next batch does not continue half a line.
+            try:
+                os.ftruncate(self._f, self._size)
+            except OSError:
+                pass
+            raise
+        self._size += len(data)
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
+            os.close(self._f)
             self._f = None
 
 

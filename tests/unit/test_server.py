@@ -26,11 +26,12 @@ def test_parse_listen(addr, want):
 
 
 @pytest.mark.parametrize("addr", ["", "42424", "localhost", ":", "127.0.0.1:", ":http", ":65536",
-                                  ":-1", ":+80", ": 80", "[::1]", "::1]:x", ":4242a"])
+                                  ":-1", ":+80", ": 80", "[::1]", "::1]:x", ":4242a",
+                                  "::1:9", "[::1:9", "a]:9", ":\u0661\u0662"])
 def test_parse_listen_refuses(addr):
     with pytest.raises(ValueError) as e:
         parse_listen(addr)
-    assert str(e.value) == f"--web.listen-address: expected HOST:PORT, got {addr!r}"
+    assert str(e.value) == f"--web.listen-address: expected HOST:PORT or [IPV6]:PORT, got {addr!r}"
 
 
 class App:

@@ -1,0 +1,29 @@
+# The two commands of the README. Each sets up what it needs first.
+#   make run    run nettap with its built-in default config (ARGS="--config FILE" to pass flags)
+#   make test   run the whole test suite (unit, kernel, end-to-end), as root
+ARGS ?=
+PYTEST_ARGS ?=
+
+run:
+	@scripts/setup.sh run
+	exec .venv/bin/nettap $(ARGS)
+
+test:
+	@scripts/setup.sh test
+	$(MAKE) -s -C bpf check
+	.venv/bin/python alerts/render.py --check
+	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# Developer targets
+bpf:
+	$(MAKE) -C bpf
+
+render:
+	.venv/bin/python alerts/render.py
+
+bench:
+	@scripts/setup.sh test
+	.venv/bin/python bench/storm.py
+	.venv/bin/python bench/probe_cost.py
+
+.PHONY: run test bpf render bench

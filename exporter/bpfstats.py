@@ -1,0 +1,228 @@
+"""Kernel BPF run-time statistics: the switch, and reading them.
+
+The switch (``diagnostics.bpfStats.enabled``) holds a ``BPF_ENABLE_STATS``
+fd while statistics are wanted: the kernel counts run time for as long as
+any such fd is open, and stops by itself when nettap dies, even by kill -9.
+Only where the fd is refused does nettap write ``kernel.bpf_stats_enabled``
+instead, and it writes it back to 0 only if it was nettap that set it; a
+sysctl someone else switched on is never switched off.
+
+Reading: nettap's own programs through ``/proc/self/fdinfo/<prog fd>``
+(``run_time_ns``, ``run_cnt``: one small read per program, no walk of the
+node's programs). The node-wide view (``scope: node``) walks every program
+with ``BPF_PROG_GET_NEXT_ID`` and ``BPF_OBJ_GET_INFO_BY_FD``, and names each
+program's holder from a /proc scan that is refreshed only when a program id
+appears that it has not seen (a scan reads every process's fd links).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import fdinfo, libbpf
+
+log = logging.getLogger(__name__)
+
+SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
+
+
+class bpf_prog_info(ctypes.Structure):
+    """``struct bpf_prog_info`` (uapi/linux/bpf.h) up to the run statistics;
+    the kernel fills what fits in the length we pass."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
+        ("_pad1", ctypes.c_uint8 * 48),                 # jited/xlated lengths .. map_ids
+        ("name", ctypes.c_char * 16),                   # offset 64
+        ("_pad2", ctypes.c_uint8 * 112),                # ifindex .. prog_tags
+        ("run_time_ns", ctypes.c_uint64),               # offset 192
+        ("run_cnt", ctypes.c_uint64),                   # offset 200
+    ]
+
+
+assert bpf_prog_info.name.offset == 64 and bpf_prog_info.run_time_ns.offset == 192
+
+
+class StatsSwitch:
+    """Turns kernel BPF statistics on and off. Thread-safe."""
+
+    def __init__(self, sysctl: str = SYSCTL,
+                 enable_stats: Optional[Callable[[], int]] = None):
+        self.sysctl = sysctl
+        self._enable_stats = enable_stats or (lambda: libbpf.call("bpf_enable_stats", libbpf.BPF_STATS_RUN_TIME))
+        self._lock = threading.Lock()
+        self.fd: Optional[int] = None
+        self.set_sysctl = False      # nettap wrote 1 to the sysctl
+
+    def _sysctl_on(self) -> bool:
+        try:
+            with open(self.sysctl) as f:
+                return f.read().strip() == "1"
+        except OSError:
+            return False
+
+    def set(self, on: bool) -> None:
+        with self._lock:
+            if on:
+                self._on()
+            else:
+                self._off()
+
+    def _on(self) -> None:
+        if self.fd is not None or self.set_sysctl:
+            return
+        try:
+            self.fd = self._enable_stats()
+            log.info("BPF run-time statistics on (BPF_ENABLE_STATS fd)")
+            return
+        except OSError as e:
+            log.warning("BPF_ENABLE_STATS refused (%s); falling back to %s", e, self.sysctl)
+        if self._sysctl_on():
+            log.info("BPF run-time statistics already on (switched on by another tool)")
+            return
+        with open(self.sysctl, "w") as f:
+            f.write("1")
+        self.set_sysctl = True
+        log.info("BPF run-time statistics on (%s=1)", self.sysctl)
+
+    def _off(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+            log.info("BPF run-time statistics: released the BPF_ENABLE_STATS fd")
+        if self.set_sysctl:
+            try:
+                with open(self.sysctl, "w") as f:
+                    f.write("0")
+            except OSError as e:
+                log.error("cannot switch %s back off: %s", self.sysctl, e)
+            self.set_sysctl = False
+            log.info("BPF run-time statistics: %s set back to 0", self.sysctl)
+
+    @property
+    def wanted(self) -> bool:
+        return self.fd is not None or self.set_sysctl
+
+    def source(self) -> Optional[str]:
+        """How stats are on now: fd, sysctl (nettap's), external, or None (off)."""
+        if self.fd is not None:
+            return "fd"
+        if self.set_sysctl:
+            return "sysctl"
+        return "external" if self._sysctl_on() else None
+
+    def close(self) -> None:
+        self.set(False)
+
+
+def own_program_stats(prog_fds: Dict[str, int]) -> Dict[str, Tuple[int, int]]:
+    """{program: (run_cnt, run_time_ns)} for nettap's programs, from fdinfo."""
+    out = {}
+    for name, fd in prog_fds.items():
+        info = fdinfo.read_prog_fdinfo(f"/proc/self/fdinfo/{fd}")
+        out[name] = (info.run_cnt or 0, info.run_time_ns or 0)
+    return out
+
+
+def node_programs() -> Iterable[bpf_prog_info]:
+    """bpf_prog_info of every program loaded on the node."""
+    lb = libbpf.lib()
+    cur = ctypes.c_uint32(0)
+    nxt = ctypes.c_uint32(0)
+    while lb.bpf_prog_get_next_id(cur.value, ctypes.byref(nxt)) == 0:
+        cur.value = nxt.value
+        fd = lb.bpf_prog_get_fd_by_id(cur.value)
+        if fd < 0:                       # unloaded since
+            continue
+        try:
+            info = bpf_prog_info()
+            n = ctypes.c_uint32(ctypes.sizeof(info))
+            if lb.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(n)) == 0:
+                yield info
+        finally:
+            os.close(fd)
+
+
+class ProgramStatsCollector(Collector):
+    """``nettap_bpf_program_*`` (own programs) and, in node scope,
+    ``nettap_node_bpf_program_*``; present only while stats are wanted."""
+
+    def __init__(self, switch: StatsSwitch, prog_fds: Callable[[], Dict[str, int]],
+                 scope: Callable[[], str], proc_root: str = "/proc"):
+        self.switch = switch
+        self.prog_fds = prog_fds
+        self.scope = scope
+        self.proc_root = proc_root
+        self._holders: Dict[int, fdinfo.Holder] = {}
+        self._seen_ids: set = set()
+
+    def describe(self) -> Iterable[Metric]:
+        return self._own_families() + self._node_families() + self._switch_families()
+
+    @staticmethod
+    def _own_families() -> List[Metric]:
+        return [CounterMetricFamily("nettap_bpf_program_runs", "Executions of each nettap eBPF program (only while bpfStats is on).", labels=["program"]),
+                CounterMetricFamily("nettap_bpf_program_run_time_seconds", "Cumulative kernel run time of each nettap eBPF program (only while bpfStats is on).", labels=["program"])]
+
+    @staticmethod
+    def _node_families() -> List[Metric]:
+        labels = ["program", "type", "owner"]
+        return [CounterMetricFamily("nettap_node_bpf_program_runs", "Executions of every eBPF program on the node, summed over programs with equal labels (bpfStats on, scope node).", labels=labels),
+                CounterMetricFamily("nettap_node_bpf_program_run_time_seconds", "Kernel run time of every eBPF program on the node (bpfStats on, scope node).", labels=labels),
+                GaugeMetricFamily("nettap_node_bpf_programs", "eBPF programs loaded on the node (scope node).", labels=["type", "owner"])]
+
+    @staticmethod
+    def _switch_families() -> List[Metric]:
+        return [GaugeMetricFamily("nettap_bpf_stats_enabled", "1 while the kernel's BPF run-time statistics are on, by any means."),
+                GaugeMetricFamily("nettap_bpf_stats_source", "1 for how BPF statistics are on: fd (nettap holds BPF_ENABLE_STATS), sysctl (nettap set kernel.bpf_stats_enabled), external (another tool).", labels=["source"])]
+
+    def collect(self) -> Iterable[Metric]:
+        enabled, source = self._switch_families()
+        src = self.switch.source()
+        enabled.add_metric([], 1 if src else 0)
+        if src:
+            source.add_metric([src], 1)
+        out: List[Metric] = [enabled, source]
+        if not self.switch.wanted:
+            return out
+        runs, rt = self._own_families()
+        for name, (cnt, ns) in sorted(own_program_stats(self.prog_fds()).items()):
+            runs.add_metric([name], cnt)
+            rt.add_metric([name], ns / 1e9)
+        out += [runs, rt]
+        if self.scope() == "node":
+            out += self._node()
+        return out
+
+    def _node(self) -> List[Metric]:
+        infos = list(node_programs())
+        ids = {i.id for i in infos}
+        if not ids <= self._seen_ids:       # new programs: who holds them?
+            self._holders = fdinfo.scan_bpf_holders(self.proc_root)
+            self._seen_ids = ids
+        agg: Dict[Tuple[str, str, str], List[int]] = defaultdict(lambda: [0, 0, 0])
+        for i in infos:
+            h = self._holders.get(i.id)
+            key = (i.name.decode(errors="replace") or f"id{i.id}", fdinfo.prog_type_name(i.type),
+                   h.comm if h else "none")
+            a = agg[key]
+            a[0] += i.run_cnt
+            a[1] += i.run_time_ns
+            a[2] += 1
+        runs, rt, count = self._node_families()
+        per_owner: Dict[Tuple[str, str], int] = defaultdict(int)
+        for (prog, ptype, owner), (cnt, ns, n) in sorted(agg.items()):
+            runs.add_metric([prog, ptype, owner], cnt)
+            rt.add_metric([prog, ptype, owner], ns / 1e9)
+            per_owner[(ptype, owner)] += n
+        for (ptype, owner), n in sorted(per_owner.items()):
+            count.add_metric([ptype, owner], n)
+        return [runs, rt, count]
