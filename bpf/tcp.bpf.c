@@ -54,6 +54,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
 	__uint(max_entries, 1024);
 	__type(key, __u32);		/* tgid */
 	__type(value, __u8);
@@ -61,6 +62,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
 	__uint(max_entries, 1024);
 	__type(key, __u64);		/* cgroup v2 id */
 	__type(value, __u8);
@@ -68,6 +70,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
 	__uint(max_entries, 1024);
 	__type(key, __u32);		/* network namespace inode */
 	__type(value, __u8);
@@ -144,6 +147,7 @@ struct conn {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
 	__uint(max_entries, 65536);
 	__type(key, __u64);
 	__type(value, struct conn);

@@ -1,25 +1,41 @@
-"""The running collector: probes, capture targets, rings, pipeline and the
-metrics registry, wired together, with one way to apply a config."""
+"""The running collector: probes, capture targets, rings, pipeline, the
+stats switch and the metrics registry, wired together, with one way to
+apply a config at run time."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import gc_collector, platform_collector, process_collector
 
-from . import targets
-from .collectors import BuildInfoCollector, Guarded, PipelineCollector, ProbeCollector
+from . import config as config_mod
+from . import sinks, targets
+from .bpfstats import ProgramStatsCollector, StatsSwitch
+from .cgroup import CgroupCollector
+from .collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
+                         ProbeCollector, ReloadCollector)
 from .config import Config, ConfigError
 from .loader import Probes
-from .maps import PerCpuArray
+from .maps import PerCpuArray, lookup
 from .pipeline import Pipeline
 from .records import PROBE_COUNTERS, PROBES, RINGS
 from .ringbuf import RingMemory
-from . import sinks
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReloadState:
+    last_ok: bool = True
+    last_success: float = 0.0
+    successes: int = 0
+    failures: int = 0
+    last_error: str = ""
 
 
 class Nettap:
@@ -30,6 +46,8 @@ class Nettap:
         self.config = config
         self.ready = threading.Event()
         self._lock = threading.Lock()
+        self.reloads = ReloadState()
+        self.stats_switch = StatsSwitch()
         self.probes = Probes(ring_sizes=config.ring_bytes, mechanism=mechanism)
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
@@ -38,10 +56,11 @@ class Nettap:
             self.target_maps = targets.TargetMaps(fds)
             self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
-            keep = config.output.type != "none"        # no sink: count records, copy nothing
+            # Without a sink the capture rings are counted, not copied out.
+            keep = config.output.type != "none"
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
                           for r in RINGS}
-            self.apply_targets(config)
+            self.apply(config)
             self.pipeline = Pipeline(self.rings, sinks.make(config.output), config.output.queue_records)
             self.pipeline.start()
             self.ready.set()
@@ -55,6 +74,13 @@ class Nettap:
 
     def drops(self) -> Dict[str, int]:
         return {r: self._drops.sum(i)[""] for i, r in enumerate(RINGS)}
+
+    def known_map_entries(self) -> Dict[str, int]:
+        cur = self.target_maps.current
+        live = lookup(self.probes.map_fds["capture_conns_live"], b"\0\0\0\0", 8)
+        return {"capture_pids": len(cur.pids), "capture_cgroups": len(cur.cgroups),
+                "capture_netns": len(cur.netns), "capture_ports": 1024,
+                "capture_conns": int.from_bytes(live, "little", signed=True) if live else 0}
 
     def stats(self) -> dict:
         """The /stats document: the probe counters and drops as JSON."""
@@ -74,14 +100,45 @@ class Nettap:
         return None
 
     # -- configuration --
-    def apply_targets(self, config: Config) -> None:
-        """Resolve and write the capture targets (raises ConfigError, and
-        then changes nothing)."""
+    def apply(self, config: Config) -> None:
+        """Make config the one in force. Everything that can be refused is
+        checked first (raises ConfigError, and then nothing changed)."""
         resolved = targets.resolve(config.captures)
-        wake = config.ring_bytes["capture_chunks"] // 4
         with self._lock:
-            self.target_maps.apply(resolved, config.max_payload_bytes, wake)
-            self.config = config
+            old = self.config
+            if config.ring_bytes != old.ring_bytes:
+                log.warning("rings: new sizes take effect at the next start; keeping %s", old.ring_bytes)
+            self.target_maps.apply(resolved, config.max_payload_bytes, old.ring_bytes["capture_chunks"] // 4)
+            self.stats_switch.set(config.bpf_stats_enabled)
+            if self.pipeline and config.output != old.output:
+                if (config.output.type == "none") != (old.output.type == "none"):
+                    log.warning("output: switching between a sink and none takes effect at the next start")
+                else:
+                    self.pipeline.replace_sink(sinks.make(config.output))
+            logging.getLogger().setLevel(config.log_level.upper())
+            self.config = dataclasses.replace(config, rings=old.rings)    # rings: as loaded
+
+    def reload(self, path: str) -> bool:
+        """Load path and apply it; on any refusal keep the config in force,
+        log one line naming the key and the reason, and count the failure."""
+        try:
+            self.apply(config_mod.load(path))
+        except ConfigError as e:
+            self.reloads.last_ok = False
+            self.reloads.failures += 1
+            self.reloads.last_error = str(e)
+            log.error("config reload refused, previous config stays in force: %s", e)
+            return False
+        self.reloads.last_ok = True
+        self.reloads.successes += 1
+        self.reloads.last_success = time.time()
+        log.info("config loaded from %s", path)
+        return True
+
+    def mark_loaded(self) -> None:
+        """Count the config the process started with as a successful load."""
+        self.reloads.successes += 1
+        self.reloads.last_success = time.time()
 
     def registry(self, with_process: bool = True) -> CollectorRegistry:
         reg = CollectorRegistry(auto_describe=False)
@@ -92,6 +149,12 @@ class Nettap:
         reg.register(Guarded({
             "probes": ProbeCollector(self.counters, self.drops),
             "pipeline": PipelineCollector(self),
+            "programs": ProgramStatsCollector(self.stats_switch, lambda: self.probes.prog_fds,
+                                              lambda: self.config.bpf_stats_scope),
+            "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
+                                 self.known_map_entries),
+            "cgroup": CgroupCollector(),
+            "config": ReloadCollector(self.reloads),
             "build": BuildInfoCollector(),
         }))
         return reg
@@ -104,6 +167,7 @@ class Nettap:
         for r in self.rings.values():
             r.close()
         self.rings = {}
+        self.stats_switch.close()
         self.probes.close()
 
 

@@ -91,6 +91,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         app.close()
         return 0 if ok else 1
 
+    app.mark_loaded()
+    watcher = None
+    if args.config:
+        from .watcher import ConfigWatcher
+        watcher = ConfigWatcher(args.config, lambda: app.reload(args.config)).start()
+        signal.signal(signal.SIGHUP, lambda *_: watcher.trigger())
+
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -108,6 +115,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             pass
     finally:
         log.info("shutting down")
+        if watcher:
+            watcher.stop()
         srv.shutdown()
         app.close()
     return 0

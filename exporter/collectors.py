@@ -149,3 +149,68 @@ class Guarded(Collector):
             ok.add_metric([name], success)
             dur.add_metric([name], time.perf_counter() - t)
         return out + [ok, dur]
+
+
+class MapCollector(Collector):
+    """Kernel memory, entries and capacity of nettap's BPF maps.
+
+    Memory is the map's ``memlock`` from /proc/self/fdinfo (what the kernel
+    charges for it). Entries are reported where they are known without
+    walking a map: arrays are full by construction, the target maps hold
+    what nettap wrote, and capture_conns has a live counter in the kernel."""
+
+    SPECS = [
+        (GaugeMetricFamily, "nettap_bpf_map_memory_bytes", "Kernel memory of each nettap BPF map (fdinfo memlock).", ["map"]),
+        (GaugeMetricFamily, "nettap_bpf_map_entries", "Entries in use in each nettap BPF map, where known without a walk.", ["map"]),
+        (GaugeMetricFamily, "nettap_bpf_map_max_entries", "Capacity of each nettap BPF map (for rings: bytes).", ["map"]),
+    ]
+    ARRAY_TYPES = (2, 6)           # BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY
+
+    def __init__(self, map_fds: Callable[[], Dict[str, int]], map_info: Callable[[], Dict[str, tuple]],
+                 known_entries: Callable[[], Dict[str, int]]):
+        self.map_fds = map_fds
+        self.map_info = map_info
+        self.known_entries = known_entries
+
+    def describe(self) -> Iterable[Metric]:
+        return _families(self.SPECS)
+
+    def collect(self) -> Iterable[Metric]:
+        from .fdinfo import parse_fdinfo
+        mem, entries, cap = _families(self.SPECS)
+        known = self.known_entries()
+        info = self.map_info()
+        for name, fd in sorted(self.map_fds().items()):
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                mem.add_metric([name], int(parse_fdinfo(f.read()).get("memlock", 0)))
+            mtype, _, _, max_entries = info[name]
+            cap.add_metric([name], max_entries)
+            if name in known:
+                entries.add_metric([name], known[name])
+            elif mtype in self.ARRAY_TYPES:
+                entries.add_metric([name], max_entries)
+        return [mem, entries, cap]
+
+
+class ReloadCollector(Collector):
+    """Config (re)loads: the last result, the time of the last success, counts."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    @staticmethod
+    def _families():
+        return [GaugeMetricFamily("nettap_config_last_reload_successful", "1 if the last config load succeeded."),
+                GaugeMetricFamily("nettap_config_last_reload_success_timestamp_seconds", "Time of the last successful config load."),
+                CounterMetricFamily("nettap_config_reloads", "Config loads, by result.", labels=["result"])]
+
+    def collect(self) -> Iterable[Metric]:
+        ok, ts, n = self._families()
+        ok.add_metric([], 1 if self.state.last_ok else 0)
+        ts.add_metric([], self.state.last_success)
+        n.add_metric(["success"], self.state.successes)
+        n.add_metric(["failure"], self.state.failures)
+        return [ok, ts, n]

@@ -38,6 +38,7 @@ class Pipeline:
         self._queue: Deque[Batch] = collections.deque()
         self._queued = 0
         self._cv = threading.Condition()
+        self._sink_lock = threading.Lock()       # held while the sink writes
         self._stopping = False
         self._drain_t = threading.Thread(target=self._drain_loop, name="nettap-drain", daemon=True)
         self._sink_t = threading.Thread(target=self._sink_loop, name="nettap-sink", daemon=True)
@@ -100,10 +101,18 @@ class Pipeline:
                 b = self._queue.popleft()
                 self._queued -= len(b.records)
             try:
-                self.sink.write(records.lines(b.ring, b.records))
+                with self._sink_lock:
+                    self.sink.write(records.lines(b.ring, b.records))
             except Exception:
                 self.lost["decode"] += len(b.records)
                 log.exception("formatting %d %s records failed", len(b.records), b.ring)
+
+    def replace_sink(self, sink: Sink) -> None:
+        """Swap the sink (same kind: file or stdout) between two batches."""
+        with self._sink_lock:
+            old, self.sink = self.sink, sink
+            if old:
+                old.close()
 
     def _log_bpf_problems(self, b: Batch) -> None:
         now = time.monotonic()

@@ -28,7 +28,7 @@ class Run:
     def apply(self, doc):
         doc = dict(doc)
         doc.setdefault("output", {"type": "jsonl", "path": str(self.out)})
-        self.app.apply_targets(config.parse(doc))
+        self.app.apply(config.parse(doc))
 
     def finish(self):
         """Stop (last drain, sink flushed) and return the JSON lines."""

@@ -1,0 +1,65 @@
+# nettap: a lean eBPF TCP collector.
+#
+#   docker build -t nettap:0.1.0 .
+#   docker compose up -d            (the whole demo stack: docker-compose.yml)
+#
+# The image holds Debian's libbpf and Python, a virtualenv with nettap and its Python
+# dependencies, and the precompiled CO-RE BPF object (bpf/*.bpf.o, committed to the
+# repository). No compiler, no kernel headers: the object is relocated against the
+# running kernel's BTF (/sys/kernel/btf/vmlinux) when nettap loads it.
+
+# ---- build stage: the virtualenv ------------------------------------------------------
+FROM debian:12.11-slim AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# README.md is the package's long description (pyproject.toml's readme); the glob keeps
+# the build working in a tree that has none yet.
+COPY pyproject.toml README.m[d] ./
+COPY exporter ./exporter
+RUN test -f README.md || echo "nettap" > README.md \
+ && python3 -m venv /opt/nettap/venv \
+ && /opt/nettap/venv/bin/pip install --no-cache-dir --disable-pip-version-check . \
+ && /opt/nettap/venv/bin/pip uninstall -y -q pip
+
+# ---- runtime stage ---------------------------------------------------------------------
+FROM debian:12.11-slim
+# libbpf1: the system libbpf (libbpf.so.1) nettap drives through ctypes.
+# python3: the interpreter the virtualenv points at (same path as in the build stage).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libbpf1 python3 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /opt/nettap/venv /opt/nettap/venv
+# The package finds its BPF objects at <repo>/bpf next to the source tree, or in
+# $NETTAP_BPF_DIR: the installed package has no source tree, so point it here.
+COPY bpf/*.bpf.o /opt/nettap/bpf/
+ENV NETTAP_BPF_DIR=/opt/nettap/bpf \
+    PATH=/opt/nettap/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1
+
+# nettap runs as root. The image cannot grant privileges; whoever runs it must, and
+# docker-compose.yml and deploy/kubernetes/daemonset.yaml do, line by line:
+#   --pid=host                 see host processes: pid capture targets, and the
+#                              node-wide view of who holds which BPF program
+#   --cap-add BPF              bpf(): load programs, create maps (kernel >= 5.8)
+#   --cap-add PERFMON          perf_event_open(): attach to tracepoints (kernel >= 5.8)
+#   --cap-add SYS_ADMIN        BPF_ENABLE_STATS (diagnostics.bpfStats), iterating every
+#                              BPF program id (bpfStats scope node), mounting tracefs when
+#                              it is not mounted; on kernels < 5.8 it replaces BPF+PERFMON
+#   --cap-add SYS_PTRACE       read other processes' /proc/PID/fdinfo (node-wide view)
+#   --cap-add SYS_RESOURCE     raise RLIMIT_MEMLOCK for BPF maps (kernels < 5.11 only)
+#   -v /sys/kernel/btf:/sys/kernel/btf:ro           kernel BTF, for CO-RE relocation
+#   -v /sys/kernel/tracing:/sys/kernel/tracing      tracefs: tracepoint ids
+#   -v /sys/fs/cgroup:/sys/fs/cgroup:ro --cgroupns=host
+#                                                   cgroup capture targets by host path,
+#                                                   and nettap's own cgroup footprint
+USER root
+EXPOSE 42424
+ENTRYPOINT ["/opt/nettap/venv/bin/nettap"]
+CMD ["--web.listen-address", ":42424"]
+
+LABEL org.opencontainers.image.title="nettap" \
+      org.opencontainers.image.description="A lean eBPF TCP collector that tells exactly what running it costs" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"

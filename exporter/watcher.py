@@ -1,0 +1,70 @@
+"""Watching the config file: a change applies within a second.
+
+Polling ``stat()`` of the path every half second catches every way a file
+changes: an edit in place (mtime, size), a rename over it (inode), and the
+symlink swap with which Kubernetes updates a mounted ConfigMap
+(``..data`` -> ``..2026_11_30...``: stat follows the links, so the inode
+changes). inotify would need watches on every link of that chain.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable, Optional, Tuple
+
+log = logging.getLogger(__name__)
+
+
+def _fingerprint(path: str) -> Optional[Tuple[int, int, int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class ConfigWatcher:
+    """Calls on_change() from its own thread when path changes, and when
+    trigger() is called (SIGHUP). stop() ends the thread."""
+
+    def __init__(self, path: str, on_change: Callable[[], None], interval: float = 0.5):
+        self.path = path
+        self.on_change = on_change
+        self.interval = interval
+        self._last = _fingerprint(path)
+        self._wake = threading.Event()
+        self._stop = False
+        self._t = threading.Thread(target=self._run, name="nettap-config", daemon=True)
+
+    def start(self) -> "ConfigWatcher":
+        self._t.start()
+        return self
+
+    def trigger(self) -> None:
+        """Reload now (safe from a signal handler)."""
+        self._last = None
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop:
+                return
+            fp = _fingerprint(self.path)
+            if fp == self._last:
+                continue
+            self._last = fp
+            if fp is None:
+                log.error("config %s: cannot read it; the previous config stays in force", self.path)
+                continue
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("applying %s failed", self.path)
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._t.join()
