@@ -1,0 +1,145 @@
+"""Real processes for end-to-end tests: nettap (the real CLI), Prometheus
+and Alertmanager (Debian's packages), each on a free loopback port, with
+their state in a temp dir, stopped at teardown."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 20, step: float = 0.2, what: str = "condition"):
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        try:
+            last = pred()
+            if last:
+                return last
+        except (requests.RequestException, OSError, KeyError, ValueError) as e:
+            last = e
+        time.sleep(step)
+    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+
+
+class Nettap:
+    def __init__(self, tmp: Path, cfg: Optional[dict], config_path: Optional[Path] = None):
+        """Start on cfg written to tmp/nettap.yaml, or on an existing config_path."""
+        self.port = free_port()
+        self.cfg_path = config_path or tmp / "nettap.yaml"
+        if cfg is not None:
+            self.write_config(cfg)
+        self.log = open(tmp / "nettap.log", "ab")
+        self.p = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(self.cfg_path),
+                                   "--web.listen-address", f"127.0.0.1:{self.port}"],
+                                  cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(lambda: requests.get(self.url + "/readyz", timeout=1).status_code == 200, what="nettap ready")
+
+    def write_config(self, cfg: dict) -> None:
+        tmp = self.cfg_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(cfg))
+        os.replace(tmp, self.cfg_path)
+
+    def metrics_text(self) -> str:
+        return requests.get(self.url + "/metrics", timeout=5).text
+
+    def sample(self, name: str, **labels) -> Optional[float]:
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        prefix = f"{name}{{{want}}} " if labels else f"{name} "
+        for line in self.metrics_text().splitlines():
+            if line.startswith(prefix):
+                return float(line.split()[-1])
+        return None
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        rc = self.p.wait(30)
+        self.log.close()
+        return rc
+
+
+class Prometheus:
+    def __init__(self, tmp: Path, scrape: Dict[str, str], rule_files: List[str] = (),
+                 alertmanager: Optional[str] = None, interval: str = "1s", eval_interval: str = "1s"):
+        self.port = free_port()
+        d = tmp / f"prom-{self.port}"
+        d.mkdir()
+        cfg = {"global": {"scrape_interval": interval, "evaluation_interval": eval_interval},
+               "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
+                                  for job, target in scrape.items()],
+               "rule_files": [str(f) for f in rule_files]}
+        if alertmanager:
+            cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        (d / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        self.log = open(d / "log", "ab")
+        self.p = subprocess.Popen(["/usr/bin/prometheus", f"--config.file={d}/prometheus.yml",
+                                   f"--storage.tsdb.path={d}/data", f"--web.listen-address=127.0.0.1:{self.port}",
+                                   "--web.enable-lifecycle"], stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(lambda: requests.get(self.url + "/-/ready", timeout=1).status_code == 200, what="prometheus ready")
+        # The scrape manager applies new targets on a 5 s tick: wait for the first scrapes.
+        wait_for(lambda: len(self.query("up == 1")) == len(scrape), timeout=30, what="targets up")
+
+    def query(self, expr: str) -> list:
+        r = requests.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10).json()
+        if r["status"] != "success":
+            raise AssertionError(f"query {expr!r} failed: {r}")
+        return r["data"]["result"]
+
+    def stop(self) -> None:
+        self.p.terminate()
+        self.p.wait(30)
+        self.log.close()
+
+
+class Alertmanager:
+    def __init__(self, tmp: Path, webhook: str):
+        self.port = free_port()
+        d = tmp / f"am-{self.port}"
+        d.mkdir()
+        cfg = {"route": {"receiver": "test", "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
+               "receivers": [{"name": "test", "webhook_configs": [{"url": webhook, "send_resolved": False}]}]}
+        (d / "am.yml").write_text(yaml.safe_dump(cfg))
+        self.log = open(d / "log", "ab")
+        self.p = subprocess.Popen(["/usr/bin/prometheus-alertmanager", f"--config.file={d}/am.yml",
+                                   f"--storage.path={d}/data", f"--web.listen-address=127.0.0.1:{self.port}",
+                                   "--cluster.listen-address="], stdout=self.log, stderr=subprocess.STDOUT)
+        self.addr = f"127.0.0.1:{self.port}"
+        wait_for(lambda: requests.get(f"http://{self.addr}/-/ready", timeout=1).status_code == 200,
+                 what="alertmanager ready")
+
+    def stop(self) -> None:
+        self.p.terminate()
+        self.p.wait(30)
+        self.log.close()
+
+
+def held_programs(pid: int) -> set:
+    """Ids of the BPF programs process pid holds (from its fdinfo)."""
+    from exporter import fdinfo
+    return {fdinfo.read_prog_fdinfo(path).prog_id for _, _, path in fdinfo.iter_bpf_fds("/proc", pid)}
+
+
+def loaded_programs() -> set:
+    """Ids of every BPF program loaded in the kernel."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    return {p["id"] for p in json.loads(out or "[]")}
