@@ -7,9 +7,8 @@ Only where the fd is refused does nettap write ``kernel.bpf_stats_enabled``
 instead, and it writes it back to 0 only if it was nettap that set it; a
 sysctl someone else switched on is never switched off.
 
-Reading: nettap's own programs through ``/proc/self/fdinfo/<prog fd>``
-(``run_time_ns``, ``run_cnt``: one small read per program, no walk of the
-node's programs). The node-wide view (``scope: node``) walks every program
+Reading: nettap's own programs with one ``BPF_OBJ_GET_INFO_BY_FD`` each on
+the fds it holds (no walk of the node's programs). The node-wide view (``scope: node``) walks every program
 with ``BPF_PROG_GET_NEXT_ID`` and ``BPF_OBJ_GET_INFO_BY_FD``, and names each
 program's holder from a /proc scan that is refreshed only when a program id
 appears that it has not seen (a scan reads every process's fd links).
@@ -123,32 +122,45 @@ class StatsSwitch:
         self.set(False)
 
 
+def prog_info(fd: int) -> bpf_prog_info:
+    info = bpf_prog_info()
+    n = ctypes.c_uint32(ctypes.sizeof(info))
+    libbpf.call("bpf_obj_get_info_by_fd", fd, ctypes.byref(info), ctypes.byref(n))
+    return info
+
+
 def own_program_stats(prog_fds: Dict[str, int]) -> Dict[str, Tuple[int, int]]:
-    """{program: (run_cnt, run_time_ns)} for nettap's programs, from fdinfo."""
+    """{program: (run_cnt, run_time_ns)} for nettap's programs: one
+    BPF_OBJ_GET_INFO_BY_FD each on the fds nettap holds, no walk."""
     out = {}
     for name, fd in prog_fds.items():
-        info = fdinfo.read_prog_fdinfo(f"/proc/self/fdinfo/{fd}")
-        out[name] = (info.run_cnt or 0, info.run_time_ns or 0)
+        info = prog_info(fd)
+        out[name] = (info.run_cnt, info.run_time_ns)
     return out
 
 
-def node_programs() -> Iterable[bpf_prog_info]:
-    """bpf_prog_info of every program loaded on the node."""
+def node_programs() -> List[Tuple[int, bytes, int, int, int]]:
+    """(id, name, type, run_cnt, run_time_ns) of every program on the node.
+
+    Four syscalls a program (next id, fd by id, info, close), with one info
+    buffer reused: this walk is the node-wide view's whole cost."""
     lb = libbpf.lib()
+    next_id, get_fd, get_info, close = (lb.bpf_prog_get_next_id, lb.bpf_prog_get_fd_by_id,
+                                        lb.bpf_obj_get_info_by_fd, os.close)
+    info = bpf_prog_info()
+    size = ctypes.sizeof(info)
+    n = ctypes.c_uint32()
     cur = ctypes.c_uint32(0)
-    nxt = ctypes.c_uint32(0)
-    while lb.bpf_prog_get_next_id(cur.value, ctypes.byref(nxt)) == 0:
-        cur.value = nxt.value
-        fd = lb.bpf_prog_get_fd_by_id(cur.value)
+    out = []
+    while next_id(cur.value, ctypes.byref(cur)) == 0:
+        fd = get_fd(cur.value)
         if fd < 0:                       # unloaded since
             continue
-        try:
-            info = bpf_prog_info()
-            n = ctypes.c_uint32(ctypes.sizeof(info))
-            if lb.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(n)) == 0:
-                yield info
-        finally:
-            os.close(fd)
+        n.value = size
+        if get_info(fd, ctypes.byref(info), ctypes.byref(n)) == 0:
+            out.append((info.id, info.name, info.type, info.run_cnt, info.run_time_ns))
+        close(fd)
+    return out
 
 
 class ProgramStatsCollector(Collector):
@@ -203,26 +215,29 @@ class ProgramStatsCollector(Collector):
         return out
 
     def _node(self) -> List[Metric]:
-        infos = list(node_programs())
-        ids = {i.id for i in infos}
+        progs = node_programs()
+        ids = {p[0] for p in progs}
         if not ids <= self._seen_ids:       # new programs: who holds them?
             self._holders = fdinfo.scan_bpf_holders(self.proc_root)
             self._seen_ids = ids
-        agg: Dict[Tuple[str, str, str], List[int]] = defaultdict(lambda: [0, 0, 0])
-        for i in infos:
-            h = self._holders.get(i.id)
-            key = (i.name.decode(errors="replace") or f"id{i.id}", fdinfo.prog_type_name(i.type),
-                   h.comm if h else "none")
-            a = agg[key]
-            a[0] += i.run_cnt
-            a[1] += i.run_time_ns
-            a[2] += 1
+        agg: Dict[Tuple[bytes, int, str], List[int]] = {}
+        for pid_, name, ptype, cnt, ns in progs:
+            h = self._holders.get(pid_)
+            key = (name or f"id{pid_}".encode(), ptype, h.comm if h else "none")
+            a = agg.get(key)
+            if a is None:
+                agg[key] = [cnt, ns, 1]
+            else:
+                a[0] += cnt
+                a[1] += ns
+                a[2] += 1
         runs, rt, count = self._node_families()
         per_owner: Dict[Tuple[str, str], int] = defaultdict(int)
-        for (prog, ptype, owner), (cnt, ns, n) in sorted(agg.items()):
-            runs.add_metric([prog, ptype, owner], cnt)
-            rt.add_metric([prog, ptype, owner], ns / 1e9)
-            per_owner[(ptype, owner)] += n
-        for (ptype, owner), n in sorted(per_owner.items()):
-            count.add_metric([ptype, owner], n)
+        for (name, ptype, owner), (cnt, ns, k) in sorted(agg.items()):
+            labels = [name.decode(errors="replace"), fdinfo.prog_type_name(ptype), owner]
+            runs.add_metric(labels, cnt)
+            rt.add_metric(labels, ns / 1e9)
+            per_owner[(labels[1], owner)] += k
+        for (ptype, owner), k in sorted(per_owner.items()):
+            count.add_metric([ptype, owner], k)
         return [runs, rt, count]

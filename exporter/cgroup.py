@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
 
@@ -300,6 +301,19 @@ class CgroupCollector:
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
         self.pid = pid
+        self._loc: Optional[CgroupLocation] = None
+        self._loc_at = 0.0
+
+    # Where the cgroup is changes only when the process is moved: locate it
+    # (mountinfo and /proc/PID/cgroup parsing) at most every LOCATE_EVERY s.
+    LOCATE_EVERY = 30.0
+
+    def _location(self) -> CgroupLocation:
+        now = time.monotonic()
+        if self._loc is None or now - self._loc_at > self.LOCATE_EVERY:
+            self._loc = locate_cgroup(self.proc_root, self.cgroup_root, self.pid)
+            self._loc_at = now
+        return self._loc
 
     @staticmethod
     def _families() -> Dict[str, _Family]:
@@ -316,8 +330,13 @@ class CgroupCollector:
     def collect(self) -> Iterator[Metric]:
         fams = self._families()
         try:
-            loc = locate_cgroup(self.proc_root, self.cgroup_root, self.pid)
-            stats = read_cgroup_stats(location=loc)
+            loc = self._location()
+            try:
+                stats = read_cgroup_stats(location=loc)
+            except OSError:                 # moved since: locate again
+                self._loc = None
+                loc = self._location()
+                stats = read_cgroup_stats(location=loc)
             for version, path in loc.info():
                 fams[INFO_NAME].add_metric([version, path], 1)
             for name, value in stats.items():

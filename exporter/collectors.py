@@ -165,25 +165,35 @@ class MapCollector(Collector):
         (GaugeMetricFamily, "nettap_bpf_map_max_entries", "Capacity of each nettap BPF map (for rings: bytes).", ["map"]),
     ]
     ARRAY_TYPES = (2, 6)           # BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY
+    GROWING_TYPES = (1, 29)        # HASH (not preallocated), TASK_STORAGE: memory changes
 
     def __init__(self, map_fds: Callable[[], Dict[str, int]], map_info: Callable[[], Dict[str, tuple]],
                  known_entries: Callable[[], Dict[str, int]]):
         self.map_fds = map_fds
         self.map_info = map_info
         self.known_entries = known_entries
+        self._static_mem: Dict[int, int] = {}     # fd -> memlock of maps whose size is fixed
 
     def describe(self) -> Iterable[Metric]:
         return _families(self.SPECS)
 
-    def collect(self) -> Iterable[Metric]:
+    def _memlock(self, fd: int, mtype: int) -> int:
+        if fd in self._static_mem:
+            return self._static_mem[fd]
         from .fdinfo import parse_fdinfo
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            mem = int(parse_fdinfo(f.read()).get("memlock", 0))
+        if mtype not in self.GROWING_TYPES:
+            self._static_mem[fd] = mem
+        return mem
+
+    def collect(self) -> Iterable[Metric]:
         mem, entries, cap = _families(self.SPECS)
         known = self.known_entries()
         info = self.map_info()
         for name, fd in sorted(self.map_fds().items()):
-            with open(f"/proc/self/fdinfo/{fd}") as f:
-                mem.add_metric([name], int(parse_fdinfo(f.read()).get("memlock", 0)))
             mtype, _, _, max_entries = info[name]
+            mem.add_metric([name], self._memlock(fd, mtype))
             cap.add_metric([name], max_entries)
             if name in known:
                 entries.add_metric([name], known[name])
