@@ -141,6 +141,26 @@ def first_line(cmd, runs: int = 7) -> float:
     return statistics.median(ts)
 
 
+def ready_time(cfg: str, runs: int = 5) -> float:
+    """Median seconds from spawning nettap to its /readyz answering 200."""
+    ts = []
+    for _ in range(runs):
+        port = free_port()
+        t = time.perf_counter()
+        p = subprocess.Popen([PY, "-m", "exporter", "--config", cfg, "--web.listen-address", f"127.0.0.1:{port}",
+                              "--log-level", "warning"], cwd=ROOT)
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.005)
+        ts.append(time.perf_counter() - t)
+        p.terminate()
+        p.wait(30)
+    return statistics.median(ts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5)
@@ -201,6 +221,7 @@ def main() -> None:
     # nettap --preflight prints its first line once every probe is attached.
     t_bare = first_line([PY, "-c", "print('up', flush=True)"])
     t_start = first_line([PY, "-m", "exporter", "--preflight", "--config", cfg])
+    t_ready = ready_time(cfg)
     bare = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
     p = start_nettap(cfg, mport)
     time.sleep(3)
@@ -219,6 +240,7 @@ def main() -> None:
         per_m = ucpu / recs * 1e6 if recs else float('nan')
         print(f"  user CPU per million records               {per_m:12.3f} s     (idle baseline: {uidle:.3f} s user over {a.seconds:.0f} s)")
     print(f"\nstart to attached (median of 7)             {t_start:12.3f} s     (bare interpreter start: {t_bare:.3f} s, +{t_start - t_bare:.3f} s)")
+    print(f"start to /readyz 200 (median of 5)          {t_ready:12.3f} s     (probes attached, drain and endpoint up)")
     print(f"idle RSS                                   {idle_rss:12.1f} MB    (bare interpreter: {bare_rss:.1f} MB)")
 
 

@@ -42,13 +42,15 @@ class Nettap:
     """Load everything a Config asks for; :meth:`apply` later configs at run
     time; :meth:`close` releases everything (no kernel state stays)."""
 
-    def __init__(self, config: Config, mechanism: Optional[str] = None):
+    def __init__(self, config: Config, mechanism: Optional[str] = None, probes: Optional[Probes] = None):
+        """probes: already loaded and attached for this config (the CLI
+        attaches first, before importing what only the pipeline needs)."""
         self.config = config
         self.ready = threading.Event()
         self._lock = threading.Lock()
         self.reloads = ReloadState()
         self.stats_switch = StatsSwitch()
-        self.probes = Probes(ring_sizes=config.ring_bytes, mechanism=mechanism)
+        self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism)
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         try:

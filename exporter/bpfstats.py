@@ -60,6 +60,7 @@ class StatsSwitch:
         self._lock = threading.Lock()
         self.fd: Optional[int] = None
         self.set_sysctl = False      # nettap wrote 1 to the sysctl
+        self.requested = False       # the config asks for statistics
 
     def _sysctl_on(self) -> bool:
         try:
@@ -76,6 +77,7 @@ class StatsSwitch:
                 self._off()
 
     def _on(self) -> None:
+        self.requested = True
         if self.fd is not None or self.set_sysctl:
             return
         try:
@@ -93,6 +95,7 @@ class StatsSwitch:
         log.info("BPF run-time statistics on (%s=1)", self.sysctl)
 
     def _off(self) -> None:
+        self.requested = False
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -108,7 +111,8 @@ class StatsSwitch:
 
     @property
     def wanted(self) -> bool:
-        return self.fd is not None or self.set_sysctl
+        """The config asks for statistics (they may be on by another tool's doing)."""
+        return self.requested
 
     def source(self) -> Optional[str]:
         """How stats are on now: fd, sysctl (nettap's), external, or None (off)."""

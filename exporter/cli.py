@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import List, Optional
 
 from . import __version__, config
@@ -71,25 +72,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from .app import Nettap
-    from .server import serve
-
+    # Attach first: what only the pipeline and the endpoint need (numpy,
+    # prometheus_client) is imported once the probes are in place.
+    from .loader import Probes
+    from .targets import resolve
+    t0 = time.monotonic()
     try:
-        app = Nettap(cfg, mechanism=args.mechanism)
+        resolve(cfg.captures)                   # refuse a bad target before loading anything
+        probes = Probes(ring_sizes=cfg.ring_bytes, mechanism=args.mechanism)
     except config.ConfigError as e:
         print(f"nettap: config refused: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"nettap: cannot load probes: {e} (nettap needs root, or CAP_BPF+CAP_PERFMON)", file=sys.stderr)
         return 1
-
+    attached = time.monotonic() - t0
     if args.preflight:
-        for p, st in app.probes.states.items():
+        for p, st in probes.states.items():
             why = "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
             print(f"{p}: {st.mechanism if st.attached else 'NOT ATTACHED'} ({why})", flush=True)
-        ok = all(st.attached for st in app.probes.states.values())
-        app.close()
+        ok = all(st.attached for st in probes.states.values())
+        probes.close()
         return 0 if ok else 1
+
+    from .app import Nettap
+    from .server import serve
+    try:
+        app = Nettap(cfg, probes=probes)
+    except config.ConfigError as e:
+        print(f"nettap: config refused: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"nettap: cannot start: {e}", file=sys.stderr)
+        return 1
+    log.info("probes attached in %.3f s, ready in %.3f s", attached, time.monotonic() - t0)
 
     app.mark_loaded()
     watcher = None

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from .records import CHUNK_DATA, MAX_PAYLOAD_BYTES, RINGS, SLOTS
+from .tcp_h import CHUNK_DATA, MAX_PAYLOAD_BYTES, RINGS, STRIDES
 
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
@@ -116,8 +116,8 @@ def _ring_size(v: Any, key: str, ring: str) -> int:
     n = _int(v, key, 4096, 1 << 30)
     if n & (n - 1):
         raise ConfigError(f"{key}: must be a power of two (the kernel's ring rule), got {n}")
-    if n % SLOTS[ring].itemsize:
-        raise ConfigError(f"{key}: must be a multiple of the record stride {SLOTS[ring].itemsize}")
+    if n % STRIDES[ring]:
+        raise ConfigError(f"{key}: must be a multiple of the record stride {STRIDES[ring]}")
     return n
 
 

@@ -69,21 +69,16 @@ def programs_for(probe: str, mechanism: str) -> List[str]:
 
 # ---- what the kernel accepts ---------------------------------------------
 
-def fentry_support(func: str) -> Tuple[bool, str]:
-    """Load and attach a two-instruction fentry program on ``func``.
+def fentry_support(func: str, btf: int) -> Tuple[bool, str]:
+    """Load and attach a two-instruction fentry program on ``func`` (btf:
+    the parsed vmlinux BTF).
 
     This is the only honest test: BTF may name the function while the
     kernel still refuses tracing programs (lockdown, LSM, or a kernel built
     without the trampoline), as it does with EPERM on nettap's CI kernel.
     """
     lb = libbpf.lib()
-    btf = lb.btf__load_vmlinux_btf()
-    if not btf:
-        return False, "no vmlinux BTF"
-    try:
-        btf_id = lb.btf__find_by_name_kind(btf, func.encode(), libbpf.BTF_KIND_FUNC)
-    finally:
-        lb.btf__free(btf)
+    btf_id = lb.btf__find_by_name_kind(btf, func.encode(), libbpf.BTF_KIND_FUNC) if btf else -1
     if btf_id <= 0:
         return False, f"{func} not in vmlinux BTF"
     # r0 = 0; exit
@@ -153,20 +148,27 @@ def choose_mechanisms(forced: Optional[str] = None) -> Dict[str, ProbeState]:
     """Per probe, the first mechanism the kernel accepts."""
     kp = kprobe_support()
     tp = tracepoint_support()
+    lb = libbpf.lib()
+    btf = lb.btf__load_vmlinux_btf() if forced in (None, "fentry") else None   # parsed once: ~15 ms
     states = {}
-    for probe in PROBES:
-        st = ProbeState(probe)
-        checks = {"fentry": lambda: fentry_support(probe), "kprobe": lambda: kp, "tracepoint": lambda: tp}
-        for mech in MECHANISMS:
-            if forced and mech != forced:
-                st.reasons[mech] = "not requested"
-                continue
-            ok, why = checks[mech]()
-            st.reasons[mech] = why
-            if ok:
-                st.mechanism = mech
-                break
-        states[probe] = st
+    try:
+        for probe in PROBES:
+            st = ProbeState(probe)
+            checks = {"fentry": lambda: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
+                      "kprobe": lambda: kp, "tracepoint": lambda: tp}
+            for mech in MECHANISMS:
+                if forced and mech != forced:
+                    st.reasons[mech] = "not requested"
+                    continue
+                ok, why = checks[mech]()
+                st.reasons[mech] = why
+                if ok:
+                    st.mechanism = mech
+                    break
+            states[probe] = st
+    finally:
+        if btf:
+            lb.btf__free(btf)
     return states
 
 

@@ -5,8 +5,6 @@ import ctypes
 import errno
 from typing import Iterator, Optional
 
-import numpy as np
-
 from . import libbpf
 
 
@@ -52,7 +50,9 @@ class PerCpuArray:
     The kernel copies one value per possible CPU, each rounded up to 8 bytes
     (kernel/bpf/arraymap.c, bpf_percpu_array_copy)."""
 
-    def __init__(self, fd: int, value: np.dtype, ncpus: Optional[int] = None):
+    def __init__(self, fd: int, value, ncpus: Optional[int] = None):
+        import numpy as np                   # not needed before the probes are attached
+        self.np = np
         self.fd = fd
         self.value = np.dtype(value)
         self.ncpus = ncpus or libbpf.possible_cpus()
@@ -60,14 +60,14 @@ class PerCpuArray:
         self._cpu_dtype = np.dtype({"names": ["v"], "formats": [self.value], "itemsize": stride})
         self._buf = ctypes.create_string_buffer(stride * self.ncpus)
 
-    def read(self, index: int) -> np.ndarray:
+    def read(self, index: int):
         """Per-CPU values of one row, shape (ncpus,)."""
         libbpf.call("bpf_map_lookup_elem", self.fd, ctypes.c_uint32(index).value.to_bytes(4, "little"), self._buf)
-        return np.frombuffer(self._buf.raw, dtype=self._cpu_dtype)["v"]
+        return self.np.frombuffer(self._buf.raw, dtype=self._cpu_dtype)["v"]
 
     def sum(self, index: int) -> dict:
         """One row summed over CPUs, as {field: int} (or {'': int} for a scalar)."""
         rows = self.read(index)
         if self.value.names:
-            return {f: int(rows[f].sum(dtype=np.uint64)) for f in self.value.names}
-        return {"": int(rows.sum(dtype=np.uint64))}
+            return {f: int(rows[f].sum(dtype=self.np.uint64)) for f in self.value.names}
+        return {"": int(rows.sum(dtype=self.np.uint64))}

@@ -20,13 +20,9 @@ from typing import Dict, Iterator, List
 
 import numpy as np
 
-# bpf/tcp.h constants
-CHUNK_DATA = 400
-MAX_PAYLOAD_BYTES = 164 * CHUNK_DATA          # NETTAP_MAX_CHUNKS_PER_CALL * NETTAP_CHUNK_DATA
-PROBES = ("tcp_sendmsg", "tcp_recvmsg")       # NETTAP_PROBE_*
-RINGS = ("capture_chunks", "capture_eof", "logs")  # NETTAP_RING_*
-TARGET_PID, TARGET_CGROUP, TARGET_NETNS, TARGET_PORT = 1, 2, 4, 8
-MAX_CGROUP_LEVEL = 31
+from .tcp_h import (CHUNK_DATA, MAX_CGROUP_LEVEL, MAX_PAYLOAD_BYTES, PROBES, RINGS,  # noqa: F401
+                    STRIDES, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT)
+
 DIRECTIONS = ("egress", "ingress")
 CHUNK_FLAGS = ((1, "read_failed"), (2, "no_conn"))
 LOG_CODES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated"}
@@ -77,6 +73,7 @@ def slot_dtype(record: np.dtype) -> np.dtype:
 
 
 SLOTS = {ring: slot_dtype(rec) for ring, rec in RECORDS.items()}
+assert {r: s.itemsize for r, s in SLOTS.items()} == STRIDES, "tcp_h.STRIDES disagrees with the dtypes"
 
 
 # ---- JSON lines --------------------------------------------------------

@@ -211,8 +211,14 @@ class RingPoller:
         self._ep = select.epoll()
         self._wake_r, self._wake_w = os.pipe()
         self._ep.register(self._wake_r, select.EPOLLIN)
+        # Edge-triggered: a ring polls readable for as long as it holds any
+        # data (kernel/bpf/ringbuf.c, ringbuf_map_poll_user), so level-
+        # triggered epoll would spin on a busy ring and drain it in crumbs.
+        # Edge-triggered, only the producer's explicit wakeups (nettap's
+        # programs force one once wakeup_bytes are pending) end a wait
+        # early; otherwise the caller's timeout paces the drain.
         for fd in self.rings:
-            self._ep.register(fd, select.EPOLLIN)
+            self._ep.register(fd, select.EPOLLIN | select.EPOLLET)
         self.closed = False
 
     def wait(self, timeout: float) -> bool:

@@ -8,17 +8,18 @@ at run time without reloading any program.
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-import numpy as np
+import struct
 
 from . import maps
 from .config import ConfigError, Target
-from .records import (CAPTURE_CONFIG, MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
-                      TARGET_PORT)
+from .tcp_h import MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
 
 
 @dataclass
@@ -41,6 +42,11 @@ class Resolved:
         return m
 
 
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\ooo octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> List[Tuple[str, str]]:
     """(mount point, root within the hierarchy) of every cgroup2 mount."""
     out = []
@@ -49,7 +55,7 @@ def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> List[Tuple[str, s
             pre, _, post = line.partition(" - ")
             fields = pre.split()
             if post.split()[:1] == ["cgroup2"]:
-                out.append((fields[4].replace("\\040", " "), fields[3]))
+                out.append((_unescape(fields[4]), _unescape(fields[3])))
     return out
 
 
@@ -73,16 +79,40 @@ def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo") -> Tuple
     return os.stat(real).st_ino, level
 
 
+NS_GET_NSTYPE = 0xB703        # ioctl on a namespace fd (linux/nsfs.h)
+CLONE_NEWNET = 0x40000000
+
+
 def netns_inode(value) -> int:
+    """A network namespace's inode, from a path like /var/run/netns/NAME."""
     if isinstance(value, int):
         return value
     try:
-        st = os.stat(value)
+        fd = os.open(value, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"netns {value}: {e.strerror}") from None
-    if st.st_dev != os.stat("/proc/self/ns/net").st_dev:
-        raise ConfigError(f"netns {value}: not a namespace file (expected e.g. /var/run/netns/NAME)")
-    return st.st_ino
+    try:
+        try:
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError:
+            raise ConfigError(f"netns {value}: not a namespace file (expected e.g. /var/run/netns/NAME)") from None
+        if kind != CLONE_NEWNET:
+            raise ConfigError(f"netns {value}: a namespace, but not a network namespace")
+        return os.fstat(fd).st_ino
+    finally:
+        os.close(fd)
+
+
+def _tgid(proc: str, pid: int) -> Optional[int]:
+    """The thread group of pid (itself for a process, its process for a thread)."""
+    try:
+        with open(f"{proc}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def resolve(targets: Iterable[Target], proc: str = "/proc") -> Resolved:
@@ -92,8 +122,8 @@ def resolve(targets: Iterable[Target], proc: str = "/proc") -> Resolved:
             if t.kind == "port":
                 r.ports.add(t.value)
             elif t.kind == "pid":
-                if not os.path.exists(f"{proc}/{t.value}"):
-                    raise ConfigError(f"pid {t.value}: no such process")
+                if _tgid(proc, t.value) != t.value:
+                    raise ConfigError(f"pid {t.value}: no such process (a thread id is not a pid)")
                 r.pids.add(t.value)
             elif t.kind == "cgroup":
                 cid, lvl = cgroup_id_level(t.value)
@@ -119,7 +149,7 @@ class TargetMaps:
     def __init__(self, map_fds: Dict[str, int]):
         self.fds = map_fds
         self.current = Resolved()
-        self._bitmap = np.zeros(1024, dtype="<u8")
+        self._bitmap = [0] * 1024
 
     def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: int) -> None:
         """Add new entries, then switch capture_config, then remove stale
@@ -131,17 +161,15 @@ class TargetMaps:
             maps.update(self.fds["capture_cgroups"], _u64(cid), b"\1")
         for ino in new.netns - old.netns:
             maps.update(self.fds["capture_netns"], _u32(ino), b"\1")
-        bitmap = np.zeros(1024, dtype="<u8")
+        bitmap = [0] * 1024
         for p in new.ports:
-            bitmap[p >> 6] |= np.uint64(1) << np.uint64(p & 63)
-        for word in np.flatnonzero(bitmap != self._bitmap):
-            maps.update(self.fds["capture_ports"], _u32(int(word)), bitmap[word].tobytes())
-        cfg = np.zeros(1, dtype=CAPTURE_CONFIG)
-        cfg["flags"] = new.flags
-        cfg["cgroup_levels"] = new.cgroup_levels
-        cfg["max_payload_bytes"] = max_payload_bytes
-        cfg["wakeup_bytes"] = wakeup_bytes
-        maps.update(self.fds["capture_config"], _u32(0), cfg.tobytes())
+            bitmap[p >> 6] |= 1 << (p & 63)
+        for word, (bits, was) in enumerate(zip(bitmap, self._bitmap)):
+            if bits != was:
+                maps.update(self.fds["capture_ports"], _u32(word), _u64(bits))
+        # struct nettap_capture_config: flags, cgroup_levels, max_payload_bytes, wakeup_bytes
+        cfg = struct.pack("<IIII", new.flags, new.cgroup_levels, max_payload_bytes, wakeup_bytes)
+        maps.update(self.fds["capture_config"], _u32(0), cfg)
         for pid in old.pids - new.pids:
             maps.delete(self.fds["capture_pids"], _u32(pid))
         for cid in old.cgroups.keys() - new.cgroups.keys():
