@@ -108,10 +108,13 @@ class Nettap:
         resolved = targets.resolve(config.captures)
         with self._lock:
             old = self.config
+            try:
+                self.stats_switch.set(config.bpf_stats_enabled)
+            except OSError as e:
+                raise ConfigError(f"diagnostics.bpfStats.enabled: cannot switch statistics on: {e}") from None
             if config.ring_bytes != old.ring_bytes:
                 log.warning("rings: new sizes take effect at the next start; keeping %s", old.ring_bytes)
             self.target_maps.apply(resolved, config.max_payload_bytes, old.ring_bytes["capture_chunks"] // 4)
-            self.stats_switch.set(config.bpf_stats_enabled)
             if self.pipeline and config.output != old.output:
                 if (config.output.type == "none") != (old.output.type == "none"):
                     log.warning("output: switching between a sink and none takes effect at the next start")
@@ -125,7 +128,7 @@ class Nettap:
         log one line naming the key and the reason, and count the failure."""
         try:
             self.apply(config_mod.load(path))
-        except ConfigError as e:
+        except (ConfigError, OSError) as e:
             self.reloads.last_ok = False
             self.reloads.failures += 1
             self.reloads.last_error = str(e)

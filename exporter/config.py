@@ -20,7 +20,9 @@ OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
 TARGET_KINDS = ("pid", "cgroup", "netns", "port")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-DEFAULT_RING_BYTES = {"capture_chunks": 16 << 20, "capture_eof": 256 << 10, "logs": 64 << 10}
+# capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so
+# they count in its RSS as well as in the map's kernel memory.
+DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 256 << 10, "logs": 64 << 10}
 
 
 class ConfigError(ValueError):
@@ -163,6 +165,10 @@ def parse(doc: Any) -> Config:
 
 
 def loads(text: str, source: str = "<config>") -> Config:
+    if not text.strip():
+        # Also what a reload sees between an editor's truncate and write:
+        # refusing it keeps the captures in force.
+        raise ConfigError(f"{source}: the file is empty (write {{}} for the built-in defaults)")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:

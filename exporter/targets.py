@@ -88,7 +88,7 @@ def netns_inode(value) -> int:
     if isinstance(value, int):
         return value
     try:
-        fd = os.open(value, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(value, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)   # a FIFO must not block
     except OSError as e:
         raise ConfigError(f"netns {value}: {e.strerror}") from None
     try:

@@ -225,7 +225,11 @@ class Demo:
             time.sleep(0.2)
 
     def make_netns(self, name: str) -> None:
-        from pyroute2 import NetNS, netns
+        try:
+            from pyroute2 import NetNS, netns
+        except ImportError:
+            raise RuntimeError("pyroute2 is missing: run scripts/setup.sh test (it installs the test "
+                               "extras into .venv), then sudo .venv/bin/python scripts/demo.py") from None
         if name in netns.listnetns():
             raise RuntimeError(f"network namespace {name} exists already (a demo that did not finish?); "
                                f"remove it with: ip netns del {name}")

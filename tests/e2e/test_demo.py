@@ -93,13 +93,21 @@ def _prog_ids(pid: int) -> Set[int]:
     return ids
 
 
+def _which(name: str) -> str:
+    for p in (shutil.which(name), f"/usr/sbin/{name}", f"/sbin/{name}", f"/usr/bin/{name}"):
+        if p and os.access(p, os.X_OK):
+            return p
+    pytest.skip(f"{name} not installed (scripts/setup.sh test installs it)")
+
+
 def _bpf_programs() -> Dict[int, str]:
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    """{id: name} of every BPF program loaded in the kernel."""
+    out = subprocess.run([_which("bpftool"), "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
     return {p["id"]: p.get("name", "") for p in json.loads(out or "[]")}
 
 
 def _netns_names() -> Set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([_which("ip"), "netns", "list"], capture_output=True, text=True, check=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
@@ -115,9 +123,8 @@ def _query(prom: str, q: str) -> list:
 
 @pytest.fixture
 def tools():
-    for tool in ("bpftool", "ip", "/usr/bin/prometheus", "/usr/bin/prometheus-alertmanager"):
-        if not shutil.which(tool):
-            pytest.skip(f"{tool} not installed (scripts/setup.sh test installs it)")
+    for tool in ("bpftool", "ip", "prometheus", "prometheus-alertmanager"):
+        _which(tool)
 
 
 def test_demo(tools):
@@ -187,5 +194,7 @@ def test_demo(tools):
     assert not Path(f"/var/run/netns/{netns}").exists()
     workdir = re.search(r"working directory (\S+)", out).group(1)
     assert not Path(workdir).exists(), f"{workdir} was not removed"
+    # By id, not by name: other nettap instances (kernel tests running alongside on a
+    # shared machine) load programs with the same names; the demo's own must be gone.
     remaining = progs & set(_bpf_programs())
     assert not remaining, f"nettap's BPF programs {sorted(remaining)} are still loaded"

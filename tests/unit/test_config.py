@@ -57,9 +57,16 @@ def test_full_config_accessors():
         "netns=4026531840", "port=443"]
 
 
-@pytest.mark.parametrize("text", ["", "---\n", "# only a comment\n", "captures: []\n", "captures:\n"])
+@pytest.mark.parametrize("text", ["{}", "---\n", "# only a comment\n", "captures: []\n", "captures:\n"])
 def test_defaults(text):
     assert config.loads(text) == config.DEFAULT
+
+
+@pytest.mark.parametrize("text", ["", " \n\n"])
+def test_empty_file_refused(text):
+    # An editor's truncate-then-write must not drop the captures for a poll.
+    with pytest.raises(ConfigError, match=r"the file is empty \(write \{\} for the built-in defaults\)"):
+        config.loads(text, "nettap.yaml")
 
 
 def test_default_values():
@@ -67,13 +74,13 @@ def test_default_values():
     assert (d.captures, d.max_payload_bytes, d.bpf_stats_enabled, d.bpf_stats_scope, d.log_level) == (
         (), 4096, False, "own", "info")
     assert d.output == Output("none", None, 100 << 20, 3, 1 << 20)
-    assert d.ring_bytes == {"capture_chunks": 16 << 20, "capture_eof": 256 << 10, "logs": 64 << 10}
+    assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 256 << 10, "logs": 64 << 10}
 
 
 def test_partial_sections_keep_defaults():
     cfg = config.loads("output: {type: stdout}\nrings: {logs: 4096}\ndiagnostics: {bpfStats: {enabled: true}}\n")
     assert cfg.output == Output("stdout", None, 100 << 20, 3, 1 << 20)
-    assert cfg.ring_bytes == {"capture_chunks": 16 << 20, "capture_eof": 256 << 10, "logs": 4096}
+    assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 256 << 10, "logs": 4096}
     assert (cfg.bpf_stats_enabled, cfg.bpf_stats_scope) == (True, "own")
 
 

@@ -1,0 +1,443 @@
+"""exporter.targets without root or BPF: resolve() against this process, temp
+directories with fake mountinfo files, and TargetMaps.apply with the map
+writes recorded instead of made."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import struct
+
+import pytest
+
+from exporter import maps, targets
+from exporter.config import ConfigError, Target
+from exporter.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
+                              TARGET_PORT)
+from exporter.targets import Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve
+
+MISSING_PID = 2**22 - 1          # the largest pid config accepts; no process has it here
+
+
+def mountinfo(tmp_path: Path, *mounts) -> str:
+    """A mountinfo file: the usual root and proc lines plus, per (fstype,
+    mount point, root), one line. Mount points are escaped as the kernel does."""
+    def esc(s):
+        return (s.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
+                .replace("\n", "\\012"))
+    lines = ["22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw",
+             "23 22 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw"]
+    for i, (fstype, mnt, root) in enumerate(mounts):
+        opts = "rw,nosuid,nodev,noexec,relatime shared:%d" % (40 + i)
+        lines.append(f"{30 + i} 22 0:{30 + i} {esc(root)} {esc(str(mnt))} {opts} - {fstype} {fstype} rw")
+    p = tmp_path / "mountinfo"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+@pytest.fixture
+def cg(tmp_path):
+    """A directory standing in for a cgroup2 mount, with a/b below it."""
+    root = tmp_path / "cg"
+    (root / "a" / "b").mkdir(parents=True)
+    return root
+
+
+# ---- resolve: ports and pids ---------------------------------------------------
+
+def test_ports_and_pid():
+    r = resolve([Target("port", 80), Target("port", 443), Target("port", 80), Target("pid", os.getpid())])
+    assert r.ports == {80, 443} and r.pids == {os.getpid()}
+    assert r.cgroups == {} and r.netns == set()
+
+
+def test_missing_pid_names_the_item():
+    if os.path.exists(f"/proc/{MISSING_PID}"):
+        pytest.skip("a process has the largest pid")
+    with pytest.raises(ConfigError) as e:
+        resolve([Target("port", 80), Target("pid", MISSING_PID)])
+    assert str(e.value).startswith("captures[1].pid: ")
+    assert str(MISSING_PID) in str(e.value) and "no such process" in str(e.value)
+
+
+def fake_proc(tmp_path, **tgids):
+    """A /proc with <pid>/status files: tgids = {"p123": 123, "p124": 123}."""
+    for name, tgid in tgids.items():
+        d = tmp_path / name[1:]
+        d.mkdir()
+        (d / "status").write_text(f"Name:\tx\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\nNgid:\t0\nPid:\t{name[1:]}\n")
+    return str(tmp_path)
+
+
+def test_pid_checked_under_the_given_proc(tmp_path):
+    proc = fake_proc(tmp_path, p123=123, p124=123)       # 124 is a thread of 123
+    assert resolve([Target("pid", 123)], proc=proc).pids == {123}
+    with pytest.raises(ConfigError, match=r"captures\[0\]\.pid: pid 124"):
+        resolve([Target("pid", 124)], proc=proc)
+    with pytest.raises(ConfigError, match=r"captures\[0\]\.pid: pid 125"):
+        resolve([Target("pid", 125)], proc=proc)
+
+
+def test_thread_id_is_not_a_pid():
+    got, done = [], threading.Event()
+
+    def run():
+        got.append(threading.get_native_id())
+        done.wait(5)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        while not got:
+            pass
+        tid = got[0]
+        assert tid != os.getpid() and os.path.exists(f"/proc/{tid}")
+        with pytest.raises(ConfigError, match=rf"captures\[0\]\.pid: pid {tid}: .*thread"):
+            resolve([Target("pid", tid)])
+    finally:
+        done.set()
+        t.join()
+
+
+def test_empty():
+    r = resolve([])
+    assert r == Resolved() and r.flags == 0 and r.cgroup_levels == 0
+
+
+# ---- cgroups ---------------------------------------------------------------
+
+def test_cgroup_missing_path():
+    with pytest.raises(ConfigError) as e:
+        resolve([Target("port", 1), Target("cgroup", "/sys/fs/cgroup/no/such/nettap-test")])
+    assert str(e.value).startswith("captures[1].cgroup: ")
+    assert "no such cgroup directory" in str(e.value)
+
+
+def test_cgroup_file_is_not_a_cgroup(tmp_path, cg):
+    f = cg / "cgroup.procs"
+    f.write_text("")
+    with pytest.raises(ConfigError, match="no such cgroup directory"):
+        cgroup_id_level(str(f), mountinfo(tmp_path, ("cgroup2", cg, "/")))
+
+
+def test_cgroup_not_on_cgroup2(tmp_path, cg):
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    mi = mountinfo(tmp_path, ("cgroup2", other, "/"), ("cgroup", cg, "/"))   # cg is v1 here
+    with pytest.raises(ConfigError, match="not on a cgroup v2 hierarchy"):
+        cgroup_id_level(str(cg / "a"), mi)
+
+
+def test_cgroup_not_on_cgroup2_through_resolve(tmp_path, cg, monkeypatch):
+    mi = mountinfo(tmp_path, ("cgroup2", tmp_path / "elsewhere", "/"))
+    real = targets.cgroup2_mounts
+    monkeypatch.setattr(targets, "cgroup2_mounts", lambda _=None: real(mi))
+    with pytest.raises(ConfigError) as e:
+        resolve([Target("cgroup", str(cg / "a"))])
+    assert str(e.value).startswith("captures[0].cgroup: cgroup ")
+    assert "not on a cgroup v2 hierarchy" in str(e.value)
+
+
+def test_cgroup_prefix_is_not_a_mount(tmp_path):
+    """A mount at .../cg does not cover .../cg2."""
+    (tmp_path / "cg").mkdir()
+    (tmp_path / "cg2" / "x").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="not on a cgroup v2 hierarchy"):
+        cgroup_id_level(str(tmp_path / "cg2" / "x"), mountinfo(tmp_path, ("cgroup2", tmp_path / "cg", "/")))
+
+
+def test_cgroup_levels(tmp_path, cg):
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/"))
+    assert cgroup_id_level(str(cg), mi) == (os.stat(cg).st_ino, 0)
+    assert cgroup_id_level(str(cg / "a"), mi) == (os.stat(cg / "a").st_ino, 1)
+    assert cgroup_id_level(str(cg / "a" / "b"), mi) == (os.stat(cg / "a" / "b").st_ino, 2)
+    assert cgroup_id_level(str(cg / "a" / "b") + "/", mi)[1] == 2
+    assert cgroup_id_level(str(cg / "a" / ".." / "a" / "b"), mi)[1] == 2
+
+
+def test_cgroup_level_with_mount_root(tmp_path, cg):
+    """A container's cgroup2 mount shows only its subtree: the root field
+    counts toward the level."""
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/kubepods"))
+    assert cgroup_id_level(str(cg / "a" / "b"), mi)[1] == 3
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/kubepods/burstable/pod1"))
+    assert cgroup_id_level(str(cg), mi)[1] == 3
+
+
+def test_cgroup_symlink_resolves_to_target(tmp_path, cg):
+    link = tmp_path / "link"
+    link.symlink_to(cg / "a")
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/"))
+    assert cgroup_id_level(str(link / "b"), mi) == (os.stat(cg / "a" / "b").st_ino, 2)
+
+
+def test_cgroup_longest_mount_wins(tmp_path, cg):
+    """The same hierarchy mounted twice (e.g. a bind of a subtree): the most
+    specific mount decides, and both give the same level."""
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/"), ("cgroup2", cg / "a", "/a"))
+    assert cgroup_id_level(str(cg / "a" / "b"), mi)[1] == 2
+    mi = mountinfo(tmp_path, ("cgroup2", cg / "a", "/a"), ("cgroup2", cg, "/"))   # order does not matter
+    assert cgroup_id_level(str(cg / "a" / "b"), mi)[1] == 2
+
+
+def test_cgroup_mount_point_with_space(tmp_path):
+    cg = tmp_path / "my cg"
+    (cg / "x").mkdir(parents=True)
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/"))
+    assert cgroup2_mounts(mi)[-1] == (str(cg), "/")
+    assert cgroup_id_level(str(cg / "x"), mi)[1] == 1
+
+
+def test_cgroup_mount_point_with_backslash(tmp_path):
+    cg = tmp_path / "cg\\x"
+    (cg / "x").mkdir(parents=True)
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/"))
+    assert cgroup_id_level(str(cg / "x"), mi)[1] == 1
+
+
+def test_cgroup_too_deep(tmp_path, cg):
+    root = "/" + "/".join(f"l{i}" for i in range(MAX_CGROUP_LEVEL - 1))   # level of cg = 30
+    mi = mountinfo(tmp_path, ("cgroup2", cg, root))
+    assert cgroup_id_level(str(cg / "a"), mi)[1] == MAX_CGROUP_LEVEL
+    with pytest.raises(ConfigError, match=f"level {MAX_CGROUP_LEVEL + 1} is deeper than {MAX_CGROUP_LEVEL}"):
+        cgroup_id_level(str(cg / "a" / "b"), mi)
+
+
+def test_cgroup2_mounts_parses_only_cgroup2(tmp_path, cg):
+    mi = mountinfo(tmp_path, ("cgroup", tmp_path / "v1", "/"), ("cgroup2", cg, "/sub"),
+                   ("tmpfs", tmp_path / "t", "/"))
+    assert cgroup2_mounts(mi) == [(str(cg), "/sub")]
+
+
+def test_cgroup_resolve_uses_real_mountinfo():
+    """The running system's own cgroup2 mount, if there is one, resolves."""
+    mounts = cgroup2_mounts()
+    if not mounts:
+        pytest.skip("no cgroup2 mount on this system")
+    mnt, root = mounts[0]
+    if not os.path.isdir(mnt):
+        pytest.skip("cgroup2 mount point not visible")
+    r = resolve([Target("cgroup", mnt)])
+    assert r.cgroups == {os.stat(mnt).st_ino: len([p for p in root.split("/") if p])}
+
+
+# ---- netns ----------------------------------------------------------------
+
+def test_netns_missing():
+    with pytest.raises(ConfigError) as e:
+        resolve([Target("netns", "/var/run/netns/no-such-nettap-test")])
+    assert str(e.value).startswith("captures[0].netns: netns /var/run/netns/no-such-nettap-test: ")
+    assert "No such file or directory" in str(e.value)
+
+
+def test_netns_regular_file(tmp_path):
+    f = tmp_path / "ns"
+    f.write_text("")
+    with pytest.raises(ConfigError, match="not a namespace file"):
+        resolve([Target("netns", str(f))])
+
+
+def test_netns_own():
+    ino = os.stat("/proc/self/ns/net").st_ino
+    assert netns_inode("/proc/self/ns/net") == ino
+    r = resolve([Target("netns", "/proc/self/ns/net"), Target("netns", f"/proc/{os.getpid()}/ns/net")])
+    assert r.netns == {ino}
+
+
+def test_netns_integer_passed_through():
+    assert netns_inode(4026531840) == 4026531840
+    assert resolve([Target("netns", 4026531992)]).netns == {4026531992}
+
+
+def test_netns_other_namespace_type_refused():
+    with pytest.raises(ConfigError, match="not a network namespace"):
+        netns_inode("/proc/self/ns/mnt")
+    with pytest.raises(ConfigError, match=r"captures\[0\]\.netns: .*not a network namespace"):
+        resolve([Target("netns", "/proc/self/ns/uts")])
+
+
+def test_netns_directory_refused(tmp_path):
+    with pytest.raises(ConfigError, match="not a namespace file"):
+        netns_inode(str(tmp_path))
+
+
+def test_netns_fifo_does_not_hang(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = []
+
+    def run():
+        try:
+            netns_inode(str(fifo))
+        except ConfigError as e:
+            result.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(2)
+    hung = t.is_alive()
+    if hung:                                   # unblock the open so the thread ends
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        t.join(2)
+        os.close(fd)
+    assert not hung, "netns_inode blocked on a FIFO"
+    assert result and "not a namespace file" in str(result[0])
+
+
+# ---- Resolved -------------------------------------------------------------
+
+def test_flags():
+    assert Resolved().flags == 0
+    assert Resolved(pids={1}).flags == TARGET_PID
+    assert Resolved(cgroups={9: 1}).flags == TARGET_CGROUP
+    assert Resolved(netns={5}).flags == TARGET_NETNS
+    assert Resolved(ports={80}).flags == TARGET_PORT
+    assert Resolved(pids={1}, cgroups={9: 1}, netns={5}, ports={80}).flags == 15
+    assert (TARGET_PID, TARGET_CGROUP, TARGET_NETNS, TARGET_PORT) == (1, 2, 4, 8)
+
+
+def test_cgroup_levels_bits():
+    assert Resolved(cgroups={5: 2, 6: 3, 7: 2}).cgroup_levels == 0b1100
+    assert Resolved(cgroups={1: 0}).cgroup_levels == 1
+    assert Resolved(cgroups={1: MAX_CGROUP_LEVEL}).cgroup_levels == 1 << 31
+    assert Resolved(cgroups={1: MAX_CGROUP_LEVEL}).cgroup_levels <= 0xFFFFFFFF   # fits the u32
+
+
+# ---- TargetMaps.apply: order of the writes ------------------------------------
+
+FDS = {"capture_pids": 11, "capture_cgroups": 12, "capture_netns": 13, "capture_ports": 14,
+       "capture_config": 15}
+NAMES = {v: k for k, v in FDS.items()}
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    log = []
+    monkeypatch.setattr(maps, "update", lambda fd, key, value, flags=0: log.append(("update", NAMES[fd], key, value)))
+    monkeypatch.setattr(maps, "delete", lambda fd, key: log.append(("delete", NAMES[fd], key)))
+    return log
+
+
+def u32(v):
+    return v.to_bytes(4, "little")
+
+
+def u64(v):
+    return v.to_bytes(8, "little")
+
+
+def config_index(log):
+    idx = [i for i, c in enumerate(log) if c[1] == "capture_config"]
+    assert len(idx) == 1, log
+    return idx[0]
+
+
+def decode_config(value):
+    """struct nettap_capture_config (bpf/tcp.h): four u32."""
+    assert len(value) == 16
+    return dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes"),
+                    struct.unpack("<IIII", value)))
+
+
+def port_word(value):
+    return int.from_bytes(value, "little")
+
+
+def test_apply_first(calls):
+    tm = TargetMaps(FDS)
+    new = Resolved(pids={100, 200}, cgroups={7: 2}, netns={4026531992}, ports={80, 443, 8080})
+    tm.apply(new, 4096, 1 << 20)
+    ci = config_index(calls)
+    before, after = calls[:ci], calls[ci + 1:]
+    assert after == []                                     # nothing to delete
+    assert all(c[0] == "update" for c in before)
+    assert {c[2] for c in before if c[1] == "capture_pids"} == {u32(100), u32(200)}
+    assert [c[2:] for c in before if c[1] == "capture_cgroups"] == [(u64(7), b"\1")]
+    assert [c[2:] for c in before if c[1] == "capture_netns"] == [(u32(4026531992), b"\1")]
+    ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in before if c[1] == "capture_ports"}
+    assert ports == {1: 1 << (80 - 64), 6: 1 << (443 - 384), 126: 1 << (8080 - 126 * 64)}
+    assert all(len(c[3]) == 8 for c in before if c[1] == "capture_ports")
+    assert decode_config(calls[ci][3]) == {"flags": 15, "cgroup_levels": 1 << 2,
+                                           "max_payload_bytes": 4096, "wakeup_bytes": 1 << 20}
+    assert calls[ci][2] == u32(0)
+    assert tm.current is new
+
+
+def test_apply_change_adds_before_config_deletes_after(calls):
+    tm = TargetMaps(FDS)
+    tm.apply(Resolved(pids={100, 200}, cgroups={7: 2, 8: 3}, netns={1, 2}, ports={80, 443}), 4096, 1024)
+    calls.clear()
+    tm.apply(Resolved(pids={200, 300}, cgroups={8: 3, 9: 1}, netns={2, 3}, ports={80, 81, 8080}), 2048, 1024)
+    ci = config_index(calls)
+    before, after = calls[:ci], calls[ci + 1:]
+    assert all(c[0] == "update" for c in before) and all(c[0] == "delete" for c in after)
+    assert sorted((c[1], c[2]) for c in before if c[1] != "capture_ports") == sorted([
+        ("capture_pids", u32(300)), ("capture_cgroups", u64(9)), ("capture_netns", u32(3))])
+    assert sorted(after) == sorted([("delete", "capture_pids", u32(100)),
+                                    ("delete", "capture_cgroups", u64(7)),
+                                    ("delete", "capture_netns", u32(1))])
+    # port words: word 1 (80 -> 80, 81) changed, word 6 (443 gone) changed to 0, word 126 new
+    ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in before if c[1] == "capture_ports"}
+    assert ports == {1: (1 << 16) | (1 << 17), 6: 0, 126: 1 << (8080 - 126 * 64)}
+    assert decode_config(calls[ci][3]) == {"flags": 15, "cgroup_levels": (1 << 3) | (1 << 1),
+                                           "max_payload_bytes": 2048, "wakeup_bytes": 1024}
+
+
+def test_apply_same_targets_writes_only_config(calls):
+    tm = TargetMaps(FDS)
+    r = Resolved(pids={1}, cgroups={7: 2}, netns={5}, ports={22, 65535})
+    tm.apply(r, 4096, 1024)
+    calls.clear()
+    tm.apply(Resolved(pids={1}, cgroups={7: 2}, netns={5}, ports={22, 65535}), 4096, 1024)
+    assert [c[1] for c in calls] == ["capture_config"]
+
+
+def test_apply_ports_only_changed_words(calls):
+    tm = TargetMaps(FDS)
+    tm.apply(Resolved(ports={1, 2, 64, 65535}), 4096, 1024)
+    first = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in calls if c[1] == "capture_ports"}
+    assert first == {0: 0b110, 1: 1, 1023: 1 << 63}
+    calls.clear()
+    tm.apply(Resolved(ports={1, 2, 65, 65535}), 4096, 1024)      # word 1 changes only
+    words = [(int.from_bytes(c[2], "little"), port_word(c[3])) for c in calls if c[1] == "capture_ports"]
+    assert words == [(1, 2)]
+    calls.clear()
+    tm.apply(Resolved(), 4096, 1024)                             # all cleared: zeros written
+    words = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in calls if c[1] == "capture_ports"}
+    assert words == {0: 0, 1: 0, 1023: 0}
+    assert decode_config(calls[-1][3])["flags"] == 0
+    assert calls[-1][1] == "capture_config"
+
+
+def test_apply_to_empty_deletes_everything_after_config(calls):
+    tm = TargetMaps(FDS)
+    tm.apply(Resolved(pids={1, 2}, cgroups={3: 1}, netns={4}), 4096, 1024)
+    calls.clear()
+    tm.apply(Resolved(), 4096, 1024)
+    assert calls[0][1] == "capture_config"
+    assert decode_config(calls[0][3]) == {"flags": 0, "cgroup_levels": 0,
+                                          "max_payload_bytes": 4096, "wakeup_bytes": 1024}
+    assert sorted(calls[1:]) == sorted([("delete", "capture_pids", u32(1)), ("delete", "capture_pids", u32(2)),
+                                        ("delete", "capture_cgroups", u64(3)),
+                                        ("delete", "capture_netns", u32(4))])
+
+
+def test_apply_failure_keeps_previous_state(calls, monkeypatch):
+    """A failed write leaves current as it was, so the next apply writes the
+    whole difference again."""
+    tm = TargetMaps(FDS)
+    tm.apply(Resolved(pids={1}), 4096, 1024)
+
+    def boom(fd, key, value, flags=0):
+        raise OSError(12, "bpf_map_update_elem: Cannot allocate memory")
+    monkeypatch.setattr(maps, "update", boom)
+    with pytest.raises(OSError):
+        tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, 1024)
+    assert tm.current.pids == {1}
+    monkeypatch.undo()
+    log = []
+    monkeypatch.setattr(maps, "update", lambda fd, key, value, flags=0: log.append((NAMES[fd], key)))
+    monkeypatch.setattr(maps, "delete", lambda fd, key: log.append(("delete", NAMES[fd], key)))
+    tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, 1024)
+    assert log == [("capture_pids", u32(2)), ("capture_ports", u32(1)), ("capture_config", u32(0))]
