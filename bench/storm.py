@@ -121,8 +121,17 @@ def start_nettap(cfg: str, mport: int) -> subprocess.Popen:
     raise SystemExit("nettap did not become ready")
 
 
+LOSS = ("nettap_ringbuf_drops_total", "nettap_records_lost_total")
+
+
 def lost(m: dict) -> int:
-    return int(sum(v for k, v in m.items() if k.startswith(("nettap_ringbuf_drops_total", "nettap_records_lost_total"))))
+    return int(sum(v for k, v in m.items() if k.startswith(LOSS)))
+
+
+def lost_where(m1: dict, m0: dict) -> str:
+    parts = [f"{k.split('{')[1].rstrip('}')} {int(v - m0.get(k, 0))}" for k, v in sorted(m1.items())
+             if k.startswith(LOSS) and v - m0.get(k, 0)]
+    return ", ".join(parts)
 
 
 def drained(m: dict) -> int:
@@ -212,7 +221,7 @@ def main() -> None:
         chunks = sum(m1[f'nettap_probe_chunks_published_total{{probe="{pr}"}}'] - m0[f'nettap_probe_chunks_published_total{{probe="{pr}"}}']
                      for pr in ("tcp_sendmsg", "tcp_recvmsg"))
         drops = lost(m1) - lost(m0)
-        rows.append((sink, sends / t, recs / t, recs, chunks, drops, (u2 - u1), (u1 - u0), s2 - s1))
+        rows.append((sink, sends / t, recs / t, recs, chunks, drops, (u2 - u1), (u1 - u0), lost_where(m1, m0)))
 
     # 3. start time and idle RSS
     cfg = os.path.join(tmp, "idle.yaml")
@@ -232,11 +241,13 @@ def main() -> None:
     print(f"\nnettap storm benchmark ({a.senders} sender processes x {a.seconds:.0f} s, 64-byte sends, "
           f"{os.cpu_count()} CPUs, kernel {os.uname().release})\n")
     print(f"baseline: the storm without nettap           {base_rate:12,.0f} sends/s")
-    for sink, srate, rrate, recs, chunks, drops, ucpu, uidle, scpu in rows:
+    for sink, srate, rrate, recs, chunks, drops, ucpu, uidle, where in rows:
         print(f"\nsink={sink}")
         print(f"  storm with nettap capturing it             {srate:12,.0f} sends/s  ({srate / base_rate:.2f}x baseline)")
         print(f"  records drained                            {rrate:12,.0f} records/s ({recs:,} records)")
         print(f"  records lost (ring drops + user space)     {drops:12,}        (published {int(chunks):,}, drained {recs:,})")
+        if where:
+            print(f"    where: {where}")
         per_m = ucpu / recs * 1e6 if recs else float('nan')
         print(f"  user CPU per million records               {per_m:12.3f} s     (idle baseline: {uidle:.3f} s user over {a.seconds:.0f} s)")
     print(f"\nstart to attached (median of 7)             {t_start:12.3f} s     (bare interpreter start: {t_bare:.3f} s, +{t_start - t_bare:.3f} s)")

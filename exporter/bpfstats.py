@@ -147,7 +147,8 @@ def node_programs() -> List[Tuple[int, bytes, int, int, int]]:
     """(id, name, type, run_cnt, run_time_ns) of every program on the node.
 
     Four syscalls a program (next id, fd by id, info, close), with one info
-    buffer reused: this walk is the node-wide view's whole cost."""
+    buffer reused: this walk is the node-wide view's whole cost. A program
+    unloaded during the walk, or whose info cannot be read, is left out."""
     lb = libbpf.lib()
     next_id, get_fd, get_info, close = (lb.bpf_prog_get_next_id, lb.bpf_prog_get_fd_by_id,
                                         lb.bpf_obj_get_info_by_fd, os.close)
@@ -160,6 +161,9 @@ def node_programs() -> List[Tuple[int, bytes, int, int, int]]:
         fd = get_fd(cur.value)
         if fd < 0:                       # unloaded since
             continue
+        # Zeroed each time: the kernel reads the buffer's counts and pointers
+        # (nr_map_ids, ...) as requests, and the last answer left them set.
+        ctypes.memset(ctypes.byref(info), 0, size)
         n.value = size
         if get_info(fd, ctypes.byref(info), ctypes.byref(n)) == 0:
             out.append((info.id, info.name, info.type, info.run_cnt, info.run_time_ns))

@@ -56,6 +56,13 @@ def test_promtool_accepts_the_exposition(tmp_path):
     n = Nettap(tmp_path, {"captures": [{"port": 1}], "diagnostics": {"bpfStats": {"enabled": True, "scope": "node"}}})
     try:
         text = n.metrics_text()
+        # Node-wide view: every program nettap holds is listed, under nettap's process name.
+        comm = open(f"/proc/{n.p.pid}/comm").read().strip()
+        ours = sum(float(l.split()[-1]) for l in text.splitlines()
+                   if l.startswith("nettap_node_bpf_programs{") and f'owner="{comm}"' in l)
+        assert ours >= len(held_programs(n.p.pid)) == 9
+        names = {m for m in re.findall(r'nettap_node_bpf_program_runs_total\{[^}]*program="([^"]+)"', text)}
+        assert {"tcp_sendmsg_ent", "tcp_state"} <= names          # kernel names: 15 characters
         r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
         om = requests.get(n.url + "/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=5)
