@@ -39,9 +39,17 @@ def wait_for(pred: Callable[[], object], timeout: float = 20, step: float = 0.2,
     raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
 
 
+def _join(cgroups) -> None:
+    for d in cgroups:
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
 class Nettap:
-    def __init__(self, tmp: Path, cfg: Optional[dict], config_path: Optional[Path] = None):
-        """Start on cfg written to tmp/nettap.yaml, or on an existing config_path."""
+    def __init__(self, tmp: Path, cfg: Optional[dict], config_path: Optional[Path] = None,
+                 cgroups: List[str] = ()):
+        """Start on cfg written to tmp/nettap.yaml, or on an existing config_path;
+        inside the given cgroup directories (their cgroup.procs), if any."""
         self.port = free_port()
         self.cfg_path = config_path or tmp / "nettap.yaml"
         if cfg is not None:
@@ -49,7 +57,8 @@ class Nettap:
         self.log = open(tmp / "nettap.log", "ab")
         self.p = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(self.cfg_path),
                                    "--web.listen-address", f"127.0.0.1:{self.port}"],
-                                  cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+                                  cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                  preexec_fn=(lambda: _join(cgroups)) if cgroups else None)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: requests.get(self.url + "/readyz", timeout=1).status_code == 200, what="nettap ready")
 
