@@ -20,10 +20,15 @@ bpf:
 
 render:
 	.venv/bin/python alerts/render.py
+	.venv/bin/python deploy/kubernetes/render.py
+
+demo:
+	@scripts/setup.sh test
+	.venv/bin/python scripts/demo.py
 
 bench:
 	@scripts/setup.sh test
 	.venv/bin/python bench/storm.py
 	.venv/bin/python bench/probe_cost.py
 
-.PHONY: run test bpf render bench
+.PHONY: run test bpf render demo bench
