@@ -223,6 +223,12 @@ static __always_inline struct nettap_probe_counters *counters(__u32 probe)
 	return bpf_map_lookup_elem(&probe_counters, &probe);
 }
 
+/* Index of a single set bit: debruijn32[(bit * 0x077CB531) >> 27]. */
+const __u8 debruijn32[32] = {
+	0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8,
+	31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9,
+};
+
 /* The task-level targets (pid, cgroup): does the current task match? */
 static __always_inline bool task_matches(struct nettap_capture_config *cfg)
 {
@@ -236,13 +242,16 @@ static __always_inline bool task_matches(struct nettap_capture_config *cfg)
 		__u32 levels = cfg->cgroup_levels;
 
 		/* Containers nest: match the target's level of the current
-		 * task's ancestry, one lookup per level a target sits at. */
-		for (int lvl = 0; lvl <= NETTAP_MAX_CGROUP_LEVEL; lvl++) {
-			__u64 cg;
+		 * task's ancestry, one lookup per level a target sits at (user
+		 * space allows at most NETTAP_MAX_CGROUP_LEVELS of them). Each
+		 * step takes the lowest set bit and finds its index by a de
+		 * Bruijn multiply, so the verifier walks 4 steps, not 32. */
+		for (int i = 0; i < NETTAP_MAX_CGROUP_LEVELS && levels; i++) {
+			__u32 low = levels & -levels;
+			__u32 lvl = debruijn32[((low * 0x077CB531U) >> 27) & 31];
+			__u64 cg = bpf_get_current_ancestor_cgroup_id(lvl);
 
-			if (!(levels & (1U << lvl)))
-				continue;
-			cg = bpf_get_current_ancestor_cgroup_id(lvl);
+			levels &= levels - 1;
 			if (cg && bpf_map_lookup_elem(&capture_cgroups, &cg))
 				return true;
 		}

@@ -34,8 +34,10 @@
 /* Hard bounds of one call's capture (the verifier needs them). */
 #define NETTAP_MAX_CHUNKS_PER_CALL	164	/* 164 * 400 = 65600 >= 64 KiB */
 #define NETTAP_MAX_IOV			8
-/* cgroup v2 levels a cgroup target may sit at (bit n of levels_mask). */
+/* cgroup v2 levels a cgroup target may sit at (bit n of cgroup_levels),
+ * and how many distinct levels the targets may use at once. */
 #define NETTAP_MAX_CGROUP_LEVEL		31
+#define NETTAP_MAX_CGROUP_LEVELS	4
 
 #define NETTAP_DIR_EGRESS	0	/* sent by the local socket */
 #define NETTAP_DIR_INGRESS	1	/* received by the local socket */

@@ -19,7 +19,7 @@ import struct
 
 from . import maps
 from .config import ConfigError, Target
-from .tcp_h import MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
+from .tcp_h import MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
 
 
 @dataclass
@@ -132,6 +132,10 @@ def resolve(targets: Iterable[Target], proc: str = "/proc") -> Resolved:
                 r.netns.add(netns_inode(t.value))
         except ConfigError as e:
             raise ConfigError(f"captures[{i}].{t.kind}: {e}") from None
+    levels = sorted(set(r.cgroups.values()))
+    if len(levels) > MAX_CGROUP_LEVELS:
+        raise ConfigError(f"captures: cgroup targets sit at {len(levels)} different levels {levels}; "
+                          f"at most {MAX_CGROUP_LEVELS} are matched in the kernel")
     return r
 
 

@@ -5,6 +5,7 @@ tests/unit/test_layout.py checks every one against the header."""
 CHUNK_DATA = 400                               # NETTAP_CHUNK_DATA
 MAX_PAYLOAD_BYTES = 164 * CHUNK_DATA           # NETTAP_MAX_CHUNKS_PER_CALL * NETTAP_CHUNK_DATA
 MAX_CGROUP_LEVEL = 31                          # NETTAP_MAX_CGROUP_LEVEL
+MAX_CGROUP_LEVELS = 4                          # NETTAP_MAX_CGROUP_LEVELS: distinct levels at once
 PROBES = ("tcp_sendmsg", "tcp_recvmsg")        # NETTAP_PROBE_*
 RINGS = ("capture_chunks", "capture_eof", "logs")  # NETTAP_RING_*
 TARGET_PID, TARGET_CGROUP, TARGET_NETNS, TARGET_PORT = 1, 2, 4, 8   # NETTAP_TARGET_*

@@ -117,13 +117,15 @@ def test_header_parsed():
     # every #define of the header but the include guard was read as an integer
     lines = re.findall(r"^#define[ \t]+(\w+)", HEADER.read_text(), flags=re.M)
     assert sorted(DEFINES) == sorted(n for n in lines if n != "NETTAP_TCP_H")
-    assert len(DEFINES) == 23
+    assert len(DEFINES) == 24
 
 
 def test_chunk_sizes():
     assert DEFINES["NETTAP_CHUNK_DATA"] == R.CHUNK_DATA == R.CHUNK["data"].itemsize
     assert DEFINES["NETTAP_MAX_CHUNKS_PER_CALL"] * DEFINES["NETTAP_CHUNK_DATA"] == R.MAX_PAYLOAD_BYTES
     assert DEFINES["NETTAP_MAX_CGROUP_LEVEL"] == R.MAX_CGROUP_LEVEL
+    from exporter.tcp_h import MAX_CGROUP_LEVELS
+    assert DEFINES["NETTAP_MAX_CGROUP_LEVELS"] == MAX_CGROUP_LEVELS
 
 
 def test_probes_in_index_order():

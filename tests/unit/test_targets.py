@@ -441,3 +441,26 @@ def test_apply_failure_keeps_previous_state(calls, monkeypatch):
     monkeypatch.setattr(maps, "delete", lambda fd, key: log.append(("delete", NAMES[fd], key)))
     tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, 1024)
     assert log == [("capture_pids", u32(2)), ("capture_ports", u32(1)), ("capture_config", u32(0))]
+
+
+def test_more_cgroup_levels_than_the_kernel_matches_refused(tmp_path):
+    # The programs match at most MAX_CGROUP_LEVELS distinct levels at once.
+    from exporter.tcp_h import MAX_CGROUP_LEVELS
+    mnt = tmp_path / "cg2"
+    path = mnt
+    targets = []
+    for i in range(MAX_CGROUP_LEVELS + 1):
+        path = path / f"l{i}"
+        path.mkdir(parents=True)
+        targets.append(Target("cgroup", str(path)))
+    mi = tmp_path / "mountinfo"
+    mi.write_text(f"30 1 0:26 / {mnt} rw - cgroup2 cgroup2 rw\n")
+    import exporter.targets as T
+    orig = T.cgroup_id_level
+    T.cgroup_id_level = lambda p: orig(p, str(mi))
+    try:
+        assert len(resolve(targets[:MAX_CGROUP_LEVELS]).cgroups) == MAX_CGROUP_LEVELS
+        with pytest.raises(ConfigError, match=f"5 different levels .* at most {MAX_CGROUP_LEVELS}"):
+            resolve(targets)
+    finally:
+        T.cgroup_id_level = orig
