@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from exporter import config, libbpf, loader  # noqa: E402
 from exporter.app import Nettap  # noqa: E402
-from exporter.bpfstats import StatsSwitch, own_program_stats, prog_info  # noqa: E402
+from exporter.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
 from traffic import Server  # noqa: E402
 
 

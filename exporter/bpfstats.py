@@ -19,7 +19,6 @@ import ctypes
 import logging
 import os
 import threading
-import time
 from collections import defaultdict
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 

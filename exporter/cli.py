@@ -113,6 +113,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .watcher import ConfigWatcher
         watcher = ConfigWatcher(args.config, lambda: app.reload(args.config)).start()
         signal.signal(signal.SIGHUP, lambda *_: watcher.trigger())
+    else:                                       # SIGHUP must not end a nettap with no file to reload
+        signal.signal(signal.SIGHUP, lambda *_: log.warning("SIGHUP: no --config file to reload"))
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

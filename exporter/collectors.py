@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import platform
-import sys
 import time
 from typing import Callable, Dict, Iterable, List
 
@@ -19,7 +18,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__, libbpf
-from .records import PROBES, RINGS
 
 log = logging.getLogger(__name__)
 

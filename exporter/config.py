@@ -10,7 +10,7 @@ checks that they exist (a cgroup path, a netns, a pid) when it resolves them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import yaml
 

@@ -6,7 +6,6 @@ import logging
 import os
 from pathlib import Path
 
-import pytest
 
 from exporter import sinks
 from exporter.config import Output
