@@ -8,7 +8,7 @@ profile=${1:-run}
 cd "$(dirname "$0")/.."
 
 RUN_PKGS="libbpf1 python3 python3-venv"
-TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev iproute2 prometheus prometheus-alertmanager jsonnet"
+TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 prometheus prometheus-alertmanager jsonnet"
 case $profile in
   run) pkgs=$RUN_PKGS ;;
   test) pkgs=$TEST_PKGS ;;

@@ -97,7 +97,7 @@ def _which(name: str) -> str:
     for p in (shutil.which(name), f"/usr/sbin/{name}", f"/sbin/{name}", f"/usr/bin/{name}"):
         if p and os.access(p, os.X_OK):
             return p
-    pytest.skip(f"{name} not installed (scripts/setup.sh test installs it)")
+    pytest.fail(f"{name} not installed: run scripts/setup.sh test (make test does)")
 
 
 def _bpf_programs() -> Dict[int, str]:

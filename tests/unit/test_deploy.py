@@ -38,7 +38,7 @@ def _version() -> str:
 def _tool(name: str) -> str:
     path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
     if not path:
-        pytest.skip(f"{name} not installed (scripts/setup.sh test installs it)")
+        pytest.fail(f"{name} not installed: run scripts/setup.sh test (make test does)")
     return path
 
 
