@@ -121,7 +121,7 @@ class Nettap:
                 else:
                     self.pipeline.replace_sink(sinks.make(config.output))
             logging.getLogger().setLevel(config.log_level.upper())
-            self.config = dataclasses.replace(config, rings=old.rings)    # rings: as loaded
+            self.config = config._replace(rings=old.rings)    # rings: as loaded
 
     def reload(self, path: str) -> bool:
         """Load path and apply it; on any refusal keep the config in force,

@@ -7,14 +7,13 @@ import signal
 import sys
 import threading
 import time
-from typing import List, Optional
 
-from . import __version__, config
+from . import __version__
 
 log = logging.getLogger("nettap")
 
 
-def _args(argv: Optional[List[str]]) -> argparse.Namespace:
+def _args(argv: list | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.")
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
     p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
@@ -26,7 +25,8 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
                    help="load and attach the probes, print each probe's mechanism, release everything and exit (0 if all attached)")
     p.add_argument("--decode", metavar="FILE", help="decode raw ring records from FILE to JSON lines on stdout, and exit")
     p.add_argument("--ring", default="capture_chunks", help="with --decode: the ring the records come from")
-    p.add_argument("--log-level", choices=config.LOG_LEVELS, help="override the config's log_level")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   help="override the config's log_level")
     p.add_argument("--version", action="version", version=f"nettap {__version__}")
     return p.parse_args(argv)
 
@@ -56,10 +56,49 @@ def _decode(path: str, ring: str) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+class _Background(threading.Thread):
+    """Runs fn in a thread; result() joins and returns its value or raises."""
+
+    def __init__(self, fn, *args):
+        super().__init__(name="nettap-probe-kernel", daemon=True)
+        self._fn, self._args, self._value, self._error = fn, args, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn(*self._args)
+        except BaseException as e:
+            self._error = e
+
+    def result(self):
+        self.join()
+        if self._error:
+            raise self._error
+        return self._value
+
+
+def _probe_kernel_meanwhile(mechanism):
+    """Start finding what the kernel accepts (parsing vmlinux BTF and trying
+    an fentry program: ~25 ms, mostly in libbpf and the kernel, outside the
+    GIL) while the main thread imports PyYAML and reads the config."""
+    from .loader import choose_mechanisms, ensure_tracefs
+    ensure_tracefs()                            # before any thread: it may unshare the mount namespace
+    return _Background(choose_mechanisms, mechanism)
+
+
+def main(argv: list | None = None) -> int:
     args = _args(argv)
     if args.decode:
         return _decode(args.decode, args.ring)
+    mechanisms = None
+    if not args.check_config:
+        try:
+            mechanisms = _probe_kernel_meanwhile(args.mechanism)
+        except OSError as e:
+            print(f"nettap: cannot prepare tracefs: {e} (nettap needs root, or CAP_SYS_ADMIN to mount it)",
+                  file=sys.stderr)
+            return 1
+    from . import config
     try:
         cfg = config.load(args.config) if args.config else config.DEFAULT
     except config.ConfigError as e:
@@ -79,7 +118,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.monotonic()
     try:
         resolve(cfg.captures)                   # refuse a bad target before loading anything
-        probes = Probes(ring_sizes=cfg.ring_bytes, mechanism=args.mechanism)
+        probes = Probes(ring_sizes=cfg.ring_bytes, mechanism=args.mechanism, states=mechanisms.result())
     except config.ConfigError as e:
         print(f"nettap: config refused: {e}", file=sys.stderr)
         return 2

@@ -9,8 +9,7 @@ checks that they exist (a cgroup path, a netns, a pid) when it resolves them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from collections import namedtuple
 
 import yaml
 
@@ -29,61 +28,59 @@ class ConfigError(ValueError):
     """A config that nettap refuses; str() names the key and the reason."""
 
 
-@dataclass(frozen=True)
-class Target:
-    kind: str          # pid | cgroup | netns | port
-    value: Any         # int for pid/port; str path (or int inode for netns) otherwise
+# namedtuples, not dataclasses: this module is on the path to the probes
+# being attached, and importing dataclasses (and typing) costs ~15 ms there.
+class Target(namedtuple("Target", "kind value")):
+    """kind: pid | cgroup | netns | port; value: int for pid/port, a path
+    (or an inode for netns) otherwise."""
+
+    __slots__ = ()
 
     def __str__(self) -> str:
         return f"{self.kind}={self.value}"
 
 
-@dataclass(frozen=True)
-class Output:
-    type: str = "none"
-    path: Optional[str] = None
-    max_bytes: int = 100 << 20      # rotate the jsonl file at this size
-    backups: int = 3                # rotated files kept
-    queue_records: int = 1 << 20    # records buffered between drain and sink
+class Output(namedtuple("Output", "type path max_bytes backups queue_records",
+                        defaults=("none", None, 100 << 20, 3, 1 << 20))):
+    """type: jsonl | stdout | none; the jsonl file rotates at max_bytes
+    keeping `backups` old files; queue_records are buffered between the
+    drain and the sink."""
+
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class Config:
-    captures: Tuple[Target, ...] = ()
-    max_payload_bytes: int = 4096
-    output: Output = field(default_factory=Output)
-    rings: Tuple[Tuple[str, int], ...] = tuple(DEFAULT_RING_BYTES.items())
-    bpf_stats_enabled: bool = False
-    bpf_stats_scope: str = "own"
-    log_level: str = "info"
+class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
+                                  "bpf_stats_scope log_level",
+                        defaults=((), 4096, Output(), tuple(DEFAULT_RING_BYTES.items()), False, "own", "info"))):
+    __slots__ = ()
 
     @property
-    def ring_bytes(self) -> Dict[str, int]:
+    def ring_bytes(self) -> dict:
         return dict(self.rings)
 
 
 DEFAULT = Config()
 
 
-def _int(v: Any, key: str, lo: int, hi: int) -> int:
+def _int(v, key: str, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise ConfigError(f"{key}: must be an integer from {lo} to {hi}, got {v!r}")
     return v
 
 
-def _str(v: Any, key: str) -> str:
+def _str(v, key: str) -> str:
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{key}: must be a non-empty string, got {v!r}")
     return v
 
 
-def _choice(v: Any, key: str, choices: Tuple[str, ...]) -> str:
+def _choice(v, key: str, choices: tuple) -> str:
     if v not in choices:
         raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {v!r}")
     return v
 
 
-def _map(v: Any, key: str, allowed: Tuple[str, ...]) -> Dict[str, Any]:
+def _map(v, key: str, allowed: tuple) -> dict:
     if v is None:
         return {}
     if not isinstance(v, dict):
@@ -95,7 +92,7 @@ def _map(v: Any, key: str, allowed: Tuple[str, ...]) -> Dict[str, Any]:
     return v
 
 
-def _target(item: Any, key: str) -> Target:
+def _target(item, key: str) -> Target:
     if not isinstance(item, dict) or len(item) != 1:
         raise ConfigError(f"{key}: must be a mapping with exactly one of {', '.join(TARGET_KINDS)}, got {item!r}")
     (kind, v), = item.items()
@@ -114,7 +111,7 @@ def _target(item: Any, key: str) -> Target:
     return Target(kind, path)
 
 
-def _ring_size(v: Any, key: str, ring: str) -> int:
+def _ring_size(v, key: str, ring: str) -> int:
     n = _int(v, key, 4096, 1 << 30)
     if n & (n - 1):
         raise ConfigError(f"{key}: must be a power of two (the kernel's ring rule), got {n}")
@@ -123,7 +120,7 @@ def _ring_size(v: Any, key: str, ring: str) -> int:
     return n
 
 
-def parse(doc: Any) -> Config:
+def parse(doc) -> Config:
     """Validate a loaded YAML document into a Config."""
     top = _map(doc, "", ("captures", "capture", "output", "rings", "diagnostics", "log_level"))
     caps = top.get("captures")
@@ -144,9 +141,9 @@ def parse(doc: Any) -> Config:
     elif path is not None:
         raise ConfigError(f"output.path: only used with type jsonl (type is {otype})")
     output = Output(otype, path,
-                    _int(out.get("max_bytes", Output.max_bytes), "output.max_bytes", 4096, 1 << 40),
-                    _int(out.get("backups", Output.backups), "output.backups", 0, 1000),
-                    _int(out.get("queue_records", Output.queue_records), "output.queue_records", 1024, 1 << 26))
+                    _int(out.get("max_bytes", DEFAULT.output.max_bytes), "output.max_bytes", 4096, 1 << 40),
+                    _int(out.get("backups", DEFAULT.output.backups), "output.backups", 0, 1000),
+                    _int(out.get("queue_records", DEFAULT.output.queue_records), "output.queue_records", 1024, 1 << 26))
 
     rings = _map(top.get("rings"), "rings", RINGS)
     ring_bytes = dict(DEFAULT_RING_BYTES)

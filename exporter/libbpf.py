@@ -15,7 +15,6 @@ import errno as _errno
 import os
 from ctypes import (POINTER, Structure, c_bool, c_char_p, c_int, c_size_t,
                     c_uint32, c_uint64, c_void_p)
-from typing import Optional
 
 LIBBPF_NAME = "libbpf.so.1"
 
@@ -28,7 +27,7 @@ BTF_KIND_FUNC = 12
 # bpf_map_update_elem flags
 BPF_ANY = 0
 
-_lib: Optional[ctypes.CDLL] = None
+_lib: ctypes.CDLL | None = None
 
 
 class bpf_prog_load_opts(Structure):
@@ -116,7 +115,7 @@ def check(call: str, ret: int) -> int:
     return ret
 
 
-def check_ptr(call: str, ptr: Optional[int]) -> int:
+def check_ptr(call: str, ptr: int | None) -> int:
     """Raise for libbpf's NULL-plus-errno convention; return the pointer."""
     if not ptr:
         _raise(call, ctypes.get_errno())

@@ -18,31 +18,30 @@ import ctypes
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, List, Optional, Tuple
-
 from . import libbpf
 
 log = logging.getLogger(__name__)
 
-BPF_DIR = Path(os.environ.get("NETTAP_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf"))
+# Plain strings and classes on this path: pathlib, dataclasses and typing would
+# add ~30 ms of imports before the probes are attached.
+BPF_DIR = os.environ.get("NETTAP_BPF_DIR") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bpf")
 OBJECT = "tcp.bpf.o"
 
 PROBES = ("tcp_sendmsg", "tcp_recvmsg")
 RINGS = ("capture_chunks", "capture_eof", "logs")
 MECHANISMS = ("fentry", "kprobe", "tracepoint")
 
-TRACEFS = Path("/sys/kernel/tracing")
-KPROBE_PMU = Path("/sys/bus/event_source/devices/kprobe/type")
+TRACEFS = "/sys/kernel/tracing"
+KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 
 
-def _syscall_tps(prefix: str, calls: Tuple[str, ...]) -> List[Tuple[str, str]]:
+def _syscall_tps(prefix: str, calls: tuple) -> list:
     return [("syscalls", f"{prefix}_{c}") for c in calls]
 
 
 # program name -> tracepoints it is attached to (one program may serve several).
-_TP_PLAN: Dict[str, Dict[str, List[Tuple[str, str]]]] = {
+_TP_PLAN: dict = {
     "tcp_sendmsg": {
         "tcp_sendmsg_enter": _syscall_tps("sys_enter", ("write", "sendto")),
         "tcp_sendmsg_enter_iov": _syscall_tps("sys_enter", ("writev",)),
@@ -60,7 +59,7 @@ LIFECYCLE = {"tcp_state": [("sock", "inet_sock_set_state")]}
 _TRACEPOINTS = {prog: tps for plan in (*_TP_PLAN.values(), LIFECYCLE) for prog, tps in plan.items()}
 
 
-def programs_for(probe: str, mechanism: str) -> List[str]:
+def programs_for(probe: str, mechanism: str) -> list:
     if mechanism == "tracepoint":
         return list(_TP_PLAN[probe])
     suffix = {"fentry": ("fentry", "fexit"), "kprobe": ("kprobe", "kretprobe")}[mechanism]
@@ -69,7 +68,7 @@ def programs_for(probe: str, mechanism: str) -> List[str]:
 
 # ---- what the kernel accepts ---------------------------------------------
 
-def fentry_support(func: str, btf: int) -> Tuple[bool, str]:
+def fentry_support(func: str, btf: int) -> tuple:
     """Load and attach a two-instruction fentry program on ``func`` (btf:
     the parsed vmlinux BTF).
 
@@ -100,14 +99,14 @@ def fentry_support(func: str, btf: int) -> Tuple[bool, str]:
         os.close(fd)
 
 
-def kprobe_support() -> Tuple[bool, str]:
-    if KPROBE_PMU.exists() or (TRACEFS / "kprobe_events").exists():
+def kprobe_support() -> tuple:
+    if os.path.exists(KPROBE_PMU) or os.path.exists(f"{TRACEFS}/kprobe_events"):
         return True, "kprobe PMU present"
     return False, "kernel has no kprobes (no kprobe PMU, no kprobe_events)"
 
 
-def tracepoint_support() -> Tuple[bool, str]:
-    if (TRACEFS / "events/syscalls/sys_enter_write/id").exists():
+def tracepoint_support() -> tuple:
+    if os.path.exists(f"{TRACEFS}/events/syscalls/sys_enter_write/id"):
         return True, "syscall tracepoints present"
     return False, f"{TRACEFS}/events/syscalls not found (tracefs not mounted, or no CONFIG_FTRACE_SYSCALLS)"
 
@@ -120,7 +119,7 @@ def ensure_tracefs() -> None:
     propagation), so that the mount dies with nettap, even on kill -9,
     and the host's mount table is left as it was.
     """
-    if (TRACEFS / "events").is_dir():
+    if os.path.isdir(f"{TRACEFS}/events"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     CLONE_NEWNS, MS_REC, MS_SLAVE = 0x00020000, 0x4000, 0x80000
@@ -130,21 +129,29 @@ def ensure_tracefs() -> None:
     else:
         log.warning("tracefs: no private mount namespace (%s); mounting on the host",
                     os.strerror(ctypes.get_errno()) if threading.active_count() == 1 else "threads running")
-    if libc.mount(b"tracefs", str(TRACEFS).encode(), b"tracefs", 0, None) != 0:
+    if libc.mount(b"tracefs", TRACEFS.encode(), b"tracefs", 0, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount tracefs on {TRACEFS}: {os.strerror(err)}")
 
 
-@dataclass
 class ProbeState:
-    probe: str
-    mechanism: str = "none"       # fentry | kprobe | tracepoint | none
-    attached: bool = False
-    reasons: Dict[str, str] = field(default_factory=dict)   # mechanism -> why (not) chosen
-    error: str = ""
+    """One probe: the mechanism chosen, whether it is attached, why each
+    mechanism was (not) taken, and the error if attaching failed."""
+
+    def __init__(self, probe: str, mechanism: str = "none", attached: bool = False,
+                 reasons: dict | None = None, error: str = ""):
+        self.probe = probe
+        self.mechanism = mechanism      # fentry | kprobe | tracepoint | none
+        self.attached = attached
+        self.reasons = reasons if reasons is not None else {}   # mechanism -> why (not) chosen
+        self.error = error
+
+    def __repr__(self) -> str:
+        return (f"ProbeState({self.probe!r}, mechanism={self.mechanism!r}, attached={self.attached}, "
+                f"reasons={self.reasons!r}, error={self.error!r})")
 
 
-def choose_mechanisms(forced: Optional[str] = None) -> Dict[str, ProbeState]:
+def choose_mechanisms(forced: str | None = None) -> dict:
     """Per probe, the first mechanism the kernel accepts."""
     kp = kprobe_support()
     tp = tracepoint_support()
@@ -176,16 +183,18 @@ class Probes:
     """The loaded object, its maps and links. Not thread-safe: open and
     close from one thread; the map fds it hands out may be used anywhere."""
 
-    def __init__(self, ring_sizes: Optional[Dict[str, int]] = None,
-                 mechanism: Optional[str] = None, obj_path: Optional[Path] = None):
+    def __init__(self, ring_sizes: dict | None = None, mechanism: str | None = None,
+                 obj_path: str | None = None, states: dict | None = None):
+        """states: choose_mechanisms()'s answer, when the caller probed the
+        kernel already (the CLI does it while it reads the config)."""
         self.obj = 0
-        self.links: List[int] = []
-        self.prog_fds: Dict[str, int] = {}
-        self.map_fds: Dict[str, int] = {}
-        self.map_info: Dict[str, Tuple[int, int, int, int]] = {}   # type, key, value, max
+        self.links: list = []
+        self.prog_fds: dict = {}
+        self.map_fds: dict = {}
+        self.map_info: dict = {}   # type, key, value, max
         ensure_tracefs()
-        self.states = choose_mechanisms(mechanism)
-        path = str(obj_path or BPF_DIR / OBJECT)
+        self.states = states if states is not None else choose_mechanisms(mechanism)
+        path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         try:
             self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
             self._configure(ring_sizes or {})
@@ -209,7 +218,7 @@ class Probes:
             yield libbpf.name_of("bpf_map__name", m), m
             m = libbpf.lib().bpf_object__next_map(self.obj, m)
 
-    def _wanted_programs(self) -> Dict[str, str]:
+    def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
         want = {name: "lifecycle" for name in LIFECYCLE}
         for probe, st in self.states.items():
@@ -217,7 +226,7 @@ class Probes:
                 want.update({p: probe for p in programs_for(probe, st.mechanism)})
         return want
 
-    def _configure(self, ring_sizes: Dict[str, int]) -> None:
+    def _configure(self, ring_sizes: dict) -> None:
         want = self._wanted_programs()
         for name, prog in self._programs():
             libbpf.call("bpf_program__set_autoload", prog, name in want)

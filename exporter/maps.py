@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from typing import Iterator, Optional
 
 from . import libbpf
 
@@ -19,7 +18,7 @@ def delete(fd: int, key: bytes) -> None:
         libbpf.check("bpf_map_delete_elem", ret)
 
 
-def lookup(fd: int, key: bytes, value_size: int) -> Optional[bytes]:
+def lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
     buf = ctypes.create_string_buffer(value_size)
     ret = libbpf.lib().bpf_map_lookup_elem(fd, key, buf)
     if ret < 0:
@@ -29,7 +28,7 @@ def lookup(fd: int, key: bytes, value_size: int) -> Optional[bytes]:
     return buf.raw
 
 
-def keys(fd: int, key_size: int) -> Iterator[bytes]:
+def keys(fd: int, key_size: int):
     """Every key of a hash map (a racing delete may end the walk early)."""
     lb = libbpf.lib()
     cur = None
@@ -50,7 +49,7 @@ class PerCpuArray:
     The kernel copies one value per possible CPU, each rounded up to 8 bytes
     (kernel/bpf/arraymap.c, bpf_percpu_array_copy)."""
 
-    def __init__(self, fd: int, value, ncpus: Optional[int] = None):
+    def __init__(self, fd: int, value, ncpus: int | None = None):
         import numpy as np                   # not needed before the probes are attached
         self.np = np
         self.fd = fd

@@ -11,10 +11,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set, Tuple
-
 import struct
 
 from . import maps
@@ -22,12 +18,22 @@ from .config import ConfigError, Target
 from .tcp_h import MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
 
 
-@dataclass
 class Resolved:
-    pids: Set[int] = field(default_factory=set)
-    cgroups: Dict[int, int] = field(default_factory=dict)     # cgroup id -> level
-    netns: Set[int] = field(default_factory=set)
-    ports: Set[int] = field(default_factory=set)
+    """What the programs compare against (a plain class: no dataclasses import
+    on the path to attaching the probes)."""
+
+    def __init__(self, pids=None, cgroups=None, netns=None, ports=None):
+        self.pids = set(pids or ())
+        self.cgroups = dict(cgroups or {})          # cgroup id -> level
+        self.netns = set(netns or ())
+        self.ports = set(ports or ())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Resolved) and (self.pids, self.cgroups, self.netns, self.ports) == \
+            (other.pids, other.cgroups, other.netns, other.ports)
+
+    def __repr__(self) -> str:
+        return f"Resolved(pids={self.pids}, cgroups={self.cgroups}, netns={self.netns}, ports={self.ports})"
 
     @property
     def flags(self) -> int:
@@ -47,7 +53,7 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> List[Tuple[str, str]]:
+def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list:
     """(mount point, root within the hierarchy) of every cgroup2 mount."""
     out = []
     with open(mountinfo) as f:
@@ -59,7 +65,7 @@ def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> List[Tuple[str, s
     return out
 
 
-def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo") -> Tuple[int, int]:
+def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple:
     """A cgroup v2 directory's id (its kernfs inode) and level (root = 0)."""
     real = os.path.realpath(path)
     if not os.path.isdir(real):
@@ -72,7 +78,7 @@ def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo") -> Tuple
         raise ConfigError(f"cgroup {path}: not on a cgroup v2 hierarchy (a cgroup v1 path?); "
                           "nettap matches cgroup v2 ids")
     mnt, root = best
-    rel = Path(real).relative_to(mnt).parts
+    rel = [p for p in os.path.relpath(real, mnt).split(os.sep) if p not in ("", ".")]
     level = len([p for p in root.split("/") if p]) + len(rel)
     if level > MAX_CGROUP_LEVEL:
         raise ConfigError(f"cgroup {path}: level {level} is deeper than {MAX_CGROUP_LEVEL}")
@@ -103,7 +109,7 @@ def netns_inode(value) -> int:
         os.close(fd)
 
 
-def _tgid(proc: str, pid: int) -> Optional[int]:
+def _tgid(proc: str, pid: int) -> int | None:
     """The thread group of pid (itself for a process, its process for a thread)."""
     try:
         with open(f"{proc}/{pid}/status") as f:
@@ -115,7 +121,7 @@ def _tgid(proc: str, pid: int) -> Optional[int]:
     return None
 
 
-def resolve(targets: Iterable[Target], proc: str = "/proc") -> Resolved:
+def resolve(targets: list, proc: str = "/proc") -> Resolved:
     r = Resolved()
     for i, t in enumerate(targets):
         try:
@@ -150,7 +156,7 @@ def _u64(v: int) -> bytes:
 class TargetMaps:
     """The filter maps of one loaded object. Not thread-safe: one writer."""
 
-    def __init__(self, map_fds: Dict[str, int]):
+    def __init__(self, map_fds: dict):
         self.fds = map_fds
         self.current = Resolved()
         self._bitmap = [0] * 1024

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.kernel
 def _load_only(suffixes):
     """Load the object with autoload on only for programs ending in suffixes."""
     lb = libbpf.lib()
-    obj = libbpf.call_ptr("bpf_object__open_file", str(loader.BPF_DIR / loader.OBJECT).encode(), None)
+    obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.OBJECT}".encode(), None)
     try:
         p = lb.bpf_object__next_program(obj, None)
         names = []
