@@ -3,7 +3,6 @@ stats switch and the metrics registry, wired together, with one way to
 apply a config at run time."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time

@@ -14,7 +14,7 @@ import re
 import struct
 
 from . import maps
-from .config import ConfigError, Target
+from .config import ConfigError
 from .tcp_h import MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
 
 
