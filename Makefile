@@ -1,18 +1,15 @@
-# The two commands of the README. Each sets up what it needs first.
+# Shortcuts for the README's two commands (scripts/run.sh, scripts/test.sh),
+# which need no make on a fresh machine.
 #   make run    run nettap with its built-in default config (ARGS="--config FILE" to pass flags)
 #   make test   run the whole test suite (unit, kernel, end-to-end), as root
 ARGS ?=
 PYTEST_ARGS ?=
 
 run:
-	@scripts/setup.sh run
-	exec .venv/bin/nettap $(ARGS)
+	scripts/run.sh $(ARGS)
 
 test:
-	@scripts/setup.sh test
-	$(MAKE) -s -C bpf check
-	.venv/bin/python alerts/render.py --check
-	.venv/bin/python -m pytest $(PYTEST_ARGS)
+	scripts/test.sh $(PYTEST_ARGS)
 
 # Developer targets
 bpf:
