@@ -442,6 +442,7 @@ struct emit_state {
 	__u64 want;		/* bytes of the call to capture */
 	__u64 published;
 	__u64 dropped;
+	__u64 submit_flags;	/* wakeup decision, taken once per call */
 	__u32 probe;
 	__u32 pad;
 };
@@ -484,7 +485,6 @@ static __always_inline void read_addrs(struct sock *sk, __u16 *family, __u16 *sp
  * explodes past the 1M-instruction limit. */
 static long emit_chunk(__u32 i, void *arg)
 {
-	struct nettap_capture_config *cfg;
 	struct call_scratch *cs;
 	struct emit_state *st;
 	struct nettap_chunk *hdr, *rec;
@@ -493,8 +493,7 @@ static long emit_chunk(__u32 i, void *arg)
 	long err;
 
 	cs = bpf_map_lookup_elem(&call_scratch, &zero);
-	cfg = bpf_map_lookup_elem(&capture_config, &zero);
-	if (!cs || !cfg)
+	if (!cs)
 		return 1;
 	st = &cs->st;
 	hdr = &cs->hdr;
@@ -535,7 +534,7 @@ static long emit_chunk(__u32 i, void *arg)
 			rec->flags |= NETTAP_CHUNK_F_READ_FAILED;
 			emit_log(NETTAP_LOG_READ_USER_FAILED, st->probe, (__u64)-err, n);
 		}
-		bpf_ringbuf_submit(rec, wakeup_flags(&capture_chunks, cfg));
+		bpf_ringbuf_submit(rec, st->submit_flags);
 		st->published++;
 	}
 	st->seg_base += n;
@@ -625,6 +624,9 @@ static __always_inline int exit_call(__u32 probe, long ret)
 
 	__builtin_memset(st, 0, sizeof(*st));
 	st->probe = probe;
+	/* One ring query per call, not per chunk: a call's chunks land
+	 * together, and the reader only needs waking once the ring fills. */
+	st->submit_flags = wakeup_flags(&capture_chunks, cfg);
 	st->want = ret;
 	if (st->want > cfg->max_payload_bytes)
 		st->want = cfg->max_payload_bytes;

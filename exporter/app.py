@@ -80,7 +80,7 @@ class Nettap:
         cur = self.target_maps.current
         live = lookup(self.probes.map_fds["capture_conns_live"], b"\0\0\0\0", 8)
         return {"capture_pids": len(cur.pids), "capture_cgroups": len(cur.cgroups),
-                "capture_netns": len(cur.netns), "capture_ports": 1024,
+                "capture_netns": len(cur.netns),
                 "capture_conns": int.from_bytes(live, "little", signed=True) if live else 0}
 
     def stats(self) -> dict:

@@ -77,6 +77,11 @@ class _Background(threading.Thread):
         return self._value
 
 
+def _refused(e) -> int:
+    print(f"nettap: config refused: {e}", file=sys.stderr)
+    return 2
+
+
 def _probe_kernel_meanwhile(mechanism):
     """Start finding what the kernel accepts (parsing vmlinux BTF and trying
     an fentry program: ~25 ms, mostly in libbpf and the kernel, outside the
@@ -102,8 +107,7 @@ def main(argv: list | None = None) -> int:
     try:
         cfg = config.load(args.config) if args.config else config.DEFAULT
     except config.ConfigError as e:
-        print(f"nettap: config refused: {e}", file=sys.stderr)
-        return 2
+        return _refused(e)
     if args.check_config:
         print(f"{args.config}: ok")
         return 0
@@ -120,8 +124,7 @@ def main(argv: list | None = None) -> int:
         resolve(cfg.captures)                   # refuse a bad target before loading anything
         probes = Probes(ring_sizes=cfg.ring_bytes, mechanism=args.mechanism, states=mechanisms.result())
     except config.ConfigError as e:
-        print(f"nettap: config refused: {e}", file=sys.stderr)
-        return 2
+        return _refused(e)
     except OSError as e:
         print(f"nettap: cannot load probes: {e} (nettap needs root, or CAP_BPF+CAP_PERFMON)", file=sys.stderr)
         return 1
@@ -139,8 +142,7 @@ def main(argv: list | None = None) -> int:
     try:
         app = Nettap(cfg, probes=probes)
     except config.ConfigError as e:
-        print(f"nettap: config refused: {e}", file=sys.stderr)
-        return 2
+        return _refused(e)
     except OSError as e:
         print(f"nettap: cannot start: {e}", file=sys.stderr)
         return 1
