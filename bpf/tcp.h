@@ -51,6 +51,8 @@
 #define NETTAP_LOG_CONN_TABLE_FULL	2	/* arg0 = error */
 #define NETTAP_LOG_INFLIGHT_FULL	3	/* arg0 = error */
 #define NETTAP_LOG_IOV_TRUNCATED	4	/* arg0 = iovcnt, arg1 = bytes not captured */
+#define NETTAP_LOG_PAYLOAD_UNREADABLE	5	/* arg0 = iov_iter type, arg1 = bytes moved:
+						 * kernel buffers (sendfile, splice), no chunk */
 
 /* The one entry of the capture_config array map; user space rewrites it
  * whenever the capture targets change (no program reload). */

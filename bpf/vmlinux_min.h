@@ -31,6 +31,8 @@ typedef int pid_t;
 
 enum { false = 0, true = 1 };
 
+struct iovec;
+
 enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_ARRAY = 2,
@@ -123,13 +125,22 @@ struct files_struct {
 	struct fdtable *fdt;
 };
 
+/* Linux 5.14+ (commit 8cd54c1c8480 "iov_iter: separate direction from
+ * flavour"); older kernels: struct iov_iter___old in core_fixes.bpf.h. */
 enum iter_type {
-	ITER_UBUF = 0,
+	ITER_IOVEC = 0,
+	ITER_KVEC = 1,
+	ITER_BVEC = 2,
+	ITER_UBUF = 6,
 };
 
 struct iov_iter {
 	__u8 iter_type;
+	__u64 iov_offset;
+	__u64 count;
+	const struct iovec *iov;	/* renamed __iov in 6.4: core_fixes.bpf.h */
 	void *ubuf;
+	unsigned long nr_segs;
 };
 
 struct msghdr {

@@ -41,7 +41,8 @@ class Nettap:
     """Load everything a Config asks for; :meth:`apply` later configs at run
     time; :meth:`close` releases everything (no kernel state stays)."""
 
-    def __init__(self, config: Config, mechanism: Optional[str] = None, probes: Optional[Probes] = None):
+    def __init__(self, config: Config, mechanism: Optional[str] = None, probes: Optional[Probes] = None,
+                 variant: Optional[str] = None):
         """probes: already loaded and attached for this config (the CLI
         attaches first, before importing what only the pipeline needs)."""
         self.config = config
@@ -49,7 +50,8 @@ class Nettap:
         self._lock = threading.Lock()
         self.reloads = ReloadState()
         self.stats_switch = StatsSwitch()
-        self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism)
+        self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism,
+                                        variant=variant)
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         try:

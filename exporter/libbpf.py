@@ -21,6 +21,7 @@ LIBBPF_NAME = "libbpf.so.1"
 # enum bpf_prog_type / bpf_attach_type / bpf_stats_type (uapi/linux/bpf.h)
 BPF_PROG_TYPE_TRACING = 26
 BPF_TRACE_FENTRY = 24
+BPF_TRACE_FEXIT = 25
 BPF_STATS_RUN_TIME = 0
 # enum btf_kind (uapi/linux/btf.h)
 BTF_KIND_FUNC = 12
@@ -74,6 +75,10 @@ _SIGNATURES = {
     "bpf_map__value_size": (c_uint32, [c_void_p]),
     "bpf_map__max_entries": (c_uint32, [c_void_p]),
     "bpf_map__set_max_entries": (c_int, [c_void_p, c_uint32]),
+    "bpf_map__set_autocreate": (c_int, [c_void_p, c_bool]),
+    "bpf_map__autocreate": (c_bool, [c_void_p]),
+    "libbpf_probe_bpf_map_type": (c_int, [c_int, c_void_p]),
+    "libbpf_probe_bpf_helper": (c_int, [c_int, c_int, c_void_p]),
     "bpf_map_update_elem": (c_int, [c_int, c_void_p, c_void_p, c_uint64]),
     "bpf_map_lookup_elem": (c_int, [c_int, c_void_p, c_void_p]),
     "bpf_map_delete_elem": (c_int, [c_int, c_void_p]),
@@ -87,6 +92,9 @@ _SIGNATURES = {
     "btf__load_vmlinux_btf": (c_void_p, []),
     "btf__find_by_name_kind": (c_int, [c_void_p, c_char_p, c_uint32]),
     "btf__free": (None, [c_void_p]),
+    "btf__load_from_kernel_by_id": (c_void_p, [c_uint32]),
+    "btf__type_by_id": (c_void_p, [c_void_p, c_uint32]),
+    "btf__name_by_offset": (c_char_p, [c_void_p, c_uint32]),
 }
 
 

@@ -1,11 +1,13 @@
 """The probe loader: open bpf/tcp.bpf.o, choose each probe's attach
-mechanism, load, attach, and own the lifetime of everything it made.
+mechanism and the program variant, load, attach, and own the lifetime of
+everything it made.
 
-Per probe the mechanism is decided before load, from what this kernel
-accepts, in the order the design card gives: fentry/fexit, then
-kprobe/kretprobe, then syscall tracepoints. The programs of the mechanisms
-not chosen get autoload switched off (libbpf-tools' way: fallbacks are
-decided in user space, not with #ifdefs). A probe whose attach fails is
+Before load, from what this kernel accepts (:func:`plan`): per probe the
+mechanism, in the order the design card gives (fentry/fexit, then
+kprobe/kretprobe, then syscall tracepoints), and for the whole object the
+variant, fast (Linux 6.2+) or compat (5.8+), from exporter/features.py. The
+programs not chosen get autoload switched off (libbpf-tools' way: fallbacks
+are decided in user space, not with #ifdefs). A probe whose attach fails is
 reported with mechanism ``none``; the others keep running.
 
 :meth:`Probes.close` destroys every link and closes the object, so nothing
@@ -18,7 +20,7 @@ import ctypes
 import logging
 import os
 import threading
-from . import libbpf
+from . import features, libbpf
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +61,28 @@ LIFECYCLE = {"tcp_state": [("sock", "inet_sock_set_state")]}
 _TRACEPOINTS = {prog: tps for plan in (*_TP_PLAN.values(), LIFECYCLE) for prog, tps in plan.items()}
 
 
-def programs_for(probe: str, mechanism: str) -> list:
+def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
+    """The programs of one probe, mechanism and variant (bpf/entry_*.bpf.h:
+    the compat variant's names end in _compat)."""
     if mechanism == "tracepoint":
-        return list(_TP_PLAN[probe])
-    suffix = {"fentry": ("fentry", "fexit"), "kprobe": ("kprobe", "kretprobe")}[mechanism]
-    return [f"{probe}_{s}" for s in suffix]
+        names = list(_TP_PLAN[probe])
+    else:
+        suffix = {"fentry": ("fentry", "fexit"), "kprobe": ("kprobe", "kretprobe")}[mechanism]
+        names = [f"{probe}_{s}" for s in suffix]
+    return names if variant == "fast" else [f"{n}_compat" for n in names]
+
+
+# Maps only one variant's programs use: not created for the other (task
+# storage does not exist before Linux 5.11).
+VARIANT_MAPS = {"fast": ("inflight_calls",), "compat": ("inflight_compat", "inflight_zero", "conn_id_seq")}
 
 
 # ---- what the kernel accepts ---------------------------------------------
 
 def fentry_support(func: str, btf: int) -> tuple:
-    """Load and attach a two-instruction fentry program on ``func`` (btf:
-    the parsed vmlinux BTF).
+    """Load and attach, on ``func``, an fexit program that calls
+    bpf_get_func_ret (Linux 5.17), as nettap's fexit programs do (btf: the
+    parsed vmlinux BTF).
 
     This is the only honest test: BTF may name the function while the
     kernel still refuses tracing programs (lockdown, LSM, or a kernel built
@@ -80,21 +92,22 @@ def fentry_support(func: str, btf: int) -> tuple:
     btf_id = lb.btf__find_by_name_kind(btf, func.encode(), libbpf.BTF_KIND_FUNC) if btf else -1
     if btf_id <= 0:
         return False, f"{func} not in vmlinux BTF"
-    # r0 = 0; exit
-    insns = (ctypes.c_uint64 * 2)(0x00000000000000B7, 0x0000000000000095)
+    # r2 = r10; r2 += -8; call bpf_get_func_ret; r0 = 0; exit
+    insns = (ctypes.c_uint64 * 5)(features._insn(0xBF, dst=2, src=10), features._insn(0x07, dst=2, imm=-8),
+                                  features._insn(0x85, imm=184), features._insn(0xB7), features._insn(0x95))
     opts = libbpf.bpf_prog_load_opts(sz=ctypes.sizeof(libbpf.bpf_prog_load_opts),
-                                     expected_attach_type=libbpf.BPF_TRACE_FENTRY,
+                                     expected_attach_type=libbpf.BPF_TRACE_FEXIT,
                                      attach_btf_id=btf_id)
     fd = lb.bpf_prog_load(libbpf.BPF_PROG_TYPE_TRACING, b"nettap_probe", b"GPL",
-                          insns, 2, ctypes.byref(opts))
+                          insns, 5, ctypes.byref(opts))
     if fd < 0:
-        return False, f"load refused: {os.strerror(-fd)}"
+        return False, f"fexit with bpf_get_func_ret refused: {os.strerror(-fd)}"
     try:
         link = lb.bpf_raw_tracepoint_open(None, fd)
         if link < 0:
             return False, f"attach refused: {os.strerror(-link)}"
         os.close(link)
-        return True, "fentry attach works"
+        return True, "fexit attach works"
     finally:
         os.close(fd)
 
@@ -151,14 +164,26 @@ class ProbeState:
                 f"reasons={self.reasons!r}, error={self.error!r})")
 
 
-def choose_mechanisms(forced: str | None = None) -> dict:
-    """Per probe, the first mechanism the kernel accepts."""
+class Plan:
+    """What to load on this kernel: the features found, the variant, and
+    per probe the mechanism (ProbeState)."""
+
+    def __init__(self, feats: list, variant: str, variant_why: str, states: dict):
+        self.features, self.variant, self.variant_why, self.states = feats, variant, variant_why, states
+
+
+def plan(forced: str | None = None, variant: str | None = None) -> Plan:
+    """Ask the kernel what it accepts. forced: one mechanism (the others are
+    not tried); variant: 'fast' or 'compat' instead of the best. Raises
+    features.Unsupported when the kernel is below nettap's floor."""
     kp = kprobe_support()
     tp = tracepoint_support()
     lb = libbpf.lib()
-    btf = lb.btf__load_vmlinux_btf() if forced in (None, "fentry") else None   # parsed once: ~15 ms
+    btf = lb.btf__load_vmlinux_btf() or 0          # parsed once: ~15 ms
     states = {}
     try:
+        feats = features.probe(btf)
+        chosen, why = features.choose_variant(feats, variant)
         for probe in PROBES:
             st = ProbeState(probe)
             checks = {"fentry": lambda: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
@@ -167,8 +192,8 @@ def choose_mechanisms(forced: str | None = None) -> dict:
                 if forced and mech != forced:
                     st.reasons[mech] = "not requested"
                     continue
-                ok, why = checks[mech]()
-                st.reasons[mech] = why
+                ok, reason = checks[mech]()
+                st.reasons[mech] = reason
                 if ok:
                     st.mechanism = mech
                     break
@@ -176,7 +201,12 @@ def choose_mechanisms(forced: str | None = None) -> dict:
     finally:
         if btf:
             lb.btf__free(btf)
-    return states
+    return Plan(feats, chosen, why, states)
+
+
+def choose_mechanisms(forced: str | None = None) -> dict:
+    """Per probe, the first mechanism the kernel accepts."""
+    return plan(forced).states
 
 
 class Probes:
@@ -184,16 +214,20 @@ class Probes:
     close from one thread; the map fds it hands out may be used anywhere."""
 
     def __init__(self, ring_sizes: dict | None = None, mechanism: str | None = None,
-                 obj_path: str | None = None, states: dict | None = None):
-        """states: choose_mechanisms()'s answer, when the caller probed the
-        kernel already (the CLI does it while it reads the config)."""
+                 obj_path: str | None = None, kernel_plan: Plan | None = None,
+                 variant: str | None = None):
+        """kernel_plan: plan()'s answer, when the caller asked the kernel
+        already (the CLI does it while it reads the config)."""
         self.obj = 0
         self.links: list = []
         self.prog_fds: dict = {}
         self.map_fds: dict = {}
         self.map_info: dict = {}   # type, key, value, max
         ensure_tracefs()
-        self.states = states if states is not None else choose_mechanisms(mechanism)
+        self.plan = kernel_plan if kernel_plan is not None else plan(mechanism, variant)
+        self.states = self.plan.states
+        self.variant = self.plan.variant
+        self.lifecycle = ProbeState("tcp_state", mechanism="tracepoint")
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         try:
             self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
@@ -223,14 +257,17 @@ class Probes:
         want = {name: "lifecycle" for name in LIFECYCLE}
         for probe, st in self.states.items():
             if st.mechanism != "none":
-                want.update({p: probe for p in programs_for(probe, st.mechanism)})
+                want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
         return want
 
     def _configure(self, ring_sizes: dict) -> None:
         want = self._wanted_programs()
         for name, prog in self._programs():
             libbpf.call("bpf_program__set_autoload", prog, name in want)
+        unused = {m for v, maps in VARIANT_MAPS.items() if v != self.variant for m in maps}
         for name, m in self._maps():
+            if name in unused:
+                libbpf.call("bpf_map__set_autocreate", m, False)
             if name in ring_sizes:
                 libbpf.call("bpf_map__set_max_entries", m, ring_sizes[name])
 
@@ -240,6 +277,8 @@ class Probes:
             if lb.bpf_program__autoload(prog):
                 self.prog_fds[name] = libbpf.call("bpf_program__fd", prog)
         for name, m in self._maps():
+            if not lb.bpf_map__autocreate(m):
+                continue
             self.map_fds[name] = libbpf.call("bpf_map__fd", m)
             self.map_info[name] = (lb.bpf_map__type(m), lb.bpf_map__key_size(m),
                                    lb.bpf_map__value_size(m), lb.bpf_map__max_entries(m))
@@ -247,14 +286,20 @@ class Probes:
     def _attach_one(self, name: str, mechanism: str) -> None:
         prog = libbpf.call_ptr("bpf_object__find_program_by_name", self.obj, name.encode())
         if mechanism == "tracepoint":
-            for cat, tp in _TRACEPOINTS[name]:
+            for cat, tp in _TRACEPOINTS[name.removesuffix("_compat")]:
                 self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint",
                                                   prog, cat.encode(), tp.encode()))
         else:
             self.links.append(libbpf.call_ptr("bpf_program__attach", prog))
 
     def _attach(self) -> None:
-        self._attach_one("tcp_state", "tracepoint")
+        try:
+            self._attach_one("tcp_state", "tracepoint")
+            self.lifecycle.attached = True
+        except OSError as e:
+            # Captured calls still flow; connections are just never closed.
+            self.lifecycle.error = str(e)
+            log.error("lifecycle program tcp_state not attached: %s", e)
         for probe, st in self.states.items():
             if st.mechanism == "none":
                 st.error = "no mechanism accepted: " + "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
@@ -262,7 +307,7 @@ class Probes:
                 continue
             first = len(self.links)
             try:
-                for name in programs_for(probe, st.mechanism):
+                for name in programs_for(probe, st.mechanism, self.variant):
                     self._attach_one(name, st.mechanism)
                 st.attached = True
                 log.info("probe %s attached by %s", probe, st.mechanism)

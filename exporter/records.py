@@ -25,7 +25,8 @@ from .tcp_h import (CHUNK_DATA, MAX_CGROUP_LEVEL, MAX_PAYLOAD_BYTES, PROBES, RIN
 
 DIRECTIONS = ("egress", "ingress")
 CHUNK_FLAGS = ((1, "read_failed"), (2, "no_conn"))
-LOG_CODES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated"}
+LOG_CODES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated",
+             5: "payload_unreadable"}
 AF_NAMES = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6"}
 TCP_STATES = ("", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
               "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV", "BOUND_INACTIVE")

@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * conn.bpf.h: the captured-connection table (keyed by socket address,
+ * removed at TCP_CLOSE by the lifecycle program) and the counters and log
+ * records every program shares.
+ */
+#ifndef NETTAP_CONN_BPF_H
+#define NETTAP_CONN_BPF_H
+
+#include "vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "tcp.h"
+#include "maps.bpf.h"
+#include "core_fixes.bpf.h"
+
+#define AF_INET		2
+#define AF_INET6	10
+#define IPPROTO_TCP	6
+#define SOCK_STREAM	1
+#define TCP_CLOSE	7
+
+struct conn {
+	__u64 id;
+	__u64 start_ns;
+	__u64 tx_off;		/* also the bytes sent */
+	__u64 rx_off;		/* also the bytes received */
+	__u64 tx_calls;
+	__u64 rx_calls;
+	__u32 pid;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct conn);
+} capture_conns SEC(".maps");
+
+/* Entries in capture_conns, so user space need not walk the map to know. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} capture_conns_live SEC(".maps");
+
+/* Connection ids for the compat programs: per-CPU sequences (see conn_get). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} conn_id_seq SEC(".maps");
+
+__u64 next_conn_id = 1;
+
+/* Adds whose result is not used compile to BPF_XADD (every kernel); only a
+ * fetching add (BPF_ATOMIC | BPF_FETCH) needs Linux 5.12. */
+static __always_inline void conns_live_add(__s64 d)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&capture_conns_live, &zero);
+
+	if (n)
+		__sync_fetch_and_add(n, d);
+}
+
+static __always_inline void count_drop(__u32 ring, __u64 n)
+{
+	__u64 *d = bpf_map_lookup_elem(&ringbuf_drops, &ring);
+
+	if (d)
+		__sync_fetch_and_add(d, n);
+}
+
+static __always_inline struct nettap_probe_counters *counters(__u32 probe)
+{
+	return bpf_map_lookup_elem(&probe_counters, &probe);
+}
+
+static __always_inline void emit_log(__u32 code, __u32 probe, __u64 a0, __u64 a1)
+{
+	struct nettap_log *l = bpf_ringbuf_reserve(&logs, sizeof(*l), 0);
+	__u64 id = bpf_get_current_pid_tgid();
+
+	if (!l) {
+		count_drop(NETTAP_RING_LOGS, 1);
+		return;
+	}
+	l->ts_ns = bpf_ktime_get_ns();
+	l->code = code;
+	l->probe = probe;
+	l->arg0 = a0;
+	l->arg1 = a1;
+	l->pid = id >> 32;
+	l->tid = (__u32)id;
+	bpf_get_current_comm(l->comm, sizeof(l->comm));
+	bpf_ringbuf_submit(l, 0);
+}
+
+static __always_inline __u64 wakeup_flags(void *ring, struct nettap_capture_config *cfg)
+{
+	/* No wakeup per record: the reader polls on a short timer, and is
+	 * woken only once enough is pending that waiting could overflow. */
+	if (cfg && bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) >= cfg->wakeup_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+/* Addresses and ports of a socket, as both record kinds carry them. With
+ * btf, sk is a BTF pointer read by direct loads; otherwise any kernel
+ * address, read by bpf_probe_read_kernel (CO-RE relocated either way). */
+static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *family,
+				       __u16 *sport, __u16 *dport, __u8 *saddr, __u8 *daddr)
+{
+	__builtin_memset(saddr, 0, 16);
+	__builtin_memset(daddr, 0, 16);
+	if (btf) {
+		struct sock_common *c = &sk->__sk_common;
+
+		*family = c->skc_family;
+		*sport = c->skc_num;
+		*dport = bpf_ntohs(c->skc_dport);
+		if (*family == AF_INET6) {
+			__builtin_memcpy(saddr, &c->skc_v6_rcv_saddr, 16);
+			__builtin_memcpy(daddr, &c->skc_v6_daddr, 16);
+		} else {
+			*(__u32 *)saddr = c->skc_rcv_saddr;
+			*(__u32 *)daddr = c->skc_daddr;
+		}
+	} else {
+		*family = BPF_CORE_READ(sk, __sk_common.skc_family);
+		*sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+		*dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+		if (*family == AF_INET6) {
+			BPF_CORE_READ_INTO(saddr, sk, __sk_common.skc_v6_rcv_saddr);
+			BPF_CORE_READ_INTO(daddr, sk, __sk_common.skc_v6_daddr);
+		} else {
+			BPF_CORE_READ_INTO((__u32 *)saddr, sk, __sk_common.skc_rcv_saddr);
+			BPF_CORE_READ_INTO((__u32 *)daddr, sk, __sk_common.skc_daddr);
+		}
+	}
+}
+
+/* The connection of a socket, created at its first captured call. */
+static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool fetch)
+{
+	struct conn *cn = bpf_map_lookup_elem(&capture_conns, &key);
+	struct conn fresh = {};
+	long err;
+
+	if (cn)
+		return cn;
+	if (fetch) {
+		fresh.id = __sync_fetch_and_add(&next_conn_id, 1);
+	} else {
+		/* No fetching add before Linux 5.12: ids from a per-CPU sequence,
+		 * (seq << 12) | cpu, unique while CPUs < 4096. */
+		__u32 zero = 0;
+		__u64 *seq = bpf_map_lookup_elem(&conn_id_seq, &zero);
+
+		if (!seq)
+			return NULL;
+		__sync_fetch_and_add(seq, 1);
+		fresh.id = (*seq << 12) | (bpf_get_smp_processor_id() & 0xfff);
+	}
+	fresh.start_ns = bpf_ktime_get_ns();
+	fresh.pid = bpf_get_current_pid_tgid() >> 32;
+	/* BPF_NOEXIST: a racing thread may have inserted it first. */
+	err = bpf_map_update_elem(&capture_conns, &key, &fresh, BPF_NOEXIST);
+	if (!err)
+		conns_live_add(1);
+	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	if (!cn && err)
+		emit_log(NETTAP_LOG_CONN_TABLE_FULL, probe, -err, 0);
+	return cn;
+}
+
+/* Move a direction's stream offset past ret bytes; returns where the call's
+ * bytes start. With fetch, two threads moving bytes on one socket at once
+ * each get a distinct range; without (before 5.12) they may overlap. */
+static __always_inline __u64 conn_advance(struct conn *cn, __u32 probe, long ret,
+					  const bool fetch)
+{
+	__u64 off;
+
+	if (probe == NETTAP_PROBE_TCP_SENDMSG) {
+		if (fetch) {
+			off = __sync_fetch_and_add(&cn->tx_off, ret);
+		} else {
+			off = cn->tx_off;
+			__sync_fetch_and_add(&cn->tx_off, ret);
+		}
+		__sync_fetch_and_add(&cn->tx_calls, 1);
+	} else {
+		if (fetch) {
+			off = __sync_fetch_and_add(&cn->rx_off, ret);
+		} else {
+			off = cn->rx_off;
+			__sync_fetch_and_add(&cn->rx_off, ret);
+		}
+		__sync_fetch_and_add(&cn->rx_calls, 1);
+	}
+	return off;
+}
+
+#endif /* NETTAP_CONN_BPF_H */

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * core_fixes.bpf.h: every kernel-version difference the programs meet, one
+ * block per kernel change, citing the commit. Nothing else in bpf/ tests a
+ * kernel version; user space (exporter/features.py) decides which program
+ * variant loads.
+ */
+#ifndef NETTAP_CORE_FIXES_BPF_H
+#define NETTAP_CORE_FIXES_BPF_H
+
+#include "vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+/*
+ * bpf_rdonly_cast(), Linux 6.2 (commit fd264ca02094 "bpf: Add a kfunc to
+ * type cast from bpf uapi ctx to kernel ctx"): turns a plain kernel address
+ * into a BTF pointer, so the "fast" programs walk task/file/sock with direct
+ * loads (exception-handled: a bad address reads 0) instead of a helper call
+ * per field. Weak: on older kernels libbpf leaves it unresolved and user
+ * space keeps every program that calls it from loading.
+ */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+#define KCAST(type, ptr) ((type *)bpf_rdonly_cast((void *)(ptr), bpf_core_type_id_kernel(type)))
+
+/*
+ * struct iov_iter before Linux 5.14 (commit 8cd54c1c8480 "iov_iter: separate
+ * direction from flavour"): one `type` word held the flavour as a bit
+ * (ITER_IOVEC 4, ITER_KVEC 8, ITER_BVEC 16, ...) or-ed with the direction
+ * (READ 0 / WRITE 1). There was no ITER_UBUF.
+ */
+struct iov_iter___old {
+	unsigned int type;
+} __attribute__((preserve_access_index));
+
+#define OLD_ITER_IOVEC	4
+
+/*
+ * Linux 6.4 (commit de4f5fed3f23 "iov_iter: add iter_iovec() helper")
+ * renamed iov_iter::iov to __iov.
+ */
+struct iov_iter___new {
+	const struct iovec *__iov;
+} __attribute__((preserve_access_index));
+
+/* What a kernel-function probe can read of a call's data iterator. */
+enum nettap_iter {
+	NETTAP_ITER_UBUF,	/* one user buffer: ubuf */
+	NETTAP_ITER_IOVEC,	/* user buffers: a kernel array of struct iovec */
+	NETTAP_ITER_OTHER,	/* kernel pages or buffers: no user payload */
+};
+
+/* The flavour of msg->msg_iter, and the kernel's own number for it (logged
+ * when the payload cannot be read). msg may be a BTF or a plain pointer. */
+static __always_inline enum nettap_iter iter_kind(struct msghdr *msg, __u32 *raw)
+{
+	if (bpf_core_field_exists(msg->msg_iter.iter_type)) {
+		__u8 t = BPF_CORE_READ(msg, msg_iter.iter_type);
+
+		*raw = t;
+		/* ITER_UBUF: Linux 6.0 (commit fcb14cb1bdac "new iov_iter flavour -
+		 * ITER_UBUF"); read/write/send/recv build it since 6.4. */
+		if (bpf_core_enum_value_exists(enum iter_type, ITER_UBUF) &&
+		    t == bpf_core_enum_value(enum iter_type, ITER_UBUF))
+			return NETTAP_ITER_UBUF;
+		if (t == bpf_core_enum_value(enum iter_type, ITER_IOVEC))
+			return NETTAP_ITER_IOVEC;
+		return NETTAP_ITER_OTHER;
+	} else {
+		struct iov_iter___old *it = (void *)&msg->msg_iter;
+		unsigned int t = BPF_CORE_READ(it, type);
+
+		*raw = t;
+		return (t & ~1U) == OLD_ITER_IOVEC ? NETTAP_ITER_IOVEC : NETTAP_ITER_OTHER;
+	}
+}
+
+/* The kernel address of the iterator's struct iovec array (ITER_IOVEC). */
+static __always_inline __u64 iter_iovec(struct msghdr *msg)
+{
+	struct iov_iter___new *it = (void *)&msg->msg_iter;
+
+	if (bpf_core_field_exists(it->__iov))
+		return (__u64)BPF_CORE_READ(it, __iov);
+	return (__u64)BPF_CORE_READ(msg, msg_iter.iov);
+}
+
+#endif /* NETTAP_CORE_FIXES_BPF_H */

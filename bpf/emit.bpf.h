@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * emit.bpf.h: the shared bodies of every mechanism's programs. An entry
+ * remembers a captured call (enter_sock); its return counts it and
+ * publishes its payload as chunks on capture_chunks (exit_call).
+ *
+ * `fast` is a compile-time constant chosen per program, never at run time:
+ *   fast (Linux 6.2+): task-local storage (5.11), bpf_get_current_task_btf
+ *     (5.11), bpf_loop (5.17), bpf_rdonly_cast (6.2), fetching atomics (5.12);
+ *   compat (Linux 5.8+): a pid_tgid hash, bpf_get_current_task, an
+ *     open-coded bounded loop, bpf_probe_read_kernel, plain atomic adds.
+ * User space (exporter/features.py) loads one variant per program.
+ */
+#ifndef NETTAP_EMIT_BPF_H
+#define NETTAP_EMIT_BPF_H
+
+#include "filter.bpf.h"
+
+#define FAST	true
+#define COMPAT	false
+
+/* ---- the per-task call state --------------------------------------------- */
+
+static __always_inline struct inflight *inflight_create(const bool fast)
+{
+	struct inflight *in, *zero_val;
+	__u64 id;
+	__u32 zero = 0;
+
+	if (fast)
+		return bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0,
+					    BPF_LOCAL_STORAGE_GET_F_CREATE);
+	id = bpf_get_current_pid_tgid();
+	in = bpf_map_lookup_elem(&inflight_compat, &id);
+	if (in)
+		return in;
+	zero_val = bpf_map_lookup_elem(&inflight_zero, &zero);
+	if (!zero_val)
+		return NULL;
+	bpf_map_update_elem(&inflight_compat, &id, zero_val, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&inflight_compat, &id);
+}
+
+static __always_inline struct inflight *inflight_find(const bool fast)
+{
+	__u64 id;
+
+	if (fast)
+		return bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
+	id = bpf_get_current_pid_tgid();
+	return bpf_map_lookup_elem(&inflight_compat, &id);
+}
+
+/* The call returned: task storage keeps its slot (cleared), the hash drops it. */
+static __always_inline void inflight_end(struct inflight *in, const bool fast)
+{
+	__u64 id;
+
+	in->valid = 0;
+	if (!fast) {
+		id = bpf_get_current_pid_tgid();
+		bpf_map_delete_elem(&inflight_compat, &id);
+	}
+}
+
+/* ---- entry --------------------------------------------------------------- */
+
+/* Where a call's bytes are, as its entry saw them. */
+struct call_data {
+	__u64 buf;		/* user buffer, or an iovec array */
+	__u64 skip;		/* bytes of the first iovec already consumed */
+	__u32 iovcnt;		/* 0: buf is a plain buffer */
+	__u16 iter_type;	/* kernel iterator type, when unreadable */
+	__u8 iov_kernel;	/* the iovec array is kernel memory */
+	__u8 unreadable;	/* no user buffer behind the call */
+};
+
+/* Count an entry on a captured TCP socket and remember the call until it
+ * returns. */
+static __always_inline int enter_sock(__u32 probe, struct sock *sk, struct call_data *d,
+				      const bool fast)
+{
+	struct nettap_probe_counters *c = counters(probe);
+	struct inflight *in;
+
+	if (c)
+		__sync_fetch_and_add(&c->calls, 1);
+	in = inflight_create(fast);
+	if (!in) {
+		emit_log(NETTAP_LOG_INFLIGHT_FULL, probe, 0, 0);
+		return 0;
+	}
+	in->sk = (__u64)sk;
+	in->buf = d->buf;
+	in->iovcnt = d->iovcnt;
+	in->skip = d->skip;
+	in->iov_kernel = d->iov_kernel;
+	in->unreadable = d->unreadable;
+	in->iter_type = d->iter_type;
+	in->probe = probe;
+	in->valid = 1;
+	return 0;
+}
+
+/* ---- return: chunking ------------------------------------------------------ */
+
+/* Publish one chunk of up to NETTAP_CHUNK_DATA bytes, or step to the next
+ * iovec. Returns 1 to stop. */
+static __always_inline long emit_step(struct inflight *in)
+{
+	struct emit_state *st = &in->st;
+	struct nettap_chunk *rec;
+	__u64 n;
+	long err;
+
+	if (st->done >= st->want)
+		return 1;
+	if (st->seg_left == 0) {
+		struct iovec v = {};
+
+		if (st->iov_left == 0)
+			return 1;
+		err = in->iov_kernel ? bpf_probe_read_kernel(&v, sizeof(v), (void *)st->iov)
+				     : bpf_probe_read_user(&v, sizeof(v), (void *)st->iov);
+		if (err)
+			return 1;
+		st->iov += sizeof(v);
+		st->iov_left--;
+		st->seg_base = (__u64)v.iov_base;
+		st->seg_left = v.iov_len;
+		if (st->skip) {		/* the iterator's offset into its first iovec */
+			n = st->skip < v.iov_len ? st->skip : v.iov_len;
+			st->seg_base += n;
+			st->seg_left -= n;
+			st->skip = 0;
+		}
+		return 0;
+	}
+	n = st->want - st->done;
+	if (n > st->seg_left)
+		n = st->seg_left;
+	/* Clamp last, on the register passed to the helper, so the verifier
+	 * sees n <= NETTAP_CHUNK_DATA whatever clang reorders. */
+	barrier_var(n);
+	if (n > NETTAP_CHUNK_DATA)
+		n = NETTAP_CHUNK_DATA;
+
+	rec = bpf_ringbuf_reserve(&capture_chunks, sizeof(*rec), 0);
+	if (!rec) {
+		st->dropped++;
+	} else {
+		__builtin_memcpy(rec, &in->hdr, offsetof(struct nettap_chunk, data));
+		rec->offset = in->hdr.call_offset + st->done;
+		rec->len = n;
+		err = bpf_probe_read_user(rec->data, n, (void *)st->seg_base);
+		if (err) {
+			__builtin_memset(rec->data, 0, sizeof(rec->data));
+			rec->flags |= NETTAP_CHUNK_F_READ_FAILED;
+			emit_log(NETTAP_LOG_READ_USER_FAILED, st->probe, (__u64)-err, n);
+		}
+		bpf_ringbuf_submit(rec, st->submit_flags);
+		st->published++;
+	}
+	st->seg_base += n;
+	st->seg_left -= n;
+	st->done += n;
+	return 0;
+}
+
+/* bpf_loop (Linux 5.17) callback: the verifier checks its body once; ctx
+ * holds the caller's struct inflight pointer. */
+static long emit_chunk_cb(__u32 i, void *ctx)
+{
+	return emit_step(*(struct inflight **)ctx);
+}
+
+#define EMIT_STEPS (NETTAP_MAX_CHUNKS_PER_CALL + NETTAP_MAX_IOV)
+
+static __always_inline void emit_chunks(struct inflight *in, const bool fast)
+{
+	if (fast) {
+		bpf_loop(EMIT_STEPS, emit_chunk_cb, &in, 0);
+		return;
+	}
+	/* Bounded loop (Linux 5.3): the verifier walks each iteration, which
+	 * stays cheap because the state lives in map memory. */
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < EMIT_STEPS; i++)
+		if (emit_step(in))
+			break;
+}
+
+/* ---- return ---------------------------------------------------------------- */
+
+static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct inflight *in = inflight_find(fast);
+	struct nettap_capture_config *cfg;
+	struct nettap_probe_counters *c;
+	struct nettap_chunk *hdr;
+	struct emit_state *st;
+	struct conn *cn;
+	struct sock *sk;
+	__u32 zero = 0;
+
+	if (!in || !in->valid || in->probe != probe)
+		return 0;
+	c = counters(probe);
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	if (!c || !cfg)
+		goto out;
+	__sync_fetch_and_add(&c->returns, 1);
+	if (ret <= 0)
+		goto out;
+	__sync_fetch_and_add(&c->bytes, ret);
+
+	hdr = &in->hdr;
+	st = &in->st;
+	cn = conn_get(in->sk, probe, fast);
+	hdr->flags = 0;
+	if (cn) {
+		hdr->call_offset = conn_advance(cn, probe, ret, fast);
+		hdr->conn_id = cn->id;
+	} else {
+		hdr->call_offset = 0;
+		hdr->conn_id = 0;
+		hdr->flags = NETTAP_CHUNK_F_NO_CONN;
+	}
+	hdr->ts_ns = bpf_ktime_get_ns();
+	hdr->call_len = ret;
+	hdr->pid = id >> 32;
+	hdr->tid = (__u32)id;
+	hdr->direction = probe == NETTAP_PROBE_TCP_SENDMSG ? NETTAP_DIR_EGRESS : NETTAP_DIR_INGRESS;
+	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
+	read_addrs(sk, fast, &hdr->family, &hdr->sport, &hdr->dport, hdr->saddr, hdr->daddr);
+	bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
+
+	if (in->unreadable) {
+		/* Kernel pages behind the call (sendfile, splice): counted, and
+		 * said once per call, but no chunk pretends to carry its bytes. */
+		emit_log(NETTAP_LOG_PAYLOAD_UNREADABLE, probe, in->iter_type, ret);
+		goto out;
+	}
+	__builtin_memset(st, 0, sizeof(*st));
+	st->probe = probe;
+	/* One ring query per call, not per chunk: a call's chunks land
+	 * together, and the reader only needs waking once the ring fills. */
+	st->submit_flags = wakeup_flags(&capture_chunks, cfg);
+	st->want = ret;
+	if (st->want > cfg->max_payload_bytes)
+		st->want = cfg->max_payload_bytes;
+	if (in->iovcnt == 0) {
+		st->seg_base = in->buf;
+		st->seg_left = ret;
+	} else {
+		st->iov = in->buf;
+		st->iov_left = in->iovcnt > NETTAP_MAX_IOV ? NETTAP_MAX_IOV : in->iovcnt;
+		st->skip = in->skip;
+	}
+
+	emit_chunks(in, fast);
+	if (in->iovcnt > NETTAP_MAX_IOV && st->done < st->want)
+		emit_log(NETTAP_LOG_IOV_TRUNCATED, probe, in->iovcnt, st->want - st->done);
+
+	__sync_fetch_and_add(&c->chunks, st->published);
+	if (st->dropped)
+		count_drop(NETTAP_RING_CAPTURE_CHUNKS, st->dropped);
+out:
+	inflight_end(in, fast);
+	return 0;
+}
+
+#endif /* NETTAP_EMIT_BPF_H */

@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * entry_tp.bpf.h: the syscall-tracepoint mechanism. The syscall's own
+ * arguments give the fd and the user buffers; the socket is found from the
+ * fd. Each program exists twice, NAME (fast) and NAME_compat (see emit.bpf.h);
+ * exporter/loader.py attaches one program to several tracepoints.
+ */
+#ifndef NETTAP_ENTRY_TP_BPF_H
+#define NETTAP_ENTRY_TP_BPF_H
+
+#include "emit.bpf.h"
+
+/* Syscall entry: the filter, cheapest test first. msg: args[1] is a user
+ * struct user_msghdr, read only once the call is known to be captured. */
+static __always_inline int enter_call(__u32 probe, unsigned long fd, __u64 buf,
+				      __u32 iovcnt, const bool msg, const bool fast)
+{
+	struct nettap_capture_config *cfg = active_config();
+	struct call_data d = {};
+	bool task_ok;
+	struct sock *sk;
+
+	if (!cfg)
+		return 0;
+	task_ok = task_matches(cfg);
+	if (!task_ok && !(cfg->flags & (NETTAP_TARGET_NETNS | NETTAP_TARGET_PORT)))
+		return 0;
+	sk = fd_to_tcp_sock(fd, fast);
+	if (!sk)
+		return 0;
+	if (!task_ok && !sock_matches(cfg, sk, fast))
+		return 0;
+	d.buf = buf;
+	d.iovcnt = iovcnt;
+	if (msg) {
+		struct user_msghdr *umsg = (void *)buf;
+		__u64 n = 0;
+
+		d.buf = 0;
+		bpf_probe_read_user(&d.buf, sizeof(d.buf), &umsg->msg_iov);
+		bpf_probe_read_user(&n, sizeof(n), &umsg->msg_iovlen);
+		d.iovcnt = n ? (__u32)n : 1;
+	}
+	return enter_sock(probe, sk, &d, fast);
+}
+
+/* One tracepoint program in both variants. */
+#define NETTAP_TP(sec, name, ctx_type, body)					\
+	static __always_inline int name##_body(ctx_type *ctx, const bool fast)	\
+	body									\
+	SEC(sec) int name(ctx_type *ctx) { return name##_body(ctx, FAST); }	\
+	SEC(sec) int name##_compat(ctx_type *ctx) { return name##_body(ctx, COMPAT); }
+
+/* write(2), sendto(2): args fd, buf, len */
+NETTAP_TP("tracepoint/syscalls/sys_enter_write", tcp_sendmsg_enter, struct trace_event_raw_sys_enter, {
+	return enter_call(NETTAP_PROBE_TCP_SENDMSG, ctx->args[0], ctx->args[1], 0, false, fast);
+})
+
+/* writev(2): args fd, iov, iovcnt */
+NETTAP_TP("tracepoint/syscalls/sys_enter_writev", tcp_sendmsg_enter_iov, struct trace_event_raw_sys_enter, {
+	__u32 n = ctx->args[2];
+
+	return enter_call(NETTAP_PROBE_TCP_SENDMSG, ctx->args[0], ctx->args[1], n ? n : 1, false, fast);
+})
+
+/* sendmsg(2): args fd, msghdr, flags */
+NETTAP_TP("tracepoint/syscalls/sys_enter_sendmsg", tcp_sendmsg_enter_msg, struct trace_event_raw_sys_enter, {
+	return enter_call(NETTAP_PROBE_TCP_SENDMSG, ctx->args[0], ctx->args[1], 0, true, fast);
+})
+
+/* read(2), recvfrom(2): args fd, buf, len */
+NETTAP_TP("tracepoint/syscalls/sys_enter_read", tcp_recvmsg_enter, struct trace_event_raw_sys_enter, {
+	return enter_call(NETTAP_PROBE_TCP_RECVMSG, ctx->args[0], ctx->args[1], 0, false, fast);
+})
+
+/* readv(2): args fd, iov, iovcnt */
+NETTAP_TP("tracepoint/syscalls/sys_enter_readv", tcp_recvmsg_enter_iov, struct trace_event_raw_sys_enter, {
+	__u32 n = ctx->args[2];
+
+	return enter_call(NETTAP_PROBE_TCP_RECVMSG, ctx->args[0], ctx->args[1], n ? n : 1, false, fast);
+})
+
+/* recvmsg(2): args fd, msghdr, flags */
+NETTAP_TP("tracepoint/syscalls/sys_enter_recvmsg", tcp_recvmsg_enter_msg, struct trace_event_raw_sys_enter, {
+	return enter_call(NETTAP_PROBE_TCP_RECVMSG, ctx->args[0], ctx->args[1], 0, true, fast);
+})
+
+/* Attached by user space to sys_exit_write, _sendto, _writev, _sendmsg
+ * (and the receive side's four): one program, several tracepoints. */
+NETTAP_TP("tracepoint/syscalls/sys_exit_write", tcp_sendmsg_exit, struct trace_event_raw_sys_exit, {
+	return exit_call(NETTAP_PROBE_TCP_SENDMSG, ctx->ret, fast);
+})
+
+NETTAP_TP("tracepoint/syscalls/sys_exit_read", tcp_recvmsg_exit, struct trace_event_raw_sys_exit, {
+	return exit_call(NETTAP_PROBE_TCP_RECVMSG, ctx->ret, fast);
+})
+
+#endif /* NETTAP_ENTRY_TP_BPF_H */

@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * filter.bpf.h: does this call concern a capture target? Runs first in
+ * every entry program and leaves early: a call that matches no target
+ * touches no counter.
+ *
+ * Every function takes `btf`, a compile-time constant: true in the "fast"
+ * programs (Linux 6.2+: BTF pointers read by direct loads, which the
+ * verifier turns into exception-handled loads), false in the "compat"
+ * programs (Linux 5.8+: bpf_probe_read_kernel through BPF_CORE_READ). The
+ * functions are always inlined, so each program carries one branch only.
+ */
+#ifndef NETTAP_FILTER_BPF_H
+#define NETTAP_FILTER_BPF_H
+
+#include "conn.bpf.h"
+
+#define S_IFMT		00170000
+#define S_IFSOCK	0140000
+
+static __always_inline struct nettap_capture_config *active_config(void)
+{
+	__u32 zero = 0;
+	struct nettap_capture_config *cfg = bpf_map_lookup_elem(&capture_config, &zero);
+
+	if (!cfg || !cfg->flags)
+		return NULL;
+	return cfg;
+}
+
+/* Index of a single set bit: debruijn32[(bit * 0x077CB531) >> 27]. */
+const __u8 debruijn32[32] = {
+	0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8,
+	31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9,
+};
+
+/* The task-level targets (pid, cgroup): does the current task match? */
+static __always_inline bool task_matches(struct nettap_capture_config *cfg)
+{
+	if (cfg->flags & NETTAP_TARGET_PID) {
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+		if (bpf_map_lookup_elem(&capture_pids, &tgid))
+			return true;
+	}
+	if (cfg->flags & NETTAP_TARGET_CGROUP) {
+		__u32 levels = cfg->cgroup_levels;
+
+		/* Containers nest: match the target's level of the current
+		 * task's ancestry, one lookup per level a target sits at (user
+		 * space allows at most NETTAP_MAX_CGROUP_LEVELS of them). Each
+		 * step takes the lowest set bit and finds its index by a de
+		 * Bruijn multiply, so the verifier walks 4 steps, not 32. */
+		for (int i = 0; i < NETTAP_MAX_CGROUP_LEVELS && levels; i++) {
+			__u32 low = levels & -levels;
+			__u32 lvl = debruijn32[((low * 0x077CB531U) >> 27) & 31];
+			__u64 cg = bpf_get_current_ancestor_cgroup_id(lvl);
+
+			levels &= levels - 1;
+			if (cg && bpf_map_lookup_elem(&capture_cgroups, &cg))
+				return true;
+		}
+	}
+	return false;
+}
+
+static __always_inline bool port_matches(__u16 port)
+{
+	__u32 word = port >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&capture_ports, &word);
+
+	return bits && (*bits & (1ULL << (port & 63)));
+}
+
+/* The socket-level targets (netns, port): does this socket match? */
+static __always_inline bool sock_matches(struct nettap_capture_config *cfg,
+					 struct sock *sk, const bool btf)
+{
+	if (cfg->flags & NETTAP_TARGET_NETNS) {
+		__u32 inum = btf ? sk->__sk_common.skc_net.net->ns.inum
+				 : BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+
+		if (bpf_map_lookup_elem(&capture_netns, &inum))
+			return true;
+	}
+	if (cfg->flags & NETTAP_TARGET_PORT) {
+		__u16 sport = btf ? sk->__sk_common.skc_num : BPF_CORE_READ(sk, __sk_common.skc_num);
+		__u16 dport = btf ? sk->__sk_common.skc_dport : BPF_CORE_READ(sk, __sk_common.skc_dport);
+
+		if (port_matches(sport) || port_matches(bpf_ntohs(dport)))
+			return true;
+	}
+	return false;
+}
+
+static __always_inline bool sock_is_tcp(struct sock *sk, const bool btf)
+{
+	if (btf)
+		return sk->sk_type == SOCK_STREAM && sk->sk_protocol == IPPROTO_TCP;
+	return BPF_CORE_READ(sk, sk_type) == SOCK_STREAM &&
+	       BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP;
+}
+
+/* fd of the current task -> its TCP sock, or NULL. With btf, a BTF pointer:
+ * one helper call (the fd array is indexed by a variable, which direct loads
+ * cannot do) and bpf_rdonly_cast for the untyped pointers. */
+static __always_inline struct sock *fd_to_tcp_sock(unsigned long fd, const bool btf)
+{
+	struct file *file = NULL;
+	struct socket *sock;
+	struct file **fds;
+	struct sock *sk;
+
+	if (btf) {
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct fdtable *fdt = task->files->fdt;
+
+		if (!fdt || fd >= fdt->max_fds)
+			return NULL;
+		fds = fdt->fd;
+		if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+			return NULL;
+		file = KCAST(struct file, file);
+		if ((file->f_inode->i_mode & S_IFMT) != S_IFSOCK)
+			return NULL;
+		sock = KCAST(struct socket, file->private_data);
+		sk = sock->sk;
+	} else {
+		struct task_struct *task = (void *)bpf_get_current_task();
+		struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+
+		if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+			return NULL;
+		fds = BPF_CORE_READ(fdt, fd);
+		if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+			return NULL;
+		if ((BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
+			return NULL;
+		sock = BPF_CORE_READ(file, private_data);
+		sk = BPF_CORE_READ(sock, sk);
+	}
+	if (!sk || !sock_is_tcp(sk, btf))
+		return NULL;
+	return sk;
+}
+
+#endif /* NETTAP_FILTER_BPF_H */

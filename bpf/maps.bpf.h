@@ -1,0 +1,160 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * maps.bpf.h: every map of tcp.bpf.o, and the per-call state they hold.
+ * User space finds them by these names (exporter/loader.py, collectors).
+ */
+#ifndef NETTAP_MAPS_BPF_H
+#define NETTAP_MAPS_BPF_H
+
+#include "vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+#include "tcp.h"
+
+/* ---- capture targets (user space rewrites them at run time) ------------ */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nettap_capture_config);
+} capture_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
+	__uint(max_entries, 1024);
+	__type(key, __u32);		/* tgid */
+	__type(value, __u8);
+} capture_pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1024);
+	__type(key, __u64);		/* cgroup v2 id */
+	__type(value, __u8);
+} capture_cgroups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1024);
+	__type(key, __u32);		/* network namespace inode */
+	__type(value, __u8);
+} capture_netns SEC(".maps");
+
+/* 65536-bit port bitmap: bit (port & 63) of word (port >> 6). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} capture_ports SEC(".maps");
+
+/* ---- counters ---------------------------------------------------------- */
+
+/* Per-CPU rows, still added to atomically: on PREEMPT_RT a BPF program runs
+ * with migration disabled but preemptible, so another task's program can
+ * run on the same CPU between a load and its store. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NETTAP_PROBE_COUNT);
+	__type(key, __u32);
+	__type(value, struct nettap_probe_counters);
+} probe_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NETTAP_RING_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} ringbuf_drops SEC(".maps");
+
+/* ---- rings (sizes are defaults; user space sets the configured ones) ---- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} capture_chunks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 << 10);
+} capture_eof SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 << 10);
+} logs SEC(".maps");
+
+/* ---- one call, from its entry to its return ----------------------------- */
+
+/* How far one call's chunking got. */
+struct emit_state {
+	__u64 seg_base;		/* address of the current segment */
+	__u64 seg_left;		/* bytes left in it */
+	__u64 iov;		/* next struct iovec, when vectored */
+	__u64 iov_left;
+	__u64 skip;		/* bytes of the first segment already consumed */
+	__u64 done;		/* bytes of the call captured so far */
+	__u64 want;		/* bytes of the call to capture */
+	__u64 published;
+	__u64 dropped;
+	__u64 submit_flags;	/* wakeup decision, taken once per call */
+	__u32 probe;
+	__u32 read_failed;	/* bpf_probe_read_user errors this call */
+};
+
+/*
+ * A call between its entry and its return, and the scratch its return
+ * chunks with. It is per task, never per CPU: a per-CPU scratch is shared by
+ * every task a CPU runs, and on PREEMPT_RT a program can be preempted by
+ * another task's program on the same CPU. Keeping the chunking state in map
+ * memory (not the stack) also lets the verifier converge on the chunk loop:
+ * it does not track values in map memory, so the loop body's states do not
+ * differ per byte count.
+ */
+struct inflight {
+	__u64 sk;		/* kernel address of the sock */
+	__u64 buf;		/* user buffer, or an iovec array */
+	__u32 iovcnt;		/* 0: buf is a plain buffer */
+	__u32 probe;
+	__u32 valid;
+	__u8 iov_kernel;	/* the iovec array is kernel memory (probe of a
+				 * kernel function) rather than user memory */
+	__u8 unreadable;	/* the iterator holds no user buffer */
+	__u16 iter_type;	/* the kernel's number for it, for the log */
+	__u64 skip;		/* iterator offset into the first segment */
+	struct emit_state st;
+	struct nettap_chunk hdr;	/* header copied into every chunk; data unused */
+};
+
+/* Linux 5.11+: task-local storage (no hashing; gone with the task, also
+ * when a thread dies inside the syscall). Used by the "fast" programs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct inflight);
+} inflight_calls SEC(".maps");
+
+/* Linux 5.8+: the same state keyed by pid_tgid, for the "compat" programs;
+ * removed at the call's return (a thread killed inside a call leaves its
+ * entry until the thread id is reused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct inflight);
+} inflight_compat SEC(".maps");
+
+/* A zeroed struct inflight to insert from: too big for the BPF stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct inflight);
+} inflight_zero SEC(".maps");
+
+#endif /* NETTAP_MAPS_BPF_H */
