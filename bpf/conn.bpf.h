@@ -137,8 +137,8 @@ static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *f
 		*sport = BPF_CORE_READ(sk, __sk_common.skc_num);
 		*dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
 		if (*family == AF_INET6) {
-			BPF_CORE_READ_INTO(saddr, sk, __sk_common.skc_v6_rcv_saddr);
-			BPF_CORE_READ_INTO(daddr, sk, __sk_common.skc_v6_daddr);
+			bpf_core_read(saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+			bpf_core_read(daddr, 16, &sk->__sk_common.skc_v6_daddr);
 		} else {
 			BPF_CORE_READ_INTO((__u32 *)saddr, sk, __sk_common.skc_rcv_saddr);
 			BPF_CORE_READ_INTO((__u32 *)daddr, sk, __sk_common.skc_daddr);

@@ -12,6 +12,10 @@ the fds it holds (no walk of the node's programs). The node-wide view (``scope: 
 with ``BPF_PROG_GET_NEXT_ID`` and ``BPF_OBJ_GET_INFO_BY_FD``, and names each
 program's holder from a /proc scan that is refreshed only when a program id
 appears that it has not seen (a scan reads every process's fd links).
+Programs are named as ``bpftool prog show`` names them: by the full name of
+their first function in their BTF where the kernel's 15-character name is
+cut short, so node-scope names are those of the own-scope series (libbpf's
+program names). The full names are resolved once per program id.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from . import fdinfo, libbpf
 log = logging.getLogger(__name__)
 
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
+BPF_OBJ_NAME_LEN = 16           # include/uapi/linux/bpf.h: bpf_prog_info.name, NUL included
 
 
 class bpf_prog_info(ctypes.Structure):
@@ -39,14 +44,33 @@ class bpf_prog_info(ctypes.Structure):
     _fields_ = [
         ("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
         ("_pad1", ctypes.c_uint8 * 48),                 # jited/xlated lengths .. map_ids
-        ("name", ctypes.c_char * 16),                   # offset 64
-        ("_pad2", ctypes.c_uint8 * 112),                # ifindex .. prog_tags
+        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),     # offset 64
+        ("_pad2", ctypes.c_uint8 * 48),                 # ifindex .. jited_func_lens
+        ("btf_id", ctypes.c_uint32),                    # offset 128
+        ("func_info_rec_size", ctypes.c_uint32),        # offset 132
+        ("func_info", ctypes.c_uint64),                 # offset 136: struct bpf_func_info *
+        ("nr_func_info", ctypes.c_uint32),              # offset 144
+        ("_pad3", ctypes.c_uint8 * 44),                 # nr_line_info .. prog_tags
         ("run_time_ns", ctypes.c_uint64),               # offset 192
         ("run_cnt", ctypes.c_uint64),                   # offset 200
     ]
 
 
 assert bpf_prog_info.name.offset == 64 and bpf_prog_info.run_time_ns.offset == 192
+assert bpf_prog_info.btf_id.offset == 128 and bpf_prog_info.nr_func_info.offset == 144
+
+
+class bpf_func_info(ctypes.Structure):
+    """``struct bpf_func_info { __u32 insn_off; __u32 type_id; }`` (uapi/linux/bpf.h)."""
+
+    _fields_ = [("insn_off", ctypes.c_uint32), ("type_id", ctypes.c_uint32)]
+
+
+class btf_type(ctypes.Structure):
+    """The head of ``struct btf_type`` (uapi/linux/btf.h): ``__u32 name_off;
+    __u32 info;`` with the kind in bits 24-28 of info."""
+
+    _fields_ = [("name_off", ctypes.c_uint32), ("info", ctypes.c_uint32)]
 
 
 class StatsSwitch:
@@ -142,12 +166,60 @@ def own_program_stats(prog_fds: Dict[str, int]) -> Dict[str, Tuple[int, int]]:
     return out
 
 
-def node_programs() -> List[Tuple[int, bytes, int, int, int]]:
+def prog_full_name(fd: int, info: bpf_prog_info) -> bytes:
+    """The program's full name, the way ``bpftool prog show`` finds it
+    (get_prog_full_name, bpftool's src/common.c): the kernel keeps 15
+    characters of the name, the program's BTF has its first function's whole
+    name. info is the program's BPF_OBJ_GET_INFO_BY_FD answer (btf_id and
+    nr_func_info read). A second info call fetches func_info[0], then the
+    BTF is loaded by id (BPF_BTF_GET_FD_BY_ID and a read of the whole
+    BTF): costly, so callers cache the answer by program id.
+
+    The kernel's name where it is shorter than 15 characters (not cut), or
+    the program has no BTF or func_info, or any of this fails."""
+    name = info.name
+    if len(name) < BPF_OBJ_NAME_LEN - 1 or not info.btf_id or not info.nr_func_info:
+        return name
+    lb = libbpf.lib()
+    finfo = bpf_func_info()
+    req = bpf_prog_info()
+    req.nr_func_info = 1
+    req.func_info_rec_size = min(info.func_info_rec_size, ctypes.sizeof(finfo))
+    req.func_info = ctypes.addressof(finfo)
+    n = ctypes.c_uint32(ctypes.sizeof(req))
+    if lb.bpf_obj_get_info_by_fd(fd, ctypes.byref(req), ctypes.byref(n)) != 0:
+        return name
+    btf = lb.btf__load_from_kernel_by_id(req.btf_id)
+    if not btf:
+        return name
+    try:
+        t = lb.btf__type_by_id(btf, finfo.type_id)
+        if not t:
+            return name
+        t = btf_type.from_address(t)
+        if (t.info >> 24) & 0x1f != libbpf.BTF_KIND_FUNC:
+            return name
+        return lb.btf__name_by_offset(btf, t.name_off) or name     # bytes, copied before the free
+    finally:
+        lb.btf__free(btf)
+
+
+_FULL_NAMES: Dict[int, bytes] = {}       # program id -> full name, for node_programs
+
+
+def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[int, bytes, int, int, int]]:
     """(id, name, type, run_cnt, run_time_ns) of every program on the node.
 
     Four syscalls a program (next id, fd by id, info, close), with one info
     buffer reused: this walk is the node-wide view's whole cost. A program
-    unloaded during the walk, or whose info cannot be read, is left out."""
+    unloaded during the walk, or whose info cannot be read, is left out.
+
+    Names are full names (prog_full_name), cached by program id in
+    full_names (by default the process's one cache, _FULL_NAMES): a
+    program's name never changes and its id is not handed out again (ids
+    cycle up to INT_MAX), so each program's BTF is read once. Ids no longer
+    loaded are dropped from the cache."""
+    names = _FULL_NAMES if full_names is None else full_names
     lb = libbpf.lib()
     next_id, get_fd, get_info, close = (lb.bpf_prog_get_next_id, lb.bpf_prog_get_fd_by_id,
                                         lb.bpf_obj_get_info_by_fd, os.close)
@@ -165,8 +237,16 @@ def node_programs() -> List[Tuple[int, bytes, int, int, int]]:
         ctypes.memset(ctypes.byref(info), 0, size)
         n.value = size
         if get_info(fd, ctypes.byref(info), ctypes.byref(n)) == 0:
-            out.append((info.id, info.name, info.type, info.run_cnt, info.run_time_ns))
+            name = names.get(info.id)
+            if name is None:
+                name = names[info.id] = prog_full_name(fd, info)
+            out.append((info.id, name, info.type, info.run_cnt, info.run_time_ns))
         close(fd)
+    if len(names) > len(out):            # programs unloaded: forget them
+        live = {p[0] for p in out}
+        for pid_ in list(names):         # list(): a copy taken at once (scrapes may overlap)
+            if pid_ not in live:
+                names.pop(pid_, None)
     return out
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -20,6 +21,9 @@ def _args(argv: list | None) -> argparse.Namespace:
                    help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
     p.add_argument("--mechanism", choices=("fentry", "kprobe", "tracepoint"),
                    help="force one attach mechanism instead of the first the kernel accepts")
+    p.add_argument("--variant", choices=("fast", "compat"),
+                   help="force the BPF program variant: fast (Linux 6.2+ features) or compat (5.8+); "
+                        "default: fast where the kernel has every feature it needs")
     p.add_argument("--check-config", action="store_true", help="validate --config and exit")
     p.add_argument("--preflight", action="store_true",
                    help="load and attach the probes, print each probe's mechanism, release everything and exit (0 if all attached)")
@@ -82,13 +86,55 @@ def _refused(e) -> int:
     return 2
 
 
-def _probe_kernel_meanwhile(mechanism):
-    """Start finding what the kernel accepts (parsing vmlinux BTF and trying
-    an fentry program: ~25 ms, mostly in libbpf and the kernel, outside the
-    GIL) while the main thread imports PyYAML and reads the config."""
-    from .loader import choose_mechanisms, ensure_tracefs
+def _probe_kernel_meanwhile(mechanism, variant):
+    """Start finding what the kernel accepts (parsing vmlinux BTF, feature
+    probes, trying an fexit program: ~25 ms, mostly in libbpf and the kernel,
+    outside the GIL) while the main thread imports PyYAML and reads the config."""
+    from .loader import ensure_tracefs, plan
     ensure_tracefs()                            # before any thread: it may unshare the mount namespace
-    return _Background(choose_mechanisms, mechanism)
+    return _Background(plan, mechanism, variant)
+
+
+def _load_refused(e: OSError, kernel_plan) -> str:
+    """Why the kernel refused the object, in one line: a missing privilege
+    only when this process lacks one, else the kernel and its missing features."""
+    caps = _effective_caps()
+    need = {"CAP_BPF": 39, "CAP_PERFMON": 38}
+    missing = [n for n, bit in need.items() if not caps >> bit & 1 and not caps >> 21 & 1]
+    if missing:
+        return f"{e} (nettap needs root, or {'+'.join(need)}; this process lacks {', '.join(missing)})"
+    absent = [f"{f.name} (Linux {f.since})" for f in kernel_plan.features if not f.present]
+    return (f"{e}: kernel {os.uname().release} refused the {kernel_plan.variant} programs"
+            + (f"; it lacks {', '.join(absent)}" if absent else "")
+            + "; libbpf's log above names the program and the verifier's reason")
+
+
+def _effective_caps() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def _preflight(probes) -> int:
+    """Print what the kernel offers, what was chosen, what attached; release all."""
+    kp = probes.plan
+    print(f"kernel: {os.uname().release}", flush=True)
+    for f in kp.features:
+        print(f"feature: {f.name} (Linux {f.since}): {'yes' if f.present else 'no'} [{f.how}]")
+    print(f"variant: {kp.variant} ({kp.variant_why})")
+    for p, st in probes.states.items():
+        why = "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
+        print(f"{p}: {st.mechanism if st.attached else 'NOT ATTACHED'} ({why})")
+    lc = probes.lifecycle
+    print(f"tcp_state (lifecycle): {'tracepoint' if lc.attached else 'NOT ATTACHED: ' + lc.error}", flush=True)
+    ok = all(st.attached for st in probes.states.values()) and lc.attached
+    probes.close()
+    return 0 if ok else 1
 
 
 def main(argv: list | None = None) -> int:
@@ -98,7 +144,7 @@ def main(argv: list | None = None) -> int:
     mechanisms = None
     if not args.check_config:
         try:
-            mechanisms = _probe_kernel_meanwhile(args.mechanism)
+            mechanisms = _probe_kernel_meanwhile(args.mechanism, args.variant)
         except OSError as e:
             print(f"nettap: cannot prepare tracefs: {e} (nettap needs root, or CAP_SYS_ADMIN to mount it)",
                   file=sys.stderr)
@@ -120,22 +166,24 @@ def main(argv: list | None = None) -> int:
     from .loader import Probes
     from .targets import resolve
     t0 = time.monotonic()
+    from .features import Unsupported
+    kernel_plan = None
     try:
         resolve(cfg.captures)                   # refuse a bad target before loading anything
-        probes = Probes(ring_sizes=cfg.ring_bytes, mechanism=args.mechanism, states=mechanisms.result())
+        kernel_plan = mechanisms.result()
+        probes = Probes(ring_sizes=cfg.ring_bytes, kernel_plan=kernel_plan)
     except config.ConfigError as e:
         return _refused(e)
+    except Unsupported as e:
+        print(f"nettap: cannot run here: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
-        print(f"nettap: cannot load probes: {e} (nettap needs root, or CAP_BPF+CAP_PERFMON)", file=sys.stderr)
+        print(f"nettap: cannot load probes: {_load_refused(e, kernel_plan) if kernel_plan else e}",
+              file=sys.stderr)
         return 1
     attached = time.monotonic() - t0
     if args.preflight:
-        for p, st in probes.states.items():
-            why = "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
-            print(f"{p}: {st.mechanism if st.attached else 'NOT ATTACHED'} ({why})", flush=True)
-        ok = all(st.attached for st in probes.states.values())
-        probes.close()
-        return 0 if ok else 1
+        return _preflight(probes)
 
     from .app import Nettap
     from .server import serve

@@ -60,6 +60,12 @@ class Server:
         raise TimeoutError(f"server got {len(self.received)} of {count} connections")
 
     def close(self) -> None:
+        # shutdown wakes the thread blocked in accept(), which otherwise keeps
+        # the listening socket (and its port) alive after close.
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
 
 

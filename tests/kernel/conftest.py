@@ -1,22 +1,64 @@
+"""Kernel-test fixtures. Tests that take `mode` run once per attach
+mechanism and program variant that this kernel accepts, as the loader's own
+probing finds them (never a list of what some kernel is known to do)."""
 import base64
+import functools
 import json
+import os
 from collections import defaultdict
 
 import pytest
 
-from exporter import config
+from exporter import config, features, loader
 from exporter.app import Nettap
 
 
-class Run:
-    """A Nettap loaded in this process with a jsonl sink under tmp_path."""
+@functools.lru_cache(maxsize=None)
+def kernel_modes() -> tuple:
+    """(mechanism, variant) pairs this kernel accepts, e.g. ('tracepoint', 'fast')."""
+    if os.geteuid() != 0:
+        return ()
+    loader.ensure_tracefs()
+    variants = [v for v in features.VARIANTS if _variant_ok(v)]
+    modes = []
+    for mech in loader.MECHANISMS:
+        states = loader.plan(mech).states
+        if all(st.mechanism == mech for st in states.values()):
+            modes += [(mech, v) for v in variants]
+    return tuple(modes)
 
-    def __init__(self, tmp_path, doc):
+
+def _variant_ok(variant: str) -> bool:
+    try:
+        loader.plan("tracepoint", variant)
+        return True
+    except features.Unsupported:
+        return False
+
+
+def pytest_generate_tests(metafunc):
+    if "mode" in metafunc.fixturenames:
+        modes = kernel_modes()
+        if not modes and os.geteuid() == 0:
+            raise RuntimeError("the loader found no mechanism this kernel accepts")
+        metafunc.parametrize("mode", modes or [("unprobed", "not root")],
+                             ids=[f"{m}-{v}" for m, v in modes] or ["not-root"])
+
+
+class Run:
+    """A Nettap loaded in this process with a jsonl sink under tmp_path,
+    forced to one (mechanism, variant) when mode is given."""
+
+    def __init__(self, tmp_path, doc, mode=None):
         self.out = tmp_path / "capture.jsonl"
         doc = dict(doc)
         doc.setdefault("output", {"type": "jsonl", "path": str(self.out)})
         self.cfg = config.parse(doc)
-        self.app = Nettap(self.cfg)
+        mech, variant = mode or (None, None)
+        self.app = Nettap(self.cfg, mechanism=mech, variant=variant)
+        if mode:
+            assert {st.mechanism for st in self.app.probes.states.values()} == {mech}
+            assert self.app.probes.variant == variant
 
     def counters(self):
         return self.app.counters()
@@ -56,11 +98,13 @@ def streams(lines, direction):
 
 
 @pytest.fixture
-def nettap_run(tmp_path):
+def nettap_run(tmp_path, request):
+    """make(doc): a Run in the test's mode (when the test takes one)."""
     runs = []
+    mode = request.getfixturevalue("mode") if "mode" in request.fixturenames else None
 
     def make(doc):
-        r = Run(tmp_path, doc)
+        r = Run(tmp_path, doc, mode)
         runs.append(r)
         return r
     yield make

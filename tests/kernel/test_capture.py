@@ -6,7 +6,9 @@ import uuid
 
 import pytest
 
-from conftest import streams
+import socket
+
+from conftest import kernel_modes, streams
 from traffic import ClientProcess, Server, payload, send_messages
 
 pytestmark = pytest.mark.kernel
@@ -18,7 +20,7 @@ def chunks_per(size, max_payload=4096):
     return -(-min(size, max_payload) // 400)
 
 
-def test_port_target_counts_exactly_and_captures_bytes(nettap_run):
+def test_port_target_counts_exactly_and_captures_bytes(nettap_run, mode):
     srv, other = Server(), Server()
     # The server reads up to 64 KiB a call: capture all of it, to compare bytes.
     run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 65600}})
@@ -52,7 +54,7 @@ def test_port_target_counts_exactly_and_captures_bytes(nettap_run):
     assert sorted((e["tx_bytes"], e["rx_bytes"]) for e in eofs) == [(0, N * S), (N * S, 0)]
 
 
-def test_uncaptured_traffic_adds_exactly_zero(nettap_run):
+def test_uncaptured_traffic_adds_exactly_zero(nettap_run, mode):
     srv = Server()
     run = nettap_run({"captures": [{"port": 1}]})     # a port nothing uses
     send_messages(srv.port, N, S)
@@ -62,7 +64,7 @@ def test_uncaptured_traffic_adds_exactly_zero(nettap_run):
     assert lines == []
 
 
-def test_payload_truncated_at_max_payload_keeps_call_length(nettap_run):
+def test_payload_truncated_at_max_payload_keeps_call_length(nettap_run, mode):
     srv = Server()
     run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 1000}})
     send_messages(srv.port, 3, 5000)
@@ -76,7 +78,7 @@ def test_payload_truncated_at_max_payload_keeps_call_length(nettap_run):
     assert sum(l["len"] for l in eg) == 3000
 
 
-def test_ipv6_and_vectored_sends(nettap_run):
+def test_ipv6_and_vectored_sends(nettap_run, mode):
     srv = Server(host="::1", family=__import__("socket").AF_INET6)
     run = nettap_run({"captures": [{"port": srv.port}]})
     import socket
@@ -93,7 +95,7 @@ def test_ipv6_and_vectored_sends(nettap_run):
     assert l["family"] == "ipv6" and l["daddr"] == "::1"
 
 
-def test_pid_target(nettap_run):
+def test_pid_target(nettap_run, mode):
     srv = Server()
     run = nettap_run({"captures": []})
     cl = ClientProcess(srv.port, N, S)
@@ -118,7 +120,7 @@ def _v2_root():
     pytest.fail("no cgroup v2 hierarchy mounted")
 
 
-def test_cgroup_target(nettap_run):
+def test_cgroup_target(nettap_run, mode):
     cg = os.path.join(_v2_root(), f"nettap-test-{uuid.uuid4().hex[:8]}")
     os.mkdir(cg)
     try:
@@ -150,7 +152,7 @@ srv.wait_received(1)
 """
 
 
-def test_netns_target(nettap_run):
+def test_netns_target(nettap_run, mode):
     from pyroute2 import NetNS, netns
     name = f"nettap-test-{uuid.uuid4().hex[:8]}"
     netns.create(name)
@@ -163,8 +165,11 @@ def test_netns_target(nettap_run):
         script = NETNS_SCRIPT.format(tests=os.path.abspath(tests), n=N, s=S)
         subprocess.run(["ip", "netns", "exec", name, "python3", "-c", script], check=True, timeout=60)
         srv = Server(port=9000)                           # same port, root netns: not captured
-        send_messages(9000, N, S)
-        srv.wait_received(1)
+        try:
+            send_messages(9000, N, S)
+            srv.wait_received(1)
+        finally:
+            srv.close()
         c = run.counters()
         assert c["tcp_sendmsg"]["calls"] == N and c["tcp_sendmsg"]["bytes"] == N * S
         assert c["tcp_recvmsg"]["bytes"] == N * S
@@ -174,7 +179,7 @@ def test_netns_target(nettap_run):
         netns.remove(name)
 
 
-def test_tiny_ring_counts_every_drop(nettap_run):
+def test_tiny_ring_counts_every_drop(nettap_run, mode):
     srv = Server()
     # 8 chunk slots, and the drain polls every 50 ms: a burst overflows it.
     run = nettap_run({"captures": [], "rings": {"capture_chunks": 4096}, "output": {"type": "none"}})
@@ -192,12 +197,125 @@ def test_tiny_ring_counts_every_drop(nettap_run):
     assert drained["capture_chunks"] + drops == n          # produced
 
 
-def test_fentry_refused_and_tracepoint_chosen(nettap_run):
+def test_the_first_accepted_mechanism_is_chosen_and_reported(nettap_run):
+    # No mode: what nettap does by itself on this kernel. Ask the loader's own
+    # probing which mechanisms the kernel accepts; nettap must take the first.
+    accepted = [m for m, _ in kernel_modes()]
     run = nettap_run({"captures": []})
-    for st in run.app.probes.states.values():
-        assert st.mechanism == "tracepoint" and st.attached
-        assert "refused" in st.reasons["fentry"]
-        assert "no kprobes" in st.reasons["kprobe"]
     text = __import__("prometheus_client").generate_latest(run.app.registry(with_process=False)).decode()
-    assert 'nettap_probe_attached{mechanism="tracepoint",probe="tcp_sendmsg"} 1.0' in text
-    assert 'nettap_probe_attached{mechanism="tracepoint",probe="tcp_recvmsg"} 1.0' in text
+    for probe, st in run.app.probes.states.items():
+        assert st.attached and st.mechanism == accepted[0]
+        assert list(st.reasons)[-1] == st.mechanism          # the ones before it were refused
+        assert f'nettap_probe_attached{{mechanism="{st.mechanism}",probe="{probe}"}} 1.0' in text
+    best = "fast" if ("tracepoint", "fast") in kernel_modes() else "compat"
+    assert run.app.probes.variant == best
+    assert f'nettap_bpf_variant_info{{variant="{best}"}} 1.0' in text
+
+
+def _recv_exact(recv, n):
+    got = 0
+    while got < n:
+        k = recv(n - got)
+        assert k > 0
+        got += k
+
+
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6], ids=["ipv4", "ipv6"])
+def test_every_send_and_receive_call_byte_exact(nettap_run, mode, family):
+    host = "127.0.0.1" if family == socket.AF_INET else "::1"
+    lst = socket.socket(family)
+    lst.bind((host, 0))
+    lst.listen(1)
+    run = nettap_run({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65600}})
+    cli = socket.socket(family)
+    cli.connect(lst.getsockname()[:2])
+    srv, _ = lst.accept()
+    data = payload(4 * 3000, seed=11)
+    pieces = [data[i * 3000:(i + 1) * 3000] for i in range(4)]
+    cfd, sfd = cli.fileno(), srv.fileno()
+    senders = [lambda b: os.write(cfd, b), cli.send,
+               lambda b: os.writev(cfd, [b[:100], b[100:1000], b[1000:]]),
+               lambda b: cli.sendmsg([b[:7], b[7:2000], b[2000:]])]
+
+    def readv(n):
+        bufs = [bytearray(min(n, 50)), bytearray(max(0, min(n - 50, 1000))), bytearray(4000)]
+        k = os.readv(sfd, bufs)
+        received.append(bytes(b"".join(bufs))[:k])
+        return k
+
+    def recvmsg(n):
+        bufs = [bytearray(min(n, 10)), bytearray(max(0, min(n - 10, 2000))), bytearray(4000)]
+        k = srv.recvmsg_into(bufs)[0]
+        received.append(bytes(b"".join(bufs))[:k])
+        return k
+
+    def read(n):
+        b = os.read(sfd, n)
+        received.append(b)
+        return len(b)
+
+    def recv(n):
+        b = srv.recv(n)
+        received.append(b)
+        return len(b)
+
+    received = []
+    for piece, send, rcv in zip(pieces, senders, [read, recv, readv, recvmsg]):
+        assert send(piece) == len(piece)
+        _recv_exact(rcv, len(piece))
+    assert b"".join(received) == data
+    c = run.counters()
+    assert (c["tcp_sendmsg"]["calls"], c["tcp_sendmsg"]["bytes"]) == (4, len(data))
+    assert c["tcp_recvmsg"]["bytes"] == len(data)
+    assert c["tcp_recvmsg"]["calls"] == c["tcp_recvmsg"]["returns"] == len(received)
+    cli.close(), srv.close(), lst.close()
+    lines, _ = run.finish()
+    assert list(streams(lines, "egress").values()) == [data]           # non-UTF-8 bytes included
+    assert list(streams(lines, "ingress").values()) == [data]
+    assert not any(l["flags"] for l in lines if l["type"] == "chunk")
+    assert {l["family"] for l in lines if l["type"] == "chunk"} == {"ipv4" if family == socket.AF_INET else "ipv6"}
+
+
+def test_concurrent_senders_on_every_cpu(nettap_run, mode):
+    # Several processes sending at once on every CPU: per-call state must be
+    # per task (a per-CPU scratch is shared across preemption on PREEMPT_RT).
+    srv = Server()
+    run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 65600}})
+    k = 2 * os.cpu_count()
+    clients = [ClientProcess(srv.port, N, S) for _ in range(k)]
+    for cl in clients:
+        cl.p.stdin.write("go\n")
+        cl.p.stdin.flush()
+    for cl in clients:
+        assert cl.p.stdout.readline().strip() == "done"
+        cl.p.wait(20)
+    srv.wait_received(k)
+    c = run.counters()
+    assert (c["tcp_sendmsg"]["calls"], c["tcp_sendmsg"]["bytes"]) == (k * N, k * N * S)
+    assert c["tcp_recvmsg"]["bytes"] == k * N * S
+    assert run.drops()["capture_chunks"] == 0
+    lines, _ = run.finish()
+    assert list(streams(lines, "egress").values()) == [payload(N * S)] * k
+    assert list(streams(lines, "ingress").values()) == [payload(N * S)] * k
+
+
+def test_kernel_buffers_are_never_published_as_data(nettap_run, mode, tmp_path):
+    # sendfile moves page-cache pages: depending on the kernel, tcp_sendmsg
+    # sees them as kernel pages (ITER_BVEC) or is not called at all. Either
+    # way no chunk may claim to carry those bytes.
+    srv = Server()
+    run = nettap_run({"captures": [{"port": srv.port}]})
+    f = tmp_path / "file"
+    f.write_bytes(payload(5000, seed=3))
+    tail = b"after sendfile"
+    with socket.socket() as s, open(f, "rb") as fh:
+        s.connect(("127.0.0.1", srv.port))
+        assert os.sendfile(s.fileno(), fh.fileno(), 0, 5000) == 5000
+        assert s.send(tail) == len(tail)
+    srv.wait_received(1)
+    sent = run.counters()["tcp_sendmsg"]
+    assert sent["bytes"] in (len(tail), 5000 + len(tail))
+    lines, _ = run.finish()
+    eg = [l for l in lines if l["type"] == "chunk" and l["direction"] == "egress"]
+    assert [__import__("base64").b64decode(l["data"]) for l in eg] == [tail]
+    assert eg[0]["offset"] == sent["bytes"] - len(tail)

@@ -1,49 +1,76 @@
-"""Kernel tests of the loader's fallback programs: what this kernel can and
-cannot show about the mechanisms it does not attach."""
-import errno
-
+"""Kernel tests of the loader: every program the kernel can run passes its
+verifier, and what the loader's probing says agrees with what the kernel
+does with nettap's own programs. Nothing here names a kernel's refusals:
+the kernel is asked."""
 import pytest
 
-from exporter import libbpf, loader
+from conftest import kernel_modes
+from exporter import features, libbpf, loader
 
 pytestmark = pytest.mark.kernel
 
 
-def _load_only(suffixes):
-    """Load the object with autoload on only for programs ending in suffixes."""
+def _load_only(names) -> None:
+    """Load the object with autoload on only for names (raises OSError)."""
     lb = libbpf.lib()
     obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.OBJECT}".encode(), None)
     try:
         p = lb.bpf_object__next_program(obj, None)
-        names = []
         while p:
-            name = libbpf.name_of("bpf_program__name", p)
-            on = name.endswith(suffixes)
-            lb.bpf_program__set_autoload(p, on)
-            names += [name] if on else []
+            lb.bpf_program__set_autoload(p, libbpf.name_of("bpf_program__name", p) in names)
             p = lb.bpf_object__next_program(obj, p)
         libbpf.call("bpf_object__load", obj)
-        return names
     finally:
         lb.bpf_object__close(obj)
 
 
-def test_kprobe_programs_pass_this_kernels_verifier():
-    # Loading needs no kprobe support (only attaching does): the programs are verified.
-    assert sorted(_load_only(("_kprobe", "_kretprobe"))) == [
-        "tcp_recvmsg_kprobe", "tcp_recvmsg_kretprobe", "tcp_sendmsg_kprobe", "tcp_sendmsg_kretprobe"]
+def _variants():
+    return sorted({v for _, v in kernel_modes()})
 
 
-def test_fentry_programs_are_refused_here():
-    with pytest.raises(OSError) as e:
-        _load_only(("_fentry", "_fexit"))
-    assert e.value.errno == errno.EPERM
+@pytest.mark.parametrize("mechanism", ["kprobe", "tracepoint"])
+def test_every_variant_the_kernel_runs_passes_the_verifier(mechanism):
+    # Loading kprobe and tracepoint programs needs no kprobe support (only
+    # attaching does), so the verifier sees them on every kernel.
+    for variant in _variants():
+        progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, mechanism, variant)]
+        _load_only(progs)
 
 
-def test_forcing_a_refused_mechanism_reports_the_probe_unattached():
-    with loader.Probes(mechanism="kprobe") as p:
+def test_fentry_programs_load_exactly_where_the_loader_says_fentry_works():
+    accepted = "fentry" in {m for m, _ in kernel_modes()}
+    for variant in _variants():
+        progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, "fentry", variant)]
+        if accepted:
+            _load_only(progs)
+        else:
+            with pytest.raises(OSError):
+                _load_only(progs)
+
+
+def test_the_fast_variant_is_offered_exactly_when_every_feature_is_present():
+    kp = loader.plan("tracepoint")
+    have = all(f.present for f in kp.features)
+    assert kp.variant == ("fast" if have else "compat")
+    if not have:
+        with pytest.raises(features.Unsupported, match="cannot run the fast programs"):
+            loader.plan("tracepoint", "fast")
+
+
+@pytest.mark.parametrize("mechanism", loader.MECHANISMS)
+def test_forcing_a_mechanism_attaches_it_or_reports_the_probe_unattached(mechanism):
+    accepted = mechanism in {m for m, _ in kernel_modes()}
+    with loader.Probes(mechanism=mechanism) as p:
         for st in p.states.values():
-            assert (st.mechanism, st.attached) == ("none", False)
-            assert "no kprobes" in st.reasons["kprobe"] and st.reasons["fentry"] == "not requested"
-            assert st.error.startswith("no mechanism accepted")
-        assert len(p.links) == 1                  # the lifecycle program still runs
+            others = [m for m in loader.MECHANISMS if m != mechanism]
+            assert all(st.reasons[m] == "not requested" for m in others)
+            if accepted:
+                assert (st.mechanism, st.attached, st.error) == (mechanism, True, "")
+            else:
+                assert (st.mechanism, st.attached) == ("none", False)
+                assert st.error.startswith("no mechanism accepted") and st.reasons[mechanism]
+        assert p.lifecycle.attached                  # the lifecycle program runs either way
+        assert len(p.links) == 1 + (sum(len(loader._TRACEPOINTS[n]) for probe in loader.PROBES
+                                        for n in loader.programs_for(probe, "tracepoint"))
+                                    if mechanism == "tracepoint" and accepted else
+                                    4 if accepted else 0)

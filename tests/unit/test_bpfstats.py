@@ -3,6 +3,7 @@ for kernel.bpf_stats_enabled and a fake BPF_ENABLE_STATS; ProgramStatsCollector
 with the kernel reads monkeypatched."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import threading
@@ -374,6 +375,9 @@ def test_prog_info_layout():
     s = bpfstats.bpf_prog_info
     assert (s.type.offset, s.id.offset, s.tag.offset) == (0, 4, 8)
     assert s.name.offset == 64 and s.run_time_ns.offset == 192 and s.run_cnt.offset == 200
+    assert (s.btf_id.offset, s.func_info_rec_size.offset, s.func_info.offset, s.nr_func_info.offset) == \
+        (128, 132, 136, 144)
+    assert ctypes.sizeof(bpfstats.bpf_func_info) == 8 and ctypes.sizeof(bpfstats.btf_type) == 8
 
 
 def test_fd_refused_and_sysctl_unwritable_raises_and_stays_off(tmp_path):
@@ -386,3 +390,192 @@ def test_fd_refused_and_sysctl_unwritable_raises_and_stays_off(tmp_path):
     assert sw.fd is None and not sw.set_sysctl and sw.source() is None
     sw.close()
     assert not sw.wanted
+
+
+
+# ---- full program names from BTF (node_programs against a fake libbpf) ---------
+
+BTF_KIND_FUNC, BTF_KIND_FUNC_PROTO = 12, 13
+
+
+class FakeBpf:
+    """The libbpf calls node_programs and prog_full_name make, answering as
+    the kernel does for BPF_OBJ_GET_INFO_BY_FD (the name cut to 15
+    characters; func_info copied only when nr_func_info is asked for, with
+    EINVAL for a record size other than struct bpf_func_info's) and as
+    libbpf does for a program BTF loaded by id.
+
+    progs: id -> (full name, type, btf_id, type_id of func_info[0], nr_func_info);
+    btfs: btf_id -> {type_id: (kind, name)}; a btf_id not in btfs fails to load."""
+
+    def __init__(self, progs, btfs):
+        self.progs, self.btfs = progs, btfs
+        self.fds = {}                    # open fd -> program id
+        self.func_info_calls = 0
+        self.btf_loads = []
+        self.btf_freed = []
+        self._types = {}                 # keeps the btf_type structs alive
+        self.fail_func_info = set()      # ids whose second info call fails
+
+    # bpf.h
+    def bpf_prog_get_next_id(self, cur, ref):
+        later = sorted(i for i in self.progs if i > cur)
+        if not later:
+            return -errno.ENOENT
+        ref._obj.value = later[0]
+        return 0
+
+    def bpf_prog_get_fd_by_id(self, pid_):
+        if pid_ not in self.progs:
+            return -errno.ENOENT
+        fd = os.open(os.devnull, os.O_RDONLY)
+        self.fds[fd] = pid_
+        return fd
+
+    def bpf_obj_get_info_by_fd(self, fd, ref, n_ref):
+        info = ref._obj
+        pid_ = self.fds[fd]
+        full, ptype, btf_id, type_id, nr_func_info = self.progs[pid_]
+        asked = info.nr_func_info
+        if (asked or info.func_info_rec_size) and info.func_info_rec_size != 8:
+            return -errno.EINVAL
+        if asked and nr_func_info:           # min(asked, nr_func_info) records copied
+            self.func_info_calls += 1
+            if pid_ in self.fail_func_info:
+                return -errno.EFAULT
+            fi = bpfstats.bpf_func_info.from_address(info.func_info)
+            fi.insn_off, fi.type_id = 0, type_id
+        info.id, info.type, info.name = pid_, ptype, full.encode()[:15]
+        info.btf_id = btf_id
+        info.nr_func_info = nr_func_info
+        info.func_info_rec_size = 8
+        info.run_cnt, info.run_time_ns = pid_ * 10, pid_ * 1000
+        return 0
+
+    # btf.h
+    def btf__load_from_kernel_by_id(self, btf_id):
+        self.btf_loads.append(btf_id)
+        return btf_id if btf_id in self.btfs else None      # a handle, or NULL
+
+    def btf__type_by_id(self, btf, type_id):
+        t = self.btfs[btf].get(type_id)
+        if t is None:
+            return None
+        kind, name = t
+        st = bpfstats.btf_type(name_off=type_id * 100, info=kind << 24 | 1)
+        self._types[(btf, type_id)] = st
+        return ctypes.addressof(st)
+
+    def btf__name_by_offset(self, btf, off):
+        return self.btfs[btf][off // 100][1].encode()
+
+    def btf__free(self, btf):
+        self.btf_freed.append(btf)
+
+    def open_fds(self):
+        return [fd for fd in self.fds if is_open(fd)]
+
+
+# Recorded from nettap's object loaded by exporter.loader.Probes (tracepoints,
+# kernel 6.18): program ids, BTF id, func_info[0].type_id, nr_func_info (the
+# exit programs have a subprogram); then the shapes other loaders leave.
+NODE = {
+    1113: ("tcp_sendmsg_enter", 5, 180, 89, 1),
+    1115: ("tcp_sendmsg_enter_iov", 5, 180, 123, 1),
+    1116: ("tcp_sendmsg_enter_msg", 5, 180, 127, 1),
+    1120: ("tcp_sendmsg_exit", 5, 180, 145, 2),
+    1122: ("tcp_state", 5, 180, 197, 1),              # fits: the kernel's name is whole
+    1200: ("bench_long_name_no_btf", 1, 0, 0, 0),     # no BTF (bpf_prog_load without one)
+    1201: ("tcp_sendmsg_ent_x", 1, 777, 1, 1),        # BTF gone / unreadable
+    1202: ("not_a_function_type", 1, 541, 1, 1),      # func_info points at a non-FUNC
+    1203: ("type_id_out_of_range", 1, 541, 99, 1),
+    1204: ("second_info_call_fails", 1, 541, 2, 1),
+    1205: ("btf_but_no_func_info", 1, 541, 0, 0),
+}
+BTFS = {
+    180: {89: (BTF_KIND_FUNC, "tcp_sendmsg_enter"), 123: (BTF_KIND_FUNC, "tcp_sendmsg_enter_iov"),
+          127: (BTF_KIND_FUNC, "tcp_sendmsg_enter_msg"), 145: (BTF_KIND_FUNC, "tcp_sendmsg_exit"),
+          197: (BTF_KIND_FUNC, "tcp_state")},
+    541: {1: (BTF_KIND_FUNC_PROTO, ""), 2: (BTF_KIND_FUNC, "second_info_call_fails")},
+}
+OURS = (1113, 1115, 1116, 1120, 1122)
+
+
+@pytest.fixture
+def fake_bpf(monkeypatch):
+    fake = FakeBpf(dict(NODE), BTFS)
+    fake.fail_func_info.add(1204)
+    monkeypatch.setattr(bpfstats.libbpf, "lib", lambda: fake)
+    yield fake
+    for fd in fake.open_fds():
+        os.close(fd)
+
+
+def test_node_programs_names_programs_by_their_btf_function(fake_bpf):
+    cache = {}
+    names = {p[0]: p[1] for p in bpfstats.node_programs(cache)}
+    assert names == {
+        1113: b"tcp_sendmsg_enter", 1115: b"tcp_sendmsg_enter_iov", 1116: b"tcp_sendmsg_enter_msg",
+        1120: b"tcp_sendmsg_exit", 1122: b"tcp_state",
+        # every fallback is the kernel's 15 characters, as bpftool shows them
+        1200: b"bench_long_name", 1201: b"tcp_sendmsg_ent", 1202: b"not_a_function_",
+        1203: b"type_id_out_of_", 1204: b"second_info_cal", 1205: b"btf_but_no_func",
+    }
+    assert cache == names
+    # Names shorter than 15 characters are whole: no BTF read for tcp_state;
+    # none either without a btf_id (1200) or func_info (1205), nor when
+    # func_info cannot be read (1204).
+    assert sorted(fake_bpf.btf_loads) == [180] * 4 + [541, 541, 777]
+    assert fake_bpf.func_info_calls == 8
+    assert sorted(fake_bpf.btf_freed) == [180] * 4 + [541, 541]      # every BTF loaded is freed
+    assert fake_bpf.open_fds() == []                                 # every program fd closed
+
+
+def test_node_programs_runs_and_types_unchanged(fake_bpf):
+    progs = {p[0]: p for p in bpfstats.node_programs({})}
+    assert progs[1115] == (1115, b"tcp_sendmsg_enter_iov", 5, 11150, 1115000)
+
+
+def test_full_names_are_read_once_per_program_id(fake_bpf):
+    cache = {}
+    bpfstats.node_programs(cache)
+    loads, calls = len(fake_bpf.btf_loads), fake_bpf.func_info_calls
+    for _ in range(3):
+        names = {p[0]: p[1] for p in bpfstats.node_programs(cache)}
+    assert (len(fake_bpf.btf_loads), fake_bpf.func_info_calls) == (loads, calls)   # cached
+    assert names[1115] == b"tcp_sendmsg_enter_iov"
+    del fake_bpf.progs[1115]                                 # unloaded: forgotten
+    fake_bpf.progs[1300] = ("tcp_recvmsg_enter_iov", 5, 542, 3, 1)
+    fake_bpf.btfs = {**BTFS, 542: {3: (BTF_KIND_FUNC, "tcp_recvmsg_enter_iov")}}
+    names = {p[0]: p[1] for p in bpfstats.node_programs(cache)}
+    assert 1115 not in names and 1115 not in cache
+    assert names[1300] == cache[1300] == b"tcp_recvmsg_enter_iov"
+    assert fake_bpf.btf_loads[loads:] == [542]                 # only the new program's BTF
+
+
+def test_node_programs_uses_the_process_cache_by_default(fake_bpf, monkeypatch):
+    monkeypatch.setattr(bpfstats, "_FULL_NAMES", {})
+    bpfstats.node_programs()
+    loads = len(fake_bpf.btf_loads)
+    bpfstats.node_programs()
+    assert len(fake_bpf.btf_loads) == loads and bpfstats._FULL_NAMES[1115] == b"tcp_sendmsg_enter_iov"
+
+
+def test_own_and_node_program_names_join(fake_bpf, monkeypatch):
+    """nettap_bpf_program_*{program} (libbpf's names) and the node view's
+    program label are the same names, longer than 15 characters included."""
+    monkeypatch.setattr(bpfstats, "_FULL_NAMES", {})
+    monkeypatch.setattr(fdinfo, "scan_bpf_holders", lambda proc_root="/proc": {
+        i: fdinfo.Holder(42, "nettap") for i in OURS})
+    own = {NODE[i][0]: fake_bpf.bpf_prog_get_fd_by_id(i) for i in OURS}   # the fds nettap holds
+    c = ProgramStatsCollector(FakeSwitch("fd", True), lambda: own, lambda: "node")
+    f = fams(c)
+    own_names = {s.labels["program"] for s in f["nettap_bpf_program_runs"].samples}
+    node_runs = {s.labels["program"]: s.value for s in f["nettap_node_bpf_program_runs"].samples
+                 if s.labels["owner"] == "nettap"}
+    assert own_names == set(node_runs) == {"tcp_sendmsg_enter", "tcp_sendmsg_enter_iov",
+                                           "tcp_sendmsg_enter_msg", "tcp_sendmsg_exit", "tcp_state"}
+    assert node_runs["tcp_sendmsg_enter_iov"] == 11150     # no longer summed with the other two
+    loads = len(fake_bpf.btf_loads)
+    fams(c)
+    assert len(fake_bpf.btf_loads) == loads                   # the second scrape reads no BTF

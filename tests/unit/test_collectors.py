@@ -24,6 +24,7 @@ from exporter.bpfstats import ProgramStatsCollector
 from exporter.cgroup import CgroupCollector
 from exporter.collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
                                  ProbeCollector, ReloadCollector)
+from exporter.features import Feature
 from exporter.loader import ProbeState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +58,10 @@ def fake_app():
             # not attached: rendered with mechanism none whatever was tried
             "tcp_recvmsg": ProbeState("tcp_recvmsg", mechanism="kprobe", attached=False,
                                       error="attach refused"),
-        }),
+        }, lifecycle=ProbeState("tcp_state", mechanism="tracepoint", attached=True),
+            variant="compat",
+            plan=SimpleNamespace(features=[Feature("BPF ring buffer", "5.8", True, "probe"),
+                                           Feature("bpf_rdonly_cast", "6.2", False, "vmlinux BTF")])),
         rings={"capture_chunks": FakeRing(1557, 16 << 20, 4096),
                "capture_eof": FakeRing(12, 256 << 10, 0),
                "logs": FakeRing(2, 64 << 10, 0)},
