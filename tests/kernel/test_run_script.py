@@ -1,0 +1,29 @@
+"""The README's run command on this kernel: scripts/run.sh starts nettap
+with its built-in default config and /readyz answers 200 once the probes
+are attached. The kernel matrix runs this in every guest kernel."""
+import signal
+import subprocess
+
+import pytest
+import requests
+
+from procs import ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.kernel
+
+
+def test_run_script_reaches_ready():
+    port = free_port()
+    p = subprocess.Popen([str(ROOT / "scripts" / "run.sh"), "--web.listen-address", f"127.0.0.1:{port}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        r = wait_for(lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1), timeout=60,
+                     what="/readyz", step=0.3)
+        assert r.status_code == 200, r.text
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert 'nettap_probe_attached{mechanism="none"' not in text
+        assert 'nettap_bpf_variant_info{variant=' in text
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0, out
