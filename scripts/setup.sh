@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 
 RUN_PKGS="libbpf1 python3 python3-venv"
 TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 prometheus prometheus-alertmanager jsonnet"
+# The kernel matrix (scripts/kernel_matrix.py): qemu for the guests, depmod for their modules,
+# busybox for the initramfs virtme-ng builds to load 9p and virtio modules.
+TEST_PKGS="$TEST_PKGS qemu-system-x86 kmod busybox-static"
 case $profile in
   run) pkgs=$RUN_PKGS ;;
   test) pkgs=$TEST_PKGS ;;

@@ -1,7 +1,6 @@
 """Kernel tests: the real probes in this kernel, driven by real loopback
 traffic, counted exactly."""
 import os
-import subprocess
 import uuid
 
 import pytest
@@ -143,40 +142,51 @@ def test_cgroup_target(nettap_run, mode):
         os.rmdir(cg)
 
 
-NETNS_SCRIPT = r"""
-import sys
-sys.path.insert(0, {tests!r})
-from traffic import Server, send_messages
-srv = Server(port=9000)
-send_messages(9000, {n}, {s})
-srv.wait_received(1)
-"""
+def _in_netns(name, fn):
+    """fn() in a thread moved into network namespace name (setns applies to
+    the calling thread only; sockets keep the namespace they were made in)."""
+    from pyroute2 import netns
+    out, err = [], []
+
+    def run():
+        try:
+            netns.setns(name, flags=0)
+            out.append(fn())
+        except BaseException as e:       # noqa: BLE001 - re-raised in the caller
+            err.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    if err:
+        raise err[0]
+    return out[0]
 
 
 def test_netns_target(nettap_run, mode):
     from pyroute2 import NetNS, netns
     name = f"nettap-test-{uuid.uuid4().hex[:8]}"
     netns.create(name)
+    inside = outside = None
     try:
         with NetNS(name) as ns:                           # bring lo up inside it
             idx = ns.link_lookup(ifname="lo")[0]
             ns.link("set", index=idx, state="up")
         run = nettap_run({"captures": [{"netns": f"/var/run/netns/{name}"}]})
-        tests = os.path.dirname(os.path.abspath(__file__)) + "/.."
-        script = NETNS_SCRIPT.format(tests=os.path.abspath(tests), n=N, s=S)
-        subprocess.run(["ip", "netns", "exec", name, "python3", "-c", script], check=True, timeout=60)
-        srv = Server(port=9000)                           # same port, root netns: not captured
-        try:
-            send_messages(9000, N, S)
-            srv.wait_received(1)
-        finally:
-            srv.close()
+        inside = _in_netns(name, lambda: Server(port=9000))
+        _in_netns(name, lambda: send_messages(9000, N, S))
+        inside.wait_received(1)
+        outside = Server(port=9000)                       # same port, root netns: not captured
+        send_messages(9000, N, S)
+        outside.wait_received(1)
         c = run.counters()
         assert c["tcp_sendmsg"]["calls"] == N and c["tcp_sendmsg"]["bytes"] == N * S
         assert c["tcp_recvmsg"]["bytes"] == N * S
         lines, _ = run.finish()
         assert list(streams(lines, "egress").values()) == [payload(N * S)]
     finally:
+        for srv in (inside, outside):
+            if srv:
+                srv.close()
         netns.remove(name)
 
 

@@ -1,0 +1,310 @@
+#!/usr/bin/python3
+"""Kernel matrix: boot Debian's stock kernels in qemu guests and run the kernel tests there.
+
+    scripts/kernel_matrix.py [--out DIR] [--host-junit FILE] [--table FILE] [--timeout S]
+                             [--jobs N] [--cache DIR] [-- PYTEST_ARGS]
+
+For each kernel below: fetch the newest Debian package with `apt-get download` (cached in
+--cache), put its modules and vmlinuz under /lib/modules/<release> (depmod'ed, removed again at
+exit), boot it with virtme-ng over the host's root filesystem (TCG: nested KVM hangs here) and
+run `pytest -m kernel tests/kernel` inside. The guest writes its results to --out, shared
+read-write; everything else it sees is the host's root, read-only or behind a throwaway overlay
+(/tmp, /etc, /usr, /var are writable in the guest, not the checkout unless it lives in /tmp).
+
+Prints (and writes to --table) a markdown table kernel x mechanism x passed/failed/skipped, with
+the host's kernel tests as a row when --host-junit is given. Exits non-zero when a kernel cannot
+be fetched or booted, its guest left no results, or any of its tests failed. Run as root.
+"""
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# (name, package name regex for `apt-cache search --names-only`); the newest match is used.
+KERNELS = [
+    ("6.1", r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$"),
+    ("6.1-rt", r"^linux-image-6\.1\.0-[0-9]+-rt-amd64-unsigned$"),
+    ("6.12", r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$"),  # bookworm-security or -backports
+]
+MECHANISMS = ("fentry", "kprobe", "tracepoint")
+VARIANTS = ("fast", "compat")           # BPF program variants (exporter/features.py)
+GUEST_OUT = "/tmp/nettap-matrix-out"   # where --out is mounted in the guest (guest /tmp is writable)
+# Guests at once. TCG is CPU-bound, but one guest keeps only ~1 of the 2 host CPUs busy (9p
+# reads, timers): three at once took 1.8x longer each than one alone, so 1.65x the throughput.
+JOBS = 3
+GUESTS = []                            # every vng started, to kill on timeout or interrupt
+MARK = ".nettap-kernel-matrix"         # marks a /lib/modules/<release> this script created
+ENV = dict(os.environ, DEBIAN_FRONTEND="noninteractive",
+           PATH=f"{REPO}/.venv/bin:/usr/sbin:/sbin:{os.environ.get('PATH', '/usr/bin:/bin')}")
+
+
+def log(msg):
+    print(f"kernel-matrix: {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, env=ENV, **kw)
+
+
+def newest_package(regex):
+    out = subprocess.run(["apt-cache", "search", "--names-only", regex], env=ENV,
+                         capture_output=True, text=True, check=True).stdout
+    names = [line.split(" - ")[0] for line in out.splitlines()]
+    natural = lambda n: [int(x) for x in re.findall(r"\d+", n)]
+    return max(names, key=natural) if names else None
+
+
+def add_backports():
+    """Add bookworm-backports from the mirror apt already uses for bookworm."""
+    out = subprocess.run(["apt-get", "indextargets", "--format", "$(REPO_URI) $(RELEASE)",
+                          "Identifier: Packages"], env=ENV, capture_output=True, text=True).stdout
+    uris = [l.split()[0] for l in out.splitlines() if l.endswith(" bookworm")]
+    if not uris:
+        raise RuntimeError("no bookworm apt source to derive bookworm-backports from")
+    with open("/etc/apt/sources.list.d/bookworm-backports.sources", "w") as f:
+        f.write(f"Types: deb\nURIs: {uris[0]}\nSuites: bookworm-backports\nComponents: main\n"
+                "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
+    log(f"added bookworm-backports ({uris[0]})")
+    run(["apt-get", "update", "-qq"])
+
+
+def resolve(regex, updated):
+    """The newest package matching regex; apt-get update (once) and backports if needed."""
+    pkg = newest_package(regex)
+    if pkg is None and not updated[0]:
+        run(["apt-get", "update", "-qq"])
+        updated[0] = True
+        pkg = newest_package(regex)
+    if pkg is None and "+deb12" in regex and not os.path.exists(
+            "/etc/apt/sources.list.d/bookworm-backports.sources"):
+        add_backports()
+        pkg = newest_package(regex)
+    if pkg is None:
+        raise RuntimeError(f"no package matches {regex}")
+    return pkg
+
+
+def fetch(pkg, regex, cache):
+    """Download and unpack pkg into cache/<pkg>/ once; drop older kernels of the same flavour."""
+    tree = os.path.join(cache, pkg)
+    if not os.path.exists(os.path.join(tree, ".unpacked")):
+        tmp = os.path.join(cache, ".download")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        shutil.chown(tmp, "_apt")      # apt downloads as _apt, and warns when it cannot
+        log(f"downloading {pkg}")
+        run(["apt-get", "download", "-q", pkg], cwd=tmp, stdout=subprocess.DEVNULL)
+        shutil.rmtree(tree, ignore_errors=True)
+        deb, = os.listdir(tmp)
+        run(["dpkg-deb", "-x", os.path.join(tmp, deb), tree])
+        shutil.rmtree(tmp)
+        open(os.path.join(tree, ".unpacked"), "w").close()
+    for old in os.listdir(cache):
+        if old != pkg and re.match(regex, old):
+            shutil.rmtree(os.path.join(cache, old))
+    release = pkg[len("linux-image-"):-len("-unsigned")]
+    if not os.path.isdir(os.path.join(tree, "lib/modules", release)):
+        raise RuntimeError(f"{pkg} has no lib/modules/{release}")
+    return tree, release
+
+
+def install_modules(tree, release):
+    """/lib/modules/<release> = the package's modules + its vmlinuz (where `vng -r <release>`
+    looks), depmod'ed so modprobe works in the guest. Returns the dir if we created it."""
+    dst = f"/lib/modules/{release}"
+    if os.path.exists(dst) and not os.path.exists(os.path.join(dst, MARK)):
+        return None                    # the host has this kernel installed: use it, leave it
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs("/lib/modules", exist_ok=True)
+    src = os.path.join(tree, "lib/modules", release)
+    # hard links when the cache is on the same filesystem: instant, no extra space
+    if subprocess.run(["cp", "-al", src, dst], stderr=subprocess.DEVNULL).returncode != 0:
+        shutil.rmtree(dst, ignore_errors=True)
+        run(["cp", "-a", src, dst])
+    open(os.path.join(dst, MARK), "w").close()
+    shutil.copy(os.path.join(tree, "boot", f"vmlinuz-{release}"), os.path.join(dst, "vmlinuz"))
+    run(["depmod", release])
+    return dst
+
+
+def boot(name, release, out, timeout, pytest_args):
+    """Run the kernel tests in a guest; its results land in out/<name>.{release,log,rc,xml}."""
+    for ext in ("release", "boot", "log", "rc", "xml", "console.log"):   # stale results must not count
+        if os.path.exists(f"{out}/{name}.{ext}"):
+            os.remove(f"{out}/{name}.{ext}")
+    g = f"{GUEST_OUT}/{name}"
+    pytest = ["-m", "kernel", "tests/kernel", "-q", "-p", "no:cacheprovider", f"--junitxml={g}.xml",
+              *pytest_args]
+    with open(f"{out}/{name}.sh", "w") as f:
+        f.write(f"cd {shlex.quote(REPO)}\n"
+                f"uname -r > {g}.release\n"
+                f"cut -d' ' -f1 /proc/uptime > {g}.boot\n"                # seconds to boot
+                # only the variant nettap would pick here: each test costs ~10x under TCG
+                "export PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp NETTAP_TEST_VARIANTS=default\n"
+                f".venv/bin/python -m pytest {shlex.join(pytest)} > {g}.log 2>&1\n"
+                f"echo $? > {g}.rc\n")
+    # --verbose: the guest has no udev, so no /dev/virtio-ports links for vng's script I/O;
+    # virtme-ng-init then runs the command on the serial console, which only --verbose shows.
+    cmd = ["vng", "--verbose", "--disable-kvm", "--force-9p", "--cpus", "2", "--memory", "2G",
+           "--rwdir", f"{GUEST_OUT}={out}", "-r", release, "--", f"sh {g}.sh"]
+    log(f"{name}: booting {release}")
+    start = time.monotonic()
+    with open(f"{out}/{name}.console.log", "w") as console:
+        # own session: on timeout kill vng, virtme-run and qemu together
+        p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdin=subprocess.DEVNULL, stdout=console,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        GUESTS.append(p)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log(f"{name}: guest still running after {timeout} s, killed")
+        finally:
+            kill(p)
+    took = time.monotonic() - start
+    log(f"{name}: done in {took:.0f} s")
+    return took
+
+
+def kill(p):
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def count(junit):
+    """{mechanism: [passed, failed, skipped]} of the tests under tests/kernel in a junit file."""
+    counts = {}
+    for case in ET.parse(junit).iter("testcase"):
+        if not case.get("classname", "").startswith("tests.kernel."):
+            continue
+        params = re.search(r"\[(.*)\]$", case.get("name", ""))
+        parts = params.group(1).split("-") if params else []
+        mech = next((m for m in MECHANISMS if m in parts), "any")
+        mech += next((f" ({v})" for v in VARIANTS if v in parts), "")
+        c = counts.setdefault(mech, [0, 0, 0])
+        if case.find("failure") is not None or case.find("error") is not None:
+            c[1] += 1
+        elif case.find("skipped") is not None:
+            c[2] += 1
+        else:
+            c[0] += 1
+    return counts
+
+
+def verdict(name, release, out):
+    """(counts, note) of a finished guest; a note means the kernel failed."""
+    booted, rc = read(f"{out}/{name}.release"), read(f"{out}/{name}.rc")
+    if booted is None:
+        return {}, f"guest did not run the tests (see {out}/{name}.console.log)"
+    if booted != release:
+        return {}, f"booted {booted}, not {release}"
+    if not os.path.exists(f"{out}/{name}.xml"):
+        return {}, f"no junit xml (pytest rc {rc}; see {out}/{name}.log, .console.log)"
+    try:
+        counts = count(f"{out}/{name}.xml")
+    except ET.ParseError as e:
+        return {}, f"unreadable junit xml ({e})"
+    if rc != "0":
+        return counts, f"pytest rc {rc} (see {out}/{name}.log)"
+    return counts, "" if counts else "no kernel tests ran"
+
+
+def main():
+    argv = sys.argv[1:]
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/nettap-kernel-matrix", help="results dir (shared with guests)")
+    ap.add_argument("--cache", default="/var/cache/nettap-kernels", help="downloaded kernels")
+    ap.add_argument("--host-junit", help="junit xml of the host's run, shown as its own row")
+    ap.add_argument("--table", help="markdown table (default OUT/kernel-matrix.md)")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per guest, boot included")
+    ap.add_argument("--jobs", type=int, default=JOBS, help="guests booted at once")
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("kernel-matrix: needs root (apt-get, /lib/modules, qemu)")
+    if shutil.which("vng", path=ENV["PATH"]) is None:
+        sys.exit("kernel-matrix: vng not found: run scripts/setup.sh test")
+    out = os.path.abspath(a.out)
+    table = a.table or os.path.join(out, "kernel-matrix.md")
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(a.cache, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` cleans up
+
+    rows = {}                          # name -> (release, counts, note, seconds)
+    ready, created, updated = [], [], [False]
+    had_modules_dir = os.path.isdir("/lib/modules")   # this host's own kernel ships none
+    try:
+        for name, regex in KERNELS:
+            try:
+                try:
+                    tree, release = fetch(resolve(regex, updated), regex, a.cache)
+                except subprocess.CalledProcessError:
+                    if updated[0]:
+                        raise
+                    run(["apt-get", "update", "-qq"])     # stale lists: a superseded version
+                    updated[0] = True
+                    tree, release = fetch(resolve(regex, updated), regex, a.cache)
+                d = install_modules(tree, release)
+                created += [d] if d else []
+                ready.append((name, release))
+            except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+                rows[name] = (name, {}, f"fetch/install failed: {e}", "")
+        pool = ThreadPoolExecutor(max(1, a.jobs))
+        took = dict(zip((n for n, _ in ready), pool.map(
+            lambda k: boot(*k, out, a.timeout, pytest_args), ready)))
+        for name, release in ready:
+            counts, note = verdict(name, release, out)
+            up = read(f"{out}/{name}.boot")
+            t = f"{took[name]:.0f} s" + (f" (boot {float(up):.0f} s)" if up else "")
+            rows[name] = (release, counts, note, t)
+            if os.path.exists(f"{out}/{name}.log"):
+                print(f"--- {name} ({release}): pytest in the guest\n{read(f'{out}/{name}.log')}")
+    finally:
+        for p in GUESTS:               # interrupted: stop the guests before their modules go
+            kill(p)
+        for d in created:              # leave no kernel of ours behind on the host
+            shutil.rmtree(d, ignore_errors=True)
+        if not had_modules_dir and os.path.isdir("/lib/modules") and not os.listdir("/lib/modules"):
+            os.rmdir("/lib/modules")
+
+    rows = [rows[n] for n, _ in KERNELS]
+    if a.host_junit:
+        counts = count(a.host_junit) if os.path.exists(a.host_junit) else {}
+        rows.insert(0, (f"{os.uname().release} (host)", counts,
+                        "" if counts else "no kernel tests in the host run", ""))
+    lines = ["| kernel | mechanism (variant) | passed | failed | skipped | time | note |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    total, failed = [0, 0, 0], False
+    for release, counts, note, t in rows:
+        for i, (mech, c) in enumerate(sorted(counts.items()) or [("-", ["", "", ""])]):
+            lines.append(f"| {release} | {mech} | {c[0]} | {c[1]} | {c[2]} | "
+                         + (f"{t} | {note} |" if i == 0 else " | |"))
+        if "(host)" not in release:   # the host's failures fail its own pytest run
+            failed |= bool(note) or any(c[1] for c in counts.values())
+            total = [x + sum(c[i] for c in counts.values()) for i, x in enumerate(total)]
+    with open(table, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines) + f"\n(table written to {table})")
+    print(f"matrix: {total[0]} passed, {total[1]} failed, {total[2]} skipped")   # the closing line
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
