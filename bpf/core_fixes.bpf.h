@@ -11,6 +11,7 @@
 #include "vmlinux_min.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include "tcp.h"
 
 /*
  * bpf_rdonly_cast(), Linux 6.2 (commit fd264ca02094 "bpf: Add a kfunc to
@@ -83,6 +84,62 @@ static __always_inline __u64 iter_iovec(struct msghdr *msg)
 	if (bpf_core_field_exists(it->__iov))
 		return (__u64)BPF_CORE_READ(it, __iov);
 	return (__u64)BPF_CORE_READ(msg, msg_iter.iov);
+}
+
+/*
+ * bpf_get_current_ancestor_cgroup_id() is offered to tracing programs only
+ * since Linux 5.14 (commit 95b861a7935b "bpf: Allow bpf_get_current_ancestor_cgroup_id
+ * for tracing"). Where it is missing, the compat programs read the ancestry
+ * from struct cgroup itself: ancestor_ids[] up to 6.0, ancestors[] since 6.1
+ * (commit 7f203bc89eb6 "cgroup: Replace cgroup->ancestor_ids[] with
+ * ->ancestors[]"; tests force that path on every kernel). User space sets nettap_kernel.has_ancestor_cgroup_id
+ * from the helper probe; the verifier knows the value (frozen .rodata) and never
+ * visits the branch not taken, so the helper call is not seen where it is unknown.
+ */
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup___old {
+	int level;
+	__u64 ancestor_ids[];
+} __attribute__((preserve_access_index));
+
+struct cgroup___new {
+	int level;
+	struct kernfs_node *kn;
+	struct cgroup___new *ancestors[];
+} __attribute__((preserve_access_index));
+
+const volatile struct nettap_kernel nettap_kernel SEC(".rodata.nettap") = {
+	.has_ancestor_cgroup_id = 1,
+};
+
+static __always_inline __u64 current_ancestor_cgroup_id(__u32 level)
+{
+	struct cgroup___old *old = NULL;
+	struct cgroup___new *new = NULL;
+	struct task_struct *task;
+	void *cg;
+	__u64 id = 0;
+
+	if (nettap_kernel.has_ancestor_cgroup_id)
+		return bpf_get_current_ancestor_cgroup_id(level);
+	task = (void *)bpf_get_current_task();
+	cg = BPF_CORE_READ(task, cgroups, dfl_cgrp);
+	old = cg;
+	if (!cg || level > (__u32)BPF_CORE_READ(old, level))
+		return 0;
+	level &= 31;
+	if (bpf_core_field_exists(old->ancestor_ids)) {
+		bpf_probe_read_kernel(&id, sizeof(id), cg + bpf_core_field_offset(old->ancestor_ids) +
+				      level * sizeof(__u64));
+	} else if (bpf_core_field_exists(new->ancestors)) {
+		bpf_probe_read_kernel(&new, sizeof(new), cg + bpf_core_field_offset(new->ancestors) +
+				      level * sizeof(void *));
+		id = BPF_CORE_READ(new, kn, id);
+	}
+	return id;
 }
 
 #endif /* NETTAP_CORE_FIXES_BPF_H */

@@ -54,7 +54,7 @@ static __always_inline bool task_matches(struct nettap_capture_config *cfg)
 		for (int i = 0; i < NETTAP_MAX_CGROUP_LEVELS && levels; i++) {
 			__u32 low = levels & -levels;
 			__u32 lvl = debruijn32[((low * 0x077CB531U) >> 27) & 31];
-			__u64 cg = bpf_get_current_ancestor_cgroup_id(lvl);
+			__u64 cg = current_ancestor_cgroup_id(lvl);
 
 			levels &= levels - 1;
 			if (cg && bpf_map_lookup_elem(&capture_cgroups, &cg))

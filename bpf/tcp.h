@@ -63,6 +63,12 @@ struct nettap_capture_config {
 	__u32 wakeup_bytes;		/* wake the reader once this much is pending */
 };
 
+/* What user space found out about the kernel before load (section
+ * .rodata.nettap: read-only once loaded, so the verifier prunes on it). */
+struct nettap_kernel {
+	__u32 has_ancestor_cgroup_id;	/* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
+};
+
 /* Per-probe counters: one per-CPU array row per probe. */
 struct nettap_probe_counters {
 	__u64 calls;

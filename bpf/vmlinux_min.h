@@ -153,8 +153,17 @@ struct pt_regs {
 	unsigned long ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
 };
 
+struct cgroup {
+	int level;
+};
+
+struct css_set {
+	struct cgroup *dfl_cgrp;
+};
+
 struct task_struct {
 	struct files_struct *files;
+	struct css_set *cgroups;
 };
 
 struct trace_event_raw_inet_sock_set_state {

@@ -20,6 +20,7 @@ BPF_PROG_TYPE_SOCKET_FILTER = 1
 BPF_PROG_TYPE_TRACEPOINT = 5
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_MAP_TYPE_TASK_STORAGE = 29
+BPF_FUNC_get_current_ancestor_cgroup_id = 123
 BPF_FUNC_get_current_task_btf = 158
 BPF_FUNC_loop = 181
 
@@ -44,7 +45,7 @@ class Unsupported(Exception):
 
 # name -> (Linux release, required by the compat floor)
 FLOOR = ("vmlinux BTF", "BPF ring buffer")
-FAST_NEEDS = ("task storage", "bpf_get_current_task_btf", "atomic fetch-and-add", "bpf_loop",
+FAST_NEEDS = ("bpf_get_current_ancestor_cgroup_id", "task storage", "bpf_get_current_task_btf", "atomic fetch-and-add", "bpf_loop",
               "bpf_rdonly_cast")
 
 
@@ -97,6 +98,9 @@ def probe(btf: int) -> list:
         ("vmlinux BTF", "5.4", lambda: (has_btf, VMLINUX_BTF)),
         ("BPF ring buffer", "5.8", lambda: _map_type(BPF_MAP_TYPE_RINGBUF)),
         ("task storage", "5.11", lambda: _map_type(BPF_MAP_TYPE_TASK_STORAGE)),
+        # compat reads the cgroup ancestry itself where tracing programs lack the helper
+        ("bpf_get_current_ancestor_cgroup_id", "5.14",
+         lambda: _helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_get_current_ancestor_cgroup_id)),
         ("bpf_get_current_task_btf", "5.11",
          lambda: _helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_get_current_task_btf)),
         ("atomic fetch-and-add", "5.12", _atomic_fetch),
@@ -104,6 +108,13 @@ def probe(btf: int) -> list:
         ("bpf_rdonly_cast", "6.2", lambda: _kfunc(btf, "bpf_rdonly_cast")),
     )
     return [Feature(name, since, *check()) for name, since, check in checks]
+
+
+def kernel_settings(features: list) -> bytes:
+    """struct nettap_kernel (bpf/tcp.h), written into the object's
+    .rodata.nettap section before load."""
+    have = {f.name: f.present for f in features}
+    return int(have["bpf_get_current_ancestor_cgroup_id"]).to_bytes(4, "little")
 
 
 def choose_variant(features: list, forced: str | None = None) -> tuple:

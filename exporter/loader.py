@@ -265,9 +265,12 @@ class Probes:
         for name, prog in self._programs():
             libbpf.call("bpf_program__set_autoload", prog, name in want)
         unused = {m for v, maps in VARIANT_MAPS.items() if v != self.variant for m in maps}
+        settings = features.kernel_settings(self.plan.features)
         for name, m in self._maps():
             if name in unused:
                 libbpf.call("bpf_map__set_autocreate", m, False)
+            if name.endswith(".rodata.nettap"):
+                libbpf.call("bpf_map__set_initial_value", m, settings, len(settings))
             if name in ring_sizes:
                 libbpf.call("bpf_map__set_max_entries", m, ring_sizes[name])
 

@@ -56,13 +56,14 @@ class Run:
     """A Nettap loaded in this process with a jsonl sink under tmp_path,
     forced to one (mechanism, variant) when mode is given."""
 
-    def __init__(self, tmp_path, doc, mode=None):
+    def __init__(self, tmp_path, doc, mode=None, kernel_plan=None):
         self.out = tmp_path / "capture.jsonl"
         doc = dict(doc)
         doc.setdefault("output", {"type": "jsonl", "path": str(self.out)})
         self.cfg = config.parse(doc)
         mech, variant = mode or (None, None)
-        self.app = Nettap(self.cfg, mechanism=mech, variant=variant)
+        probes = loader.Probes(self.cfg.ring_bytes, kernel_plan=kernel_plan) if kernel_plan else None
+        self.app = Nettap(self.cfg, mechanism=mech, variant=variant, probes=probes)
         if mode:
             assert {st.mechanism for st in self.app.probes.states.values()} == {mech}
             assert self.app.probes.variant == variant

@@ -120,12 +120,12 @@ def _v2_root():
     pytest.fail("no cgroup v2 hierarchy mounted")
 
 
-def test_cgroup_target(nettap_run, mode):
+def _cgroup_capture(run_for):
     cg = os.path.join(_v2_root(), f"nettap-test-{uuid.uuid4().hex[:8]}")
     os.mkdir(cg)
     try:
         srv = Server()
-        run = nettap_run({"captures": [{"cgroup": cg}]})
+        run = run_for({"captures": [{"cgroup": cg}]})
         cl = ClientProcess(srv.port, N, S)
         with open(os.path.join(cg, "cgroup.procs"), "w") as f:
             f.write(str(cl.pid))
@@ -140,6 +140,34 @@ def test_cgroup_target(nettap_run, mode):
         assert list(streams(lines, "egress").values()) == [payload(N * S)]
     finally:
         os.rmdir(cg)
+
+
+def test_cgroup_target(nettap_run, mode):
+    _cgroup_capture(nettap_run)
+
+
+def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
+    # Before Linux 5.14 tracing programs cannot call bpf_get_current_ancestor_cgroup_id
+    # and the compat programs read the cgroup's ancestor ids themselves. Every
+    # kernel of the matrix has the helper, so tell the loader it is missing.
+    from exporter import features, loader
+    from conftest import Run
+    kp = loader.plan("tracepoint", "compat")
+    for f in kp.features:
+        if f.name == "bpf_get_current_ancestor_cgroup_id":
+            f.present = False
+    assert features.kernel_settings(kp.features) == bytes(4)
+    runs = []
+
+    def run_for(doc):
+        r = Run(tmp_path, doc, kernel_plan=kp)
+        runs.append(r)
+        return r
+    try:
+        _cgroup_capture(run_for)
+    finally:
+        for r in runs:
+            r.app.close()
 
 
 def _in_netns(name, fn):
