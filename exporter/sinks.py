@@ -25,13 +25,19 @@ class Sink:
     def write(self, lines: List[str]) -> None:
         if not lines:
             return
-        data = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+        self.write_data(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"), len(lines))
+
+    def write_data(self, data: bytes, count: int) -> None:
+        """Write ``count`` records' lines, already formatted: UTF-8, each
+        ended by a newline (records.jsonl)."""
+        if not count:
+            return
         try:
             self._write(data)
-            self.written += len(lines)
+            self.written += count
         except (OSError, ValueError) as e:
             self.errors += 1
-            self.lost += len(lines)
+            self.lost += count
             now = time.monotonic()
             if now - self._last_log > 10:       # at most one line per 10 s
                 self._last_log = now

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""JSON-lines writer benchmark: lines/s of the compiled writer
+(exporter/_jsonl.c, records.jsonl) against the pure-Python reference
+(records.reference_jsonl: records.lines joined and encoded as a sink writes
+them), in the same run, on one core.
+
+Record sets, as a storm on loopback produces them: lifecycle (eof)
+records, and chunk records carrying 64 and 400 payload bytes; batches of
+10,000 records (a ring read). Both writers turn a batch into the bytes a
+sink writes; the benchmark checks they are the same bytes, then alternates
+the two writers and keeps each one's best round.
+
+Run:  .venv/bin/python bench/writer.py [--cpu N] [--rounds 7] [--batch 10000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")      # no idle BLAS threads on the pinned core
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from exporter import records as R  # noqa: E402
+
+
+def _loopback(recs: np.ndarray, rng) -> None:
+    n = len(recs)
+    recs["conn_id"] = np.arange(1, n + 1) * 7919 % 1_000_003
+    recs["ts_ns"] = 81_234_567_890_123 + np.arange(n) * 4_321
+    recs["pid"] = 4242
+    recs["tid"] = 4242 + rng.integers(0, 4, n)
+    recs["family"] = socket.AF_INET
+    recs["sport"] = rng.integers(32768, 61000, n)
+    recs["dport"] = 8080
+    lo = socket.inet_aton("127.0.0.1").ljust(16, b"\0")
+    recs["saddr"] = lo
+    recs["daddr"] = lo
+    recs["comm"] = b"python3"
+
+
+def eof_records(n: int, rng) -> np.ndarray:
+    recs = np.zeros(n, R.EOF_)
+    _loopback(recs, rng)
+    recs["start_ns"] = recs["ts_ns"] - rng.integers(10_000, 2_000_000, n)
+    recs["tx_bytes"] = 64 * 3
+    recs["rx_bytes"] = 64 * 3
+    recs["tx_calls"] = 3
+    recs["rx_calls"] = 3
+    recs["oldstate"] = rng.choice([4, 9, 8], n)                 # FIN_WAIT1, LAST_ACK, CLOSE_WAIT
+    return recs
+
+
+def chunk_records(n: int, size: int, rng) -> np.ndarray:
+    recs = np.zeros(n, R.CHUNK)
+    _loopback(recs, rng)
+    recs["direction"] = rng.integers(0, 2, n)
+    recs["offset"] = rng.integers(0, 1 << 20, n)
+    recs["call_offset"] = recs["offset"]
+    recs["call_len"] = size
+    recs["len"] = size
+    payload = rng.integers(0, 256, (n, R.CHUNK_DATA), dtype=np.uint8)
+    payload[:, size:] = 0
+    recs["data"] = payload.view(f"V{R.CHUNK_DATA}").reshape(n)
+    return recs
+
+
+def best_rate(fn, ring: str, recs: np.ndarray, seconds: float = 0.25) -> float:
+    """Lines/s of one round: as many whole batches as fit in ~seconds."""
+    t0 = time.perf_counter()
+    k = 0
+    while True:
+        fn(ring, recs)
+        k += 1
+        t = time.perf_counter() - t0
+        if t >= seconds:
+            return k * len(recs) / t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the last allowed)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=10_000)
+    a = ap.parse_args()
+    cpu = a.cpu if a.cpu is not None else max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    if R.WRITER != "compiled":
+        print(f"compiled writer not available: {R.WRITER_PROBLEM}", file=sys.stderr)
+        return 1
+    rng = np.random.default_rng(1)
+    sets = [
+        ("eof", "capture_eof", eof_records(a.batch, rng)),
+        ("chunk 64 B", "capture_chunks", chunk_records(a.batch, 64, rng)),
+        ("chunk 400 B", "capture_chunks", chunk_records(a.batch, 400, rng)),
+    ]
+    print(f"JSON-lines writer, one core (cpu {cpu}), batches of {a.batch} records, best of {a.rounds} rounds")
+    print(f"{'records':<12} {'reference lines/s':>18} {'compiled lines/s':>17} {'ratio':>7} {'bytes/line':>11}")
+    for label, ring, recs in sets:
+        out = R.jsonl(ring, recs)
+        assert out == R.reference_jsonl(ring, recs), f"{label}: the writers disagree"
+        ref = comp = 0.0
+        for _ in range(a.rounds):                               # alternated: the same noise for both
+            ref = max(ref, best_rate(R.reference_jsonl, ring, recs))
+            comp = max(comp, best_rate(R.jsonl, ring, recs))
+        print(f"{label:<12} {ref / 1e6:>16.3f} M {comp / 1e6:>15.2f} M {comp / ref:>6.1f}x {len(out) / len(recs):>11.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

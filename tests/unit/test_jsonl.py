@@ -1,0 +1,283 @@
+"""The compiled JSON-lines writer (exporter/_jsonl.c) writes exactly the bytes
+of the pure-Python reference (exporter/records.py): on the committed
+fixtures, on every UTF-8 case a task name can hold, on IPv6 zero runs and
+mapped forms, and on tens of thousands of random records with every field
+at its extremes. It must be built: `pip install -e .` (scripts/setup.sh,
+which scripts/test.sh runs first) builds it; these tests fail, never skip,
+without it."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporter import records as R
+from exporter.ringbuf import walk
+
+FIX = Path(__file__).parent / "fixtures" / "records"
+_spec = importlib.util.spec_from_file_location("make_fixture", FIX / "make_fixture.py")
+mf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mf)
+
+RINGS = list(R.RECORDS)
+U64, U32, U16, U8 = 2**64 - 1, 2**32 - 1, 2**16 - 1, 2**8 - 1
+SEED = 20240609
+
+
+def compiled(ring: str, recs: np.ndarray) -> bytes:
+    assert R.WRITER == "compiled", R.WRITER_PROBLEM
+    return R.jsonl(ring, recs)
+
+
+def assert_same(ring: str, recs: np.ndarray) -> None:
+    """Both writers, the same bytes; on a difference, show the first line that differs."""
+    want = R.reference_jsonl(ring, recs)
+    got = compiled(ring, recs)
+    if got != want:
+        for i, (g, w) in enumerate(zip(got.split(b"\n"), want.split(b"\n"))):
+            assert g == w, f"record {i}: {recs[i]!r}"
+        assert len(got) == len(want)
+    assert got.count(b"\n") == len(recs)
+
+
+def test_compiled_writer_is_built_and_used():
+    assert R.WRITER == "compiled", R.WRITER_PROBLEM
+    assert R.WRITER_PROBLEM is None
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_fixtures(ring):
+    recs, _, _ = walk((FIX / f"{mf.FILES[ring]}.bin").read_bytes(), R.RECORDS[ring])
+    golden = (FIX / f"{mf.FILES[ring]}.jsonl").read_bytes()
+    assert R.reference_jsonl(ring, recs) == golden
+    assert compiled(ring, recs) == golden
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_empty_batch(ring):
+    assert compiled(ring, np.empty(0, R.RECORDS[ring])) == b""
+
+
+# ---- random records -------------------------------------------------------
+
+def _ints(rng, n: int, bits: int) -> np.ndarray:
+    """Mostly extremes and digit-count boundaries, some uniform."""
+    top = 2**bits - 1
+    edges = sorted({0, 1, 2, top, top - 1, 2**(bits - 1), 2**(bits - 1) - 1,
+                    *[10**k for k in range(20) if 10**k <= top], *[10**k - 1 for k in range(1, 21) if 10**k - 1 <= top]})
+    pick = rng.choice(np.array(edges, dtype=np.uint64), n)
+    uniform = rng.integers(0, top, n, dtype=np.uint64, endpoint=True)
+    small = rng.integers(0, 1000, n, dtype=np.uint64)
+    which = rng.integers(0, 3, n)
+    return np.where(which == 0, pick, np.where(which == 1, uniform, small))
+
+
+# Pieces of task names: every kind of valid and invalid UTF-8, and every JSON escape.
+_PIECES = [
+    b"a", b"Z", b"0", b" ", b"~", b"\x7f", b'"', b"\\", b"/", b"\b", b"\f", b"\n", b"\r", b"\t", b"\x01", b"\x1f",
+    b"\x0b", b"\x00",                                           # NUL: the name ends there
+    "\u00e9".encode(), "\u07ff".encode(), "\u0800".encode(), "\u2028".encode(), "\uffff".encode(),
+    "\ufffd".encode(), "\U00010000".encode(), "\U0001F600".encode(), "\U0010FFFF".encode(),
+    b"\x80", b"\xbf", b"\xc0", b"\xc1", b"\xc2", b"\xdf", b"\xe0", b"\xed", b"\xef", b"\xf0", b"\xf4",
+    b"\xf5", b"\xf8", b"\xfe", b"\xff",                        # lone and never-valid bytes
+    b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xe0\x9f\xbf", b"\xf0\x80\x80\xaf", b"\xf0\x8f\xbf\xbf",  # overlongs
+    b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xed\x9f\xbf",         # surrogates, and the last code point before
+    b"\xf4\x90\x80\x80", b"\xf4\x8f\xbf\xbf",                  # above U+10FFFF, and U+10FFFF
+    b"\xe2\x82", b"\xf0\x9f\x98", b"\xf0\x9f", b"\xc3",         # truncated
+    b"\xe2\x28\xa1", b"\xf0\x28\x8c\xbc", b"\xf0\x90\x28\xbc",  # bad continuation in the middle
+]
+
+
+def _comm(rng) -> bytes:
+    out = b""
+    while len(out) < 16 and rng.random() < 0.85:
+        out += _PIECES[rng.integers(len(_PIECES))] if rng.random() < 0.7 else bytes([rng.integers(256)])
+    return out[:16]                                             # may cut a sequence at the end
+
+
+def _addr(rng, family: int) -> bytes:
+    if family != socket.AF_INET6 or rng.random() < 0.2:
+        return rng.bytes(16)
+    words = [0 if rng.random() < 0.5 else int(rng.choice([1, 0xffff, rng.integers(1, 0x10000)])) for _ in range(8)]
+    form = rng.integers(6)
+    if form == 0:                                               # ::ffff:a.b.c.d
+        words[:6] = [0, 0, 0, 0, 0, 0xffff]
+    elif form == 1:                                             # ::a.b.c.d
+        words[:6] = [0] * 6
+    return b"".join(w.to_bytes(2, "big") for w in words)
+
+
+def random_records(ring: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = R.RECORDS[ring]
+    recs = np.frombuffer(rng.bytes(n * dt.itemsize), dtype=dt).copy()   # every byte random to start
+    for f in dt.names:
+        kind, size = dt.fields[f][0].kind, dt.fields[f][0].itemsize
+        if kind == "u":
+            recs[f] = _ints(rng, n, 8 * size).astype(dt.fields[f][0])
+    if "family" in dt.names:
+        recs["family"] = rng.choice(np.array([2, 10, 2, 10, 0, 1, 3, 11, 10, U16], dtype=np.uint16), n)
+        for key in ("saddr", "daddr"):
+            raw = b"".join(_addr(rng, int(f)) for f in recs["family"])
+            recs[key] = np.frombuffer(raw, dtype="S16")
+    if ring == "capture_chunks":
+        lens = rng.integers(0, R.CHUNK_DATA + 1, n, dtype=np.uint64)
+        over = rng.choice(np.array([401, 402, 403, 404, 65536, U32], dtype=np.uint64), n)
+        recs["len"] = np.where(rng.random(n) < 0.8, lens, over)
+        recs["direction"] = np.where(rng.random(n) < 0.6, rng.integers(0, 2, n), rng.integers(0, 256, n))
+        recs["flags"] = rng.integers(0, 256, n)
+    if ring == "capture_eof":
+        recs["oldstate"] = rng.integers(0, 256, n)
+    if ring == "logs":
+        recs["code"] = np.where(rng.random(n) < 0.7, rng.integers(0, 8, n), _ints(rng, n, 32))
+        recs["probe"] = np.where(rng.random(n) < 0.7, rng.integers(0, 4, n), _ints(rng, n, 32))
+    comms = [_comm(rng) for _ in range(n)]
+    raw = b"".join(c.ljust(16, b"\0") for c in comms)
+    recs["comm"] = np.frombuffer(raw, dtype="S16")
+    assert recs.view(np.uint8).reshape(n, -1)[:, dt.fields["comm"][1]:][:, :16].tobytes() == raw
+    return recs
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_random_records(ring):
+    recs = random_records(ring, 20000, SEED + RINGS.index(ring))
+    assert_same(ring, recs)
+    # every flag combination, direction, state, length class was met
+    if ring == "capture_chunks":
+        assert len(set(recs["flags"].tolist())) == 256
+        assert (recs["len"] > R.CHUNK_DATA).any() and (recs["len"] == 0).any() and (recs["len"] == 400).any()
+    if ring == "capture_eof":
+        assert len(set(recs["oldstate"].tolist())) == 256
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_strided_and_reversed_views(ring):
+    """The ring reader hands out a field view of ring slots (stride 512 for 504-byte chunks)."""
+    recs = random_records(ring, 2000, SEED + 7)
+    slots = np.zeros(len(recs), R.SLOTS[ring])
+    slots["rec"] = recs
+    view = slots["rec"]
+    assert view.strides[0] == R.SLOTS[ring].itemsize
+    assert compiled(ring, view) == R.reference_jsonl(ring, recs)
+    assert compiled(ring, recs[::-1]) == R.reference_jsonl(ring, recs[::-1].copy())
+    assert compiled(ring, recs[::3]) == R.reference_jsonl(ring, recs[::3].copy())
+
+
+# ---- task names: every UTF-8 case, exhaustively where it is cheap ---------
+
+def _eofs_with_comms(comms) -> np.ndarray:
+    recs = np.zeros(len(comms), R.EOF_)
+    recs["family"] = socket.AF_INET
+    recs["comm"] = np.frombuffer(b"".join(c.ljust(16, b"\0") for c in comms), dtype="S16")
+    return recs
+
+
+def test_every_two_byte_name():
+    comms = [bytes([a, b]) for a in range(256) for b in range(256)]
+    assert_same("capture_eof", _eofs_with_comms(comms))
+    # the same at the end of a 16-byte name (no NUL after it), and followed by text
+    assert_same("capture_eof", _eofs_with_comms([b"x" * 14 + c for c in comms]))
+    assert_same("capture_eof", _eofs_with_comms([c + b"z" for c in comms]))
+
+
+_EDGES = [0x01, 0x09, 0x1f, 0x20, 0x22, 0x41, 0x5c, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1,
+          0xc2, 0xdf, 0xe0, 0xe1, 0xec, 0xed, 0xee, 0xef, 0xf0, 0xf1, 0xf3, 0xf4, 0xf5, 0xff]
+
+
+def test_every_three_byte_name_over_the_boundary_bytes():
+    comms = [bytes(t) for t in itertools.product(_EDGES, repeat=3)]
+    assert_same("capture_eof", _eofs_with_comms(comms))
+    assert_same("capture_eof", _eofs_with_comms([b"y" * 13 + c for c in comms]))
+
+
+def test_every_four_byte_name_over_lead_and_continuation_bytes():
+    edges = [0x41, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc2, 0xe0, 0xed, 0xef, 0xf0, 0xf4, 0xf5]
+    comms = [bytes(t) for t in itertools.product(edges, repeat=4)]
+    assert_same("capture_eof", _eofs_with_comms(comms))
+    assert_same("capture_eof", _eofs_with_comms([b"w" * 12 + c for c in comms]))
+
+
+def test_name_output_is_pythons_replace_decoding():
+    # Independent of the reference writer: the compiled writer against str.decode + json.dumps.
+    import json
+    comms = [b"a\xed\xa0\x80b", b"\xf0\x9f\x98", b"\xe0\x80\xaf", b"a\x00\xff", b"\x01\x1f\x7f\"\\",
+             b"\xf4\x90\x80\x80", b"\xc3\xa9\xe2\x82", b"0123456789abcdef"]
+    out = compiled("capture_eof", _eofs_with_comms(comms)).decode("utf-8").splitlines()
+    for c, line in zip(comms, out):
+        want = json.dumps(c.split(b"\0")[0].decode("utf-8", "replace"), ensure_ascii=False)
+        assert line.startswith('{"comm":' + want + ',"conn_id":')
+
+
+# ---- addresses --------------------------------------------------------------
+
+def _eofs_with_addrs(family: int, addrs) -> np.ndarray:
+    recs = np.zeros(len(addrs), R.EOF_)
+    recs["family"] = family
+    recs["saddr"] = np.frombuffer(b"".join(addrs), dtype="S16")
+    recs["daddr"] = np.frombuffer(b"".join(addrs[::-1]), dtype="S16")
+    return recs
+
+
+def test_every_ipv6_zero_run_and_mapped_form():
+    rng = np.random.default_rng(SEED)
+    addrs = []
+    for mask in range(256):                                     # which of the 8 groups are zero
+        for value in (1, 0xffff, 0xabc, None):
+            words = [0 if mask >> i & 1 else (value or int(rng.integers(1, 0x10000))) for i in range(8)]
+            addrs.append(b"".join(w.to_bytes(2, "big") for w in words))
+    for w5 in (0, 1, 0xfffe, 0xffff):                           # ::a.b.c.d, ::ffff:a.b.c.d and near misses
+        for tail in (b"\0\0\0\0", b"\0\0\0\1", b"\1\2\3\4", b"\xff\xff\xff\xff", b"\0\1\0\0", b"\x0a\0\0\x09"):
+            for w4 in (0, 1):
+                addrs.append(b"\0" * 8 + w4.to_bytes(2, "big") + w5.to_bytes(2, "big") + tail)
+    recs = _eofs_with_addrs(socket.AF_INET6, addrs)
+    assert_same("capture_eof", recs)
+    # and independently of the reference: socket.inet_ntop itself
+    import json
+    for a, line in zip(addrs, compiled("capture_eof", recs).decode().splitlines()):
+        assert json.loads(line)["saddr"] == socket.inet_ntop(socket.AF_INET6, a)
+
+
+def test_ipv4_and_unknown_family_addresses():
+    octets = [0, 1, 9, 10, 99, 100, 199, 200, 255]
+    addrs = [bytes(t) + b"\x11" * 12 for t in itertools.product(octets, repeat=4)]
+    assert_same("capture_eof", _eofs_with_addrs(socket.AF_INET, addrs))
+    for fam in (0, 1, 3, 11, 12345, U16):
+        assert_same("capture_eof", _eofs_with_addrs(fam, addrs[:50] + [b"\0" * 16, b"\xff" * 16]))
+
+
+# ---- the interpreter lock ---------------------------------------------------
+
+def test_formatting_releases_the_interpreter_lock():
+    """While a big batch is formatted, another Python thread keeps running
+    (the ring-drain thread must never be starved by the sink)."""
+    recs = random_records("capture_chunks", 2000, SEED + 11)
+    recs["len"] = R.CHUNK_DATA
+    recs = np.tile(recs, 25)                                    # 50,000 full chunks: tens of ms
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    t = threading.Thread(target=ticker, daemon=True)
+    t.start()
+    try:
+        for _ in range(5):                                      # a noisy machine may not schedule it once
+            time.sleep(0.01)
+            t0 = time.perf_counter()
+            compiled("capture_chunks", recs)
+            t1 = time.perf_counter()
+            lo, hi = t0 + 0.2 * (t1 - t0), t0 + 0.8 * (t1 - t0)
+            if any(lo < x < hi for x in ticks[-100000:]):
+                return
+        pytest.fail("no other thread ran while the batch was formatted: the GIL is held")
+    finally:
+        stop.set()
+        t.join()
