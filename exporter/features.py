@@ -24,6 +24,7 @@ BPF_FUNC_get_current_ancestor_cgroup_id = 123
 BPF_FUNC_get_current_task_btf = 158
 BPF_FUNC_loop = 181
 
+BTF_KIND_STRUCT = 4
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
 VARIANTS = ("fast", "compat")
 
@@ -45,7 +46,7 @@ class Unsupported(Exception):
 
 # name -> (Linux release, required by the compat floor)
 FLOOR = ("vmlinux BTF", "BPF ring buffer")
-FAST_NEEDS = ("bpf_get_current_ancestor_cgroup_id", "task storage", "bpf_get_current_task_btf", "atomic fetch-and-add", "bpf_loop",
+FAST_NEEDS = ("bpf_mem_alloc", "bpf_get_current_ancestor_cgroup_id", "task storage", "bpf_get_current_task_btf", "atomic fetch-and-add", "bpf_loop",
               "bpf_rdonly_cast")
 
 
@@ -90,6 +91,12 @@ def _kfunc(btf: int, name: str) -> tuple:
     return found, "vmlinux BTF"
 
 
+def _btf_type(btf: int, name: str) -> tuple:
+    if not btf:
+        return False, "no vmlinux BTF"
+    return libbpf.lib().btf__find_by_name_kind(btf, name.encode(), BTF_KIND_STRUCT) > 0, "vmlinux BTF"
+
+
 def probe(btf: int) -> list:
     """Every feature, in the order --preflight prints them. btf: the parsed
     vmlinux BTF (0 if the kernel has none)."""
@@ -97,6 +104,10 @@ def probe(btf: int) -> list:
     checks = (
         ("vmlinux BTF", "5.4", lambda: (has_btf, VMLINUX_BTF)),
         ("BPF ring buffer", "5.8", lambda: _map_type(BPF_MAP_TYPE_RINGBUF)),
+        # Before 6.1 a hash map allocated at run time in a tracing program is
+        # refused on PREEMPT_RT and a kernel WARNING elsewhere (verifier.c's
+        # check_map_prog_compatibility); 6.1 gave BPF its own allocator.
+        ("bpf_mem_alloc", "6.1", lambda: _btf_type(btf, "bpf_mem_alloc")),
         ("task storage", "5.11", lambda: _map_type(BPF_MAP_TYPE_TASK_STORAGE)),
         # compat reads the cgroup ancestry itself where tracing programs lack the helper
         ("bpf_get_current_ancestor_cgroup_id", "5.14",
@@ -115,6 +126,12 @@ def kernel_settings(features: list) -> bytes:
     .rodata.nettap section before load."""
     have = {f.name: f.present for f in features}
     return int(have["bpf_get_current_ancestor_cgroup_id"]).to_bytes(4, "little")
+
+
+def runtime_alloc_ok(features: list) -> bool:
+    """May hash maps used by tracing programs allocate at run time
+    (BPF_F_NO_PREALLOC)? Else the loader preallocates them."""
+    return any(f.name == "bpf_mem_alloc" and f.present for f in features)
 
 
 def choose_variant(features: list, forced: str | None = None) -> tuple:

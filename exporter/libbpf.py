@@ -76,6 +76,8 @@ _SIGNATURES = {
     "bpf_map__max_entries": (c_uint32, [c_void_p]),
     "bpf_map__set_max_entries": (c_int, [c_void_p, c_uint32]),
     "bpf_map__set_autocreate": (c_int, [c_void_p, c_bool]),
+    "bpf_map__map_flags": (c_uint32, [c_void_p]),
+    "bpf_map__set_map_flags": (c_int, [c_void_p, c_uint32]),
     "bpf_map__set_initial_value": (c_int, [c_void_p, c_void_p, c_size_t]),
     "bpf_map__autocreate": (c_bool, [c_void_p]),
     "libbpf_probe_bpf_map_type": (c_int, [c_int, c_void_p]),

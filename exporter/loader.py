@@ -72,6 +72,11 @@ def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
     return names if variant == "fast" else [f"{n}_compat" for n in names]
 
 
+BPF_MAP_TYPE_HASH = 1
+# max_entries of maps that must be preallocated before Linux 6.1 (features.py:
+# bpf_mem_alloc): threads inside a captured call at once; 4096 x ~650 B.
+PREALLOC_MAX = {"inflight_compat": 4096}
+
 # Maps only one variant's programs use: not created for the other (task
 # storage does not exist before Linux 5.11).
 VARIANT_MAPS = {"fast": ("inflight_calls",), "compat": ("inflight_compat", "inflight_zero", "conn_id_seq")}
@@ -266,7 +271,15 @@ class Probes:
             libbpf.call("bpf_program__set_autoload", prog, name in want)
         unused = {m for v, maps in VARIANT_MAPS.items() if v != self.variant for m in maps}
         settings = features.kernel_settings(self.plan.features)
+        prealloc = not features.runtime_alloc_ok(self.plan.features)
+        lb = libbpf.lib()
         for name, m in self._maps():
+            if prealloc and lb.bpf_map__type(m) == BPF_MAP_TYPE_HASH and lb.bpf_map__map_flags(m) & 1:
+                # Before 6.1: preallocate (see features.py), and keep the
+                # per-thread call table small, as it is then paid in full.
+                libbpf.call("bpf_map__set_map_flags", m, lb.bpf_map__map_flags(m) & ~1)
+                if name in PREALLOC_MAX:
+                    libbpf.call("bpf_map__set_max_entries", m, PREALLOC_MAX[name])
             if name in unused:
                 libbpf.call("bpf_map__set_autocreate", m, False)
             if name.endswith(".rodata.nettap"):

@@ -17,6 +17,7 @@ be fetched or booted, its guest left no results, or any of its tests failed. Run
 """
 import argparse
 import os
+import lzma
 import re
 import shlex
 import shutil
@@ -24,15 +25,20 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# (name, package name regex for `apt-cache search --names-only`); the newest match is used.
+# (name, package name regex, suite); the newest match is used. Suite None: from this host's
+# apt sources (`apt-cache search --names-only`); else read straight from that suite's package
+# index on the security mirror apt already uses (Debian 11's 5.10, the LTS of Amazon Linux 2 and
+# older fleets, without adding bullseye to a bookworm host's sources).
 KERNELS = [
-    ("6.1", r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$"),
-    ("6.1-rt", r"^linux-image-6\.1\.0-[0-9]+-rt-amd64-unsigned$"),
-    ("6.12", r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$"),  # bookworm-security or -backports
+    ("5.10", r"^linux-image-5\.10\.0-[0-9]+-amd64-unsigned$", "bullseye-security"),
+    ("6.1", r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$", None),
+    ("6.1-rt", r"^linux-image-6\.1\.0-[0-9]+-rt-amd64-unsigned$", None),
+    ("6.12", r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$", None),  # bookworm-security or -backports
 ]
 MECHANISMS = ("fentry", "kprobe", "tracepoint")
 VARIANTS = ("fast", "compat")           # BPF program variants (exporter/features.py)
@@ -92,8 +98,35 @@ def resolve(regex, updated):
     return pkg
 
 
-def fetch(pkg, regex, cache):
-    """Download and unpack pkg into cache/<pkg>/ once; drop older kernels of the same flavour."""
+def security_mirror():
+    out = subprocess.run(["apt-get", "indextargets", "--format", "$(REPO_URI) $(RELEASE)",
+                          "Identifier: Packages"], env=ENV, capture_output=True, text=True).stdout
+    uris = [l.split()[0] for l in out.splitlines() if l.endswith("-security")]
+    if not uris:
+        raise RuntimeError("no Debian security apt source to find other suites on")
+    return uris[0].rstrip("/") + "/"
+
+
+def resolve_in_suite(regex, suite):
+    """(package, URL of its .deb): the newest match in suite's main/binary-amd64 index."""
+    base = security_mirror()
+    with urllib.request.urlopen(f"{base}dists/{suite}/main/binary-amd64/Packages.xz", timeout=60) as r:
+        index = lzma.decompress(r.read()).decode()
+    found = {}
+    for stanza in index.split("\n\n"):
+        fields = dict(l.split(": ", 1) for l in stanza.splitlines() if ": " in l and not l[0].isspace())
+        if re.match(regex, fields.get("Package", "")):
+            found[fields["Package"]] = base + fields["Filename"]
+    if not found:
+        raise RuntimeError(f"no package matches {regex} in {suite}")
+    natural = lambda n: [int(x) for x in re.findall(r"\d+", n)]
+    pkg = max(found, key=natural)
+    return pkg, found[pkg]
+
+
+def fetch(pkg, regex, cache, url=None):
+    """Download (apt-get download, or url) and unpack pkg into cache/<pkg>/ once; drop older
+    kernels of the same flavour."""
     tree = os.path.join(cache, pkg)
     if not os.path.exists(os.path.join(tree, ".unpacked")):
         tmp = os.path.join(cache, ".download")
@@ -101,7 +134,10 @@ def fetch(pkg, regex, cache):
         os.makedirs(tmp)
         shutil.chown(tmp, "_apt")      # apt downloads as _apt, and warns when it cannot
         log(f"downloading {pkg}")
-        run(["apt-get", "download", "-q", pkg], cwd=tmp, stdout=subprocess.DEVNULL)
+        if url:
+            urllib.request.urlretrieve(url, os.path.join(tmp, os.path.basename(url)))
+        else:
+            run(["apt-get", "download", "-q", pkg], cwd=tmp, stdout=subprocess.DEVNULL)
         shutil.rmtree(tree, ignore_errors=True)
         deb, = os.listdir(tmp)
         run(["dpkg-deb", "-x", os.path.join(tmp, deb), tree])
@@ -251,8 +287,15 @@ def main():
     ready, created, updated = [], [], [False]
     had_modules_dir = os.path.isdir("/lib/modules")   # this host's own kernel ships none
     try:
-        for name, regex in KERNELS:
+        for name, regex, suite in KERNELS:
             try:
+                if suite:
+                    pkg, url = resolve_in_suite(regex, suite)
+                    tree, release = fetch(pkg, regex, a.cache, url)
+                    d = install_modules(tree, release)
+                    created += [d] if d else []
+                    ready.append((name, release))
+                    continue
                 try:
                     tree, release = fetch(resolve(regex, updated), regex, a.cache)
                 except subprocess.CalledProcessError:
@@ -266,6 +309,7 @@ def main():
                 ready.append((name, release))
             except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
                 rows[name] = (name, {}, f"fetch/install failed: {e}", "")
+        ready.sort(key=lambda k: k[0] != "6.1-rt")   # the slowest guest first
         pool = ThreadPoolExecutor(max(1, a.jobs))
         took = dict(zip((n for n, _ in ready), pool.map(
             lambda k: boot(*k, out, a.timeout, pytest_args), ready)))
@@ -284,7 +328,7 @@ def main():
         if not had_modules_dir and os.path.isdir("/lib/modules") and not os.listdir("/lib/modules"):
             os.rmdir("/lib/modules")
 
-    rows = [rows[n] for n, _ in KERNELS]
+    rows = [rows[n] for n, _, _ in KERNELS]
     if a.host_junit:
         counts = count(a.host_junit) if os.path.exists(a.host_junit) else {}
         rows.insert(0, (f"{os.uname().release} (host)", counts,

@@ -363,3 +363,30 @@ def test_kernel_buffers_are_never_published_as_data(nettap_run, mode, tmp_path):
     eg = [l for l in lines if l["type"] == "chunk" and l["direction"] == "egress"]
     assert [__import__("base64").b64decode(l["data"]) for l in eg] == [tail]
     assert eg[0]["offset"] == sent["bytes"] - len(tail)
+
+
+def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
+    # Before Linux 6.1 run-time allocated hash maps in tracing programs are
+    # refused on PREEMPT_RT and a kernel WARNING elsewhere, so nettap
+    # preallocates them. Every kernel of the matrix has bpf_mem_alloc: tell
+    # the loader it is missing, and capture through the preallocated maps.
+    from conftest import Run
+    from exporter import libbpf, loader
+    kp = loader.plan("tracepoint", "compat")
+    for f in kp.features:
+        if f.name == "bpf_mem_alloc":
+            f.present = False
+    srv = Server()
+    run = Run(tmp_path, {"captures": [{"port": srv.port}]}, kernel_plan=kp)
+    try:
+        lb = libbpf.lib()
+        for name in ("capture_conns", "capture_pids", "inflight_compat"):
+            m = libbpf.call_ptr("bpf_object__find_map_by_name", run.app.probes.obj, name.encode())
+            assert lb.bpf_map__map_flags(m) & 1 == 0, name        # BPF_F_NO_PREALLOC cleared
+        sent = send_messages(srv.port, N, S)
+        srv.wait_received(1)
+        assert run.counters()["tcp_sendmsg"]["bytes"] == N * S
+        lines, _ = run.finish()
+        assert list(streams(lines, "egress").values()) == [sent]
+    finally:
+        run.app.close()
