@@ -14,8 +14,8 @@
 #include "tcp.h"
 
 /*
- * bpf_rdonly_cast(), Linux 6.2 (commit fd264ca02094 "bpf: Add a kfunc to
- * type cast from bpf uapi ctx to kernel ctx"): turns a plain kernel address
+ * bpf_rdonly_cast(), Linux 6.2 (commit a35b9af4ec2c "bpf: Add a kfunc for
+ * generic type cast"): turns a plain kernel address
  * into a BTF pointer, so the "fast" programs walk task/file/sock with direct
  * loads (exception-handled: a bad address reads 0) instead of a helper call
  * per field. Weak: on older kernels libbpf leaves it unresolved and user
@@ -60,7 +60,7 @@ static __always_inline enum nettap_iter iter_kind(struct msghdr *msg, __u32 *raw
 
 		*raw = t;
 		/* ITER_UBUF: Linux 6.0 (commit fcb14cb1bdac "new iov_iter flavour -
-		 * ITER_UBUF"); read/write/send/recv build it since 6.4. */
+		 * ITER_UBUF"): read/write build it since 6.0, send/recv since 6.4. */
 		if (bpf_core_enum_value_exists(enum iter_type, ITER_UBUF) &&
 		    t == bpf_core_enum_value(enum iter_type, ITER_UBUF))
 			return NETTAP_ITER_UBUF;

@@ -41,14 +41,39 @@ static __always_inline struct inflight *inflight_create(const bool fast)
 	return bpf_map_lookup_elem(&inflight_compat, &id);
 }
 
+static __always_inline __u64 task_start_time(void)
+{
+	struct task_struct *task = (void *)bpf_get_current_task();
+
+	return BPF_CORE_READ(task, start_time);
+}
+
 static __always_inline struct inflight *inflight_find(const bool fast)
 {
+	struct inflight *in;
 	__u64 id;
 
 	if (fast)
 		return bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
 	id = bpf_get_current_pid_tgid();
-	return bpf_map_lookup_elem(&inflight_compat, &id);
+	in = bpf_map_lookup_elem(&inflight_compat, &id);
+	if (in && in->valid && in->task_start != task_start_time()) {
+		/* Left by a dead thread whose id this one reuses. */
+		bpf_map_delete_elem(&inflight_compat, &id);
+		return NULL;
+	}
+	return in;
+}
+
+/* A kernel-function entry the filter rejected: a state left valid by a
+ * return that never ran (a kretprobe beyond its maxactive) must not be
+ * taken for this call's at its return. */
+static __always_inline void inflight_forget(const bool fast)
+{
+	struct inflight *in = inflight_find(fast);
+
+	if (in && in->valid)
+		in->valid = 0;
 }
 
 /* The call returned: task storage keeps its slot (cleared), the hash drops it. */
@@ -97,6 +122,7 @@ static __always_inline int enter_sock(__u32 probe, struct sock *sk, struct call_
 	in->iov_kernel = d->iov_kernel;
 	in->unreadable = d->unreadable;
 	in->iter_type = d->iter_type;
+	in->task_start = fast ? 0 : task_start_time();
 	in->probe = probe;
 	in->valid = 1;
 	return 0;
@@ -174,7 +200,9 @@ static long emit_chunk_cb(__u32 i, void *ctx)
 	return emit_step(*(struct inflight **)ctx);
 }
 
-#define EMIT_STEPS (NETTAP_MAX_CHUNKS_PER_CALL + NETTAP_MAX_IOV)
+/* Chunks of the largest call, plus per iovec one step to read it and one
+ * short chunk at its end. */
+#define EMIT_STEPS (NETTAP_MAX_CHUNKS_PER_CALL + 2 * NETTAP_MAX_IOV)
 
 static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 {
@@ -260,7 +288,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	}
 
 	emit_chunks(in, fast);
-	if (in->iovcnt > NETTAP_MAX_IOV && st->done < st->want)
+	if (st->done < st->want)	/* more than NETTAP_MAX_IOV iovecs, or one unreadable */
 		emit_log(NETTAP_LOG_IOV_TRUNCATED, probe, in->iovcnt, st->want - st->done);
 
 	__sync_fetch_and_add(&c->chunks, st->published);

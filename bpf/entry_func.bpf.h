@@ -4,8 +4,9 @@
  * trampolines, Linux 5.5; fexit's bpf_get_func_ret, 5.17) and
  * kprobe/kretprobe. The socket is an argument (no fd walk); the user buffers
  * come from the msghdr's iterator, as the syscall built it: one user buffer
- * (ITER_UBUF) or an array of user iovecs (ITER_IOVEC: writev, sendmsg, and
- * before 6.4 also write/read). Other iterators hold kernel pages (sendfile,
+ * (ITER_UBUF: read/write since 6.0, send/recv since 6.4) or an array of user
+ * iovecs (ITER_IOVEC: readv/writev, sendmsg/recvmsg, and single buffers on
+ * older kernels). Other iterators hold kernel pages (sendfile,
  * splice): their bytes are counted and logged, never published as chunks.
  */
 #ifndef NETTAP_ENTRY_FUNC_BPF_H
@@ -25,11 +26,13 @@ static __always_inline int enter_func(__u32 probe, struct sock *sk, struct msghd
 
 	if (!cfg || !sk)
 		return 0;
-	if (!task_matches(cfg) && !sock_matches(cfg, sk, btf_sk))
+	if (!task_matches(cfg) && !sock_matches(cfg, sk, btf_sk)) {
+		inflight_forget(fast);
 		return 0;
+	}
 	switch (iter_kind(msg, &raw)) {
 	case NETTAP_ITER_UBUF:
-		d.buf = (__u64)BPF_CORE_READ(msg, msg_iter.ubuf);
+		d.buf = (__u64)BPF_CORE_READ(msg, msg_iter.ubuf) + BPF_CORE_READ(msg, msg_iter.iov_offset);
 		break;
 	case NETTAP_ITER_IOVEC:
 		d.buf = iter_iovec(msg);

@@ -125,6 +125,8 @@ struct inflight {
 	__u8 unreadable;	/* the iterator holds no user buffer */
 	__u16 iter_type;	/* the kernel's number for it, for the log */
 	__u64 skip;		/* iterator offset into the first segment */
+	__u64 task_start;	/* compat: the thread's start_time, so a thread that
+				 * reuses a dead thread's id never takes its entry */
 	struct emit_state st;
 	struct nettap_chunk hdr;	/* header copied into every chunk; data unused */
 };

@@ -164,6 +164,7 @@ struct css_set {
 struct task_struct {
 	struct files_struct *files;
 	struct css_set *cgroups;
+	__u64 start_time;
 };
 
 struct trace_event_raw_inet_sock_set_state {

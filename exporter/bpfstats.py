@@ -53,6 +53,7 @@ class bpf_prog_info(ctypes.Structure):
         ("_pad3", ctypes.c_uint8 * 44),                 # nr_line_info .. prog_tags
         ("run_time_ns", ctypes.c_uint64),               # offset 192
         ("run_cnt", ctypes.c_uint64),                   # offset 200
+        ("recursion_misses", ctypes.c_uint64),          # offset 208 (Linux 5.12; 0 before)
     ]
 
 
@@ -166,6 +167,14 @@ def own_program_stats(prog_fds: Dict[str, int]) -> Dict[str, Tuple[int, int]]:
     return out
 
 
+def own_program_misses(prog_fds: Dict[str, int]) -> Dict[str, int]:
+    """{program: runs the kernel skipped} for nettap's programs: the kernel
+    does not run a program again on a CPU where it is already running
+    (recursion, or preemption on PREEMPT_RT) and counts it in
+    bpf_prog_info.recursion_misses, whether statistics are on or not."""
+    return {name: prog_info(fd).recursion_misses for name, fd in prog_fds.items()}
+
+
 def prog_full_name(fd: int, info: bpf_prog_info) -> bytes:
     """The program's full name, the way ``bpftool prog show`` finds it
     (get_prog_full_name, bpftool's src/common.c): the kernel keeps 15
@@ -264,7 +273,12 @@ class ProgramStatsCollector(Collector):
         self._seen_ids: set = set()
 
     def describe(self) -> Iterable[Metric]:
-        return self._own_families() + self._node_families() + self._switch_families()
+        return (self._own_families() + self._node_families() + self._switch_families()
+                + [self._misses_family()])
+
+    @staticmethod
+    def _misses_family() -> Metric:
+        return CounterMetricFamily("nettap_bpf_program_misses", "Runs of each nettap eBPF program the kernel skipped because the program was already running on that CPU (recursion, or preemption on PREEMPT_RT): what they would have captured is lost.", labels=["program"])
 
     @staticmethod
     def _own_families() -> List[Metric]:
@@ -289,7 +303,10 @@ class ProgramStatsCollector(Collector):
         enabled.add_metric([], 1 if src else 0)
         if src:
             source.add_metric([src], 1)
-        out: List[Metric] = [enabled, source]
+        misses = self._misses_family()
+        for name, n in sorted(own_program_misses(self.prog_fds()).items()):
+            misses.add_metric([name], n)
+        out: List[Metric] = [enabled, source, misses]
         if not self.switch.wanted:
             return out
         runs, rt = self._own_families()

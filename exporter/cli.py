@@ -103,7 +103,10 @@ def _load_refused(e: OSError, kernel_plan) -> str:
     missing = [n for n, bit in need.items() if not caps >> bit & 1 and not caps >> 21 & 1]
     if missing:
         return f"{e} (nettap needs root, or {'+'.join(need)}; this process lacks {', '.join(missing)})"
-    absent = [f"{f.name} (Linux {f.since})" for f in kernel_plan.features if not f.present]
+    from .features import FAST_NEEDS, FLOOR
+    needed = FLOOR + (FAST_NEEDS if kernel_plan.variant == "fast" else ())
+    absent = [f"{f.name} (Linux {f.since})" for f in kernel_plan.features
+              if not f.present and f.name in needed]
     return (f"{e}: kernel {os.uname().release} refused the {kernel_plan.variant} programs"
             + (f"; it lacks {', '.join(absent)}" if absent else "")
             + "; libbpf's log above names the program and the verifier's reason")

@@ -65,10 +65,12 @@ def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
     """The programs of one probe, mechanism and variant (bpf/entry_*.bpf.h:
     the compat variant's names end in _compat)."""
     if mechanism == "tracepoint":
-        names = list(_TP_PLAN[probe])
+        names = sorted(_TP_PLAN[probe], key=lambda n: "_exit" not in n)
     else:
-        suffix = {"fentry": ("fentry", "fexit"), "kprobe": ("kprobe", "kretprobe")}[mechanism]
+        suffix = {"fentry": ("fexit", "fentry"), "kprobe": ("kretprobe", "kprobe")}[mechanism]
         names = [f"{probe}_{s}" for s in suffix]
+    # Returns first: attached in this order, no call can enter captured and
+    # return before its return program is there (its state would go stale).
     return names if variant == "fast" else [f"{n}_compat" for n in names]
 
 

@@ -148,8 +148,9 @@ def test_cgroup_target(nettap_run, mode):
 
 def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
     # Before Linux 5.14 tracing programs cannot call bpf_get_current_ancestor_cgroup_id
-    # and the compat programs read the cgroup's ancestor ids themselves. Every
-    # kernel of the matrix has the helper, so tell the loader it is missing.
+    # and the compat programs read the cgroup's ancestor ids themselves. Tell the
+    # loader the helper is missing, so every kernel runs that path (5.10 reads
+    # ancestor_ids[], 6.1+ ancestors[]).
     from exporter import features, loader
     from conftest import Run
     kp = loader.plan("tracepoint", "compat")
@@ -368,8 +369,8 @@ def test_kernel_buffers_are_never_published_as_data(nettap_run, mode, tmp_path):
 def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
     # Before Linux 6.1 run-time allocated hash maps in tracing programs are
     # refused on PREEMPT_RT and a kernel WARNING elsewhere, so nettap
-    # preallocates them. Every kernel of the matrix has bpf_mem_alloc: tell
-    # the loader it is missing, and capture through the preallocated maps.
+    # preallocates them. Tell the loader bpf_mem_alloc is missing, so every
+    # kernel captures through preallocated maps.
     from conftest import Run
     from exporter import libbpf, loader
     kp = loader.plan("tracepoint", "compat")
@@ -390,3 +391,24 @@ def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
         assert list(streams(lines, "egress").values()) == [sent]
     finally:
         run.app.close()
+
+
+def test_largest_vectored_call_is_captured_whole(nettap_run, mode):
+    # 8 iovecs of 8,200 bytes at max_payload_bytes 65,600: each iovec ends in a
+    # short chunk, so the call needs more chunk steps than 65,600 / 400.
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    run = nettap_run({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65600}})
+    data = payload(8 * 8200, seed=5)
+    with socket.socket() as cli:
+        cli.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        cli.connect(lst.getsockname())
+        srv, _ = lst.accept()
+        assert cli.sendmsg([data[i * 8200:(i + 1) * 8200] for i in range(8)]) == len(data)
+        _recv_exact(lambda n: len(srv.recv(n)), len(data))
+        srv.close()
+    lst.close()
+    assert run.counters()["tcp_sendmsg"]["chunks"] == 8 * 21
+    lines, _ = run.finish()
+    assert list(streams(lines, "egress").values()) == [data]

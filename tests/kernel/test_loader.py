@@ -25,7 +25,9 @@ def _load_only(names) -> None:
 
 
 def _variants():
-    return sorted({v for _, v in kernel_modes()})
+    modes = kernel_modes()
+    assert modes, "kernel tests need root and a kernel nettap can load on"
+    return sorted({v for _, v in modes})
 
 
 @pytest.mark.parametrize("mechanism", ["kprobe", "tracepoint"])

@@ -120,6 +120,7 @@ def test_external_sysctl_still_counts_as_wanted(sysctl):
 
 def test_external_wanted_exports_own_programs(sysctl, monkeypatch):
     monkeypatch.setattr(bpfstats, "own_program_stats", lambda fds: {"tcp_state": (5, 1000)})
+    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {"tcp_state": 0})
     sysctl.write_text("1\n")
     sw = StatsSwitch(str(sysctl), FakeEnable(refuse=True))
     sw.set(True)
@@ -255,6 +256,7 @@ def kernel(monkeypatch):
         return dict(state["holders"])
 
     monkeypatch.setattr(bpfstats, "own_program_stats", own)
+    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {n: 0 for n in fds})
     monkeypatch.setattr(bpfstats, "node_programs", node)
     monkeypatch.setattr(fdinfo, "scan_bpf_holders", scan)
     return calls, state
@@ -264,7 +266,9 @@ def test_series_absent_when_not_wanted(kernel):
     calls, _ = kernel
     c = ProgramStatsCollector(FakeSwitch(None, False), lambda: {"tcp_state": 3}, lambda: "node")
     f = fams(c)
-    assert set(f) == {"nettap_bpf_stats_enabled", "nettap_bpf_stats_source"}
+    # misses are counted by the kernel whether statistics are on or not
+    assert set(f) == {"nettap_bpf_stats_enabled", "nettap_bpf_stats_source", "nettap_bpf_program_misses"}
+    assert samples(f["nettap_bpf_program_misses"]) == {("tcp_state",): 0}
     assert samples(f["nettap_bpf_stats_enabled"]) == {(): 0}
     assert f["nettap_bpf_stats_source"].samples == []
     assert calls == {"own": 0, "node": 0, "scan": 0}          # nothing read

@@ -106,6 +106,8 @@ class FakeSwitch:
 @pytest.fixture
 def fixture_kernel(monkeypatch):
     monkeypatch.setattr(bpfstats, "own_program_stats", lambda fds: dict(OWN_PROGRAMS))
+    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {p: 2 if p == "tcp_state" else 0
+                                                                     for p in OWN_PROGRAMS})
     monkeypatch.setattr(bpfstats, "node_programs", lambda: list(NODE_PROGRAMS))
     monkeypatch.setattr(fdinfo, "scan_bpf_holders", lambda proc_root="/proc": dict(HOLDERS))
     memlock = {fd: mem for fd, _, mem in MAPS.values()}
