@@ -96,6 +96,13 @@ def fentry_support(func: str, btf: int) -> tuple:
     without the trampoline), as it does with EPERM on nettap's CI kernel.
     """
     lb = libbpf.lib()
+    if preempt_rt():
+        # Trampolines run BPF programs preemptible on PREEMPT_RT, and the
+        # kernel skips a program that starts on a CPU where it is already
+        # running (kernel/bpf/trampoline.c, __bpf_prog_enter_recur): a send
+        # preempting another's fexit loses its return (seen on Debian's 6.1-rt).
+        # kprobe and tracepoint programs run with preemption off.
+        return False, "PREEMPT_RT kernel: fexit runs preempted by another task's are skipped"
     btf_id = lb.btf__find_by_name_kind(btf, func.encode(), libbpf.BTF_KIND_FUNC) if btf else -1
     if btf_id <= 0:
         return False, f"{func} not in vmlinux BTF"
@@ -117,6 +124,18 @@ def fentry_support(func: str, btf: int) -> tuple:
         return True, "fexit attach works"
     finally:
         os.close(fd)
+
+
+def preempt_rt() -> bool:
+    """Is this a PREEMPT_RT kernel? It says so in /sys/kernel/realtime and in
+    its version string."""
+    try:
+        with open("/sys/kernel/realtime") as f:
+            if f.read().strip() == "1":
+                return True
+    except OSError:
+        pass
+    return "PREEMPT_RT" in os.uname().version
 
 
 def kprobe_support() -> tuple:

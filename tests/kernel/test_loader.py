@@ -10,11 +10,15 @@ from exporter import features, libbpf, loader
 pytestmark = pytest.mark.kernel
 
 
-def _load_only(names) -> None:
-    """Load the object with autoload on only for names (raises OSError)."""
+def _load_only(names, variant) -> None:
+    """Load the object with autoload on only for names, and only the maps
+    the variant uses (raises OSError)."""
     lb = libbpf.lib()
     obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.OBJECT}".encode(), None)
     try:
+        for other, maps in loader.VARIANT_MAPS.items():
+            for m in maps if other != variant else ():
+                lb.bpf_map__set_autocreate(libbpf.call_ptr("bpf_object__find_map_by_name", obj, m.encode()), False)
         p = lb.bpf_object__next_program(obj, None)
         while p:
             lb.bpf_program__set_autoload(p, libbpf.name_of("bpf_program__name", p) in names)
@@ -36,7 +40,7 @@ def test_every_variant_the_kernel_runs_passes_the_verifier(mechanism):
     # attaching does), so the verifier sees them on every kernel.
     for variant in _variants():
         progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, mechanism, variant)]
-        _load_only(progs)
+        _load_only(progs, variant)
 
 
 def test_fentry_programs_load_exactly_where_the_loader_says_fentry_works():
@@ -44,10 +48,13 @@ def test_fentry_programs_load_exactly_where_the_loader_says_fentry_works():
     for variant in _variants():
         progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, "fentry", variant)]
         if accepted:
-            _load_only(progs)
+            _load_only(progs, variant)
+        elif loader.preempt_rt():         # declined on PREEMPT_RT, whether it would load or not
+            reason = loader.plan("fentry").states["tcp_sendmsg"].reasons["fentry"]
+            assert reason.startswith("PREEMPT_RT kernel")
         else:
             with pytest.raises(OSError):
-                _load_only(progs)
+                _load_only(progs, variant)
 
 
 def test_the_fast_variant_is_offered_exactly_when_every_feature_is_present():
