@@ -235,6 +235,47 @@ def choose_mechanisms(forced: str | None = None) -> dict:
     return plan(forced).states
 
 
+def object_programs(obj: int):
+    """(name, bpf_program *) of every program of an opened object."""
+    prog = libbpf.lib().bpf_object__next_program(obj, None)
+    while prog:
+        yield libbpf.name_of("bpf_program__name", prog), prog
+        prog = libbpf.lib().bpf_object__next_program(obj, prog)
+
+
+def object_maps(obj: int):
+    """(name, bpf_map *) of every map of an opened object."""
+    m = libbpf.lib().bpf_object__next_map(obj, None)
+    while m:
+        yield libbpf.name_of("bpf_map__name", m), m
+        m = libbpf.lib().bpf_object__next_map(obj, m)
+
+
+def configure(obj: int, feats: list, variant: str, want, ring_sizes: dict) -> None:
+    """Before load: autoload only the programs in want, create only the
+    variant's maps, preallocate hash maps where the kernel needs it, and
+    write what the kernel offers into .rodata.nettap."""
+    lb = libbpf.lib()
+    for name, prog in object_programs(obj):
+        libbpf.call("bpf_program__set_autoload", prog, name in want)
+    unused = {m for v, maps in VARIANT_MAPS.items() if v != variant for m in maps}
+    settings = features.kernel_settings(feats)
+    prealloc = not features.runtime_alloc_ok(feats)
+    for name, m in object_maps(obj):
+        if prealloc and lb.bpf_map__type(m) == BPF_MAP_TYPE_HASH and lb.bpf_map__map_flags(m) & 1:
+            # Before 6.1: preallocate (see features.py), and keep the
+            # per-thread call table small, as it is then paid in full.
+            libbpf.call("bpf_map__set_map_flags", m, lb.bpf_map__map_flags(m) & ~1)
+            if name in PREALLOC_MAX:
+                libbpf.call("bpf_map__set_max_entries", m, PREALLOC_MAX[name])
+        if name in unused:
+            libbpf.call("bpf_map__set_autocreate", m, False)
+        if name.endswith(".rodata.nettap"):
+            libbpf.call("bpf_map__set_initial_value", m, settings, len(settings))
+        if name in ring_sizes:
+            libbpf.call("bpf_map__set_max_entries", m, ring_sizes[name])
+
+
 class Probes:
     """The loaded object, its maps and links. Not thread-safe: open and
     close from one thread; the map fds it hands out may be used anywhere."""
@@ -267,16 +308,10 @@ class Probes:
 
     # -- setup --
     def _programs(self):
-        prog = libbpf.lib().bpf_object__next_program(self.obj, None)
-        while prog:
-            yield libbpf.name_of("bpf_program__name", prog), prog
-            prog = libbpf.lib().bpf_object__next_program(self.obj, prog)
+        return object_programs(self.obj)
 
     def _maps(self):
-        m = libbpf.lib().bpf_object__next_map(self.obj, None)
-        while m:
-            yield libbpf.name_of("bpf_map__name", m), m
-            m = libbpf.lib().bpf_object__next_map(self.obj, m)
+        return object_maps(self.obj)
 
     def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
@@ -287,26 +322,7 @@ class Probes:
         return want
 
     def _configure(self, ring_sizes: dict) -> None:
-        want = self._wanted_programs()
-        for name, prog in self._programs():
-            libbpf.call("bpf_program__set_autoload", prog, name in want)
-        unused = {m for v, maps in VARIANT_MAPS.items() if v != self.variant for m in maps}
-        settings = features.kernel_settings(self.plan.features)
-        prealloc = not features.runtime_alloc_ok(self.plan.features)
-        lb = libbpf.lib()
-        for name, m in self._maps():
-            if prealloc and lb.bpf_map__type(m) == BPF_MAP_TYPE_HASH and lb.bpf_map__map_flags(m) & 1:
-                # Before 6.1: preallocate (see features.py), and keep the
-                # per-thread call table small, as it is then paid in full.
-                libbpf.call("bpf_map__set_map_flags", m, lb.bpf_map__map_flags(m) & ~1)
-                if name in PREALLOC_MAX:
-                    libbpf.call("bpf_map__set_max_entries", m, PREALLOC_MAX[name])
-            if name in unused:
-                libbpf.call("bpf_map__set_autocreate", m, False)
-            if name.endswith(".rodata.nettap"):
-                libbpf.call("bpf_map__set_initial_value", m, settings, len(settings))
-            if name in ring_sizes:
-                libbpf.call("bpf_map__set_max_entries", m, ring_sizes[name])
+        configure(self.obj, self.plan.features, self.variant, self._wanted_programs(), ring_sizes)
 
     def _collect_fds(self) -> None:
         lb = libbpf.lib()

@@ -11,18 +11,12 @@ pytestmark = pytest.mark.kernel
 
 
 def _load_only(names, variant) -> None:
-    """Load the object with autoload on only for names, and only the maps
-    the variant uses (raises OSError)."""
+    """Load the object with autoload on only for names, configured for this
+    kernel as the loader does (raises OSError)."""
     lb = libbpf.lib()
     obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.OBJECT}".encode(), None)
     try:
-        for other, maps in loader.VARIANT_MAPS.items():
-            for m in maps if other != variant else ():
-                lb.bpf_map__set_autocreate(libbpf.call_ptr("bpf_object__find_map_by_name", obj, m.encode()), False)
-        p = lb.bpf_object__next_program(obj, None)
-        while p:
-            lb.bpf_program__set_autoload(p, libbpf.name_of("bpf_program__name", p) in names)
-            p = lb.bpf_object__next_program(obj, p)
+        loader.configure(obj, loader.plan("tracepoint").features, variant, set(names), {})
         libbpf.call("bpf_object__load", obj)
     finally:
         lb.bpf_object__close(obj)
