@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""The TCP prober's storm (shared/seeds/002): short loopback connections
+from a C program (bench/storm.c: connect, send 64 bytes, the server echoes
+64 bytes, close), 20,000 connections x 3 rounds, 4 threads, with nettap
+capturing the storm's port through a 16 MiB chunk ring, once with
+`output: jsonl` (a file in a temp dir) and once with `output: none`.
+
+Printed per round and per ring (capture_chunks, capture_eof, logs):
+  published  chunks: nettap_probe_chunks_published_total (all probes);
+             eof and logs: the lines of that type the jsonl sink wrote
+             (with output none, no such count exists: drained + dropped)
+  drained    nettap_ringbuf_records_drained_total
+  dropped    nettap_ringbuf_drops_total (the kernel's reserve failed)
+and user-space losses (nettap_records_lost_total by stage), nettap's CPU-s
+per million records drained (utime+stime of its process tree, from before
+the round to the end of its drain), its peak RSS (VmHWM) beside its idle
+RSS, and connections/s beside the same storm without nettap, measured in
+the same run before and after the captured rounds.
+
+Run as root:  .venv/bin/python bench/storm_c.py [--connections 20000]
+              [--rounds 3] [--threads 4] [--bytes 64] [--chunk-ring 16777216]
+              [--sinks jsonl,none]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _nettap import (RINGS, build, cpu_s, family_sum, free_port, label_values, metrics,  # noqa: E402
+                     start_nettap, status_mb, stop)
+
+TYPES = {"capture_chunks": b'"type":"chunk"', "capture_eof": b'"type":"eof"', "logs": b'"type":"log"'}
+
+
+def run_storm(exe: str, port: int, a) -> float:
+    """Connections a second of one round."""
+    out = subprocess.run([exe, str(port), str(a.connections), str(a.threads), str(a.bytes)],
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"storm failed ({out.returncode}): {out.stdout.strip()} {out.stderr.strip()}")
+    f = out.stdout.split()
+    return float(f[f.index("rate") + 1])
+
+
+def settle(mport: int, sink: str, timeout: float = 120.0) -> tuple:
+    """Wait until nettap has drained its rings and its sink has written (or
+    counted lost) every drained record; returns (metrics, seconds waited)."""
+    t0 = time.perf_counter()
+    prev = None
+    while True:
+        m = metrics(mport)
+        pending = family_sum(m, "nettap_ringbuf_pending_bytes")
+        drained = family_sum(m, "nettap_ringbuf_records_drained_total")
+        done = family_sum(m, "nettap_sink_records_written_total") + family_sum(m, "nettap_records_lost_total")
+        if pending == 0 and drained == prev and (sink == "none" or done >= drained):
+            return m, time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            print(f"  (not settled after {timeout:.0f} s: pending {pending:.0f} B, drained {drained:.0f}, "
+                  f"written+lost {done:.0f})")
+            return m, time.perf_counter() - t0
+        prev = drained
+        time.sleep(0.25)
+
+
+def delta(m1: dict, m0: dict, name: str) -> dict:
+    a, b = label_values(m1, name), label_values(m0, name)
+    return {k: int(v - b.get(k, 0)) for k, v in a.items()}
+
+
+def count_lines(path: str, offset: int) -> tuple:
+    """({ring: lines of its type} written after offset, new offset)."""
+    counts = {r: 0 for r in RINGS}
+    if not os.path.exists(path):
+        return counts, offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            block = f.read(64 << 20)
+            if not block:
+                break
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:
+                break
+            f.seek(cut - len(block), 1)
+            block = block[:cut]
+            offset += cut
+            for r, t in TYPES.items():
+                counts[r] += block.count(t)
+    return counts, offset
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--connections", type=int, default=20000, help="connections a round (20000)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=4, help="client threads (and server threads)")
+    ap.add_argument("--bytes", type=int, default=64, help="bytes sent and echoed on each connection (64)")
+    ap.add_argument("--chunk-ring", type=int, default=16 << 20, help="capture_chunks ring bytes (16 MiB)")
+    ap.add_argument("--sinks", default="jsonl,none", help="comma-separated outputs to run: jsonl,none")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: nettap loads BPF programs")
+
+    exe = build("storm")
+    port, mport = free_port(), free_port()
+    tmp = tempfile.mkdtemp(prefix="nettap-storm-")
+    base = []
+    results = {}
+    try:
+        base += [run_storm(exe, port, a) for _ in range(a.rounds)]
+        for sink in a.sinks.split(","):
+            results[sink] = captured(a, exe, sink, port, mport, tmp)
+        base += [run_storm(exe, port, a) for _ in range(a.rounds)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(a, base, results)
+
+
+def captured(a, exe: str, sink: str, port: int, mport: int, tmp: str) -> dict:
+    path = os.path.join(tmp, "capture.jsonl")
+    out = f"{{type: jsonl, path: {path}, max_bytes: {1 << 40}}}" if sink == "jsonl" else "{type: none}"
+    cfg = os.path.join(tmp, f"{sink}.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"captures: [{{port: {port}}}]\noutput: {out}\nrings: {{capture_chunks: {a.chunk_ring}}}\n")
+    p = start_nettap(cfg, mport)
+    rounds = []
+    try:
+        time.sleep(1)
+        c0, t0 = cpu_s(p.pid), time.perf_counter()
+        time.sleep(2)
+        idle_cpu = (cpu_s(p.pid) - c0) / (time.perf_counter() - t0)
+        idle_rss = status_mb(p.pid, "VmRSS")
+        offset = 0
+        m0, _ = settle(mport, sink)
+        for _ in range(a.rounds):
+            c0 = cpu_s(p.pid)
+            rate = run_storm(exe, port, a)
+            m1, tail = settle(mport, sink)
+            cpu = cpu_s(p.pid) - c0
+            lines, offset = count_lines(path, offset) if sink == "jsonl" else (None, offset)
+            drained = delta(m1, m0, "nettap_ringbuf_records_drained_total")
+            dropped = delta(m1, m0, "nettap_ringbuf_drops_total")
+            chunks = sum(delta(m1, m0, "nettap_probe_chunks_published_total").values())
+            if lines is not None:
+                published = dict(lines, capture_chunks=chunks)
+            else:
+                published = {r: drained.get(r, 0) + dropped.get(r, 0) for r in RINGS}
+                published["capture_chunks"] = chunks
+            rounds.append(dict(rate=rate, tail=tail, cpu=cpu, drained=drained, dropped=dropped,
+                               published=published, lines=lines,
+                               lost=delta(m1, m0, "nettap_records_lost_total")))
+            m0 = m1
+        hwm = status_mb(p.pid, "VmHWM")
+    finally:
+        stop(p)
+    return dict(rounds=rounds, idle_cpu=idle_cpu, idle_rss=idle_rss, hwm=hwm)
+
+
+def report(a, base: list, results: dict) -> None:
+    b = statistics.mean(base)
+    print(f"\nnettap under the prober's storm: {a.connections:,} loopback connections x {a.rounds} rounds, "
+          f"{a.threads} threads, {a.bytes}-byte echo; capture_chunks ring {a.chunk_ring / (1 << 20):g} MiB, "
+          f"other rings default; {os.cpu_count()} CPUs, kernel {os.uname().release}\n")
+    print(f"baseline, the storm without nettap: {b:,.0f} connections/s (mean of {len(base)} rounds: "
+          f"{a.rounds} before and {a.rounds} after the captured ones; min {min(base):,.0f}, max {max(base):,.0f})")
+    summary = []
+    for sink, r in results.items():
+        print(f"\noutput: {sink}   (nettap idle: {r['idle_cpu'] * 100:.2f} % of a core, RSS {r['idle_rss']:.1f} MB)")
+        for i, x in enumerate(r["rounds"], 1):
+            recs = sum(x["drained"].values())
+            per_m = x["cpu"] / recs * 1e6 if recs else float("nan")
+            print(f"  round {i}: {x['rate']:,.0f} connections/s ({x['rate'] / b:.2f}x baseline), "
+                  f"drained {x['tail']:.1f} s after the storm; nettap CPU {x['cpu']:.2f} s = "
+                  f"{per_m:.2f} CPU-s per million records ({recs:,} records)")
+            print(f"    {'ring':<16}{'published':>12}{'drained':>12}{'dropped':>10}")
+            for ring in RINGS:
+                note = ""
+                if ring != "capture_chunks":
+                    note = "   (published: its lines in the jsonl file)" if x["lines"] is not None \
+                        else "   (published: drained + dropped, no other count)"
+                print(f"    {ring:<16}{x['published'].get(ring, 0):>12,}{x['drained'].get(ring, 0):>12,}"
+                      f"{x['dropped'].get(ring, 0):>10,}{note}")
+            lost = ", ".join(f"{k} {v:,}" for k, v in sorted(x["lost"].items()))
+            print(f"    user-space lost: {lost or 'none reported'}")
+        rs = r["rounds"]
+        recs = sum(sum(x["drained"].values()) for x in rs)
+        cpu = sum(x["cpu"] for x in rs)
+        drops = sum(sum(x["dropped"].values()) for x in rs)
+        ulost = sum(sum(x["lost"].values()) for x in rs)
+        rate = statistics.mean(x["rate"] for x in rs)
+        summary.append((sink, rate, recs, drops, ulost, cpu / recs * 1e6 if recs else float("nan"),
+                        r["hwm"], r["idle_rss"]))
+        print(f"  peak RSS (VmHWM) {r['hwm']:.1f} MB (idle RSS before the storm: {r['idle_rss']:.1f} MB)")
+
+    print(f"\n{'':<10}{'conn/s':>10}{'x base':>8}{'records':>11}{'ring drops':>12}{'user lost':>11}"
+          f"{'CPU-s/M rec':>13}{'peak RSS MB':>13}")
+    print(f"{'baseline':<10}{b:>10,.0f}{1:>8.2f}")
+    for sink, rate, recs, drops, ulost, per_m, hwm, _ in summary:
+        print(f"{sink:<10}{rate:>10,.0f}{rate / b:>8.2f}{recs:>11,}{drops:>12,}{ulost:>11,}{per_m:>13.2f}{hwm:>13.1f}")
+
+
+if __name__ == "__main__":
+    main()
