@@ -8,8 +8,13 @@ import os
 from collections import defaultdict
 
 import pytest
+import pyroute2.config
 
 from exporter import config, features, loader
+
+# pyroute2 gives the child process that creates a network namespace 2 s to
+# answer; under emulation (the kernel matrix's guests) forking takes longer.
+pyroute2.config.default_communicate_timeout = 120
 from exporter.app import Nettap
 
 
