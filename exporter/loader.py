@@ -230,11 +230,6 @@ def plan(forced: str | None = None, variant: str | None = None) -> Plan:
     return Plan(feats, chosen, why, states)
 
 
-def choose_mechanisms(forced: str | None = None) -> dict:
-    """Per probe, the first mechanism the kernel accepts."""
-    return plan(forced).states
-
-
 def object_programs(obj: int):
     """(name, bpf_program *) of every program of an opened object."""
     prog = libbpf.lib().bpf_object__next_program(obj, None)
