@@ -102,11 +102,12 @@ static __always_inline void emit_log(__u32 code, __u32 probe, __u64 a0, __u64 a1
 	bpf_ringbuf_submit(l, 0);
 }
 
-static __always_inline __u64 wakeup_flags(void *ring, struct nettap_capture_config *cfg)
+static __always_inline __u64 wakeup_flags(void *ring, __u32 threshold)
 {
 	/* No wakeup per record: the reader polls on a short timer, and is
-	 * woken only once enough is pending that waiting could overflow. */
-	if (cfg && bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) >= cfg->wakeup_bytes)
+	 * woken only once enough is pending that waiting could overflow.
+	 * threshold: that ring's own (capture_config.*wakeup_bytes). */
+	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) >= threshold)
 		return BPF_RB_FORCE_WAKEUP;
 	return BPF_RB_NO_WAKEUP;
 }

@@ -69,7 +69,8 @@ int tcp_state(struct trace_event_raw_inet_sock_set_state *ctx)
 		read_addrs((struct sock *)ctx->skaddr, false, &e->family, &e->sport, &e->dport,
 			   e->saddr, e->daddr);
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
-		bpf_ringbuf_submit(e, wakeup_flags(&capture_eof, cfg));
+		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, cfg->eof_wakeup_bytes)
+					  : BPF_RB_NO_WAKEUP);
 	}
 	if (!bpf_map_delete_elem(&capture_conns, &key))
 		conns_live_add(-1);

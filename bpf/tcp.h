@@ -60,7 +60,10 @@ struct nettap_capture_config {
 	__u32 flags;			/* NETTAP_TARGET_* present */
 	__u32 cgroup_levels;		/* bit n: a cgroup target sits at level n */
 	__u32 max_payload_bytes;	/* payload captured per call, <= 64 KiB */
-	__u32 wakeup_bytes;		/* wake the reader once this much is pending */
+	__u32 wakeup_bytes;		/* capture_chunks: wake the reader once this much is pending */
+	__u32 eof_wakeup_bytes;		/* capture_eof: the same, for its own ring (a fraction
+					 * of each ring's size: one threshold cannot fit both) */
+	__u32 pad0;			/* explicit padding: the size stays a multiple of 8 */
 };
 
 /* What user space found out about the kernel before load (section

@@ -64,7 +64,7 @@ class Nettap:
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
                           for r in RINGS}
             self.apply(config)
-            self.pipeline = Pipeline(self.rings, sinks.make(config.output), config.output.queue_records)
+            self.pipeline = Pipeline(self.rings, sinks.make(config.output), config.output.queue_bytes)
             self.pipeline.start()
             self.ready.set()
         except BaseException:
@@ -115,8 +115,10 @@ class Nettap:
                 raise ConfigError(f"diagnostics.bpfStats.enabled: cannot switch statistics on: {e}") from None
             if config.ring_bytes != old.ring_bytes:
                 log.warning("rings: new sizes take effect at the next start; keeping %s", old.ring_bytes)
-            self.target_maps.apply(resolved, config.max_payload_bytes, old.ring_bytes["capture_chunks"] // 4)
-            if self.pipeline and config.output != old.output:
+            self.target_maps.apply(resolved, config.max_payload_bytes, targets.wakeup_thresholds(old.ring_bytes))
+            if self.pipeline:
+                self.pipeline.queue_bytes = config.output.queue_bytes     # from the next batch on
+            if self.pipeline and config.output._replace(queue_bytes=0) != old.output._replace(queue_bytes=0):
                 if (config.output.type == "none") != (old.output.type == "none"):
                     log.warning("output: switching between a sink and none takes effect at the next start")
                 else:

@@ -9,6 +9,7 @@ checks that they exist (a cgroup path, a netns, a pid) when it resolves them.
 """
 from __future__ import annotations
 
+import logging
 from collections import namedtuple
 
 import yaml
@@ -21,7 +22,26 @@ TARGET_KINDS = ("pid", "cgroup", "netns", "port")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so
 # they count in its RSS as well as in the map's kernel memory.
-DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 256 << 10, "logs": 64 << 10}
+# capture_eof: 16384 eof records (128 bytes each in the ring), sized for a
+# node's connection-rate burst: 50,000 captured connections/s with both ends
+# captured is 100,000 records/s, 5,000 records (640 KB) per 50 ms poll
+# interval. The ring holds about three intervals (164 ms): the interval being
+# filled, one the drain is late for (a busy node schedules it late), and
+# margin; its wakeup at a quarter (4,096 records, 41 ms at that rate) comes
+# before the poll timeout, and leaves the drain 123 ms of ring to run in. The
+# prober's storm (20,000 connections x 3 rounds, 2 records a connection)
+# reached about 10,000 connections/s here from Python clients; 256 KiB
+# (2,048 records, 20 ms at 100,000/s) dropped records in every round.
+DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}
+# The user-space queue between drain and sink, bounded in bytes of records
+# (as they sit in the ring: 512 bytes a chunk, 128 an eof record), so a
+# burst of large payloads cannot grow nettap's memory past it. 4 MiB is 8,192
+# chunk records (800 calls of 4,000 bytes on each side) or 32,768 eof
+# records. Peak RSS is about idle RSS + the rings' touched pages + this + one
+# batch being formatted; measured here (a 5 s storm of 4,000-byte sends,
+# jsonl): 56.8 MB at 4 MiB, 64.1 MB at 8 MiB, 77.9 MB at 16 MiB (idle 49.6 MB;
+# the former bound of 1 M records: 388.7 MB). Goal: under 64 MB.
+DEFAULT_QUEUE_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
@@ -40,11 +60,12 @@ class Target(namedtuple("Target", "kind value")):
         return f"{self.kind}={self.value}"
 
 
-class Output(namedtuple("Output", "type path max_bytes backups queue_records",
-                        defaults=("none", None, 100 << 20, 3, 1 << 20))):
+class Output(namedtuple("Output", "type path max_bytes backups queue_bytes",
+                        defaults=("none", None, 100 << 20, 3, DEFAULT_QUEUE_BYTES))):
     """type: jsonl | stdout | none; the jsonl file rotates at max_bytes
-    keeping `backups` old files; queue_records are buffered between the
-    drain and the sink."""
+    keeping `backups` old files; at most queue_bytes of records wait
+    between the drain and the sink (more are dropped, whole batches, and
+    counted)."""
 
     __slots__ = ()
 
@@ -120,6 +141,21 @@ def _ring_size(v, key: str, ring: str) -> int:
     return n
 
 
+def _queue_bytes(out: dict) -> int:
+    if "queue_records" in out:
+        # Deprecated: the queue was bounded in records, whatever their size.
+        # Taken as that many chunk records' bytes (the largest record), the
+        # bound it used to put on memory.
+        if "queue_bytes" in out:
+            raise ConfigError("output.queue_records: deprecated alias of output.queue_bytes; give only queue_bytes")
+        n = _int(out["queue_records"], "output.queue_records", 1024, 1 << 26)
+        logging.getLogger(__name__).warning(
+            "output.queue_records is deprecated: read as output.queue_bytes: %d (%d chunk records of %d bytes)",
+            n * STRIDES["capture_chunks"], n, STRIDES["capture_chunks"])
+        return n * STRIDES["capture_chunks"]
+    return _int(out.get("queue_bytes", DEFAULT_QUEUE_BYTES), "output.queue_bytes", 64 << 10, 1 << 40)
+
+
 def parse(doc) -> Config:
     """Validate a loaded YAML document into a Config."""
     top = _map(doc, "", ("captures", "capture", "output", "rings", "diagnostics", "log_level"))
@@ -133,7 +169,7 @@ def parse(doc) -> Config:
     max_payload = _int(cap.get("max_payload_bytes", DEFAULT.max_payload_bytes),
                        "capture.max_payload_bytes", 0, MAX_PAYLOAD_BYTES)
 
-    out = _map(top.get("output"), "output", ("type", "path", "max_bytes", "backups", "queue_records"))
+    out = _map(top.get("output"), "output", ("type", "path", "max_bytes", "backups", "queue_bytes", "queue_records"))
     otype = _choice(out.get("type", "none"), "output.type", OUTPUT_TYPES)
     path = out.get("path")
     if otype == "jsonl":
@@ -143,7 +179,7 @@ def parse(doc) -> Config:
     output = Output(otype, path,
                     _int(out.get("max_bytes", DEFAULT.output.max_bytes), "output.max_bytes", 4096, 1 << 40),
                     _int(out.get("backups", DEFAULT.output.backups), "output.backups", 0, 1000),
-                    _int(out.get("queue_records", DEFAULT.output.queue_records), "output.queue_records", 1024, 1 << 26))
+                    _queue_bytes(out))
 
     rings = _map(top.get("rings"), "rings", RINGS)
     ring_bytes = dict(DEFAULT_RING_BYTES)

@@ -2,12 +2,16 @@
 
 The drain thread only copies batches out of ring memory (no per-record
 Python work), so the rings empty at memory speed; batches then wait in a
-bounded queue for the sink thread, which formats JSON lines. When the sink
-cannot keep up, whole batches are dropped at the queue and counted
-(``lost['queue']``): the loss is in user space, visible, and the rings keep
-draining. Every other place a record can be lost is counted too: kernel
-reserve failures in the ringbuf_drops map, bad records in ``lost['decode']``,
-failed writes in ``lost['sink']``.
+queue bounded in bytes (``queue_bytes``: the records' bytes as they sat in
+the ring, so memory stays bounded whatever the payload size) for the sink
+thread, which formats JSON lines. A batch read is at most a sixteenth of the
+bound, so one always fits an empty queue. When the sink cannot keep up,
+whole batches are dropped at the queue, counted (``lost['queue']``) and
+logged (at most one line per 10 s, and a last one at stop): the loss is in
+user space, visible, and the rings keep draining. Every other place a
+record can be lost is counted too: kernel reserve failures in the
+ringbuf_drops map, bad records in ``lost['decode']``, failed writes in
+``lost['sink']``.
 """
 from __future__ import annotations
 
@@ -20,23 +24,35 @@ from typing import Deque, Dict, Optional
 from . import records
 from .ringbuf import Batch, RingMemory, RingPoller
 from .sinks import Sink
+from .tcp_h import STRIDES
 
 log = logging.getLogger(__name__)
+
+BATCH_FRACTION = 16          # a batch read is at most queue_bytes / 16
+LOSS_LOG_INTERVAL = 10.0     # seconds between two log lines about queue losses
+
+
+def batch_bytes(b: Batch) -> int:
+    """The memory a queued batch holds: its records as ring slots."""
+    return len(b.records) * STRIDES[b.ring]
 
 
 class Pipeline:
     """Owns the drain and sink threads. start() once, stop() once."""
 
     def __init__(self, rings: Dict[str, RingMemory], sink: Optional[Sink],
-                 queue_records: int = 1 << 20, poll_interval: float = 0.05):
+                 queue_bytes: int = 4 << 20, poll_interval: float = 0.05):
         self.rings = rings
         self.sink = sink
-        self.queue_records = queue_records
+        self.queue_bytes = queue_bytes           # may change at run time (config reload)
         self.poll_interval = poll_interval
         self.poller = RingPoller(rings.values())
         self.lost = {"queue": 0, "decode": 0}
         self._queue: Deque[Batch] = collections.deque()
-        self._queued = 0
+        self.queued_bytes = 0
+        self.queue_peak_bytes = 0                # the most ever queued (benchmarks, tests)
+        self._unlogged = [0, 0]                  # queue losses not logged yet: records, batches
+        self._loss_log_time = -LOSS_LOG_INTERVAL
         self._cv = threading.Condition()
         self._sink_lock = threading.Lock()       # held while the sink writes
         self._stopping = False
@@ -59,9 +75,10 @@ class Pipeline:
     def drain_once(self) -> int:
         """Read every ring until empty; returns records read."""
         total = 0
+        cap = max(self.queue_bytes // BATCH_FRACTION, 1)
         for ring in self.rings.values():
             while True:
-                b = ring.read()
+                b = ring.read(max(cap // STRIDES[ring.name], 1))
                 if b is None:
                     break
                 total += b.count
@@ -84,13 +101,30 @@ class Pipeline:
         self.drain_once()                           # what is left at stop
 
     def _enqueue(self, b: Batch) -> None:
+        n = batch_bytes(b)
         with self._cv:
-            if self._queued + len(b.records) > self.queue_records:
-                self.lost["queue"] += len(b.records)
+            if self.queued_bytes + n <= self.queue_bytes:
+                self._queue.append(b)
+                self.queued_bytes += n
+                self.queue_peak_bytes = max(self.queue_peak_bytes, self.queued_bytes)
+                self._cv.notify()
                 return
-            self._queue.append(b)
-            self._queued += len(b.records)
-            self._cv.notify()
+            self.lost["queue"] += len(b.records)
+            self._unlogged[0] += len(b.records)
+            self._unlogged[1] += 1
+        now = time.monotonic()
+        if now - self._loss_log_time >= LOSS_LOG_INTERVAL:
+            self._loss_log_time = now
+            self._log_queue_losses()
+
+    def _log_queue_losses(self) -> None:
+        records_, batches = self._unlogged
+        if not records_:
+            return
+        self._unlogged = [0, 0]
+        log.warning("output queue full (output.queue_bytes: %d): dropped %d records in %d whole batches "
+                    "(%d since start): the sink is slower than capture", self.queue_bytes, records_, batches,
+                    self.lost["queue"])
 
     def _sink_loop(self) -> None:
         while True:
@@ -100,7 +134,7 @@ class Pipeline:
                 if not self._queue:
                     return
                 b = self._queue.popleft()
-                self._queued -= len(b.records)
+                self.queued_bytes -= batch_bytes(b)
             try:
                 with self._sink_lock:
                     # One call formats the whole batch (compiled, without the
@@ -139,5 +173,6 @@ class Pipeline:
         if self.sink:
             self._sink_t.join()
             self.sink.close()
+        self._log_queue_losses()                    # what the rate limit held back
         self.poller.release()
         self.running = False

@@ -215,7 +215,8 @@ class RingPoller:
         # data (kernel/bpf/ringbuf.c, ringbuf_map_poll_user), so level-
         # triggered epoll would spin on a busy ring and drain it in crumbs.
         # Edge-triggered, only the producer's explicit wakeups (nettap's
-        # programs force one once wakeup_bytes are pending) end a wait
+        # programs force one once a quarter of that ring is pending, each
+        # ring against its own size: exporter.targets.wakeup_thresholds) end a wait
         # early; otherwise the caller's timeout paces the drain.
         for fd in self.rings:
             self._ep.register(fd, select.EPOLLIN | select.EPOLLET)

@@ -153,6 +153,18 @@ def _u64(v: int) -> bytes:
     return v.to_bytes(8, "little")
 
 
+# Each ring wakes its reader once this fraction of its own size is pending
+# (before, capture_eof was given capture_chunks' threshold, which its small
+# ring never reached: it was drained only on the poll timeout). A quarter
+# leaves three quarters of the ring for the time the drain takes to run.
+WAKEUP_FRACTION = 4
+
+
+def wakeup_thresholds(ring_bytes: dict) -> dict:
+    """ring -> wakeup threshold in bytes, for the rings that have one."""
+    return {r: ring_bytes[r] // WAKEUP_FRACTION for r in ("capture_chunks", "capture_eof")}
+
+
 class TargetMaps:
     """The filter maps of one loaded object. Not thread-safe: one writer."""
 
@@ -161,9 +173,11 @@ class TargetMaps:
         self.current = Resolved()
         self._bitmap = [0] * 1024
 
-    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: int) -> None:
+    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: dict) -> None:
         """Add new entries, then switch capture_config, then remove stale
-        entries, so no call is missed while targets change."""
+        entries, so no call is missed while targets change. wakeup_bytes:
+        ring -> its wakeup threshold (capture_chunks, capture_eof), as
+        :func:`wakeup_thresholds` gives them."""
         old = self.current
         for pid in new.pids - old.pids:
             maps.update(self.fds["capture_pids"], _u32(pid), b"\1")
@@ -177,8 +191,10 @@ class TargetMaps:
         for word, (bits, was) in enumerate(zip(bitmap, self._bitmap)):
             if bits != was:
                 maps.update(self.fds["capture_ports"], _u32(word), _u64(bits))
-        # struct nettap_capture_config: flags, cgroup_levels, max_payload_bytes, wakeup_bytes
-        cfg = struct.pack("<IIII", new.flags, new.cgroup_levels, max_payload_bytes, wakeup_bytes)
+        # struct nettap_capture_config: flags, cgroup_levels, max_payload_bytes,
+        # wakeup_bytes (capture_chunks), eof_wakeup_bytes (capture_eof), pad0
+        cfg = struct.pack("<IIIIII", new.flags, new.cgroup_levels, max_payload_bytes,
+                          wakeup_bytes["capture_chunks"], wakeup_bytes["capture_eof"], 0)
         maps.update(self.fds["capture_config"], _u32(0), cfg)
         for pid in old.pids - new.pids:
             maps.delete(self.fds["capture_pids"], _u32(pid))

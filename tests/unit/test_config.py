@@ -20,7 +20,7 @@ output:
   path: /var/log/nettap/capture.jsonl
   max_bytes: 4096
   backups: 0
-  queue_records: 1024
+  queue_bytes: 65536
 rings:
   capture_chunks: 1073741824
   capture_eof: 4096
@@ -44,7 +44,7 @@ def test_full_config():
         captures=(Target("pid", 4242), Target("cgroup", "/sys/fs/cgroup/system.slice/nginx.service"),
                   Target("netns", "/var/run/netns/blue"), Target("netns", 4026531840), Target("port", 443)),
         max_payload_bytes=65600,
-        output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 1024),
+        output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192)),
         bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug")
 
@@ -73,14 +73,14 @@ def test_default_values():
     d = config.DEFAULT
     assert (d.captures, d.max_payload_bytes, d.bpf_stats_enabled, d.bpf_stats_scope, d.log_level) == (
         (), 4096, False, "own", "info")
-    assert d.output == Output("none", None, 100 << 20, 3, 1 << 20)
-    assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 256 << 10, "logs": 64 << 10}
+    assert d.output == Output("none", None, 100 << 20, 3, 4 << 20)
+    assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}
 
 
 def test_partial_sections_keep_defaults():
     cfg = config.loads("output: {type: stdout}\nrings: {logs: 4096}\ndiagnostics: {bpfStats: {enabled: true}}\n")
-    assert cfg.output == Output("stdout", None, 100 << 20, 3, 1 << 20)
-    assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 256 << 10, "logs": 4096}
+    assert cfg.output == Output("stdout", None, 100 << 20, 3, 4 << 20)
+    assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 4096}
     assert (cfg.bpf_stats_enabled, cfg.bpf_stats_scope) == (True, "own")
 
 
@@ -127,7 +127,7 @@ def test_two_yaml_documents():
     ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got {}"),
     ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got 7"),
     ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level)"),
-    ("output: {pth: /x}", "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_records)"),
+    ("output: {pth: /x}", "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records)"),
     ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes)"),
     ("diagnostics: {bpfstats: {}}", "diagnostics.bpfstats: unknown key (expected one of bpfStats)"),
     ("diagnostics: {bpfStats: {enabled: true, extra: 1}}",
@@ -155,6 +155,15 @@ def test_two_yaml_documents():
     ("output: {type: jsonl, path: /x, backups: -1}", "output.backups: must be an integer from 0 to 1000, got -1"),
     ("output: {type: jsonl, path: /x, queue_records: 1023}",
      "output.queue_records: must be an integer from 1024 to 67108864, got 1023"),
+    ("output: {queue_bytes: 65535}", "output.queue_bytes: must be an integer from 65536 to 1099511627776, got 65535"),
+    ("output: {queue_bytes: 1099511627777}",
+     "output.queue_bytes: must be an integer from 65536 to 1099511627776, got 1099511627777"),
+    ("output: {queue_bytes: 16MiB}", "output.queue_bytes: must be an integer from 65536 to 1099511627776, got '16MiB'"),
+    ("output: {queue_bytes: true}", "output.queue_bytes: must be an integer from 65536 to 1099511627776, got True"),
+    ("output: {queue_bytes: 1048576.0}",
+     "output.queue_bytes: must be an integer from 65536 to 1099511627776, got 1048576.0"),
+    ("output: {queue_bytes: 1048576, queue_records: 4096}",
+     "output.queue_records: deprecated alias of output.queue_bytes; give only queue_bytes"),
     ("diagnostics: {bpfStats: {enabled: 'yes'}}", "diagnostics.bpfStats.enabled: must be true or false, got 'yes'"),
     ("diagnostics: {bpfStats: {enabled: 1}}", "diagnostics.bpfStats.enabled: must be true or false, got 1"),
     ("diagnostics: {bpfStats: {scope: all}}", "diagnostics.bpfStats.scope: must be one of own, node, got 'all'"),
@@ -163,6 +172,21 @@ def test_two_yaml_documents():
 ])
 def test_refused(text, msg):
     assert refused(text) == msg
+
+
+def test_queue_bytes():
+    assert config.loads("output: {queue_bytes: 65536}").output.queue_bytes == 65536
+    assert config.loads("output: {queue_bytes: 1099511627776}").output.queue_bytes == 1 << 40
+
+
+def test_queue_records_is_a_deprecated_alias(caplog):
+    """The old record bound is read as that many chunk records' bytes (the
+    memory it used to allow), with a warning naming the new key."""
+    with caplog.at_level("WARNING", logger="exporter.config"):
+        cfg = config.loads("output: {queue_records: 4096}")
+    assert cfg.output.queue_bytes == 4096 * 512
+    assert [r.getMessage() for r in caplog.records] == [
+        "output.queue_records is deprecated: read as output.queue_bytes: 2097152 (4096 chunk records of 512 bytes)"]
 
 
 def test_ring_size_not_a_multiple_of_stride(monkeypatch):

@@ -73,7 +73,7 @@ def test_struct_layout_matches_btf(btf, cname):
 def test_known_struct_sizes(btf):
     assert {c: _struct(btf, c)["size"] for c in LAYOUTS} == {
         "nettap_chunk": 504, "nettap_eof": 120, "nettap_log": 56,
-        "nettap_capture_config": 16, "nettap_probe_counters": 32}
+        "nettap_capture_config": 24, "nettap_probe_counters": 32}
 
 
 def test_ring_records_are_the_c_structs():

@@ -327,6 +327,14 @@ def u64(v):
     return v.to_bytes(8, "little")
 
 
+WAKE = {"capture_chunks": 1024, "capture_eof": 256}
+
+
+def test_wakeup_thresholds_are_a_quarter_of_each_ring():
+    assert targets.wakeup_thresholds({"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}) == {
+        "capture_chunks": 2 << 20, "capture_eof": 512 << 10}
+
+
 def config_index(log):
     idx = [i for i, c in enumerate(log) if c[1] == "capture_config"]
     assert len(idx) == 1, log
@@ -334,10 +342,12 @@ def config_index(log):
 
 
 def decode_config(value):
-    """struct nettap_capture_config (bpf/tcp.h): four u32."""
-    assert len(value) == 16
-    return dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes"),
-                    struct.unpack("<IIII", value)))
+    """struct nettap_capture_config (bpf/tcp.h): six u32, the last padding."""
+    assert len(value) == 24
+    d = dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes", "eof_wakeup_bytes", "pad0"),
+                 struct.unpack("<IIIIII", value)))
+    assert d.pop("pad0") == 0
+    return d
 
 
 def port_word(value):
@@ -347,7 +357,7 @@ def port_word(value):
 def test_apply_first(calls):
     tm = TargetMaps(FDS)
     new = Resolved(pids={100, 200}, cgroups={7: 2}, netns={4026531992}, ports={80, 443, 8080})
-    tm.apply(new, 4096, 1 << 20)
+    tm.apply(new, 4096, {"capture_chunks": 1 << 20, "capture_eof": 1 << 16})
     ci = config_index(calls)
     before, after = calls[:ci], calls[ci + 1:]
     assert after == []                                     # nothing to delete
@@ -359,16 +369,17 @@ def test_apply_first(calls):
     assert ports == {1: 1 << (80 - 64), 6: 1 << (443 - 384), 126: 1 << (8080 - 126 * 64)}
     assert all(len(c[3]) == 8 for c in before if c[1] == "capture_ports")
     assert decode_config(calls[ci][3]) == {"flags": 15, "cgroup_levels": 1 << 2,
-                                           "max_payload_bytes": 4096, "wakeup_bytes": 1 << 20}
+                                           "max_payload_bytes": 4096, "wakeup_bytes": 1 << 20,
+                                           "eof_wakeup_bytes": 1 << 16}
     assert calls[ci][2] == u32(0)
     assert tm.current is new
 
 
 def test_apply_change_adds_before_config_deletes_after(calls):
     tm = TargetMaps(FDS)
-    tm.apply(Resolved(pids={100, 200}, cgroups={7: 2, 8: 3}, netns={1, 2}, ports={80, 443}), 4096, 1024)
+    tm.apply(Resolved(pids={100, 200}, cgroups={7: 2, 8: 3}, netns={1, 2}, ports={80, 443}), 4096, WAKE)
     calls.clear()
-    tm.apply(Resolved(pids={200, 300}, cgroups={8: 3, 9: 1}, netns={2, 3}, ports={80, 81, 8080}), 2048, 1024)
+    tm.apply(Resolved(pids={200, 300}, cgroups={8: 3, 9: 1}, netns={2, 3}, ports={80, 81, 8080}), 2048, WAKE)
     ci = config_index(calls)
     before, after = calls[:ci], calls[ci + 1:]
     assert all(c[0] == "update" for c in before) and all(c[0] == "delete" for c in after)
@@ -381,29 +392,30 @@ def test_apply_change_adds_before_config_deletes_after(calls):
     ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in before if c[1] == "capture_ports"}
     assert ports == {1: (1 << 16) | (1 << 17), 6: 0, 126: 1 << (8080 - 126 * 64)}
     assert decode_config(calls[ci][3]) == {"flags": 15, "cgroup_levels": (1 << 3) | (1 << 1),
-                                           "max_payload_bytes": 2048, "wakeup_bytes": 1024}
+                                           "max_payload_bytes": 2048, "wakeup_bytes": 1024,
+                                           "eof_wakeup_bytes": 256}
 
 
 def test_apply_same_targets_writes_only_config(calls):
     tm = TargetMaps(FDS)
     r = Resolved(pids={1}, cgroups={7: 2}, netns={5}, ports={22, 65535})
-    tm.apply(r, 4096, 1024)
+    tm.apply(r, 4096, WAKE)
     calls.clear()
-    tm.apply(Resolved(pids={1}, cgroups={7: 2}, netns={5}, ports={22, 65535}), 4096, 1024)
+    tm.apply(Resolved(pids={1}, cgroups={7: 2}, netns={5}, ports={22, 65535}), 4096, WAKE)
     assert [c[1] for c in calls] == ["capture_config"]
 
 
 def test_apply_ports_only_changed_words(calls):
     tm = TargetMaps(FDS)
-    tm.apply(Resolved(ports={1, 2, 64, 65535}), 4096, 1024)
+    tm.apply(Resolved(ports={1, 2, 64, 65535}), 4096, WAKE)
     first = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in calls if c[1] == "capture_ports"}
     assert first == {0: 0b110, 1: 1, 1023: 1 << 63}
     calls.clear()
-    tm.apply(Resolved(ports={1, 2, 65, 65535}), 4096, 1024)      # word 1 changes only
+    tm.apply(Resolved(ports={1, 2, 65, 65535}), 4096, WAKE)      # word 1 changes only
     words = [(int.from_bytes(c[2], "little"), port_word(c[3])) for c in calls if c[1] == "capture_ports"]
     assert words == [(1, 2)]
     calls.clear()
-    tm.apply(Resolved(), 4096, 1024)                             # all cleared: zeros written
+    tm.apply(Resolved(), 4096, WAKE)                             # all cleared: zeros written
     words = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in calls if c[1] == "capture_ports"}
     assert words == {0: 0, 1: 0, 1023: 0}
     assert decode_config(calls[-1][3])["flags"] == 0
@@ -412,12 +424,13 @@ def test_apply_ports_only_changed_words(calls):
 
 def test_apply_to_empty_deletes_everything_after_config(calls):
     tm = TargetMaps(FDS)
-    tm.apply(Resolved(pids={1, 2}, cgroups={3: 1}, netns={4}), 4096, 1024)
+    tm.apply(Resolved(pids={1, 2}, cgroups={3: 1}, netns={4}), 4096, WAKE)
     calls.clear()
-    tm.apply(Resolved(), 4096, 1024)
+    tm.apply(Resolved(), 4096, WAKE)
     assert calls[0][1] == "capture_config"
     assert decode_config(calls[0][3]) == {"flags": 0, "cgroup_levels": 0,
-                                          "max_payload_bytes": 4096, "wakeup_bytes": 1024}
+                                          "max_payload_bytes": 4096, "wakeup_bytes": 1024,
+                                          "eof_wakeup_bytes": 256}
     assert sorted(calls[1:]) == sorted([("delete", "capture_pids", u32(1)), ("delete", "capture_pids", u32(2)),
                                         ("delete", "capture_cgroups", u64(3)),
                                         ("delete", "capture_netns", u32(4))])
@@ -427,19 +440,19 @@ def test_apply_failure_keeps_previous_state(calls, monkeypatch):
     """A failed write leaves current as it was, so the next apply writes the
     whole difference again."""
     tm = TargetMaps(FDS)
-    tm.apply(Resolved(pids={1}), 4096, 1024)
+    tm.apply(Resolved(pids={1}), 4096, WAKE)
 
     def boom(fd, key, value, flags=0):
         raise OSError(12, "bpf_map_update_elem: Cannot allocate memory")
     monkeypatch.setattr(maps, "update", boom)
     with pytest.raises(OSError):
-        tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, 1024)
+        tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, WAKE)
     assert tm.current.pids == {1}
     monkeypatch.undo()
     log = []
     monkeypatch.setattr(maps, "update", lambda fd, key, value, flags=0: log.append((NAMES[fd], key)))
     monkeypatch.setattr(maps, "delete", lambda fd, key: log.append(("delete", NAMES[fd], key)))
-    tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, 1024)
+    tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, WAKE)
     assert log == [("capture_pids", u32(2)), ("capture_ports", u32(1)), ("capture_config", u32(0))]
 
 
