@@ -32,9 +32,17 @@ struct nettap_log btf_nettap_log __attribute__((unused));
 
 /* A captured connection reached TCP_CLOSE: publish its totals, forget it.
  * One variant for every kernel: it runs once per captured connection, so
- * its reads go through bpf_probe_read_kernel and its adds do not fetch. */
-SEC("tracepoint/sock/inet_sock_set_state")
-int tcp_state(struct trace_event_raw_inet_sock_set_state *ctx)
+ * its reads go through bpf_probe_read_kernel and its adds do not fetch.
+ *
+ * A BTF raw tracepoint, not the classic tracepoint of the same name: the
+ * classic one shares the per-CPU bpf_prog_active guard with every tracing
+ * program, so when TCP_CLOSE is reached in a softirq that interrupted any
+ * BPF program on that CPU (the send-path programs run on every syscall),
+ * the kernel skips this run silently, and the connection's eof record and
+ * table entry are lost (seen in a connection storm under load). A raw
+ * tracepoint's guard is per program. Needs vmlinux BTF, nettap's floor. */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 {
 	struct nettap_capture_config *cfg;
 	struct nettap_eof *e;
@@ -42,9 +50,9 @@ int tcp_state(struct trace_event_raw_inet_sock_set_state *ctx)
 	__u64 key, id;
 	__u32 zero = 0;
 
-	if (ctx->newstate != TCP_CLOSE || ctx->protocol != IPPROTO_TCP)
+	if (newstate != TCP_CLOSE || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
-	key = (__u64)ctx->skaddr;
+	key = (__u64)sk;
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (!cn)
 		return 0;
@@ -64,9 +72,9 @@ int tcp_state(struct trace_event_raw_inet_sock_set_state *ctx)
 		e->rx_calls = cn->rx_calls;
 		e->pid = cn->pid;
 		e->tid = (__u32)id;
-		e->oldstate = ctx->oldstate;
+		e->oldstate = oldstate;
 		e->pad0 = 0;
-		read_addrs((struct sock *)ctx->skaddr, false, &e->family, &e->sport, &e->dport,
+		read_addrs((struct sock *)sk, false, &e->family, &e->sport, &e->dport,
 			   e->saddr, e->daddr);
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
 		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, cfg->eof_wakeup_bytes)

@@ -134,7 +134,7 @@ def _preflight(probes) -> int:
         why = "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
         print(f"{p}: {st.mechanism if st.attached else 'NOT ATTACHED'} ({why})")
     lc = probes.lifecycle
-    print(f"tcp_state (lifecycle): {'tracepoint' if lc.attached else 'NOT ATTACHED: ' + lc.error}", flush=True)
+    print(f"tcp_state (lifecycle): {lc.mechanism if lc.attached else 'NOT ATTACHED: ' + lc.error}", flush=True)
     ok = all(st.attached for st in probes.states.values()) and lc.attached
     probes.close()
     return 0 if ok else 1

@@ -57,8 +57,10 @@ _TP_PLAN: dict = {
         "tcp_recvmsg_exit": _syscall_tps("sys_exit", ("read", "recvfrom", "readv", "recvmsg")),
     },
 }
-LIFECYCLE = {"tcp_state": [("sock", "inet_sock_set_state")]}
-_TRACEPOINTS = {prog: tps for plan in (*_TP_PLAN.values(), LIFECYCLE) for prog, tps in plan.items()}
+# The lifecycle program: a BTF raw tracepoint on sock:inet_sock_set_state
+# (bpf/tcp.bpf.c says why not the classic tracepoint), attached by its SEC.
+LIFECYCLE = {"tcp_state": "tp_btf"}
+_TRACEPOINTS = {prog: tps for plan in _TP_PLAN.values() for prog, tps in plan.items()}
 
 
 def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
@@ -289,7 +291,7 @@ class Probes:
         self.plan = kernel_plan if kernel_plan is not None else plan(mechanism, variant)
         self.states = self.plan.states
         self.variant = self.plan.variant
-        self.lifecycle = ProbeState("tcp_state", mechanism="tracepoint")
+        self.lifecycle = ProbeState("tcp_state", mechanism=LIFECYCLE["tcp_state"])
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         try:
             self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
@@ -342,7 +344,7 @@ class Probes:
 
     def _attach(self) -> None:
         try:
-            self._attach_one("tcp_state", "tracepoint")
+            self._attach_one("tcp_state", LIFECYCLE["tcp_state"])
             self.lifecycle.attached = True
         except OSError as e:
             # Captured calls still flow; connections are just never closed.

@@ -527,15 +527,11 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     client_side = [e for e in eofs if e["dport"] == port]
     server_side = Counter(e["dport"] for e in eofs if e["dport"] != port)
     assert server_side - Counter(ports) == Counter()
-    if len(eofs) < 2 * STORM_N:
-        # Seen here under heavy load (a busy host running qemu guests): a few
-        # client sockets' eof never published, with no ring drop (the
-        # tcp_state program skipped by the kernel's recursion guard, or no
-        # connection entry); the stale entry is then reused by a socket at the
-        # same address (tx and rx both 1). Tracked apart from the ring wakeups.
-        merged = sum(e["tx_bytes"] == e["rx_bytes"] == 1 for e in eofs)
-        pytest.xfail(f"{len(client_side)} of {STORM_N} client and {sum(server_side.values())} of {STORM_N} "
-                     f"server eof records ({merged} merged), 0 dropped ({rate})")
+    # Every socket's eof, none merged: the lifecycle program is a raw
+    # tracepoint, so a TCP_CLOSE reached in a softirq that interrupted one
+    # of the send-path programs is not skipped (the classic tracepoint was,
+    # under load: its record lost, its stale entry reused by the next socket
+    # at that address).
     assert len(client_side) == STORM_N and server_side == Counter(ports)
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in eofs if e["dport"] != port} == {(0, 1)}

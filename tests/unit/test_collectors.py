@@ -58,7 +58,7 @@ def fake_app():
             # not attached: rendered with mechanism none whatever was tried
             "tcp_recvmsg": ProbeState("tcp_recvmsg", mechanism="kprobe", attached=False,
                                       error="attach refused"),
-        }, lifecycle=ProbeState("tcp_state", mechanism="tracepoint", attached=True),
+        }, lifecycle=ProbeState("tcp_state", mechanism="tp_btf", attached=True),
             variant="compat",
             plan=SimpleNamespace(features=[Feature("BPF ring buffer", "5.8", True, "probe"),
                                            Feature("bpf_rdonly_cast", "6.2", False, "vmlinux BTF")])),
@@ -202,7 +202,7 @@ def test_golden_label_values_match_docs():
     assert rings == {"capture_chunks", "capture_eof", "logs"}
     assert stages == {"queue", "sink", "decode"}
     mech = {s.labels["mechanism"] for s in fams["nettap_probe_attached"].samples}
-    assert mech <= {"fentry", "kprobe", "tracepoint", "none"}
+    assert mech <= {"fentry", "kprobe", "tracepoint", "tp_btf", "none"}
     src = {s.labels["source"] for s in fams["nettap_bpf_stats_source"].samples}
     assert src <= {"fd", "sysctl", "external"}
     results = {s.labels["result"] for s in fams["nettap_config_reloads"].samples}
