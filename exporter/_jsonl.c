@@ -718,6 +718,18 @@ static PyObject *jsonl_layout(PyObject *self, PyObject *unused)
         FIELD(log_, pid), FIELD(log_, tid), FIELD(log_, comm));
 }
 
+static PyObject *jsonl_line_max(PyObject *self, PyObject *args)
+{
+    int kind;
+    if (!PyArg_ParseTuple(args, "i:line_max", &kind))
+        return NULL;
+    if (kind < 0 || kind >= NKINDS) {
+        PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
+        return NULL;
+    }
+    return PyLong_FromSize_t(line_max(kind));
+}
+
 static PyMethodDef methods[] = {
     {"format", jsonl_format, METH_VARARGS,
      "format(kind, records) -> bytes: one JSON line per record (kind 0 chunk, 1 eof, 2 log), "
@@ -725,6 +737,8 @@ static PyMethodDef methods[] = {
     {"init", jsonl_init, METH_VARARGS,
      "init(directions, flags, states, codes, probes): the name tables (quoted bytes or None per value; "
      "flags as (bit, quoted name))."},
+    {"line_max", jsonl_line_max, METH_VARARGS,
+     "line_max(kind) -> the longest line (newline included) a record of that kind can give."},
     {"layout", jsonl_layout, METH_NOARGS, "layout() -> {ring: (itemsize, {field: offset})}"},
     {NULL, NULL, 0, NULL},
 };

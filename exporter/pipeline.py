@@ -1,54 +1,65 @@
 """From rings to sink: the drain thread and the sink thread.
 
-The drain thread only copies batches out of ring memory (no per-record
-Python work), so the rings empty at memory speed; batches then wait in a
-queue bounded in bytes (``queue_bytes``: the records' bytes as they sat in
-the ring, so memory stays bounded whatever the payload size) for the sink
-thread, which formats JSON lines. A batch read is at most a sixteenth of the
-bound, so one always fits an empty queue. When the sink cannot keep up,
-whole batches are dropped at the queue, counted (``lost['queue']``) and
-logged (at most one line per 10 s, and a last one at stop): the loss is in
-user space, visible, and the rings keep draining. Every other place a
-record can be lost is counted too: kernel reserve failures in the
+The drain thread reads each ring in place and, when there is a sink, has
+the compiled writer turn the records into JSON lines straight from ring
+memory (records.jsonl, without the interpreter lock), then releases them
+to the kernel: no copy, and no per-record Python work. The lines wait in a
+queue bounded in bytes (``queue_bytes``) for the sink thread, which only
+writes them. So a slow disk or a stalled stdout reader never holds the
+rings, and formatting never waits for the interpreter lock held by
+another thread.
+
+When the queue is full, the drain leaves the records in their ring (the
+ring is the larger buffer, and its pages are resident anyway) and waits
+for the sink; only when a ring is also more than half full does it drop a
+whole batch from that ring unformatted, counted (``lost['queue']``) and
+logged (at most one line per 10 s, and a last one at stop): the loss is
+in user space, visible, and the kernel never has to drop. Every other
+place a record can be lost is counted too: kernel reserve failures in the
 ringbuf_drops map, bad records in ``lost['decode']``, failed writes in
 ``lost['sink']``.
+
+Each ring is drained when its producer wakes the reader (a quarter of the
+ring pending: exporter.targets.wakeup_thresholds) or every
+``poll_interval`` (the latency of a quiet ring's records), whichever comes
+first.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
-from typing import Deque, Dict, Optional
+import traceback
+from typing import Deque, Dict, Optional, Tuple
 
 from . import records
 from .ringbuf import Batch, RingMemory, RingPoller
 from .sinks import Sink
-from .tcp_h import STRIDES
 
 log = logging.getLogger(__name__)
 
-BATCH_FRACTION = 16          # a batch read is at most queue_bytes / 16
-LOSS_LOG_INTERVAL = 10.0     # seconds between two log lines about queue losses
-
-
-def batch_bytes(b: Batch) -> int:
-    """The memory a queued batch holds: its records as ring slots."""
-    return len(b.records) * STRIDES[b.ring]
+POLL_INTERVAL = 0.2          # s: records of a quiet ring reach the sink within this
+QUEUE_PARTS = 2              # a batch's longest possible lines fill at most queue_bytes / 2
+RING_HIGH = 2                # queue full: a ring more than 1/RING_HIGH full loses a batch
+WAIT_FOR_SINK = 0.005        # s the drain waits for the sink before looking at the rings again
+STOP_WAIT = 5.0              # s the last drain at stop waits for a full queue before dropping
+LOSS_LOG_INTERVAL = 10.0     # s between two log lines about queue losses
 
 
 class Pipeline:
     """Owns the drain and sink threads. start() once, stop() once."""
 
     def __init__(self, rings: Dict[str, RingMemory], sink: Optional[Sink],
-                 queue_bytes: int = 4 << 20, poll_interval: float = 0.05):
+                 queue_bytes: int = 4 << 20, poll_interval: float = POLL_INTERVAL):
         self.rings = rings
         self.sink = sink
         self.queue_bytes = queue_bytes           # may change at run time (config reload)
         self.poll_interval = poll_interval
         self.poller = RingPoller(rings.values())
         self.lost = {"queue": 0, "decode": 0}
-        self._queue: Deque[Batch] = collections.deque()
+        self._queue: Deque[Tuple[bytes, int]] = collections.deque()     # (lines, records)
         self.queued_bytes = 0
         self.queue_peak_bytes = 0                # the most ever queued (benchmarks, tests)
         self._unlogged = [0, 0]                  # queue losses not logged yet: records, batches
@@ -56,9 +67,10 @@ class Pipeline:
         self._cv = threading.Condition()
         self._sink_lock = threading.Lock()       # held while the sink writes
         self._stopping = False
+        self._formatters = {r: functools.partial(self._format, r) for r in rings}
         self._drain_t = threading.Thread(target=self._drain_loop, name="nettap-drain", daemon=True)
         self._sink_t = threading.Thread(target=self._sink_loop, name="nettap-sink", daemon=True)
-        self._log_times: Dict[int, float] = {}
+        self._log_times: Dict[object, float] = {}
         self.running = False
 
     @property
@@ -72,45 +84,103 @@ class Pipeline:
             self._sink_t.start()
         self.running = True
 
-    def drain_once(self) -> int:
-        """Read every ring until empty; returns records read."""
-        total = 0
-        cap = max(self.queue_bytes // BATCH_FRACTION, 1)
+    def batch_records(self, ring: str) -> int:
+        """Records a read takes: their longest possible lines fit the queue's
+        free half (records.LINE_MAX), so the queue never exceeds queue_bytes."""
+        return max(self.queue_bytes // QUEUE_PARTS // records.LINE_MAX[ring], 1)
+
+    def _room(self) -> bool:
+        return self.queued_bytes <= self.queue_bytes - self.queue_bytes // QUEUE_PARTS
+
+    def drain_once(self, deadline: Optional[float] = None) -> bool:
+        """Read every ring until it is empty or the queue is full; returns
+        True when a full queue left records in a ring. With a deadline (the
+        last drain at stop), waits for the sink until then instead, and drops
+        what still does not fit (counted)."""
+        waiting = False
         for ring in self.rings.values():
             while True:
-                b = ring.read(max(cap // STRIDES[ring.name], 1))
+                n = self.batch_records(ring.name)
+                if self.sink is None:
+                    b = ring.read(n)                    # counted (and logs kept), not formatted
+                elif self._room() or self._wait_for_room(deadline):
+                    b = ring.read(n, fmt=None if ring.name == "logs" else self._formatters[ring.name])
+                elif deadline is None and ring.pending_bytes() * RING_HIGH <= ring.size:
+                    waiting = True                      # leave them in the ring for now
+                    break
+                else:
+                    b = ring.read(n, discard=True)
+                    if b is not None:
+                        self._lose(b.count)
                 if b is None:
                     break
-                total += b.count
                 self.lost["decode"] += b.bad
                 if ring.name == "logs":
                     self._log_bpf_problems(b)
-                if self.sink and len(b.records):
-                    self._enqueue(b)
+                    if self.sink and b.count:
+                        b.data = self._formatters["logs"](b.records)
+                if b.data:
+                    self._enqueue(b.data, b.count)
                 if not b.full:                      # caught up (or at a BUSY record)
                     break
-        return total
+        return waiting
+
+    def _format(self, ring: str, recs) -> bytes:
+        """records.jsonl, whose failure loses the batch (counted), never the ring."""
+        try:
+            return records.jsonl(ring, recs)
+        except Exception:
+            self.lost["decode"] += len(recs)
+            now = time.monotonic()
+            if now - self._log_times.get("format", -LOSS_LOG_INTERVAL) >= LOSS_LOG_INTERVAL:
+                self._log_times["format"] = now
+                # The traceback as text: a kept exc_info would hold the
+                # records' view of ring memory, and the ring could not unmap.
+                log.error("formatting %d %s records failed (%d lost so far): %s", len(recs), ring,
+                          self.lost["decode"], traceback.format_exc().rstrip())
+            return b""
+
+    def _wait_for_room(self, deadline: Optional[float]) -> bool:
+        """At stop only: wait for the sink to make room until the deadline."""
+        if deadline is None:
+            return False
+        with self._cv:
+            while not self._room():
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._sink_t.is_alive():
+                    return False
+                self._cv.wait(min(left, 0.1))
+        return True
 
     def _drain_loop(self) -> None:
-        while self.poller.wait(self.poll_interval):
+        waiting = False
+        while True:
+            if waiting:                             # the queue was full: wait for the sink
+                with self._cv:
+                    if not self._room():
+                        self._cv.wait(WAIT_FOR_SINK)
+                if self.poller.closed:
+                    break
+            elif not self.poller.wait(self.poll_interval):
+                break
             try:
-                self.drain_once()
+                waiting = self.drain_once()
             except Exception:                       # never let the drain die silently
                 log.exception("drain failed; continuing")
                 time.sleep(self.poll_interval)
-        self.drain_once()                           # what is left at stop
+        self.drain_once(deadline=time.monotonic() + STOP_WAIT)     # what is left at stop
 
-    def _enqueue(self, b: Batch) -> None:
-        n = batch_bytes(b)
+    def _enqueue(self, data: bytes, count: int) -> None:
         with self._cv:
-            if self.queued_bytes + n <= self.queue_bytes:
-                self._queue.append(b)
-                self.queued_bytes += n
-                self.queue_peak_bytes = max(self.queue_peak_bytes, self.queued_bytes)
-                self._cv.notify()
-                return
-            self.lost["queue"] += len(b.records)
-            self._unlogged[0] += len(b.records)
+            self._queue.append((data, count))
+            self.queued_bytes += len(data)
+            self.queue_peak_bytes = max(self.queue_peak_bytes, self.queued_bytes)
+            self._cv.notify_all()
+
+    def _lose(self, count: int) -> None:
+        with self._cv:
+            self.lost["queue"] += count
+            self._unlogged[0] += count
             self._unlogged[1] += 1
         now = time.monotonic()
         if now - self._loss_log_time >= LOSS_LOG_INTERVAL:
@@ -122,9 +192,9 @@ class Pipeline:
         if not records_:
             return
         self._unlogged = [0, 0]
-        log.warning("output queue full (output.queue_bytes: %d): dropped %d records in %d whole batches "
-                    "(%d since start): the sink is slower than capture", self.queue_bytes, records_, batches,
-                    self.lost["queue"])
+        log.warning("output queue full (output.queue_bytes: %d) and a ring half full: dropped %d records "
+                    "in %d whole batches (%d since start): the sink is slower than capture", self.queue_bytes,
+                    records_, batches, self.lost["queue"])
 
     def _sink_loop(self) -> None:
         while True:
@@ -133,16 +203,15 @@ class Pipeline:
                     self._cv.wait()
                 if not self._queue:
                     return
-                b = self._queue.popleft()
-                self.queued_bytes -= batch_bytes(b)
+                data, count = self._queue.popleft()
+                self.queued_bytes -= len(data)
+                self._cv.notify_all()               # room for the drain
             try:
                 with self._sink_lock:
-                    # One call formats the whole batch (compiled, without the
-                    # interpreter lock, when built: records.jsonl).
-                    self.sink.write_data(records.jsonl(b.ring, b.records), len(b.records))
+                    self.sink.write_data(data, count)     # counts its own failures
             except Exception:
-                self.lost["decode"] += len(b.records)
-                log.exception("formatting %d %s records failed", len(b.records), b.ring)
+                self.sink.lost += count
+                log.exception("sink %s failed on %d records", self.sink.name, count)
 
     def replace_sink(self, sink: Sink) -> None:
         """Swap the sink (same kind: file or stdout) between two batches."""

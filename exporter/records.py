@@ -188,6 +188,11 @@ def reference_jsonl(ring: str, recs: np.ndarray) -> bytes:
 
 log = logging.getLogger(__name__)
 KINDS = {"capture_chunks": 0, "capture_eof": 1, "logs": 2}     # _jsonl.c: KIND_*
+# The longest line one record can give, newline included, whichever writer
+# (every field at its widest, every comm byte escaped, a full payload): the
+# pipeline bounds its queue by these before formatting. tests/unit/test_jsonl.py
+# checks them against the compiled writer's own bounds and extreme records.
+LINE_MAX = {"capture_chunks": 1536, "capture_eof": 1024, "logs": 1024}
 
 
 def _quoted(names) -> list:

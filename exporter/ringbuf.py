@@ -45,11 +45,13 @@ import os
 import platform
 import select
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
 from .records import RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, SLOTS
+
+_EMPTY = {ring: np.empty(0, dtype=rec) for ring, rec in RECORDS.items()}
 
 _LEN_MASK = ~(RB_BUSY | RB_DISCARD) & 0xFFFFFFFF
 
@@ -61,6 +63,7 @@ class Batch:
     count: int = -1            # records read (== len(records) when copied)
     bad: int = 0               # records whose header did not match the layout
     full: bool = False         # max_records were read: more may be waiting
+    data: bytes = b""          # what read(fmt=...) made of the records (their JSON lines)
 
 
 def walk(buf: bytes, record: np.dtype, start: int = 0, end: Optional[int] = None) -> Tuple[np.ndarray, int, int]:
@@ -138,16 +141,24 @@ class RingMemory:
         cons, prod = self.positions()
         return prod - cons
 
-    def read(self, max_records: int = 1 << 16) -> Optional[Batch]:
-        """Copy out the committed records after consumer_pos (at most
+    def read(self, max_records: int = 1 << 16, fmt: Optional[Callable[[np.ndarray], bytes]] = None,
+             discard: bool = False) -> Optional[Batch]:
+        """Take the committed records after consumer_pos (at most
         max_records, stopping at the first record still BUSY), then release
-        them to the producer. None when there is nothing committed."""
+        them to the producer. None when there is nothing committed.
+
+        What is kept of them: with ``fmt``, its answer (``Batch.data``) for
+        the records read in place, as a field view of the ring's slots: the
+        ring is released only after ``fmt`` returns, so nothing is copied
+        (records.jsonl formats them without the interpreter lock); with
+        ``discard``, nothing (they are counted); otherwise a copy when the
+        ring was made with ``copy``."""
         cons, prod = self.positions()
         if prod == cons:
             return None
         stride = self.slot.itemsize
         if (prod - cons) % stride or cons % stride:
-            return self._read_walk(cons, prod)
+            return self._read_walk(cons, prod, fmt)
         n = min((prod - cons) // stride, max_records)
         first = (cons & self.mask) // stride
         nslots = len(self._slots)
@@ -155,7 +166,8 @@ class RingMemory:
         spans = [(first, min(first + n, nslots))]
         if first + n > nslots:
             spans.append((0, first + n - nslots))
-        hdr = np.concatenate([self._slots["rb_len"][a:b] for a, b in spans])
+        hdr = np.concatenate([self._slots["rb_len"][a:b] for a, b in spans]) if len(spans) > 1 \
+            else self._slots["rb_len"][spans[0][0]:spans[0][1]]
         busy = np.flatnonzero(hdr & RB_BUSY)
         if busy.size:                                  # stop at the first uncommitted record
             n = int(busy[0])
@@ -165,22 +177,32 @@ class RingMemory:
             a0, b0 = spans[0]
             spans = [(a0, min(b0, a0 + n))] + ([(0, n - (b0 - a0))] if n > b0 - a0 else [])
         keep = (hdr & RB_DISCARD) == 0
+        all_kept = bool(keep.all())
         if not ((hdr & _LEN_MASK) == self.record.itemsize)[keep].all():
-            return self._read_walk(cons, prod)
-        if self.copy:
+            return self._read_walk(cons, prod, fmt)
+        count = n if all_kept else int(keep.sum())
+        recs, data = _EMPTY[self.name], b""
+        if discard:
+            pass
+        elif fmt is not None:
+            parts, at = [], 0
+            for a, b in spans:
+                view = self._slots["rec"][a:b]
+                if not all_kept:
+                    view = view[keep[at:at + b - a]]
+                at += b - a
+                parts.append(fmt(view))
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+        elif self.copy:
             rows = np.concatenate([self._rows[a:b] for a, b in spans])     # the copy
             recs = rows.view(self.slot).reshape(-1)["rec"]
-            if not keep.all():
+            if not all_kept:
                 recs = recs[keep]
-            count = len(recs)
-        else:                                          # counted, not kept
-            recs = np.empty(0, dtype=self.record)
-            count = int(keep.sum())
         self._cons[0] = cons + n * stride              # release (x86-64: plain store)
         self.drained += count
-        return Batch(self.name, recs, count=count, full=n == max_records)
+        return Batch(self.name, recs, count=count, full=n == max_records, data=data)
 
-    def _read_walk(self, cons: int, prod: int) -> Optional[Batch]:
+    def _read_walk(self, cons: int, prod: int, fmt=None) -> Optional[Batch]:
         start = cons & self.mask
         end = start + min(prod - cons, self.size)
         buf = self._data[start:end] if end <= self.size else \
@@ -189,10 +211,11 @@ class RingMemory:
         pos += start
         if pos == start:
             return None
+        data = fmt(recs) if fmt is not None and len(recs) else b""
         self._cons[0] = cons + (pos - start)
         self.drained += len(recs)
         self.bad += bad
-        return Batch(self.name, recs, count=len(recs), bad=bad)
+        return Batch(self.name, recs, count=len(recs), bad=bad, data=data)
 
     def close(self) -> None:
         # Drop numpy views before unmapping.

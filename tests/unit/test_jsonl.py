@@ -157,6 +157,17 @@ def test_random_records(ring):
 
 
 @pytest.mark.parametrize("ring", RINGS)
+def test_line_bounds_hold(ring):
+    """The pipeline bounds its queue by records.LINE_MAX before formatting:
+    no line of the randomised extremes is longer, and the compiled writer's
+    own worst case (what it reserves per record) is within it too."""
+    recs = random_records(ring, 20000, SEED + 11)
+    longest = max(len(line.encode("utf-8", "surrogateescape")) + 1 for line in R.lines(ring, recs))
+    assert longest <= R.LINE_MAX[ring]
+    assert R._compiled.line_max(R.KINDS[ring]) <= R.LINE_MAX[ring]
+
+
+@pytest.mark.parametrize("ring", RINGS)
 def test_strided_and_reversed_views(ring):
     """The ring reader hands out a field view of ring slots (stride 512 for 504-byte chunks)."""
     recs = random_records(ring, 2000, SEED + 7)

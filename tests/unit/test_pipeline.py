@@ -1,71 +1,96 @@
-"""exporter.pipeline: the queue between drain and sink is bounded in bytes;
-when the sink is slower than capture, whole batches are lost there, counted
-exactly and logged (rate-limited, and the remainder at stop)."""
+"""exporter.pipeline over a real RingMemory (the ring's memory emulated in a
+memfd, records written as the kernel lays them out): lines are formatted
+in place, the queue is bounded in bytes, a full queue leaves records in
+their ring, and only a sink slower for long loses records, in whole
+batches, counted exactly and logged."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
+import struct
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from exporter import pipeline as pipeline_mod
-from exporter.pipeline import Pipeline
-from exporter.records import RECORDS
-from exporter.ringbuf import Batch
+from exporter import records as R
+from exporter.pipeline import QUEUE_PARTS, Pipeline
+from exporter.ringbuf import RingMemory
 from exporter.sinks import Sink
+from exporter.tcp_h import STRIDES
+from tests.unit.test_jsonl import random_records
 
-STRIDE = 512                      # a chunk record in the ring
-QUEUE = 64 << 10                  # the byte bound under test
-PER_BATCH = QUEUE // pipeline_mod.BATCH_FRACTION // STRIDE      # 8 records a read
+PAGE = mmap.PAGESIZE
+RING = "capture_chunks"
+SIZE = 64 << 10                   # 128 chunk slots
+QUEUE = 16 << 10                  # the byte bound under test: 5 chunk records a read
 
 
-class FakeRing:
-    """Stands for RingMemory: records numbered by conn_id, read in order."""
+class MemRing:
+    """A ring buffer's memory as the kernel maps it (consumer page, producer
+    page, data), in a memfd, with a producer that writes records the way
+    bpf_ringbuf_submit does and counts what did not fit (the kernel's drops)."""
 
-    def __init__(self, name="capture_chunks"):
-        self.name = name
-        self.fd, self._w = os.pipe()            # never readable: the poll times out
-        self.drained = 0
-        self.produced = 0
-        self.reads = []
-        self._lock = threading.Lock()
+    def __init__(self, name=RING, size=SIZE, start=0):
+        self.name, self.size, self.stride = name, size, STRIDES[name]
+        self.rec = R.RECORDS[name]
+        self.mfd = os.memfd_create("nettap-test-ring")
+        os.ftruncate(self.mfd, 2 * PAGE + size)
+        self.mem = mmap.mmap(self.mfd, 2 * PAGE + size)
+        self.prod = start
+        struct.pack_into("<Q", self.mem, 0, start)
+        struct.pack_into("<Q", self.mem, PAGE, start)
+        self.next_id = 0
+        self.published = []               # conn_ids, in order
+        self.dropped = 0
+        self.ring = RingMemory(name, self.mfd, size, copy=False)
+        # RingMemory maps the memfd; the poller needs a pollable fd: a pipe
+        # that never becomes readable (the poll times out, or tests drain).
+        self._r, self._w = os.pipe()
+        self.ring.fd = self._r
 
-    def add(self, n):
-        with self._lock:
-            self.produced += n
+    def pending(self) -> int:
+        return self.prod - struct.unpack_from("<Q", self.mem, 0)[0]
 
-    def read(self, max_records=1 << 16):
-        with self._lock:
-            n = min(self.produced - self.drained, max_records)
-            if n == 0:
-                return None
-            recs = np.zeros(n, dtype=RECORDS[self.name])
-            recs["conn_id"] = np.arange(self.drained, self.drained + n)
-            self.drained += n
-        self.reads.append(n)
-        return Batch(self.name, recs, count=n, full=n == max_records)
+    def publish(self, recs=None, n=0, flags=0) -> None:
+        if recs is None:
+            recs = np.zeros(n, self.rec)
+        for r in recs:
+            if self.size - self.pending() < self.stride:
+                self.dropped += 1
+                continue
+            r = r.copy()
+            r["conn_id"] = self.next_id
+            self.next_id += 1
+            off = 2 * PAGE + (self.prod & (self.size - 1))
+            self.mem[off:off + 8] = struct.pack("<II", self.rec.itemsize | flags, 0)
+            self.mem[off + 8:off + 8 + self.rec.itemsize] = r.tobytes()
+            if not flags & R.RB_DISCARD:
+                self.published.append(int(r["conn_id"]))
+            self.prod += self.stride
+        struct.pack_into("<Q", self.mem, PAGE, self.prod)      # commit
 
     def close(self):
-        os.close(self.fd)
-        os.close(self._w)
+        self.ring.close()
+        self.mem.close()
+        for fd in (self.mfd, self._r, self._w):
+            os.close(fd)
 
 
 class SlowSink(Sink):
-    """Keeps the conn_ids it wrote; each write waits for `gate` (when set
-    up), then sleeps `delay`; samples the queue's bytes on every write."""
+    """Keeps what it wrote; each write waits for `gate` (when given), then
+    sleeps `delay`; samples the queue's bytes on every write."""
 
     name = "slow"
 
     def __init__(self, delay=0.0, gate=None):
         super().__init__()
-        self.delay = delay
-        self.gate = gate
+        self.delay, self.gate = delay, gate
         self.entered = threading.Event()
-        self.ids = []
+        self.data = []
         self.pipeline = None
         self.seen_queued = []
 
@@ -77,11 +102,15 @@ class SlowSink(Sink):
             assert self.gate.wait(10)
         if self.delay:
             time.sleep(self.delay)
-        self.ids += [json.loads(l)["conn_id"] for l in data.splitlines()]
+        self.data.append(data)
+
+    @property
+    def ids(self):
+        return [json.loads(line)["conn_id"] for d in self.data for line in d.splitlines()]
 
 
-LOSS = re.compile(r"output queue full \(output\.queue_bytes: (\d+)\): dropped (\d+) records in (\d+) whole "
-                  r"batches \((\d+) since start\): the sink is slower than capture")
+LOSS = re.compile(r"output queue full \(output\.queue_bytes: (\d+)\) and a ring half full: dropped (\d+) "
+                  r"records in (\d+) whole batches \((\d+) since start\): the sink is slower than capture")
 
 
 def losses_logged(caplog):
@@ -90,102 +119,170 @@ def losses_logged(caplog):
 
 
 @pytest.fixture
-def ring():
-    r = FakeRing()
-    yield r
-    r.close()
+def mem():
+    m = MemRing()
+    yield m
+    m.close()
 
 
-def test_batches_are_capped_to_a_fraction_of_the_queue(ring):
-    p = Pipeline({"capture_chunks": ring}, None, queue_bytes=QUEUE)
-    ring.add(100)
-    assert p.drain_once() == 100
-    assert ring.reads == [8] * 12 + [4]
+def started(mem, sink, queue=QUEUE):
+    """A pipeline whose drain thread only runs at stop (poll_interval 1 h):
+    the test drains by hand."""
+    p = Pipeline({mem.name: mem.ring}, sink, queue_bytes=queue, poll_interval=3600)
+    if isinstance(sink, SlowSink):
+        sink.pipeline = p
+    p.start()
+    return p
+
+
+def test_lines_are_formatted_in_place_and_equal_the_reference():
+    """Records of every extreme, wrapping round the ring's end, with a
+    discarded one between: the sink gets exactly the reference writer's
+    lines for the committed records, in order."""
+    mem = MemRing(start=SIZE - 5 * STRIDES[RING])        # the sixth record wraps
+    try:
+        recs = random_records(RING, 40, 7)
+        sink = SlowSink()
+        p = started(mem, sink)
+        mem.publish(recs[:10])
+        mem.publish(recs[10:11], flags=R.RB_DISCARD)
+        mem.publish(recs[11:])
+        p.drain_once()
+        p.stop()
+        kept = np.concatenate([recs[:10], recs[11:]]).copy()
+        kept["conn_id"] = [i for i in range(40) if i != 10]
+        assert b"".join(sink.data) == R.reference_jsonl(RING, kept)
+        assert sink.written == 39 and p.lost == {"queue": 0, "decode": 0}
+    finally:
+        mem.close()
+
+
+def test_batches_fit_half_the_queue_at_their_longest_lines(mem):
+    p = Pipeline({mem.name: mem.ring}, None, queue_bytes=QUEUE)
+    for ring in R.RECORDS:
+        n = p.batch_records(ring)
+        assert n * R.LINE_MAX[ring] <= QUEUE // QUEUE_PARTS < (n + 1) * R.LINE_MAX[ring]
     p.stop()
 
 
-def test_full_queue_loses_whole_batches_counted_and_logged(ring, caplog):
+def test_full_queue_leaves_records_in_the_ring_and_loses_none(mem, caplog):
+    """The sink blocked: the queue fills to its bound, then the drain
+    stops reading; the rest waits in the ring (under half of it), and is
+    written in order once the sink moves."""
+    caplog.set_level("WARNING", logger="exporter.pipeline")
     gate = threading.Event()
     sink = SlowSink(gate=gate)
-    p = Pipeline({"capture_chunks": ring}, sink, queue_bytes=QUEUE, poll_interval=3600)
-    sink.pipeline = p
-    caplog.set_level("WARNING", logger="exporter.pipeline")
-    p.start()
+    p = started(mem, sink)
     try:
-        ring.add(PER_BATCH)
+        n = p.batch_records(RING)
+        mem.publish(n=n)
         p.drain_once()
-        assert sink.entered.wait(10)            # the sink holds batch 0, blocked
-        ring.add(40 * PER_BATCH)                # 40 more batches: 16 fit the queue
-        p.drain_once()
-        fit = QUEUE // (PER_BATCH * STRIDE)
-        assert fit == 16
-        assert p.queued_bytes == p.queue_peak_bytes == QUEUE
-        assert p.lost["queue"] == (40 - fit) * PER_BATCH
-        # the first loss is logged at once; the rest wait for the rate limit
-        assert losses_logged(caplog) == [(QUEUE, PER_BATCH, 1, PER_BATCH)]
+        assert sink.entered.wait(10)             # the sink holds batch 0, blocked
+        mem.publish(n=mem.size // mem.stride // 2)               # half the ring
+        assert p.drain_once() is True            # stopped by the full queue
+        assert not p._room() and p.queued_bytes <= QUEUE
+        assert mem.pending() > 0 and p.lost["queue"] == 0
+        left = mem.pending()
+        assert p.drain_once() is True and mem.pending() == left  # nothing more read while full
     finally:
         gate.set()
         p.stop()
-    lost = (40 - fit) * PER_BATCH
-    assert losses_logged(caplog) == [(QUEUE, PER_BATCH, 1, PER_BATCH),
-                                     (QUEUE, lost - PER_BATCH, 40 - fit - 1, lost)]
-    # the oldest batches were written, in order; the later ones lost whole
-    assert sink.ids == list(range((1 + fit) * PER_BATCH))
-    assert sink.written + p.lost["queue"] == ring.drained == 41 * PER_BATCH
-    assert p.queued_bytes == 0
+    assert sink.ids == mem.published and mem.pending() == 0
+    assert p.lost["queue"] == 0 and losses_logged(caplog) == []
+    assert max(sink.seen_queued) <= QUEUE and p.queued_bytes == 0
 
 
-def test_slow_sink_never_exceeds_the_byte_bound(ring, caplog):
-    """A producer faster than the sink for a while: the queue stays within
-    its bound, every record is written or lost (in whole batches), and the
-    loss is logged."""
-    sink = SlowSink(delay=0.01)
-    p = Pipeline({"capture_chunks": ring}, sink, queue_bytes=QUEUE, poll_interval=0.002)
-    sink.pipeline = p
+def test_sink_slower_for_long_loses_whole_batches_counted_and_logged(mem, caplog):
+    """The sink blocked while the ring passes half full: the drain drops
+    whole batches from the ring (never letting the kernel drop), counts and
+    logs them; everything else is written, in order."""
     caplog.set_level("WARNING", logger="exporter.pipeline")
+    gate = threading.Event()
+    sink = SlowSink(gate=gate)
+    p = started(mem, sink)
+    slots = mem.size // mem.stride
+    try:
+        n = p.batch_records(RING)
+        mem.publish(n=n)
+        p.drain_once()
+        assert sink.entered.wait(10)
+        for _ in range(6):                       # 6 half rings: the ring alone cannot hold them
+            mem.publish(n=slots // 2)
+            p.drain_once()
+            assert mem.pending() * 2 <= mem.size
+        lost = p.lost["queue"]
+        assert lost > 0 and mem.dropped == 0
+        assert losses_logged(caplog)[0][0] == QUEUE     # the first loss logged at once
+    finally:
+        gate.set()
+        p.stop()
+    assert mem.dropped == 0
+    assert sink.written + p.lost["queue"] == len(mem.published)
+    ids = sink.ids
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    # each loss is a whole read: the gaps in what was written come in batches of n
+    written = set(ids)
+    gaps, run = [], 0
+    for i in mem.published:
+        if i in written:
+            if run:
+                gaps.append(run)
+            run = 0
+        else:
+            run += 1
+    assert gaps and all(g % n == 0 for g in gaps), gaps
+    logged = losses_logged(caplog)
+    assert sum(r for _, r, _, _ in logged) == p.lost["queue"]
+    assert sum(b for _, _, b, _ in logged) == p.lost["queue"] // n
+    assert logged[-1][3] == p.lost["queue"]
+
+
+def test_stop_writes_what_is_left_in_the_ring(mem):
+    """At stop the last drain waits for a slow sink rather than dropping."""
+    sink = SlowSink(delay=0.005)
+    p = started(mem, sink)
+    mem.publish(n=mem.size // mem.stride)       # the whole ring: several queues' worth of lines
+    p.stop()
+    assert sink.ids == mem.published and p.lost["queue"] == 0
+
+
+def test_drain_thread_keeps_up_with_a_producer(mem):
+    """The real loop (woken by its timer): a producer writing batches while
+    the sink is slightly slow; nothing is lost and the queue stays bounded."""
+    sink = SlowSink(delay=0.001)
+    p = Pipeline({mem.name: mem.ring}, sink, queue_bytes=QUEUE, poll_interval=0.002)
+    sink.pipeline = p
     p.start()
     try:
-        end = time.monotonic() + 0.6
-        while time.monotonic() < end:
-            ring.add(4 * PER_BATCH)              # ~4 batches per ms: far above the sink's rate
+        for _ in range(200):
+            if mem.pending() * 4 < mem.size:
+                mem.publish(n=8)
             time.sleep(0.001)
     finally:
         p.stop()
-    assert ring.drained == ring.produced
-    assert 0 < p.queue_peak_bytes <= QUEUE
-    assert max(sink.seen_queued) <= QUEUE
-    lost = p.lost["queue"]
-    assert lost > 0 and lost % PER_BATCH == 0
-    assert sink.written + lost == ring.produced
-    written = set(sink.ids)
-    assert len(written) == len(sink.ids) == sink.written
-    for start in range(0, ring.produced, PER_BATCH):       # each batch: all written or all lost
-        got = len(written & set(range(start, start + PER_BATCH)))
-        assert got in (0, PER_BATCH), (start, got)
-    logged = losses_logged(caplog)
-    assert 1 <= len(logged) <= 2                 # 0.6 s: the first loss, then the rest at stop
-    assert sum(n for _, n, _, _ in logged) == lost
-    assert sum(b for _, _, b, _ in logged) == lost // PER_BATCH
-    assert logged[-1][3] == lost
+    assert mem.dropped == 0 and p.lost["queue"] == 0
+    assert sink.ids == mem.published
+    assert max(sink.seen_queued) <= QUEUE and p.queue_peak_bytes <= QUEUE
 
 
-def test_queue_bound_follows_a_reload(ring):
-    """apply() changes pipeline.queue_bytes: the next reads and the next
-    enqueue use it."""
-    gate = threading.Event()
-    sink = SlowSink(gate=gate)
-    p = Pipeline({"capture_chunks": ring}, sink, queue_bytes=QUEUE, poll_interval=3600)
-    p.start()
-    try:
-        ring.add(PER_BATCH)
-        p.drain_once()
-        assert sink.entered.wait(10)
-        p.queue_bytes = 2 * QUEUE                # batches of 16 records now; 16 fit
-        ring.add(40 * PER_BATCH)
-        p.drain_once()
-        assert ring.reads[1:] == [2 * PER_BATCH] * 20
-        assert p.queued_bytes == 2 * QUEUE
-        assert p.lost["queue"] == 4 * 2 * PER_BATCH
-    finally:
-        gate.set()
-        p.stop()
+def test_queue_bound_follows_a_reload(mem):
+    """apply() changes pipeline.queue_bytes: the next reads use it."""
+    p = Pipeline({mem.name: mem.ring}, None, queue_bytes=QUEUE)
+    n = p.batch_records(RING)
+    p.queue_bytes = 2 * QUEUE
+    assert p.batch_records(RING) in (2 * n, 2 * n + 1)
+    p.stop()
+
+
+def test_failed_formatting_loses_the_batch_counted_not_the_ring(mem, monkeypatch, caplog):
+    def broken(ring, recs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(R, "jsonl", broken)
+    sink = SlowSink()
+    p = started(mem, sink)
+    mem.publish(n=10)
+    p.drain_once()
+    p.stop()
+    assert p.lost["decode"] == 10 and mem.pending() == 0 and sink.written == 0
+    assert caplog.text.count("records failed") == 1          # rate-limited
+    assert "formatting 5 capture_chunks records failed (5 lost so far)" in caplog.text
