@@ -128,6 +128,22 @@ def cpu_s(pid: int, children: bool = True) -> float:
     return total / TICK
 
 
+def thread_cpu_s(pid: int) -> dict:
+    """utime + stime, seconds, of each thread of a process, by thread name
+    (nettap names its drain and sink threads: nettap-drain, nettap-sink)."""
+    out: dict = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                comm, rest = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        name = comm.split("(", 1)[1]
+        f = rest.split()
+        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / TICK
+    return out
+
+
 def status_mb(pid: int, field: str = "VmHWM", children: bool = True) -> float:
     """A /proc/PID/status size in MB, summed over the process's live descendants."""
     total = 0

@@ -615,6 +615,114 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
     return out;
 }
 
+/* scan(kind, data, start, avail, stride, max_slots, lines) -> (bytes or None, consumed, kept, stop)
+ *
+ * The ring reader's fast path: one pass over the committed slots of a BPF
+ * ring buffer's data area (`data`, the mapped pages; its size a power of
+ * two), from byte offset `start` (consumer_pos & mask) over at most `avail`
+ * bytes (producer_pos - consumer_pos) and `max_slots` slots of `stride`
+ * bytes: each slot's 8-byte header (length | BUSY | DISCARD), then its
+ * record. Stops at the first BUSY slot (not committed yet) and at a slot
+ * whose length is not the kind's record size (the caller then walks the
+ * ring record by record: exporter.ringbuf.walk). Discarded slots are
+ * consumed and skipped. With `lines`, the kept records' JSON lines, formatted
+ * in place: nothing is copied but the lines. Runs without the interpreter
+ * lock. The caller releases `consumed` bytes to the producer afterwards.
+ * stop: 0 avail or max_slots reached, 1 a BUSY slot, 2 a length mismatch. */
+#define RB_BUSY_ (1u << 31)
+#define RB_DISCARD_ (1u << 30)
+#define RB_HDR_ 8
+
+static PyObject *jsonl_scan(PyObject *self, PyObject *args)
+{
+    int kind, want_lines;
+    PyObject *obj;
+    Py_ssize_t start, avail, stride, max_slots;
+    if (!PyArg_ParseTuple(args, "iOnnnnp:scan", &kind, &obj, &start, &avail, &stride, &max_slots, &want_lines))
+        return NULL;
+    if (!initialised) {
+        PyErr_SetString(PyExc_RuntimeError, "_jsonl.init() was not called");
+        return NULL;
+    }
+    if (kind < 0 || kind >= NKINDS) {
+        PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t size = view.len;
+    size_t rsize = record_size[kind];
+    if (size <= 0 || (size & (size - 1)) || stride < (Py_ssize_t)(RB_HDR_ + rsize) || stride % 8 ||
+        size % stride || start < 0 || start >= size || start % stride || avail < 0 || max_slots < 0) {
+        PyErr_Format(PyExc_ValueError, "scan: bad geometry (size %zd, start %zd, avail %zd, stride %zd, max %zd)",
+                     size, start, avail, stride, max_slots);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t slots = avail / stride;
+    if (slots > size / stride)
+        slots = size / stride;
+    if (slots > max_slots)
+        slots = max_slots;
+    size_t lmax = line_max(kind);
+    struct scratch *buf = NULL;
+    Py_ssize_t consumed = 0, kept = 0;
+    int stop = 0, nomem = 0;
+    const char *data = view.buf;
+    size_t mask = (size_t)size - 1;
+    char *p = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (want_lines) {
+        buf = scratch_take((size_t)slots * lmax);
+        if (buf == NULL)
+            nomem = 1;
+        else
+            p = buf->data;
+    }
+    for (Py_ssize_t i = 0; i < slots && !nomem; i++) {
+        const char *slot = data + (((size_t)start + (size_t)consumed) & mask);
+        /* The header before the record it guards (an acquire load: x86-64
+         * keeps loads in order, this keeps the compiler from moving them). */
+        uint32_t hdr = __atomic_load_n((const uint32_t *)slot, __ATOMIC_ACQUIRE);
+        if (hdr & RB_BUSY_) {
+            stop = 1;
+            break;
+        }
+        if (!(hdr & RB_DISCARD_)) {
+            if ((hdr & ~(RB_BUSY_ | RB_DISCARD_)) != rsize) {
+                stop = 2;
+                break;
+            }
+            if (p != NULL) {
+                const char *rec = slot + RB_HDR_;
+                switch (kind) {
+                case KIND_CHUNK: p = chunk_line(p, (const struct chunk *)rec); break;
+                case KIND_EOF: p = eof_line(p, (const struct eof *)rec); break;
+                default: p = log_line(p, (const struct log_ *)rec);
+                }
+            }
+            kept++;
+        }
+        consumed += stride;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (nomem)
+        return PyErr_NoMemory();
+    PyObject *lines = Py_None;
+    Py_INCREF(Py_None);
+    if (buf != NULL) {
+        size_t used = (size_t)(p - buf->data);
+        Py_DECREF(Py_None);
+        lines = PyBytes_FromStringAndSize(buf->data, (Py_ssize_t)used);
+        scratch_give(buf);
+        if (lines == NULL)
+            return NULL;
+    }
+    return Py_BuildValue("(Nnni)", lines, consumed, kept, stop);
+}
+
 /* One table: a sequence whose item i is bytes (the quoted name of value i) or None. */
 static int load_table(PyObject *seq, int t)
 {
@@ -737,6 +845,9 @@ static PyMethodDef methods[] = {
     {"init", jsonl_init, METH_VARARGS,
      "init(directions, flags, states, codes, probes): the name tables (quoted bytes or None per value; "
      "flags as (bit, quoted name))."},
+    {"scan", jsonl_scan, METH_VARARGS,
+     "scan(kind, data, start, avail, stride, max_slots, lines) -> (bytes or None, consumed, kept, stop): "
+     "one pass over a ring's committed slots, formatting in place; runs without the GIL."},
     {"line_max", jsonl_line_max, METH_VARARGS,
      "line_max(kind) -> the longest line (newline included) a record of that kind can give."},
     {"layout", jsonl_layout, METH_NOARGS, "layout() -> {ring: (itemsize, {field: offset})}"},

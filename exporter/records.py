@@ -228,6 +228,12 @@ WRITER = "compiled" if _compiled is not None else "python"      # which writer j
 _announced = False
 
 
+def compiled():
+    """The compiled writer module (exporter/_jsonl.c), or None when it is
+    not built or was refused (then the reference writer and numpy do)."""
+    return _compiled
+
+
 def jsonl(ring: str, recs: np.ndarray) -> bytes:
     """Every record's JSON line, each ended by a newline, as UTF-8 bytes (what
     a sink writes): by the compiled writer in one call without the

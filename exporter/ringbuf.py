@@ -40,6 +40,7 @@ thread). :meth:`RingPoller.close` may be called from any thread.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import platform
@@ -49,6 +50,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from . import records
 from .records import RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, SLOTS
 
 _EMPTY = {ring: np.empty(0, dtype=rec) for ring, rec in RECORDS.items()}
@@ -141,21 +143,24 @@ class RingMemory:
         cons, prod = self.positions()
         return prod - cons
 
-    def read(self, max_records: int = 1 << 16, fmt: Optional[Callable[[np.ndarray], bytes]] = None,
-             discard: bool = False) -> Optional[Batch]:
+    def read(self, max_records: int = 1 << 16, lines: bool = False, discard: bool = False) -> Optional[Batch]:
         """Take the committed records after consumer_pos (at most
-        max_records, stopping at the first record still BUSY), then release
-        them to the producer. None when there is nothing committed.
+        max_records slots, stopping at the first record still BUSY), then
+        release them to the producer. None when there is nothing committed.
 
-        What is kept of them: with ``fmt``, its answer (``Batch.data``) for
-        the records read in place, as a field view of the ring's slots: the
-        ring is released only after ``fmt`` returns, so nothing is copied
-        (records.jsonl formats them without the interpreter lock); with
-        ``discard``, nothing (they are counted); otherwise a copy when the
-        ring was made with ``copy``."""
+        What is kept of them: with ``lines``, their JSON lines
+        (``Batch.data``), formatted in place from ring memory before the ring
+        is released: nothing is copied; with ``discard``, nothing (they are
+        counted); otherwise a copy when the ring was made with ``copy``.
+        The compiled scan (exporter/_jsonl.c) does lines and counting in one
+        pass without the interpreter lock; numpy does it when it is not built."""
         cons, prod = self.positions()
         if prod == cons:
             return None
+        if (lines or discard or not self.copy) and records.compiled() is not None \
+                and not (prod - cons) % self.slot.itemsize and not cons % self.slot.itemsize:
+            return self._read_compiled(cons, prod, max_records, lines)
+        fmt = functools.partial(records.jsonl, self.name) if lines else None
         stride = self.slot.itemsize
         if (prod - cons) % stride or cons % stride:
             return self._read_walk(cons, prod, fmt)
@@ -201,6 +206,19 @@ class RingMemory:
         self._cons[0] = cons + n * stride              # release (x86-64: plain store)
         self.drained += count
         return Batch(self.name, recs, count=count, full=n == max_records, data=data)
+
+    def _read_compiled(self, cons: int, prod: int, max_records: int, lines: bool) -> Optional[Batch]:
+        stride = self.slot.itemsize
+        data, consumed, kept, stop = records.compiled().scan(
+            records.KINDS[self.name], self._data, cons & self.mask, prod - cons, stride, max_records, lines)
+        if stop == 2 and not consumed:                 # a record of another size first: walk
+            return self._read_walk(cons, prod, functools.partial(records.jsonl, self.name) if lines else None)
+        if not consumed:                               # a BUSY record first
+            return None
+        self._cons[0] = cons + consumed                # release (x86-64: plain store)
+        self.drained += kept
+        return Batch(self.name, _EMPTY[self.name], count=kept, full=consumed == max_records * stride,
+                     data=data or b"")
 
     def _read_walk(self, cons: int, prod: int, fmt=None) -> Optional[Batch]:
         start = cons & self.mask
