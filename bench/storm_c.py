@@ -12,9 +12,9 @@ Printed per round and per ring (capture_chunks, capture_eof, logs):
   drained    nettap_ringbuf_records_drained_total
   dropped    nettap_ringbuf_drops_total (the kernel's reserve failed)
 and user-space losses (nettap_records_lost_total by stage), nettap's CPU-s
-per million records drained (utime+stime of its process tree, from before
-the round to the end of its drain), (the whole process, and its drain and sink threads apart), its peak RSS (VmHWM) beside its idle
-RSS, and connections/s beside the same storm without nettap, measured in
+per million records drained (utime+stime from before the round to the end
+of its drain: the whole process, and its drain and sink threads apart), its
+peak RSS (VmHWM) beside its idle RSS, and connections/s beside the same storm without nettap, measured in
 the same run before and after the captured rounds.
 
 Run as root:  .venv/bin/python bench/storm_c.py [--connections 20000]
