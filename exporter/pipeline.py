@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 BATCH_FRACTION = 16          # a batch read is at most queue_bytes / 16
 LOSS_LOG_INTERVAL = 10.0     # seconds between two log lines about queue losses
+# How long stop waits for the sink to write what is queued: well inside the
+# time a supervisor gives before SIGKILL (docker 10 s, Kubernetes 30 s).
+SINK_STOP_TIMEOUT = 5.0
 
 
 def batch_bytes(b: Batch) -> int:
@@ -171,7 +174,14 @@ class Pipeline:
             self._stopping = True
             self._cv.notify()
         if self.sink:
-            self._sink_t.join()
+            self._sink_t.join(SINK_STOP_TIMEOUT)
+            if self._sink_t.is_alive():             # stuck in a write: do not wait for it
+                with self._cv:
+                    queued = sum(len(b.records) for b in self._queue)
+                    self._queue.clear()
+                n = self.sink.abandon(queued)
+                log.error("sink %s still blocked after %.0f s at stop (a reader that stopped reading?): "
+                          "%d records counted lost", self.sink.name, SINK_STOP_TIMEOUT, n)
             self.sink.close()
         self._log_queue_losses()                    # what the rate limit held back
         self.poller.release()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 from pathlib import Path
 
 
@@ -40,25 +41,47 @@ def test_rotation_keeps_n_backups(tmp_path):
     assert (s.written, s.errors, s.lost) == (10, 0, 0)
 
 
-def test_rotation_never_splits_a_batch(tmp_path):
+def test_rotation_keeps_every_file_within_max_bytes(tmp_path):
     path = tmp_path / "out.jsonl"
     s = JsonlFileSink(str(path), max_bytes=25, backups=5)
     batches = [[line(0)], [line(1), line(2), line(3)], [line(4)], [line(5), line(6)], [line(7)]]
     for b in batches:
         s.write(b)
     s.close()
-    # A batch bigger than max_bytes still goes whole into one file.
-    assert files(tmp_path) == ["out.jsonl", "out.jsonl.1", "out.jsonl.2", "out.jsonl.3", "out.jsonl.4"]
-    assert read_lines(tmp_path / "out.jsonl.4") == [0]
-    assert read_lines(tmp_path / "out.jsonl.3") == [1, 2, 3]
-    assert read_lines(tmp_path / "out.jsonl.2") == [4]
-    assert read_lines(tmp_path / "out.jsonl.1") == [5, 6]
-    assert read_lines(path) == [7]
-    # nothing lost, nothing twice: oldest to newest is the written order
-    got = sum((read_lines(tmp_path / n) for n in
-               ["out.jsonl.4", "out.jsonl.3", "out.jsonl.2", "out.jsonl.1", "out.jsonl"]), [])
-    assert got == list(range(8))
-    assert s.written == 8
+    # A batch bigger than the room left is split between two lines.
+    names = ["out.jsonl.3", "out.jsonl.2", "out.jsonl.1", "out.jsonl"]
+    assert files(tmp_path) == sorted(names)
+    assert [read_lines(tmp_path / n) for n in names] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert all((tmp_path / n).stat().st_size <= 25 for n in names)
+    assert (s.written, s.errors, s.lost, s.bytes_written) == (8, 0, 0, 80)
+
+
+def test_rotation_bound_holds_for_large_batches(tmp_path):
+    # Issue 11: files reached 2.25x max_bytes (a whole batch went into one file).
+    path = tmp_path / "out.jsonl"
+    s = JsonlFileSink(str(path), max_bytes=4096, backups=1000)
+    n = 0
+    for size in (1, 700, 3, 409, 410, 2000, 1):
+        s.write([line(i % 1000) for i in range(n, n + size)])
+        n += size
+    s.close()
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert max(sizes.values()) <= 4096 and sum(sizes.values()) == n * 10
+    newest = sizes.pop("out.jsonl")
+    assert set(sizes.values()) == {4090} and newest == n * 10 % 4090   # every older file is full (409 lines)
+    assert s.written == n
+
+
+def test_a_line_longer_than_max_bytes_goes_alone_into_a_file(tmp_path):
+    path = tmp_path / "out.jsonl"
+    s = JsonlFileSink(str(path), max_bytes=4096, backups=3)
+    big = '{"data":"' + "x" * 5000 + '"}'
+    s.write(["{}", big, "{}"])
+    s.close()
+    assert (tmp_path / "out.jsonl.2").read_bytes() == b"{}\n"
+    assert (tmp_path / "out.jsonl.1").read_bytes() == big.encode() + b"\n"
+    assert path.read_bytes() == b"{}\n"
+    assert s.written == 3
 
 
 def test_backups_zero(tmp_path):
@@ -122,12 +145,23 @@ def test_parent_is_a_file(tmp_path):
     assert (s.written, s.errors, s.lost) == (0, 1, 1)
 
 
-def test_dev_full(tmp_path):
-    s = JsonlFileSink("/dev/full", max_bytes=1 << 20, backups=1)
-    s.write([line(1), line(2)])
-    s.write([line(3)])
+def test_a_write_failing_midway_leaves_whole_lines_and_counts_exactly(tmp_path):
+    # RLIMIT_FSIZE makes the kernel take part of a write, then refuse (EFBIG),
+    # like a disk filling up; Python ignores SIGXFSZ.
+    path = tmp_path / "out.jsonl"
+    s = JsonlFileSink(str(path), max_bytes=1 << 20, backups=1)
+    s.write([line(0)])
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (15, hard))
+    try:
+        s.write([line(1), line(2)])       # 5 of its 20 bytes fit
+        s.write([line(3)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    s.write([line(4)])                    # the limit lifted: recovered
     s.close()
-    assert (s.written, s.errors, s.lost) == (0, 2, 3)
+    assert read_lines(path) == [0, 4]
+    assert (s.written, s.errors, s.lost) == (2, 2, 3)
 
 
 def test_failure_logged_at_most_every_10s(tmp_path, caplog):
@@ -172,9 +206,9 @@ def test_stdout_sink_closed_fd():
 def test_make():
     assert sinks.make(Output("none")) is None
     assert isinstance(sinks.make(Output("stdout")), StdoutSink)
-    j = sinks.make(Output("jsonl", "/tmp/x.jsonl", 4096, 2))
+    j = sinks.make(Output("jsonl", "/tmp/x.jsonl", 4096, 2, mode=0o640))
     assert isinstance(j, JsonlFileSink)
-    assert (j.path, j.max_bytes, j.backups, j._f) == ("/tmp/x.jsonl", 4096, 2, None)   # opened on first write
+    assert (j.path, j.max_bytes, j.backups, j.mode, j._f) == ("/tmp/x.jsonl", 4096, 2, 0o640, None)  # opened by open()
 
 
 def test_base_sink_counts():
