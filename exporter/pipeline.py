@@ -180,7 +180,7 @@ class Pipeline:
                     queued = sum(len(b.records) for b in self._queue)
                     self._queue.clear()
                 n = self.sink.abandon(queued)
-                log.error("sink %s still blocked after %.0f s at stop (a reader that stopped reading?): "
+                log.error("sink %s still blocked after %g s at stop (a reader that stopped reading?): "
                           "%d records counted lost", self.sink.name, SINK_STOP_TIMEOUT, n)
             self.sink.close()
         self._log_queue_losses()                    # what the rate limit held back

@@ -3,6 +3,7 @@ when the sink is slower than capture, whole batches are lost there, counted
 exactly and logged (rate-limited, and the remainder at stop)."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from exporter import pipeline as pipeline_mod
 from exporter.pipeline import Pipeline
 from exporter.records import RECORDS
 from exporter.ringbuf import Batch
-from exporter.sinks import Sink
+from exporter.sinks import Sink, StdoutSink
 
 STRIDE = 512                      # a chunk record in the ring
 QUEUE = 64 << 10                  # the byte bound under test
@@ -189,3 +190,41 @@ def test_queue_bound_follows_a_reload(ring):
     finally:
         gate.set()
         p.stop()
+
+
+def test_stop_does_not_wait_for_a_reader_that_stopped_reading(ring, monkeypatch, caplog):
+    """Issue 11: `nettap | (sleep 1000)` held SIGTERM until SIGKILL. Stop
+    gives the sink SINK_STOP_TIMEOUT, then counts what it could not write
+    (the batch stuck in the pipe and the ones queued) as lost at the sink."""
+    monkeypatch.setattr(pipeline_mod, "SINK_STOP_TIMEOUT", 0.5)
+    r, w = os.pipe()                             # nobody reads r
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    sink = StdoutSink(w)
+    p = Pipeline({"capture_chunks": ring}, sink, queue_bytes=QUEUE, poll_interval=0.01)
+    caplog.set_level("ERROR", logger="exporter.pipeline")
+    p.start()
+    try:
+        ring.add(6 * PER_BATCH)                  # far more than 4 KiB of JSON lines
+        assert wait(lambda: ring.drained == ring.produced and sink._batch is not None)
+        t = time.monotonic()
+        p.stop()
+        took = time.monotonic() - t
+        assert 0.5 <= took < 2.0
+        lost = sink.lost
+        assert lost > 0 and sink.written + lost + p.lost["queue"] == ring.produced
+        assert [m.getMessage() for m in caplog.records] == [
+            f"sink stdout still blocked after 0.5 s at stop (a reader that stopped reading?): {lost} records counted lost"]
+    finally:
+        os.close(r)                              # the stuck write ends (EPIPE) ...
+    time.sleep(0.2)
+    assert sink.lost == lost and sink.errors == 0   # ... and counts nothing twice
+    os.close(w)
+
+
+def wait(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
