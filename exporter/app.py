@@ -54,6 +54,7 @@ class Nettap:
                                         variant=variant)
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
+        self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
         try:
             fds = self.probes.map_fds
             self.target_maps = targets.TargetMaps(fds)
@@ -64,7 +65,7 @@ class Nettap:
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
                           for r in RINGS}
             self.apply(config)
-            self.pipeline = Pipeline(self.rings, sinks.make(config.output), config.output.queue_bytes)
+            self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes)
             self.pipeline.start()
             self.ready.set()
         except BaseException:
@@ -109,22 +110,43 @@ class Nettap:
         resolved = targets.resolve(config.captures)
         with self._lock:
             old = self.config
-            try:
-                self.stats_switch.set(config.bpf_stats_enabled)
-            except OSError as e:
-                raise ConfigError(f"diagnostics.bpfStats.enabled: cannot switch statistics on: {e}") from None
-            if config.ring_bytes != old.ring_bytes:
-                log.warning("rings: new sizes take effect at the next start; keeping %s", old.ring_bytes)
-            self.target_maps.apply(resolved, config.max_payload_bytes, targets.wakeup_thresholds(old.ring_bytes))
-            if self.pipeline:
-                self.pipeline.queue_bytes = config.output.queue_bytes     # from the next batch on
+            sink = None
             if self.pipeline and config.output._replace(queue_bytes=0) != old.output._replace(queue_bytes=0):
                 if (config.output.type == "none") != (old.output.type == "none"):
                     log.warning("output: switching between a sink and none takes effect at the next start")
                 else:
-                    self.pipeline.replace_sink(sinks.make(config.output))
+                    sink = self._open_sink(config.output)      # refused here, before anything changed
+            try:
+                try:
+                    self.stats_switch.set(config.bpf_stats_enabled)
+                except OSError as e:
+                    raise ConfigError(f"diagnostics.bpfStats.enabled: cannot switch statistics on: {e}") from None
+                if config.ring_bytes != old.ring_bytes:
+                    log.warning("rings: new sizes take effect at the next start; keeping %s", old.ring_bytes)
+                self.target_maps.apply(resolved, config.max_payload_bytes,
+                                       targets.wakeup_thresholds(old.ring_bytes))
+            except BaseException:
+                if sink:
+                    sink.close()
+                raise
+            if self.pipeline:
+                self.pipeline.queue_bytes = config.output.queue_bytes     # from the next batch on
+            if sink:
+                self.pipeline.replace_sink(sink)
             logging.getLogger().setLevel(config.log_level.upper())
             self.config = config._replace(rings=old.rings)    # rings: as loaded
+
+    def _open_sink(self, output) -> Optional[sinks.Sink]:
+        """The sink for output, opened: a path nettap cannot (or must not)
+        write refuses the config, rather than losing every record later."""
+        sink = sinks.make(output, self.sink_totals)
+        if sink:
+            try:
+                sink.open()
+            except OSError as e:
+                sink.close()
+                raise ConfigError(f"output.path: {e}") from None
+        return sink
 
     def reload(self, path: str) -> bool:
         """Load path and apply it; on any refusal keep the config in force,
@@ -169,6 +191,10 @@ class Nettap:
 
     def close(self) -> None:
         self.ready.clear()
+        # Detach first: once no program runs, the pipeline's last drain
+        # reads every record that will ever be published, so each one is
+        # written or counted lost (not left in a ring nobody reads).
+        self.probes.detach()
         if self.pipeline:
             self.pipeline.stop()
             self.pipeline = None

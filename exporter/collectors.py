@@ -71,6 +71,7 @@ class PipelineCollector(Collector):
         (CounterMetricFamily, "nettap_records_lost", "Records lost after the ring, by stage (queue, decode, sink).", ["stage"]),
         (CounterMetricFamily, "nettap_sink_records_written", "Records written by the sink.", ["sink"]),
         (CounterMetricFamily, "nettap_sink_errors", "Failed sink writes.", ["sink"]),
+        (CounterMetricFamily, "nettap_sink_bytes_written", "Bytes written by the sink.", ["sink"]),
         (GaugeMetricFamily, "nettap_bpf_variant_info", "The BPF program variant loaded: fast (Linux 6.2+ features) or compat (5.8+).", ["variant"]),
         (GaugeMetricFamily, "nettap_kernel_feature_present", "1 when the kernel offers the BPF feature (since: the Linux release that brought it).", ["feature", "since"]),
     ]
@@ -82,7 +83,7 @@ class PipelineCollector(Collector):
         return _families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        attached, drained, cap, pending, lost, written, errors, variant, feats = _families(self.SPECS)
+        attached, drained, cap, pending, lost, written, errors, nbytes, variant, feats = _families(self.SPECS)
         probes = self.app.probes
         for probe, st in (*probes.states.items(), ("tcp_state", probes.lifecycle)):
             attached.add_metric([probe, st.mechanism if st.attached else "none"], 1 if st.attached else 0)
@@ -101,7 +102,8 @@ class PipelineCollector(Collector):
         if sink:
             written.add_metric([sink.name], sink.written)
             errors.add_metric([sink.name], sink.errors)
-        return [attached, drained, cap, pending, lost, written, errors, variant, feats]
+            nbytes.add_metric([sink.name], sink.bytes_written)
+        return [attached, drained, cap, pending, lost, written, errors, nbytes, variant, feats]
 
 
 class BuildInfoCollector(Collector):

@@ -42,6 +42,9 @@ DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs":
 # jsonl): 56.8 MB at 4 MiB, 64.1 MB at 8 MiB, 77.9 MB at 16 MiB (idle 49.6 MB;
 # the former bound of 1 M records: 388.7 MB). Goal: under 64 MB.
 DEFAULT_QUEUE_BYTES = 4 << 20
+# Captured payload is other processes' traffic: only nettap's user reads it
+# unless the config says otherwise (0640 for a log shipper's group).
+DEFAULT_FILE_MODE = 0o600
 
 
 class ConfigError(ValueError):
@@ -60,12 +63,12 @@ class Target(namedtuple("Target", "kind value")):
         return f"{self.kind}={self.value}"
 
 
-class Output(namedtuple("Output", "type path max_bytes backups queue_bytes",
-                        defaults=("none", None, 100 << 20, 3, DEFAULT_QUEUE_BYTES))):
+class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode",
+                        defaults=("none", None, 100 << 20, 3, DEFAULT_QUEUE_BYTES, DEFAULT_FILE_MODE))):
     """type: jsonl | stdout | none; the jsonl file rotates at max_bytes
-    keeping `backups` old files; at most queue_bytes of records wait
-    between the drain and the sink (more are dropped, whole batches, and
-    counted)."""
+    keeping `backups` old files, each created with mode; at most
+    queue_bytes of records wait between the drain and the sink (more are
+    dropped, whole batches, and counted)."""
 
     __slots__ = ()
 
@@ -156,6 +159,23 @@ def _queue_bytes(out: dict) -> int:
     return _int(out.get("queue_bytes", DEFAULT_QUEUE_BYTES), "output.queue_bytes", 64 << 10, 1 << 40)
 
 
+def _mode(v) -> int:
+    """output.mode: octal, as YAML 1.1 reads 0600, or a string '0600'/'0o600'.
+    The owner reads and writes; nobody else writes (nettap refuses such a
+    file when it exists, so it must not create one) and nothing executes."""
+    n = v
+    if isinstance(v, str) and v.strip():
+        try:
+            n = int(v.strip().lower().removeprefix("0o"), 8)
+        except ValueError:
+            n = None
+    if isinstance(n, bool) or not isinstance(n, int) or n & ~0o644 or n & 0o600 != 0o600:
+        raise ConfigError(f"output.mode: must be an octal file mode with read-write for the owner and no "
+                          f"write or execute for others, e.g. 0600 or 0640, got {v!r}"
+                          + (f" (octal {v:o})" if isinstance(v, int) and not isinstance(v, bool) else ""))
+    return n
+
+
 def parse(doc) -> Config:
     """Validate a loaded YAML document into a Config."""
     top = _map(doc, "", ("captures", "capture", "output", "rings", "diagnostics", "log_level"))
@@ -169,17 +189,20 @@ def parse(doc) -> Config:
     max_payload = _int(cap.get("max_payload_bytes", DEFAULT.max_payload_bytes),
                        "capture.max_payload_bytes", 0, MAX_PAYLOAD_BYTES)
 
-    out = _map(top.get("output"), "output", ("type", "path", "max_bytes", "backups", "queue_bytes", "queue_records"))
+    out = _map(top.get("output"), "output", ("type", "path", "max_bytes", "backups", "queue_bytes", "queue_records",
+                                              "mode"))
     otype = _choice(out.get("type", "none"), "output.type", OUTPUT_TYPES)
     path = out.get("path")
     if otype == "jsonl":
         path = _str(path, "output.path")
     elif path is not None:
         raise ConfigError(f"output.path: only used with type jsonl (type is {otype})")
+    if "mode" in out and otype != "jsonl":
+        raise ConfigError(f"output.mode: only used with type jsonl (type is {otype})")
     output = Output(otype, path,
                     _int(out.get("max_bytes", DEFAULT.output.max_bytes), "output.max_bytes", 4096, 1 << 40),
                     _int(out.get("backups", DEFAULT.output.backups), "output.backups", 0, 1000),
-                    _queue_bytes(out))
+                    _queue_bytes(out), _mode(out.get("mode", DEFAULT_FILE_MODE)))
 
     rings = _map(top.get("rings"), "rings", RINGS)
     ring_bytes = dict(DEFAULT_RING_BYTES)

@@ -371,13 +371,19 @@ class Probes:
                 log.error("probe %s not attached: %s", probe, e)
 
     # -- lifetime --
-    def close(self) -> None:
-        """Destroy every link and close the object (frees programs and maps
-        once no fd refers to them). Safe to call twice."""
+    def detach(self) -> None:
+        """Destroy every link: no program runs, so nothing is published, after
+        this; the maps stay until close(). Safe to call twice."""
         lb = libbpf.lib()
         for link in self.links:
             lb.bpf_link__destroy(link)
         self.links = []
+
+    def close(self) -> None:
+        """Detach and close the object (frees programs and maps once no fd
+        refers to them). Safe to call twice."""
+        self.detach()
+        lb = libbpf.lib()
         if self.obj:
             lb.bpf_object__close(self.obj)
             self.obj = 0

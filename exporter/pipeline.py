@@ -44,8 +44,11 @@ POLL_INTERVAL = 0.2          # s: records of a quiet ring reach the sink within 
 QUEUE_PARTS = 2              # a batch's longest possible lines fill at most queue_bytes / 2
 RING_HIGH = 2                # queue full: a ring more than 1/RING_HIGH full loses a batch
 WAIT_FOR_SINK = 0.005        # s the drain waits for the sink before looking at the rings again
-STOP_WAIT = 5.0              # s the last drain at stop waits for a full queue before dropping
 LOSS_LOG_INTERVAL = 10.0     # s between two log lines about queue losses
+# How long stop waits for the sink to take what is left in the rings and
+# write what is queued: well inside the time a supervisor gives before
+# SIGKILL (docker 10 s, Kubernetes 30 s). What does not make it is counted.
+SINK_STOP_TIMEOUT = 5.0
 
 
 def _name_os_thread(name: str) -> None:
@@ -77,6 +80,7 @@ class Pipeline:
         self._cv = threading.Condition()
         self._sink_lock = threading.Lock()       # held while the sink writes
         self._stopping = False
+        self._stop_deadline = 0.0
         self._drain_t = threading.Thread(target=self._drain_loop, name="nettap-drain", daemon=True)
         self._sink_t = threading.Thread(target=self._sink_loop, name="nettap-sink", daemon=True)
         self._log_times: Dict[object, float] = {}
@@ -190,7 +194,7 @@ class Pipeline:
             except Exception:                       # never let the drain die silently
                 log.exception("drain failed; continuing")
                 time.sleep(self.poll_interval)
-        self.drain_once(deadline=time.monotonic() + STOP_WAIT)     # what is left at stop
+        self.drain_once(deadline=self._stop_deadline)      # what is left at stop
 
     def _enqueue(self, data: bytes, count: int) -> None:
         with self._cv:
@@ -257,13 +261,24 @@ class Pipeline:
         if not self.running:
             self.poller.release()
             return
+        # One deadline for the last drain (waiting for queue room) and the
+        # sink's last writes; the sink gets at least a second of its own.
+        self._stop_deadline = time.monotonic() + SINK_STOP_TIMEOUT
         self.poller.close()
         self._drain_t.join()
         with self._cv:
             self._stopping = True
-            self._cv.notify()
+            self._cv.notify_all()
         if self.sink:
-            self._sink_t.join()
+            self._sink_t.join(max(self._stop_deadline - time.monotonic(), 1.0))
+            if self._sink_t.is_alive():             # stuck in a write: do not wait for it
+                with self._cv:
+                    queued = sum(count for _, count in self._queue)
+                    self._queue.clear()
+                    self.queued_bytes = 0
+                n = self.sink.abandon(queued)
+                log.error("sink %s still blocked after %g s at stop (a reader that stopped reading?): "
+                          "%d records counted lost", self.sink.name, SINK_STOP_TIMEOUT, n)
             self.sink.close()
         self._log_queue_losses()                    # what the rate limit held back
         self.poller.release()

@@ -66,7 +66,8 @@ def fake_app():
                "capture_eof": FakeRing(12, 256 << 10, 0),
                "logs": FakeRing(2, 64 << 10, 0)},
         pipeline=SimpleNamespace(lost={"queue": 5, "decode": 1},
-                                 sink=SimpleNamespace(name="jsonl", written=1550, errors=2, lost=2)),
+                                 sink=SimpleNamespace(name="jsonl", written=1550, errors=2, lost=2,
+                                                    bytes_written=421600)),
     )
 
 

@@ -21,6 +21,7 @@ output:
   max_bytes: 4096
   backups: 0
   queue_bytes: 65536
+  mode: 0640
 rings:
   capture_chunks: 1073741824
   capture_eof: 4096
@@ -31,6 +32,10 @@ diagnostics:
     scope: node
 log_level: debug
 """
+
+
+MODE_MSG = ("output.mode: must be an octal file mode with read-write for the owner and no write or execute "
+            "for others, e.g. 0600 or 0640")
 
 
 def refused(text: str) -> str:
@@ -44,7 +49,7 @@ def test_full_config():
         captures=(Target("pid", 4242), Target("cgroup", "/sys/fs/cgroup/system.slice/nginx.service"),
                   Target("netns", "/var/run/netns/blue"), Target("netns", 4026531840), Target("port", 443)),
         max_payload_bytes=65600,
-        output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536),
+        output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192)),
         bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug")
 
@@ -127,7 +132,7 @@ def test_two_yaml_documents():
     ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got {}"),
     ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got 7"),
     ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level)"),
-    ("output: {pth: /x}", "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records)"),
+    ("output: {pth: /x}", "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records, mode)"),
     ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes)"),
     ("diagnostics: {bpfstats: {}}", "diagnostics.bpfstats: unknown key (expected one of bpfStats)"),
     ("diagnostics: {bpfStats: {enabled: true, extra: 1}}",
@@ -164,6 +169,15 @@ def test_two_yaml_documents():
      "output.queue_bytes: must be an integer from 65536 to 1099511627776, got 1048576.0"),
     ("output: {queue_bytes: 1048576, queue_records: 4096}",
      "output.queue_records: deprecated alias of output.queue_bytes; give only queue_bytes"),
+    ("output: {type: jsonl, path: /x, mode: 0666}", MODE_MSG + ", got 438 (octal 666)"),
+    ("output: {type: jsonl, path: /x, mode: 0620}", MODE_MSG + ", got 400 (octal 620)"),
+    ("output: {type: jsonl, path: /x, mode: 0700}", MODE_MSG + ", got 448 (octal 700)"),
+    ("output: {type: jsonl, path: /x, mode: 0400}", MODE_MSG + ", got 256 (octal 400)"),
+    ("output: {type: jsonl, path: /x, mode: 600}", MODE_MSG + ", got 600 (octal 1130)"),
+    ("output: {type: jsonl, path: /x, mode: '0666'}", MODE_MSG + ", got '0666'"),
+    ("output: {type: jsonl, path: /x, mode: rw}", MODE_MSG + ", got 'rw'"),
+    ("output: {type: jsonl, path: /x, mode: true}", MODE_MSG + ", got True"),
+    ("output: {type: stdout, mode: 0600}", "output.mode: only used with type jsonl (type is stdout)"),
     ("diagnostics: {bpfStats: {enabled: 'yes'}}", "diagnostics.bpfStats.enabled: must be true or false, got 'yes'"),
     ("diagnostics: {bpfStats: {enabled: 1}}", "diagnostics.bpfStats.enabled: must be true or false, got 1"),
     ("diagnostics: {bpfStats: {scope: all}}", "diagnostics.bpfStats.scope: must be one of own, node, got 'all'"),
@@ -172,6 +186,13 @@ def test_two_yaml_documents():
 ])
 def test_refused(text, msg):
     assert refused(text) == msg
+
+
+@pytest.mark.parametrize("text,mode", [
+    ("", 0o600), ("mode: 0640", 0o640), ("mode: '0640'", 0o640), ("mode: '0o644'", 0o644),
+    ("mode: 0o604", 0o604)])                # YAML 1.1 reads 0o604 as a string
+def test_output_mode(text, mode):
+    assert config.loads("output: {type: jsonl, path: /x, %s}" % text).output.mode == mode
 
 
 def test_queue_bytes():

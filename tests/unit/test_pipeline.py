@@ -5,6 +5,7 @@ their ring, and only a sink slower for long loses records, in whole
 batches, counted exactly and logged."""
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
@@ -16,10 +17,11 @@ import time
 import numpy as np
 import pytest
 
+from exporter import pipeline as pipeline_mod
 from exporter import records as R
 from exporter.pipeline import QUEUE_PARTS, Pipeline
 from exporter.ringbuf import RingMemory
-from exporter.sinks import Sink
+from exporter.sinks import Sink, StdoutSink
 from exporter.tcp_h import STRIDES
 from tests.unit.test_jsonl import random_records
 
@@ -341,3 +343,41 @@ def test_a_record_of_a_foreign_size_is_counted_bad_and_skipped(mem):
         got += b.count
         bad += b.bad
     assert (got, bad, mem.pending()) == (4, 1, 0)
+
+
+def test_stop_does_not_wait_for_a_reader_that_stopped_reading(mem, monkeypatch, caplog):
+    """Issue 11: `nettap | (sleep 1000)` held SIGTERM until SIGKILL. Stop
+    gives the sink SINK_STOP_TIMEOUT, then counts what it could not write
+    (the batch stuck in the pipe and the ones queued) as lost at the sink."""
+    monkeypatch.setattr(pipeline_mod, "SINK_STOP_TIMEOUT", 0.5)
+    r, w = os.pipe()                             # nobody reads r
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    sink = StdoutSink(w)
+    p = Pipeline({mem.name: mem.ring}, sink, queue_bytes=QUEUE, poll_interval=0.01)
+    caplog.set_level("ERROR", logger="exporter.pipeline")
+    p.start()
+    try:
+        mem.publish(n=6 * p.batch_records(RING))     # far more than 4 KiB of JSON lines
+        assert wait(lambda: mem.ring.drained == len(mem.published) and sink._batch is not None)
+        t = time.monotonic()
+        p.stop()
+        took = time.monotonic() - t
+        assert 0.5 <= took < 2.5                 # the last drain's wait, then the sink's second
+        lost = sink.lost
+        assert lost > 0 and sink.written + lost + p.lost["queue"] == len(mem.published)
+        assert [m.getMessage() for m in caplog.records] == [
+            f"sink stdout still blocked after 0.5 s at stop (a reader that stopped reading?): {lost} records counted lost"]
+    finally:
+        os.close(r)                              # the stuck write ends (EPIPE) ...
+    time.sleep(0.2)
+    assert sink.lost == lost and sink.errors == 0   # ... and counts nothing twice
+    os.close(w)
+
+
+def wait(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False

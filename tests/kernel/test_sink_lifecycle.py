@@ -1,0 +1,128 @@
+"""Kernel tests: the sink across the exporter's life with the real probes:
+a reload to a path nettap cannot use is refused, counters survive a sink
+swap, and stop accounts for every record the programs published."""
+import logging
+import os
+import threading
+import time
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from conftest import Run
+from exporter.config import ConfigError
+from exporter.maps import PerCpuArray
+from exporter.records import PROBE_COUNTERS, PROBES
+from traffic import Server, send_messages
+
+pytestmark = pytest.mark.kernel
+
+
+def sample(app, name, **labels):
+    text = generate_latest(app.registry(with_process=False)).decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    prefix = f"{name}{{{want}}} " if labels else f"{name} "
+    return next(float(l.split()[-1]) for l in text.splitlines() if l.startswith(prefix))
+
+
+def wait(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_start_with_an_unusable_output_path_is_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError) as e:
+        Run(tmp_path, {"output": {"type": "jsonl", "path": str(tmp_path / "f" / "out.jsonl")}})
+    assert str(e.value) == (f"output.path: {tmp_path / 'f'} is not a directory "
+                            "(or is a link made after the path was resolved)")
+
+
+@pytest.mark.parametrize("bad", ["/proc/nettap-test/out.jsonl", "link"])
+def test_reload_to_an_unusable_output_path_is_refused(nettap_run, tmp_path, caplog, bad):
+    srv = Server()
+    run = nettap_run({"captures": [{"port": srv.port}]})
+    old_sink, old_cfg = run.app.pipeline.sink, run.app.config
+    if bad == "link":
+        bad = str(tmp_path / "link.jsonl")
+        os.symlink(tmp_path / "victim", bad)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"captures": [{"port": 1}], "output": {"type": "jsonl", "path": bad}}))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert run.app.reload(str(path)) is False
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and msgs[0].startswith(
+        "config reload refused, previous config stays in force: output.path: ")
+    assert ("cannot create directory /proc/nettap-test" in msgs[0] if bad.startswith("/proc")
+            else f"{bad} is a symbolic link" in msgs[0])
+    assert sample(run.app, "nettap_config_last_reload_successful") == 0
+    assert run.app.config == old_cfg and run.app.pipeline.sink is old_sink
+    assert not (tmp_path / "victim").exists()
+    send_messages(srv.port, 3, 100)                 # the old captures and sink still work
+    srv.wait_received(1)
+    lines, _ = run.finish()
+    assert sum(l["type"] == "chunk" and l["direction"] == "egress" for l in lines) == 3
+
+
+def test_sink_counters_do_not_reset_when_the_sink_is_replaced(nettap_run, tmp_path):
+    srv = Server()
+    run = nettap_run({"captures": [{"port": srv.port}]})
+    send_messages(srv.port, 5, 100)
+    srv.wait_received(1)
+    assert wait(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= 5)
+    before = sample(run.app, "nettap_sink_records_written_total", sink="jsonl")
+    nbytes = sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl")
+    second = tmp_path / "second.jsonl"
+    run.apply({"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": str(second)}})
+    assert run.app.pipeline.sink.path == str(second)
+    assert sample(run.app, "nettap_sink_records_written_total", sink="jsonl") == before
+    send_messages(srv.port, 4, 100)
+    srv.wait_received(2)
+    assert wait(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= before + 4)
+    after = sample(run.app, "nettap_sink_records_written_total", sink="jsonl")
+    assert after - before == len(second.read_text().splitlines())
+    assert sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl") == nbytes + second.stat().st_size
+
+
+def test_every_record_published_until_stop_is_written_or_counted_lost(nettap_run, mode):
+    """Issue 11: the last drain ran while the programs were still attached,
+    so what they published after it was neither written nor counted. Stop
+    while traffic flows: every chunk the programs published is drained, and
+    every one drained is in the file or counted lost."""
+    srv = Server()
+    run = nettap_run({"captures": [{"port": srv.port}]})
+    counters = os.dup(run.app.probes.map_fds["probe_counters"])   # outlives close()
+    pipe, totals = run.app.pipeline, run.app.sink_totals
+    stop = threading.Event()
+
+    def traffic():
+        while not stop.is_set():
+            send_messages(srv.port, 20, 100)
+    senders = [threading.Thread(target=traffic, daemon=True) for _ in range(4)]
+    for t in senders:
+        t.start()
+    try:
+        assert wait(lambda: run.app.rings["capture_chunks"].drained > 2000)
+        lines, drained = run.finish()              # while the senders keep sending
+    finally:
+        stop.set()
+        for t in senders:
+            t.join(10)
+    try:
+        arr = PerCpuArray(counters, PROBE_COUNTERS)
+        published = sum(arr.sum(i)["chunks"] for i in range(len(PROBES)))
+    finally:
+        os.close(counters)
+    assert published == drained["capture_chunks"]
+    chunks = sum(l["type"] == "chunk" for l in lines)
+    lost = pipe.lost["queue"] + pipe.lost["decode"] + totals.lost
+    written = totals.written["jsonl"]
+    assert written == len(lines)
+    assert drained["capture_chunks"] + drained["capture_eof"] == written + lost
+    assert chunks <= drained["capture_chunks"]
