@@ -54,9 +54,10 @@ class Nettap:
                                         variant=variant)
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
+        self.target_watch: Optional[targets.TargetWatch] = None
         try:
             fds = self.probes.map_fds
-            self.target_maps = targets.TargetMaps(fds)
+            self.target_maps = targets.TargetMaps(fds, self.probes.map_info)
             self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
             # Without a sink the capture rings are counted, not copied out.
@@ -64,6 +65,7 @@ class Nettap:
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
                           for r in RINGS}
             self.apply(config)
+            self.target_watch = targets.TargetWatch(self.target_maps, self._lock).start()
             self.pipeline = Pipeline(self.rings, sinks.make(config.output), config.output.queue_bytes)
             self.pipeline.start()
             self.ready.set()
@@ -106,8 +108,9 @@ class Nettap:
     def apply(self, config: Config) -> None:
         """Make config the one in force. Everything that can be refused is
         checked first (raises ConfigError, and then nothing changed)."""
-        resolved = targets.resolve(config.captures)
-        with self._lock:
+        with self._lock:                # shared with the target watch, which drops gone targets
+            resolved = targets.resolve(config.captures, previous=self.target_maps.current)
+            self.target_maps.check(resolved)
             old = self.config
             try:
                 self.stats_switch.set(config.bpf_stats_enabled)
@@ -162,6 +165,7 @@ class Nettap:
             "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
                                  self.known_map_entries),
             "cgroup": CgroupCollector(),
+            "targets": targets.TargetsCollector(self.target_maps),
             "config": ReloadCollector(self.reloads),
             "build": BuildInfoCollector(),
         }))
@@ -169,6 +173,9 @@ class Nettap:
 
     def close(self) -> None:
         self.ready.clear()
+        if self.target_watch:
+            self.target_watch.stop()
+            self.target_watch = None
         if self.pipeline:
             self.pipeline.stop()
             self.pipeline = None
