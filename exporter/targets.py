@@ -102,13 +102,43 @@ def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list:
     return out
 
 
-def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple:
-    """A cgroup v2 directory's id (its kernfs inode) and level (root = 0)."""
+# PROC_CGROUP_INIT_INO (include/linux/proc_ns.h): the inode of the initial
+# cgroup namespace, where mountinfo shows cgroup paths from the hierarchy's root.
+CGROUP_NS_INIT_INO = 0xEFFFFFFB
+
+
+def in_initial_cgroup_ns(ns: str = "/proc/self/ns/cgroup") -> bool:
+    try:
+        return os.stat(ns).st_ino == CGROUP_NS_INIT_INO
+    except OSError:                  # a kernel without cgroup namespaces: paths are global
+        return True
+
+
+def _ns_root_level(mounts: list) -> int | None:
+    """The level of this process's cgroup namespace root, or None if no
+    mount tells. mountinfo shows a cgroup2 mount's root relative to that
+    namespace root (cgroup_show_path, kernel/cgroup/cgroup.c), so the
+    hierarchy's own root shows as "/.." once per level; only that root
+    lacks cgroup.events (CFTYPE_NOT_ON_ROOT), which tells it apart."""
+    for mnt, root in mounts:
+        parts = [p for p in root.split("/") if p]
+        if all(p == ".." for p in parts) and os.path.isdir(mnt) \
+                and not os.path.exists(os.path.join(mnt, "cgroup.events")):
+            return len(parts)
+    return None
+
+
+def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo", initial_ns: bool | None = None) -> tuple:
+    """A cgroup v2 directory's id (its kernfs inode, the same in every
+    namespace) and its level in the whole hierarchy (root = 0), which the
+    programs compare the current task's ancestors at. initial_ns: whether
+    this process is in the initial cgroup namespace (default: ask the kernel)."""
     real = os.path.realpath(path)
     if not os.path.isdir(real):
         raise ConfigError(f"cgroup {path}: no such cgroup directory")
+    mounts = cgroup2_mounts(mountinfo)
     best = None
-    for mnt, root in cgroup2_mounts(mountinfo):
+    for mnt, root in mounts:
         if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (best is None or len(mnt) > len(best[0])):
             best = (mnt, root)
     if best is None:
@@ -116,7 +146,21 @@ def cgroup_id_level(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple
                           "nettap matches cgroup v2 ids")
     mnt, root = best
     rel = [p for p in os.path.relpath(real, mnt).split(os.sep) if p not in ("", ".")]
-    level = len([p for p in root.split("/") if p]) + len(rel)
+    parts = [p for p in root.split("/") if p]
+    up = len(parts) - len([p for p in parts if p != ".."])
+    if initial_ns is None:
+        initial_ns = in_initial_cgroup_ns()
+    if initial_ns:
+        base = 0                     # mount roots are paths from the hierarchy's root
+    else:
+        # In a private cgroup namespace (every Kubernetes pod) mount roots
+        # are relative to the namespace's root, whose own level is hidden.
+        base = _ns_root_level(mounts)
+        if base is None:
+            raise ConfigError(f"cgroup {path}: nettap runs in a private cgroup namespace and no cgroup2 mount "
+                              "shows the hierarchy's root, so the cgroup's level is unknown; mount the host's "
+                              "cgroup2 root (as deploy/kubernetes does at /host/sys/fs/cgroup)")
+    level = base - up + len(parts) - up + len(rel)
     if level > MAX_CGROUP_LEVEL:
         raise ConfigError(f"cgroup {path}: level {level} is deeper than {MAX_CGROUP_LEVEL}")
     return os.stat(real).st_ino, level

@@ -132,3 +132,34 @@ def test_over_capacity_refused_and_a_failed_apply_rolls_back(nettap_run):
             p.kill()
         for p in procs:
             p.wait()
+
+
+def test_cgroup_target_from_inside_a_private_cgroup_namespace(tmp_path):
+    """nettap started, as in a Kubernetes pod, inside a cgroup (level 1) and
+    a cgroup namespace rooted there: the v2 mount's root shows as "/..". A
+    cgroup target (level 1 of the whole hierarchy) must still be matched."""
+    from procs import Nettap
+    root = _v2_root()
+    tag = uuid.uuid4().hex[:8]
+    home, target = os.path.join(root, f"nettap-ns-{tag}"), os.path.join(root, f"nettap-target-{tag}")
+    os.mkdir(home)
+    os.mkdir(target)
+    n = None
+    try:
+        srv = Server()
+        n = Nettap(tmp_path, {"captures": [{"cgroup": target}], "output": {"type": "none"}},
+                   cgroups=[home], wrap=["unshare", "--cgroup", "--"])
+        assert os.stat(f"/proc/{n.p.pid}/ns/cgroup").st_ino != os.stat("/proc/self/ns/cgroup").st_ino
+        cl = ClientProcess(srv.port, N, S)
+        with open(os.path.join(target, "cgroup.procs"), "w") as f:
+            f.write(str(cl.pid))
+        cl.go()
+        send_messages(srv.port, N, S)                # outside the target cgroup
+        srv.wait_received(2)
+        assert n.sample("nettap_probe_calls_total", probe="tcp_sendmsg") == N
+        assert n.sample("nettap_probe_bytes_processed_total", probe="tcp_sendmsg") == N * S
+    finally:
+        if n:
+            n.stop()
+        for d in (target, home):
+            os.rmdir(d)

@@ -675,3 +675,58 @@ def test_watch_drops_an_exited_child_at_once(tmp_path, monkeypatch):
         assert k.pids() == set() and tm.gone_total["pid"] == 1
     finally:
         watch.stop()
+
+
+# ---- cgroup levels inside a private cgroup namespace -------------------------
+
+def cgroup_dirs(base: Path, *rel) -> None:
+    """Non-root cgroup directories below base (each has cgroup.events, which
+    only the hierarchy's root lacks)."""
+    for r in rel:
+        d = base / r
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+
+
+def test_level_in_a_pod_from_the_hosts_hierarchy_mounted(tmp_path):
+    """The shipped DaemonSet: the pod's own cgroup2 at /sys/fs/cgroup (its
+    namespace root shows as "/"), the host's at /host/sys/fs/cgroup, whose root
+    shows as "/.." once per level of the pod's cgroup (here 3). The ConfigMap's
+    example target sits at level 3 of the host's hierarchy."""
+    own, host = tmp_path / "sys-fs-cgroup", tmp_path / "host-sys-fs-cgroup"
+    pod = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0123.slice"
+    cgroup_dirs(own, ".", "sub")
+    host.mkdir()
+    cgroup_dirs(host, pod, pod + "/cri-containerd-abc.scope")
+    mi = mountinfo(tmp_path, ("cgroup2", own, "/"), ("cgroup2", host, "/../../.."))
+    assert cgroup_id_level(str(host / pod), mi, initial_ns=False) == (os.stat(host / pod).st_ino, 3)
+    assert cgroup_id_level(str(host / pod / "cri-containerd-abc.scope"), mi, initial_ns=False)[1] == 4
+    assert cgroup_id_level(str(host), mi, initial_ns=False)[1] == 0
+    assert cgroup_id_level(str(own / "sub"), mi, initial_ns=False)[1] == 4      # below the namespace root (3)
+
+
+def test_level_in_a_namespace_from_a_mount_of_a_sibling(tmp_path):
+    """A mount whose root is elsewhere in the hierarchy shows as "/../x"."""
+    host, other = tmp_path / "host", tmp_path / "other"
+    host.mkdir()
+    cgroup_dirs(host, "a/b")
+    cgroup_dirs(other, ".", "y")
+    mi = mountinfo(tmp_path, ("cgroup2", host, "/../.."), ("cgroup2", other, "/../x"))   # ns root at level 2
+    assert cgroup_id_level(str(other / "y"), mi, initial_ns=False)[1] == 3              # /a/x/y: 2 - 1 + 1 + 1
+
+
+def test_level_in_a_namespace_without_the_hierarchys_root_refused(tmp_path):
+    own = tmp_path / "own"
+    cgroup_dirs(own, ".", "sub")
+    mi = mountinfo(tmp_path, ("cgroup2", own, "/"))
+    with pytest.raises(ConfigError, match=r"private cgroup namespace .* mount the host's cgroup2 root"):
+        cgroup_id_level(str(own / "sub"), mi, initial_ns=False)
+    # the same mount in the initial namespace: "/" is the hierarchy's root
+    assert cgroup_id_level(str(own / "sub"), mi, initial_ns=True)[1] == 1
+
+
+def test_initial_cgroup_namespace_is_recognised_by_its_inode(tmp_path):
+    assert targets.CGROUP_NS_INIT_INO == 4026531835          # PROC_CGROUP_INIT_INO
+    (tmp_path / "ns").write_text("")
+    assert targets.in_initial_cgroup_ns(str(tmp_path / "ns")) is False
+    assert targets.in_initial_cgroup_ns("/no/such/ns") is True   # no cgroup namespaces: paths are global
