@@ -14,7 +14,7 @@ from prometheus_client import gc_collector, platform_collector, process_collecto
 
 from . import config as config_mod
 from . import sinks, targets
-from .bpfstats import ProgramStatsCollector, StatsSwitch
+from .bpfstats import STATE_PROBE, ProgramStatsCollector, StatsSwitch
 from .cgroup import CgroupCollector
 from .collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
                          ProbeCollector, ReloadCollector)
@@ -49,7 +49,7 @@ class Nettap:
         self.ready = threading.Event()
         self._lock = threading.Lock()
         self.reloads = ReloadState()
-        self.stats_switch = StatsSwitch()
+        self.stats_switch = StatsSwitch(kernel_on=STATE_PROBE.on)
         self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism,
                                         variant=variant)
         self.pipeline: Optional[Pipeline] = None
