@@ -153,3 +153,25 @@ def loaded_programs() -> set:
     """Ids of every BPF program loaded in the kernel."""
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
     return {p["id"] for p in json.loads(out or "[]")}
+
+
+def stats_held_elsewhere(exclude=()) -> bool:
+    """Does any process (but those excluded) hold a BPF_ENABLE_STATS fd, or
+    the sysctl say on? The kernel's own answer, found the slow way."""
+    with open("/proc/sys/kernel/bpf_stats_enabled") as f:
+        if f.read().strip() == "1":
+            return True
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) in exclude:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:bpf-stats":
+                    return True
+            except OSError:
+                pass
+    return False

@@ -1,34 +1,10 @@
 """Two nettap instances on one node (the real CLI, twice): each reports the
 kernel's BPF statistics state, and which of them holds it on."""
-import os
-
 import pytest
 
-from procs import Nettap, wait_for
+from procs import Nettap, stats_held_elsewhere, wait_for
 
 pytestmark = pytest.mark.kernel
-
-
-def stats_held_elsewhere(exclude=()) -> bool:
-    """Does any process (but those excluded) hold a BPF_ENABLE_STATS fd, or
-    the sysctl say on? The kernel's own answer, found the slow way."""
-    with open("/proc/sys/kernel/bpf_stats_enabled") as f:
-        if f.read().strip() == "1":
-            return True
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) in exclude:
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:bpf-stats":
-                    return True
-            except OSError:
-                pass
-    return False
 
 
 def test_the_instance_not_holding_stats_reports_them_on(tmp_path):
