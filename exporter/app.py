@@ -14,7 +14,7 @@ from prometheus_client import gc_collector, platform_collector, process_collecto
 
 from . import config as config_mod
 from . import sinks, targets
-from .bpfstats import ProgramStatsCollector, StatsSwitch
+from .bpfstats import STATE_PROBE, ProgramStatsCollector, StatsSwitch
 from .cgroup import CgroupCollector
 from .collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
                          ProbeCollector, ReloadCollector)
@@ -49,15 +49,16 @@ class Nettap:
         self.ready = threading.Event()
         self._lock = threading.Lock()
         self.reloads = ReloadState()
-        self.stats_switch = StatsSwitch()
+        self.stats_switch = StatsSwitch(kernel_on=STATE_PROBE.on)
         self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism,
                                         variant=variant)
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
+        self.target_watch: Optional[targets.TargetWatch] = None
         try:
             fds = self.probes.map_fds
-            self.target_maps = targets.TargetMaps(fds)
+            self.target_maps = targets.TargetMaps(fds, self.probes.map_info)
             self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
             # Without a sink the capture rings are counted, not copied out.
@@ -65,6 +66,7 @@ class Nettap:
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
                           for r in RINGS}
             self.apply(config)
+            self.target_watch = targets.TargetWatch(self.target_maps, self._lock).start()
             self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes)
             self.pipeline.start()
             self.ready.set()
@@ -107,8 +109,9 @@ class Nettap:
     def apply(self, config: Config) -> None:
         """Make config the one in force. Everything that can be refused is
         checked first (raises ConfigError, and then nothing changed)."""
-        resolved = targets.resolve(config.captures)
-        with self._lock:
+        with self._lock:                # shared with the target watch, which drops gone targets
+            resolved = targets.resolve(config.captures, previous=self.target_maps.current)
+            self.target_maps.check(resolved)
             old = self.config
             sink = None
             if self.pipeline and config.output._replace(queue_bytes=0) != old.output._replace(queue_bytes=0):
@@ -184,6 +187,7 @@ class Nettap:
             "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
                                  self.known_map_entries),
             "cgroup": CgroupCollector(),
+            "targets": targets.TargetsCollector(self.target_maps),
             "config": ReloadCollector(self.reloads),
             "build": BuildInfoCollector(),
         }))
@@ -195,6 +199,9 @@ class Nettap:
         # reads every record that will ever be published, so each one is
         # written or counted lost (not left in a ring nobody reads).
         self.probes.detach()
+        if self.target_watch:
+            self.target_watch.stop()
+            self.target_watch = None
         if self.pipeline:
             self.pipeline.stop()
             self.pipeline = None

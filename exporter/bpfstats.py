@@ -7,6 +7,14 @@ Only where the fd is refused does nettap write ``kernel.bpf_stats_enabled``
 instead, and it writes it back to 0 only if it was nettap that set it; a
 sysctl someone else switched on is never switched off.
 
+Whether statistics are on: ``kernel.bpf_stats_enabled`` shows only what was
+written to it (kernel/bpf/syscall.c, bpf_stats_handler, keeps its own
+saved_val), not the BPF_ENABLE_STATS fds other processes hold (another
+nettap on the node); the static key they all count under is not visible.
+:class:`KernelStatsProbe` asks the key itself: it runs a two-instruction
+program once with BPF_PROG_TEST_RUN, whose run is counted (bpf_prog_run)
+only while the key is on.
+
 Reading: nettap's own programs with one ``BPF_OBJ_GET_INFO_BY_FD`` each on
 the fds it holds (no walk of the node's programs). The node-wide view (``scope: node``) walks every program
 with ``BPF_PROG_GET_NEXT_ID`` and ``BPF_OBJ_GET_INFO_BY_FD``, and names each
@@ -74,12 +82,66 @@ class btf_type(ctypes.Structure):
     _fields_ = [("name_off", ctypes.c_uint32), ("info", ctypes.c_uint32)]
 
 
+class KernelStatsProbe:
+    """Are the kernel's BPF run-time statistics on, by anyone's doing?
+    Load (needs CAP_BPF) before privileges are dropped; :meth:`on` needs
+    none. Thread-safe."""
+
+    def __init__(self):
+        self.fd: Optional[int] = None
+        self._lock = threading.Lock()
+        self._data = ctypes.create_string_buffer(64)      # a packet: at least ETH_HLEN bytes
+
+    def load(self) -> bool:
+        """Load the probe program (r0 = 0; exit) once; False if refused."""
+        with self._lock:
+            if self.fd is None:
+                from .features import _insn
+                insns = (ctypes.c_uint64 * 2)(_insn(0xB7), _insn(0x95))
+                fd = libbpf.lib().bpf_prog_load(libbpf.BPF_PROG_TYPE_SOCKET_FILTER, b"nettap_stats_on",
+                                                b"GPL", insns, 2, None)
+                if fd < 0:
+                    log.debug("BPF statistics probe not loaded: %s", os.strerror(-fd))
+                    return False
+                self.fd = fd
+            return True
+
+    def on(self) -> Optional[bool]:
+        """True while statistics are on, False while off, None if unknown
+        (the probe cannot be loaded or run)."""
+        if self.fd is None and not self.load():
+            return None
+        with self._lock:
+            before = prog_info(self.fd).run_cnt
+            opts = libbpf.bpf_test_run_opts(sz=ctypes.sizeof(libbpf.bpf_test_run_opts),
+                                             data_in=ctypes.addressof(self._data),
+                                             data_size_in=len(self._data), repeat=1)
+            if libbpf.lib().bpf_prog_test_run_opts(self.fd, ctypes.byref(opts)) != 0:
+                return None
+            return prog_info(self.fd).run_cnt != before
+
+    def close(self) -> None:
+        with self._lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+
+# The process's one probe: the CLI loads it before dropping privileges.
+STATE_PROBE = KernelStatsProbe()
+
+
 class StatsSwitch:
     """Turns kernel BPF statistics on and off. Thread-safe."""
 
     def __init__(self, sysctl: str = SYSCTL,
-                 enable_stats: Optional[Callable[[], int]] = None):
+                 enable_stats: Optional[Callable[[], int]] = None,
+                 kernel_on: Optional[Callable[[], Optional[bool]]] = None):
+        """kernel_on: whether statistics are on in the kernel by anyone's
+        doing (True/False; None: unknown, then the sysctl is read), as
+        :meth:`KernelStatsProbe.on` answers."""
         self.sysctl = sysctl
+        self.kernel_on = kernel_on or (lambda: None)
         self._enable_stats = enable_stats or (lambda: libbpf.call("bpf_enable_stats", libbpf.BPF_STATS_RUN_TIME))
         self._lock = threading.Lock()
         self.fd: Optional[int] = None
@@ -139,12 +201,17 @@ class StatsSwitch:
         return self.requested
 
     def source(self) -> Optional[str]:
-        """How stats are on now: fd, sysctl (nettap's), external, or None (off)."""
+        """How stats are on now: fd or sysctl (this nettap holds them on),
+        external (another process does: its own BPF_ENABLE_STATS fd, e.g.
+        another nettap, or the sysctl), or None (off)."""
         if self.fd is not None:
             return "fd"
         if self.set_sysctl:
             return "sysctl"
-        return "external" if self._sysctl_on() else None
+        on = self.kernel_on()
+        if on is None:
+            on = self._sysctl_on()
+        return "external" if on else None
 
     def close(self) -> None:
         self.set(False)
@@ -294,8 +361,8 @@ class ProgramStatsCollector(Collector):
 
     @staticmethod
     def _switch_families() -> List[Metric]:
-        return [GaugeMetricFamily("nettap_bpf_stats_enabled", "1 while the kernel's BPF run-time statistics are on, by any means."),
-                GaugeMetricFamily("nettap_bpf_stats_source", "1 for how BPF statistics are on: fd (nettap holds BPF_ENABLE_STATS), sysctl (nettap set kernel.bpf_stats_enabled), external (another tool).", labels=["source"])]
+        return [GaugeMetricFamily("nettap_bpf_stats_enabled", "1 while the kernel's BPF run-time statistics are on, by anyone's doing (asked of the kernel: a probe program's run is counted)."),
+                GaugeMetricFamily("nettap_bpf_stats_source", "1 for who holds BPF statistics on: fd (this nettap holds BPF_ENABLE_STATS), sysctl (this nettap set kernel.bpf_stats_enabled), external (another process: its own BPF_ENABLE_STATS fd, e.g. another nettap, or the sysctl).", labels=["source"])]
 
     def collect(self) -> Iterable[Metric]:
         enabled, source = self._switch_families()

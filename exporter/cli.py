@@ -149,8 +149,7 @@ def main(argv: list | None = None) -> int:
         try:
             mechanisms = _probe_kernel_meanwhile(args.mechanism, args.variant)
         except OSError as e:
-            print(f"nettap: cannot prepare tracefs: {e} (nettap needs root, or CAP_SYS_ADMIN to mount it)",
-                  file=sys.stderr)
+            print(f"nettap: cannot prepare tracefs: {e.strerror}", file=sys.stderr)
             return 1
     from . import config
     try:
@@ -187,6 +186,16 @@ def main(argv: list | None = None) -> int:
     attached = time.monotonic() - t0
     if args.preflight:
         return _preflight(probes)
+    # Loading and attaching are done: keep only the capabilities a reload
+    # may use (exporter/privileges.py), before any thread starts.
+    from . import bpfstats, privileges
+    bpfstats.STATE_PROBE.load()                 # the stats-state probe needs CAP_BPF: load it now
+    try:
+        privileges.drop_after_attach()
+    except OSError as e:
+        print(f"nettap: cannot drop privileges after attach: {e}", file=sys.stderr)
+        probes.close()
+        return 1
 
     from .app import Nettap
     from .server import serve

@@ -19,6 +19,7 @@ from ctypes import (POINTER, Structure, c_bool, c_char_p, c_int, c_size_t,
 LIBBPF_NAME = "libbpf.so.1"
 
 # enum bpf_prog_type / bpf_attach_type / bpf_stats_type (uapi/linux/bpf.h)
+BPF_PROG_TYPE_SOCKET_FILTER = 1
 BPF_PROG_TYPE_TRACING = 26
 BPF_TRACE_FENTRY = 24
 BPF_TRACE_FEXIT = 25
@@ -46,6 +47,19 @@ class bpf_prog_load_opts(Structure):
         ("attach_btf_id", c_uint32),
         ("attach_prog_fd", c_uint32),
         ("attach_btf_obj_fd", c_uint32),
+    ]
+
+
+class bpf_test_run_opts(Structure):
+    """``struct bpf_test_run_opts`` of libbpf (bpf/bpf.h), up to ``duration``."""
+
+    _fields_ = [
+        ("sz", c_size_t),
+        ("data_in", ctypes.c_void_p), ("data_out", ctypes.c_void_p),
+        ("data_size_in", c_uint32), ("data_size_out", c_uint32),
+        ("ctx_in", ctypes.c_void_p), ("ctx_out", ctypes.c_void_p),
+        ("ctx_size_in", c_uint32), ("ctx_size_out", c_uint32),
+        ("retval", c_uint32), ("repeat", c_int), ("duration", c_uint32),
     ]
 
 
@@ -90,6 +104,7 @@ _SIGNATURES = {
     "bpf_enable_stats": (c_int, [c_int]),
     "bpf_prog_load": (c_int, [c_int, c_char_p, c_char_p, c_void_p, c_size_t, c_void_p]),
     "bpf_raw_tracepoint_open": (c_int, [c_char_p, c_int]),
+    "bpf_prog_test_run_opts": (c_int, [c_int, c_void_p]),
     "bpf_prog_get_next_id": (c_int, [c_uint32, POINTER(c_uint32)]),
     "bpf_prog_get_fd_by_id": (c_int, [c_uint32]),
     "btf__load_vmlinux_btf": (c_void_p, []),

@@ -17,6 +17,7 @@ when it is killed.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import threading
@@ -152,16 +153,39 @@ def tracepoint_support() -> tuple:
     return False, f"{TRACEFS}/events/syscalls not found (tracefs not mounted, or no CONFIG_FTRACE_SYSCALLS)"
 
 
+def tracefs_mounted(mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Is tracefs mounted at TRACEFS? (Asked of mountinfo: a user without
+    CAP_DAC_READ_SEARCH cannot look inside it, mode 0700.)"""
+    try:
+        with open(mountinfo) as f:
+            for line in f:
+                pre, _, post = line.partition(" - ")
+                if pre.split()[4:5] == [TRACEFS] and post.split()[:1] == ["tracefs"]:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
 def ensure_tracefs() -> None:
     """Make /sys/kernel/tracing available to this process.
 
-    libbpf reads tracepoint ids from tracefs. When it is not mounted, mount
-    it inside a private mount namespace (unshare(CLONE_NEWNS) with slave
-    propagation), so that the mount dies with nettap, even on kill -9,
-    and the host's mount table is left as it was.
+    libbpf reads tracepoint ids from tracefs. When it is mounted but this
+    process cannot read it (mode 0700 and no CAP_DAC_READ_SEARCH), say so.
+    When it is not mounted, mount it inside a private mount namespace
+    (unshare(CLONE_NEWNS) with slave propagation), so that the mount dies
+    with nettap, even on kill -9, and the host's mount table is left as it was.
     """
     if os.path.isdir(f"{TRACEFS}/events"):
         return
+    if tracefs_mounted():
+        try:
+            os.stat(f"{TRACEFS}/events")
+        except PermissionError:
+            raise OSError(errno.EACCES, f"tracefs at {TRACEFS} is mounted but this process may not read it "
+                          "(mode 0700): nettap needs root, or CAP_DAC_READ_SEARCH, to read tracepoint ids") from None
+        except OSError:
+            pass                          # mounted, without events: mount a whole one below
     libc = ctypes.CDLL(None, use_errno=True)
     CLONE_NEWNS, MS_REC, MS_SLAVE = 0x00020000, 0x4000, 0x80000
     if threading.active_count() == 1 and libc.unshare(CLONE_NEWNS) == 0:
@@ -172,7 +196,8 @@ def ensure_tracefs() -> None:
                     os.strerror(ctypes.get_errno()) if threading.active_count() == 1 else "threads running")
     if libc.mount(b"tracefs", TRACEFS.encode(), b"tracefs", 0, None) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"mount tracefs on {TRACEFS}: {os.strerror(err)}")
+        raise OSError(err, f"tracefs is not mounted at {TRACEFS} and mounting it failed: {os.strerror(err)}"
+                      + (" (mounting needs root, or CAP_SYS_ADMIN)" if err == errno.EPERM else ""))
 
 
 class ProbeState:

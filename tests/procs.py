@@ -47,17 +47,18 @@ def _join(cgroups) -> None:
 
 class Nettap:
     def __init__(self, tmp: Path, cfg: Optional[dict], config_path: Optional[Path] = None,
-                 cgroups: List[str] = ()):
+                 cgroups: List[str] = (), wrap: List[str] = (), env: Optional[dict] = None):
         """Start on cfg written to tmp/nettap.yaml, or on an existing config_path;
-        inside the given cgroup directories (their cgroup.procs), if any."""
+        inside the given cgroup directories (their cgroup.procs), if any; run
+        through the command wrap (e.g. unshare, setpriv), if given."""
         self.port = free_port()
         self.cfg_path = config_path or tmp / "nettap.yaml"
         if cfg is not None:
             self.write_config(cfg)
         self.log = open(tmp / "nettap.log", "ab")
-        self.p = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(self.cfg_path),
+        self.p = subprocess.Popen([*wrap, sys.executable, "-m", "exporter", "--config", str(self.cfg_path),
                                    "--web.listen-address", f"127.0.0.1:{self.port}"],
-                                  cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                  cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                   preexec_fn=(lambda: _join(cgroups)) if cgroups else None)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: requests.get(self.url + "/readyz", timeout=1).status_code == 200, what="nettap ready")
@@ -152,3 +153,25 @@ def loaded_programs() -> set:
     """Ids of every BPF program loaded in the kernel."""
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
     return {p["id"] for p in json.loads(out or "[]")}
+
+
+def stats_held_elsewhere(exclude=()) -> bool:
+    """Does any process (but those excluded) hold a BPF_ENABLE_STATS fd, or
+    the sysctl say on? The kernel's own answer, found the slow way."""
+    with open("/proc/sys/kernel/bpf_stats_enabled") as f:
+        if f.read().strip() == "1":
+            return True
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) in exclude:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:bpf-stats":
+                    return True
+            except OSError:
+                pass
+    return False

@@ -129,6 +129,27 @@ def test_external_wanted_exports_own_programs(sysctl, monkeypatch):
     assert [(s.labels, s.value) for s in f["nettap_bpf_program_runs"].samples] == [({"program": "tcp_state"}, 5)]
 
 
+def test_another_processes_stats_fd_is_reported_though_the_sysctl_reads_0(sysctl, enable, monkeypatch):
+    """Another nettap holds BPF_ENABLE_STATS: the sysctl still reads 0 (it
+    shows only what was written to it), the kernel's answer says on."""
+    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {})
+    sysctl.write_text("0\n")
+    kernel = {"on": True}
+    sw = StatsSwitch(str(sysctl), enable, kernel_on=lambda: kernel["on"])
+    f = {m.name: m for m in ProgramStatsCollector(sw, lambda: {}, lambda: "own").collect()}
+    assert [s.value for s in f["nettap_bpf_stats_enabled"].samples] == [1]
+    assert [(s.labels, s.value) for s in f["nettap_bpf_stats_source"].samples] == [({"source": "external"}, 1)]
+    sw.set(True)                                  # this one holds its own fd too: it says so
+    assert sw.source() == "fd"
+    sw.set(False)
+    kernel["on"] = False
+    assert sw.source() is None
+    sysctl.write_text("1\n")                      # the kernel's answer wins over the sysctl's
+    assert sw.source() is None
+    kernel["on"] = None                           # unknown (no probe): the sysctl decides
+    assert sw.source() == "external"
+
+
 def test_external_when_off_and_sysctl_on(sysctl, enable):
     """source() reports another tool's sysctl even when nettap never asked."""
     sysctl.write_text("1")

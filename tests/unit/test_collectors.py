@@ -26,6 +26,7 @@ from exporter.collectors import (BuildInfoCollector, Guarded, MapCollector, Pipe
                                  ProbeCollector, ReloadCollector)
 from exporter.features import Feature
 from exporter.loader import ProbeState
+from exporter.targets import TargetsCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -133,6 +134,7 @@ def fixture_collectors():
         "config": ReloadCollector(ReloadState(last_ok=True, last_success=1764460800.0,
                                               successes=3, failures=1)),
         "build": BuildInfoCollector(),
+        "targets": TargetsCollector(SimpleNamespace(gone_total={"pid": 2, "cgroup": 1})),
     }
 
 

@@ -61,13 +61,22 @@ def test_missing_pid_names_the_item():
     assert str(MISSING_PID) in str(e.value) and "no such process" in str(e.value)
 
 
-def fake_proc(tmp_path, **tgids):
-    """A /proc with <pid>/status files: tgids = {"p123": 123, "p124": 123}."""
+def fake_proc(tmp_path, start=5000, **tgids):
+    """A /proc with <pid>/status and <pid>/stat files: tgids = {"p123": 123,
+    "p124": 123}; every process started at clock tick start."""
     for name, tgid in tgids.items():
         d = tmp_path / name[1:]
-        d.mkdir()
+        d.mkdir(exist_ok=True)
         (d / "status").write_text(f"Name:\tx\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\nNgid:\t0\nPid:\t{name[1:]}\n")
+        set_start(tmp_path, int(name[1:]), start)
     return str(tmp_path)
+
+
+def set_start(proc, pid, start, comm="a) b (c"):
+    """/proc/PID/stat with the given start time (field 22); the command name
+    holds spaces and parentheses, as a process may name itself."""
+    fields = ["S", "1", str(pid), str(pid)] + ["0"] * 15 + [str(start)] + ["0"] * 30
+    (Path(proc) / str(pid) / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
 
 
 def test_pid_checked_under_the_given_proc(tmp_path):
@@ -477,3 +486,247 @@ def test_more_cgroup_levels_than_the_kernel_matches_refused(tmp_path):
             resolve(targets)
     finally:
         T.cgroup_id_level = orig
+
+
+# ---- TargetMaps.apply as a transaction, and the maps' capacity -----------------
+
+class FakeKernel:
+    """The target maps as the kernel keeps them: dicts that refuse a new key
+    once max_entries are in (E2BIG, as kernel/bpf/hashtab.c does)."""
+
+    def __init__(self, monkeypatch, capacity=1024):
+        self.capacity = capacity
+        self.m = {name: {} for name in FDS}
+        self.writes = 0
+        monkeypatch.setattr(maps, "update", self.update)
+        monkeypatch.setattr(maps, "delete", self.delete)
+
+    def update(self, fd, key, value, flags=0):
+        m = self.m[NAMES[fd]]
+        if NAMES[fd] in ("capture_pids", "capture_cgroups", "capture_netns") and key not in m \
+                and len(m) >= self.capacity:
+            raise OSError(7, "bpf_map_update_elem: Argument list too long")
+        self.writes += 1
+        m[key] = value
+
+    def delete(self, fd, key):
+        self.m[NAMES[fd]].pop(key, None)
+
+    def state(self):
+        """Array maps hold zeros where nothing was written."""
+        return {name: {k: v for k, v in m.items() if name not in ("capture_ports", "capture_config") or any(v)}
+                for name, m in self.m.items()}
+
+    def pids(self):
+        return {int.from_bytes(k, "little") for k in self.m["capture_pids"]}
+
+
+INFO = {name: (1, 4, 1, 1024) for name in ("capture_pids", "capture_cgroups", "capture_netns")}
+
+
+def test_over_capacity_refused_up_front_naming_the_limit(monkeypatch):
+    k = FakeKernel(monkeypatch)
+    tm = TargetMaps(FDS, {**INFO, "capture_pids": (1, 4, 1, 1000)})     # read from max_entries
+    tm.apply(Resolved(pids={1, 2}), 4096, WAKE)
+    before, writes = k.state(), k.writes
+    with pytest.raises(ConfigError, match=r"^captures: 1001 pid targets, more than the 1000 the kernel "
+                                          r"map capture_pids holds \(its max_entries\)$"):
+        tm.apply(Resolved(pids=range(1, 1002)), 4096, WAKE)
+    assert k.writes == writes and k.state() == before and tm.current.pids == {1, 2}
+    tm.apply(Resolved(pids=range(1, 1001)), 4096, WAKE)                 # exactly full: fine
+    assert len(k.pids()) == 1000
+
+
+def test_failed_write_rolls_back_to_the_old_state_exactly(monkeypatch):
+    """A write the kernel refuses midway (here: the capacity check passed a
+    map that holds less) leaves the maps as they were, and a later valid
+    config leaves none of the refused one's entries behind."""
+    k = FakeKernel(monkeypatch)
+    tm = TargetMaps(FDS)                                   # no map_info: no check up front
+    tm.apply(Resolved(pids={1, 2, 3}, cgroups={7: 1}, ports={80}), 4096, WAKE)
+    before = k.state()
+    with pytest.raises(OSError):
+        tm.apply(Resolved(pids=range(100, 1200), cgroups={8: 2}, ports={443}), 2048, WAKE)
+    assert k.state() == before
+    assert tm.current.pids == {1, 2, 3}
+    tm.apply(Resolved(pids={1, 5}), 4096, WAKE)
+    assert k.pids() == {1, 5} and k.m["capture_cgroups"] == {}
+
+
+def test_failed_config_write_undoes_the_added_entries(monkeypatch):
+    k = FakeKernel(monkeypatch)
+    tm = TargetMaps(FDS, INFO)
+    tm.apply(Resolved(pids={1}, netns={9}), 4096, WAKE)
+    before = k.state()
+    real = k.update
+
+    def refuse_config(fd, key, value, flags=0):
+        if NAMES[fd] == "capture_config" and value != before["capture_config"][u32(0)]:
+            raise OSError(12, "bpf_map_update_elem: Cannot allocate memory")
+        real(fd, key, value, flags)
+    monkeypatch.setattr(maps, "update", refuse_config)
+    with pytest.raises(OSError):
+        tm.apply(Resolved(pids={2}, netns={10}, ports={22}), 4096, WAKE)
+    assert k.state() == before and tm.current.pids == {1}
+
+
+def test_old_and_new_together_over_capacity_removes_stale_first(monkeypatch):
+    """1,000 pids replaced by 1,000 others with 1,024 entries: the map
+    cannot hold both at once, so the stale ones go before the new come."""
+    k = FakeKernel(monkeypatch)
+    tm = TargetMaps(FDS, INFO)
+    tm.apply(Resolved(pids=range(1, 1001)), 4096, WAKE)
+    tm.apply(Resolved(pids=range(2001, 3001)), 4096, WAKE)
+    assert k.pids() == set(range(2001, 3001))
+
+
+# ---- gone targets: a pid's process exited, a cgroup was removed ----------------
+
+def test_start_time_after_a_command_name_with_parentheses(tmp_path):
+    proc = fake_proc(tmp_path, p123=123, start=987654)
+    assert targets.start_time(proc, 123) == 987654
+    assert targets.start_time(proc, 124) is None
+    assert targets.start_time("/proc", os.getpid()) == int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+
+
+def test_reused_pid_is_gone_not_refused_and_not_captured(tmp_path):
+    proc = fake_proc(tmp_path, p123=123, p200=200)
+    first = resolve([Target("pid", 123), Target("pid", 200)], proc=proc)
+    assert first.pids == {123, 200} and first.pid_starts == {123: 5000, 200: 5000}
+    set_start(proc, 123, 7777)                         # 123 exited; another process has the pid now
+    again = resolve([Target("pid", 123), Target("pid", 200), Target("port", 80)], proc=proc, previous=first)
+    assert again.pids == {200} and again.gone == {("pid", 123)} and again.ports == {80}
+    # Still gone at the next edit, although a process has the pid.
+    third = resolve([Target("pid", 123)], proc=proc, previous=again)
+    assert third.pids == set() and third.gone == {("pid", 123)}
+    # Removed from the config and added again: the process that has it now.
+    fourth = resolve([Target("pid", 123)], proc=proc, previous=resolve([], proc=proc, previous=third))
+    assert fourth.pids == {123} and fourth.pid_starts == {123: 7777} and fourth.gone == set()
+
+
+def test_exited_pid_in_force_is_reported_but_a_new_missing_pid_refused(tmp_path):
+    proc = fake_proc(tmp_path, p123=123)
+    first = resolve([Target("pid", 123)], proc=proc)
+    for f in ("stat", "status"):
+        (tmp_path / "123" / f).unlink()
+    assert resolve([Target("pid", 123)], proc=proc, previous=first).gone == {("pid", 123)}
+    with pytest.raises(ConfigError, match=r"captures\[1\]\.pid: pid 124: no such process"):
+        resolve([Target("pid", 123), Target("pid", 124)], proc=proc, previous=first)
+
+
+def test_removed_cgroup_in_force_is_reported_but_a_new_missing_one_refused(tmp_path, cg, monkeypatch):
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/"))
+    real = targets.cgroup_id_level
+    monkeypatch.setattr(targets, "cgroup_id_level", lambda p: real(p, mi))
+    (cg / "c").mkdir()
+    first = resolve([Target("cgroup", str(cg / "c"))])
+    assert first.cgroup_paths == {str(cg / "c"): os.stat(cg / "c").st_ino}
+    (cg / "c").rmdir()
+    again = resolve([Target("cgroup", str(cg / "c")), Target("port", 1)], previous=first)
+    assert again.cgroups == {} and again.gone == {("cgroup", str(cg / "c"))}
+    with pytest.raises(ConfigError, match=r"captures\[1\]\.cgroup: .*no such cgroup directory"):
+        resolve([Target("cgroup", str(cg / "c")), Target("cgroup", str(cg / "d"))], previous=first)
+
+
+def test_drop_gone_removes_from_the_maps_and_counts(tmp_path, cg, monkeypatch):
+    k = FakeKernel(monkeypatch)
+    proc = fake_proc(tmp_path, p123=123, p200=200)
+    mi = mountinfo(tmp_path, ("cgroup2", cg, "/"))
+    real = targets.cgroup_id_level
+    monkeypatch.setattr(targets, "cgroup_id_level", lambda p: real(p, mi))
+    tm = TargetMaps(FDS, INFO, proc=proc)
+    tm.apply(resolve([Target("pid", 123), Target("pid", 200), Target("cgroup", str(cg / "a" / "b"))], proc=proc),
+             4096, WAKE)
+    assert k.pids() == {123, 200} and len(k.m["capture_cgroups"]) == 1
+    assert tm.drop_gone() == []
+    set_start(proc, 123, 6000)                                  # pid reused
+    assert tm.drop_gone(pids={123}) == [("pid", 123)]
+    assert k.pids() == {200} and tm.current.gone == {("pid", 123)}
+    assert tm.drop_gone(exited={200}) == [("pid", 200)]         # its pidfd said it exited
+    assert k.pids() == set() and decode_config(k.m["capture_config"][u32(0)])["flags"] == TARGET_CGROUP
+    (cg / "a" / "b").rmdir()
+    assert tm.drop_gone() == [("cgroup", str(cg / "a" / "b"))]
+    assert k.m["capture_cgroups"] == {} and decode_config(k.m["capture_config"][u32(0)])["flags"] == 0
+    assert tm.gone_total == {"pid": 2, "cgroup": 1}
+    fam = targets.TargetsCollector(tm).collect()[0]
+    assert fam.name == "nettap_targets_gone" and fam.type == "counter"
+    assert {s.labels["kind"]: s.value for s in fam.samples if s.name.endswith("_total")} == {"pid": 2, "cgroup": 1}
+
+
+def test_watch_drops_an_exited_child_at_once(tmp_path, monkeypatch):
+    """TargetWatch with a real process: its pidfd wakes the watch when it exits."""
+    import subprocess
+    import sys
+    import time
+    k = FakeKernel(monkeypatch)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    tm = TargetMaps(FDS, INFO)
+    lock = threading.Lock()
+    tm.apply(resolve([Target("pid", child.pid)]), 4096, WAKE)
+    watch = targets.TargetWatch(tm, lock, interval=30).start()     # no periodic look: the pidfd wakes it
+    try:
+        time.sleep(0.2)
+        assert k.pids() == {child.pid}
+        child.stdin.close()
+        child.wait(10)
+        end = time.time() + 5
+        while k.pids() and time.time() < end:
+            time.sleep(0.01)
+        assert k.pids() == set() and tm.gone_total["pid"] == 1
+    finally:
+        watch.stop()
+
+
+# ---- cgroup levels inside a private cgroup namespace -------------------------
+
+def cgroup_dirs(base: Path, *rel) -> None:
+    """Non-root cgroup directories below base (each has cgroup.events, which
+    only the hierarchy's root lacks)."""
+    for r in rel:
+        d = base / r
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+
+
+def test_level_in_a_pod_from_the_hosts_hierarchy_mounted(tmp_path):
+    """The shipped DaemonSet: the pod's own cgroup2 at /sys/fs/cgroup (its
+    namespace root shows as "/"), the host's at /host/sys/fs/cgroup, whose root
+    shows as "/.." once per level of the pod's cgroup (here 3). The ConfigMap's
+    example target sits at level 3 of the host's hierarchy."""
+    own, host = tmp_path / "sys-fs-cgroup", tmp_path / "host-sys-fs-cgroup"
+    pod = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0123.slice"
+    cgroup_dirs(own, ".", "sub")
+    host.mkdir()
+    cgroup_dirs(host, pod, pod + "/cri-containerd-abc.scope")
+    mi = mountinfo(tmp_path, ("cgroup2", own, "/"), ("cgroup2", host, "/../../.."))
+    assert cgroup_id_level(str(host / pod), mi, initial_ns=False) == (os.stat(host / pod).st_ino, 3)
+    assert cgroup_id_level(str(host / pod / "cri-containerd-abc.scope"), mi, initial_ns=False)[1] == 4
+    assert cgroup_id_level(str(host), mi, initial_ns=False)[1] == 0
+    assert cgroup_id_level(str(own / "sub"), mi, initial_ns=False)[1] == 4      # below the namespace root (3)
+
+
+def test_level_in_a_namespace_from_a_mount_of_a_sibling(tmp_path):
+    """A mount whose root is elsewhere in the hierarchy shows as "/../x"."""
+    host, other = tmp_path / "host", tmp_path / "other"
+    host.mkdir()
+    cgroup_dirs(host, "a/b")
+    cgroup_dirs(other, ".", "y")
+    mi = mountinfo(tmp_path, ("cgroup2", host, "/../.."), ("cgroup2", other, "/../x"))   # ns root at level 2
+    assert cgroup_id_level(str(other / "y"), mi, initial_ns=False)[1] == 3              # /a/x/y: 2 - 1 + 1 + 1
+
+
+def test_level_in_a_namespace_without_the_hierarchys_root_refused(tmp_path):
+    own = tmp_path / "own"
+    cgroup_dirs(own, ".", "sub")
+    mi = mountinfo(tmp_path, ("cgroup2", own, "/"))
+    with pytest.raises(ConfigError, match=r"private cgroup namespace .* mount the host's cgroup2 root"):
+        cgroup_id_level(str(own / "sub"), mi, initial_ns=False)
+    # the same mount in the initial namespace: "/" is the hierarchy's root
+    assert cgroup_id_level(str(own / "sub"), mi, initial_ns=True)[1] == 1
+
+
+def test_initial_cgroup_namespace_is_recognised_by_its_inode(tmp_path):
+    assert targets.CGROUP_NS_INIT_INO == 4026531835          # PROC_CGROUP_INIT_INO
+    (tmp_path / "ns").write_text("")
+    assert targets.in_initial_cgroup_ns(str(tmp_path / "ns")) is False
+    assert targets.in_initial_cgroup_ns("/no/such/ns") is True   # no cgroup namespaces: paths are global

@@ -1,0 +1,123 @@
+"""nettap (the real CLI) as a non-root user with exactly the capabilities
+the README lists, and what stays after attach, as root too."""
+import base64
+import json
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import requests
+
+from exporter import privileges
+from procs import Nettap, wait_for
+from traffic import Server, payload, send_messages
+
+pytestmark = pytest.mark.kernel
+
+N, S = 20, 1000
+
+
+def documented_caps() -> list:
+    """The README's list (exporter/privileges.py keeps it), for this kernel."""
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return list(privileges.REQUIRED) + (list(privileges.REQUIRED_BEFORE_5_11) if (major, minor) < (5, 11) else [])
+
+
+def status(pid: int) -> dict:
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        k, _, v = line.partition(":")
+        out[k] = v.strip()
+    return out
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory the unprivileged user can read and write (pytest's tmp_path is root's, 0700)."""
+    d = tempfile.mkdtemp(prefix="nettap-nonroot-")
+    nobody = pwd.getpwnam("nobody")
+    os.chown(d, nobody.pw_uid, nobody.pw_gid)
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+def test_non_root_with_the_documented_capabilities(shared_dir, tmp_path):
+    caps = ",".join("+" + c.removeprefix("CAP_").lower() for c in documented_caps())
+    wrap = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+            f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}", "--"]
+    srv = Server()
+    out = os.path.join(shared_dir, "capture.jsonl")
+    cfg = Path(shared_dir) / "nettap.yaml"
+    umask = os.umask(0o022)                          # the config readable by nobody
+    n = Nettap(tmp_path, {"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": out}},
+               config_path=cfg, wrap=wrap)
+    try:
+        st = status(n.p.pid)
+        assert st["Uid"].split()[1] == str(pwd.getpwnam("nobody").pw_uid)
+        # After attach: no capability left (none of the documented ones is needed
+        # for a reload), and an exec cannot gain any.
+        assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0 and int(st["CapAmb"], 16) == 0
+        assert st["NoNewPrivs"] == "1"
+        assert requests.get(n.url + "/readyz", timeout=5).status_code == 200
+        assert n.sample("nettap_probe_attached", probe="tcp_state", mechanism="tp_btf") == 1
+        send_messages(srv.port, N, S)
+        srv.wait_received(1)
+        wait_for(lambda: (n.sample("nettap_sink_records_written_total", sink="jsonl") or 0) > 0,
+                 what="records written")
+        assert n.sample("nettap_probe_calls_total", probe="tcp_sendmsg") == N
+        # A reload still works without the capabilities: targets change through the map fds.
+        n.write_config({"captures": [{"port": srv.port}, {"port": 1}], "output": {"type": "jsonl", "path": out}})
+        wait_for(lambda: n.sample("nettap_config_reloads_total", result="success") == 2, what="reload")
+        assert n.sample("nettap_config_last_reload_successful") == 1
+    finally:
+        os.umask(umask)
+        assert n.stop() == 0
+    lines = [json.loads(l) for l in open(out)]
+    sent = b"".join(base64.b64decode(l["data"]) for l in sorted(
+        (l for l in lines if l["type"] == "chunk" and l["direction"] == "egress"), key=lambda l: l["offset"]))
+    assert sent == payload(N * S)
+
+
+def test_as_root_only_what_reloads_use_is_kept(tmp_path):
+    """Root: CAP_SYS_ADMIN (statistics switched on live), CAP_SYS_PTRACE,
+    CAP_DAC_READ_SEARCH and CAP_NET_BIND_SERVICE stay; CAP_BPF, CAP_PERFMON and
+    the rest go; switching statistics on by a reload still works."""
+    n = Nettap(tmp_path, {"output": {"type": "none"}})
+    try:
+        st = status(n.p.pid)
+        assert privileges.names(int(st["CapEff"], 16)) == sorted(
+            ["CAP_DAC_READ_SEARCH", "CAP_NET_BIND_SERVICE", "CAP_SYS_PTRACE", "CAP_SYS_ADMIN"],
+            key=privileges.CAPS.get)
+        assert st["NoNewPrivs"] == "1"
+        n.write_config({"output": {"type": "none"}, "diagnostics": {"bpfStats": {"enabled": True}}})
+        wait_for(lambda: n.sample("nettap_bpf_stats_source", source="fd") == 1, what="stats on by reload")
+    finally:
+        assert n.stop() == 0
+
+
+def test_without_cap_dac_read_search_the_error_names_it():
+    """tracefs mounted 0700 (as here): the one-line error says what is
+    missing (it blamed CAP_SYS_ADMIN and a failed mount before)."""
+    import subprocess
+    import sys
+    from exporter import loader
+    caps = ",".join("+" + c.removeprefix("CAP_").lower() for c in documented_caps() if c != "CAP_DAC_READ_SEARCH")
+    p = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                        f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}", "--",
+                        sys.executable, "-m", "exporter", "--preflight"],
+                       cwd=os.path.dirname(loader.BPF_DIR), capture_output=True, text=True, timeout=60)
+    last = (p.stderr.strip().splitlines() or [""])[-1]
+    if not loader.tracefs_mounted():
+        assert p.returncode == 1 and last == (
+            "nettap: cannot prepare tracefs: tracefs is not mounted at /sys/kernel/tracing and mounting it "
+            "failed: Operation not permitted (mounting needs root, or CAP_SYS_ADMIN)")
+    elif os.stat(loader.TRACEFS).st_mode & 0o005 != 0o005:
+        assert p.returncode == 1 and last == (
+            "nettap: cannot prepare tracefs: tracefs at /sys/kernel/tracing is mounted but this process may "
+            "not read it (mode 0700): nettap needs root, or CAP_DAC_READ_SEARCH, to read tracepoint ids")
+    else:                                            # a tracefs anyone may read: not needed
+        assert p.returncode == 0, p.stderr
