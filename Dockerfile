@@ -5,22 +5,25 @@
 #
 # The image holds Debian's libbpf and Python, a virtualenv with nettap and its Python
 # dependencies, and the precompiled CO-RE BPF object (bpf/*.bpf.o, committed to the
-# repository). No compiler, no kernel headers: the object is relocated against the
-# running kernel's BTF (/sys/kernel/btf/vmlinux) when nettap loads it.
+# repository). No compiler, no kernel headers at run time: the object is relocated against
+# the running kernel's BTF (/sys/kernel/btf/vmlinux) when nettap loads it. The build stage
+# compiles the JSON-lines writer (exporter/_jsonl.c) into the virtualenv, and fails if it
+# did not build (the pure-Python fallback is 20-50x slower).
 
 # ---- build stage: the virtualenv ------------------------------------------------------
 FROM debian:12.11-slim AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
+ && apt-get install -y --no-install-recommends python3 python3-venv gcc libc6-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # README.md is the package's long description (pyproject.toml's readme); the glob keeps
 # the build working in a tree that has none yet.
-COPY pyproject.toml README.m[d] ./
+COPY pyproject.toml setup.py README.m[d] ./
 COPY exporter ./exporter
 RUN test -f README.md || echo "nettap" > README.md \
  && python3 -m venv /opt/nettap/venv \
  && /opt/nettap/venv/bin/pip install --no-cache-dir --disable-pip-version-check . \
+ && /opt/nettap/venv/bin/python -c "from exporter import _jsonl" \
  && /opt/nettap/venv/bin/pip uninstall -y -q pip
 
 # ---- runtime stage ---------------------------------------------------------------------
@@ -49,6 +52,8 @@ ENV NETTAP_BPF_DIR=/opt/nettap/bpf \
 #                              it is not mounted; on kernels < 5.8 it replaces BPF+PERFMON
 #   --cap-add SYS_PTRACE       read other processes' /proc/PID/fdinfo (node-wide view)
 #   --cap-add SYS_RESOURCE     raise RLIMIT_MEMLOCK for BPF maps (kernels < 5.11 only)
+#   (DAC_READ_SEARCH or DAC_OVERRIDE, in Docker's default set: read tracefs, mode 0700;
+#   a non-root user needs DAC_READ_SEARCH granted, README "Privileges")
 #   -v /sys/kernel/btf:/sys/kernel/btf:ro           kernel BTF, for CO-RE relocation
 #   -v /sys/kernel/tracing:/sys/kernel/tracing      tracefs: tracepoint ids
 #   -v /sys/fs/cgroup:/sys/fs/cgroup:ro --cgroupns=host

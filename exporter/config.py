@@ -24,23 +24,22 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # they count in its RSS as well as in the map's kernel memory.
 # capture_eof: 16384 eof records (128 bytes each in the ring), sized for a
 # node's connection-rate burst: 50,000 captured connections/s with both ends
-# captured is 100,000 records/s, 5,000 records (640 KB) per 50 ms poll
-# interval. The ring holds about three intervals (164 ms): the interval being
-# filled, one the drain is late for (a busy node schedules it late), and
-# margin; its wakeup at a quarter (4,096 records, 41 ms at that rate) comes
-# before the poll timeout, and leaves the drain 123 ms of ring to run in. The
+# captured is 100,000 records/s. The ring wakes the drain once a quarter of
+# it is pending (4,096 records, 41 ms at that rate: exporter.targets.
+# wakeup_thresholds), and the drain may leave records in it while the sink
+# catches up until it is half full (exporter.pipeline): that leaves a late
+# drain (a busy node schedules it late) 123 ms of ring to run in. The
 # prober's storm (20,000 connections x 3 rounds, 2 records a connection)
 # reached about 10,000 connections/s here from Python clients; 256 KiB
-# (2,048 records, 20 ms at 100,000/s) dropped records in every round.
+# (2,048 records, 20 ms at 100,000/s), drained on the chunk ring's
+# threshold, dropped records in every round.
 DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}
-# The user-space queue between drain and sink, bounded in bytes of records
-# (as they sit in the ring: 512 bytes a chunk, 128 an eof record), so a
-# burst of large payloads cannot grow nettap's memory past it. 4 MiB is 8,192
-# chunk records (800 calls of 4,000 bytes on each side) or 32,768 eof
-# records. Peak RSS is about idle RSS + the rings' touched pages + this + one
-# batch being formatted; measured here (a 5 s storm of 4,000-byte sends,
-# jsonl): 56.8 MB at 4 MiB, 64.1 MB at 8 MiB, 77.9 MB at 16 MiB (idle 49.6 MB;
-# the former bound of 1 M records: 388.7 MB). Goal: under 64 MB.
+# The user-space queue between drain and sink holds JSON lines, bounded in
+# their bytes, so a burst of large payloads cannot grow nettap's memory past
+# it; when it is full, records wait in their ring (resident already). 4 MiB
+# is ~11,000 lines of 64-byte chunks or ~2,900 of full 400-byte chunks. Peak
+# RSS is about idle RSS + the rings + this + one read's lines; measured with
+# bench/storm_c.py --bytes 4000 --chunk-ring 8388608 (README): under 64 MB.
 DEFAULT_QUEUE_BYTES = 4 << 20
 # Captured payload is other processes' traffic: only nettap's user reads it
 # unless the config says otherwise (0640 for a log shipper's group).

@@ -2,6 +2,8 @@
 # Set up a fresh Debian machine for nettap: Debian packages, then .venv.
 #   scripts/setup.sh run    what running nettap needs
 #   scripts/setup.sh test   that, plus what building and testing it needs
+#   scripts/setup.sh bench  that, plus the benchmarks' needs (nginx, matplotlib) and their
+#                           C programs built into bench/out (the storm, the load generator)
 # Safe to run again: it installs only what is missing.
 set -eu
 profile=${1:-run}
@@ -14,10 +16,12 @@ TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 
 # The kernel matrix (scripts/kernel_matrix.py): qemu for the guests, depmod for their modules,
 # busybox for the initramfs virtme-ng builds to load 9p and virtio modules.
 TEST_PKGS="$TEST_PKGS qemu-system-x86 kmod busybox-static"
+BENCH_PKGS="$TEST_PKGS nginx"
 case $profile in
   run) pkgs=$RUN_PKGS ;;
   test) pkgs=$TEST_PKGS ;;
-  *) echo "usage: $0 run|test" >&2; exit 2 ;;
+  bench) pkgs=$BENCH_PKGS ;;
+  *) echo "usage: $0 run|test|bench" >&2; exit 2 ;;
 esac
 
 missing=""
@@ -41,6 +45,7 @@ fi
 PY=/usr/bin/python3
 extras=""
 [ "$profile" = test ] && extras="[test]"
+[ "$profile" = bench ] && extras="[test,bench]"
 # The stamp covers what pip builds from (the compiled writer's C source too), and the
 # writer's module must be there: a changed source or a cleaned tree rebuilds it.
 hash=$(cat pyproject.toml setup.py exporter/_jsonl.c | sha1sum | cut -c1-12)
@@ -51,7 +56,9 @@ if [ ! -f "$stamp" ] || ! built; then
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
   rm -f .venv/.nettap-*
   touch "$stamp"
-  [ "$profile" = test ] && touch ".venv/.nettap-run-$hash"
+  [ "$profile" != run ] && touch ".venv/.nettap-run-$hash"
+  [ "$profile" = bench ] && touch ".venv/.nettap-test-$hash"
   built || echo "setup: the compiled JSON-lines writer (exporter/_jsonl.c) did not build: nettap will use the pure-Python writer" >&2
 fi
+[ "$profile" = bench ] && make -s -C bench
 exit 0

@@ -115,14 +115,22 @@ def test_compose_images_pinned(compose):
 
 
 def test_dockerfile_pinned_and_without_compiler():
+    """The image runs without a compiler; its build stage compiles the
+    JSON-lines writer and fails when that did not build."""
     text = DOCKERFILE.read_text()
     froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert froms and all(f.startswith("debian:12") and f != "debian:12" and "latest" not in f for f in froms)
-    installed = " ".join(re.findall(r"apt-get install[^\n]*(?:\\\n[^\n]*)*", text))
-    for pkg in ("libbpf1", "python3-venv"):
-        assert pkg in installed
-    for compiler in ("clang", "gcc", "llvm", "build-essential", "libbpf-dev"):
-        assert not re.search(rf"\b{compiler}\b", installed), f"{compiler} in the image"
+    stages = re.split(r"^FROM\s", text, flags=re.M)[1:]
+    assert len(stages) == 2
+
+    def installed(stage):
+        return " ".join(re.findall(r"apt-get install[^\n]*(?:\\\n[^\n]*)*", stage))
+    for pkg in ("python3-venv", "gcc", "libc6-dev", "python3-dev"):
+        assert re.search(rf"\b{pkg}\b", installed(stages[0])), f"{pkg} not in the build stage"
+    assert "from exporter import _jsonl" in stages[0] and "setup.py" in stages[0]
+    assert "libbpf1" in installed(stages[1])
+    for compiler in ("clang", "gcc", "llvm", "build-essential", "libbpf-dev", "python3-dev"):
+        assert not re.search(rf"\b{compiler}\b", installed(stages[1])), f"{compiler} in the image"
     # The BPF objects are copied in and the package is told where (NETTAP_BPF_DIR).
     m = re.search(r"^COPY\s+bpf/\*\.bpf\.o\s+(\S+)", text, re.M)
     assert m, "bpf/*.bpf.o not copied"
@@ -130,7 +138,7 @@ def test_dockerfile_pinned_and_without_compiler():
     assert env and env.group(1).rstrip("/") == m.group(1).rstrip("/")
     assert list((REPO / "bpf").glob("*.bpf.o")), "no committed BPF object to copy"
     ignore = (REPO / ".dockerignore").read_text().split()
-    for needed in ("!pyproject.toml", "!exporter/", "!bpf/*.bpf.o"):
+    for needed in ("!pyproject.toml", "!setup.py", "!exporter/", "!bpf/*.bpf.o"):
         assert needed in ignore
 
 
