@@ -81,9 +81,24 @@ class _Background(threading.Thread):
         return self._value
 
 
-def _refused(e) -> int:
-    print(f"nettap: config refused: {e}", file=sys.stderr)
+def _refused(e, what: str = "config") -> int:
+    from .logsafe import escape
+    print(f"nettap: {what} refused: {escape(str(e))}", file=sys.stderr)
     return 2
+
+
+class _EarlyHangup:
+    """SIGHUP's handler from the first moment of main(): its default action
+    ends the process, and the real handler needs the config watcher, which
+    starts after the probes are attached (a SIGHUP 0.1 s after start killed
+    nettap). A SIGHUP before then is remembered and acted on then."""
+
+    def __init__(self):
+        self.pending = False
+        signal.signal(signal.SIGHUP, self)
+
+    def __call__(self, *_):
+        self.pending = True
 
 
 def _probe_kernel_meanwhile(mechanism, variant):
@@ -141,6 +156,7 @@ def _preflight(probes) -> int:
 
 
 def main(argv: list | None = None) -> int:
+    early_hup = _EarlyHangup()                  # before anything slow
     args = _args(argv)
     if args.decode:
         return _decode(args.decode, args.ring)
@@ -163,6 +179,9 @@ def main(argv: list | None = None) -> int:
     level = args.log_level or cfg.log_level
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logsafe import install
+    for h in logging.getLogger().handlers:
+        install(h)                              # values in messages cannot forge log lines
 
     # Attach first: what only the pipeline and the endpoint need (numpy,
     # prometheus_client) is imported once the probes are in place.
@@ -205,6 +224,9 @@ def main(argv: list | None = None) -> int:
         from .watcher import ConfigWatcher
         watcher = ConfigWatcher(args.config, lambda: app.reload(args.config)).start()
         signal.signal(signal.SIGHUP, lambda *_: watcher.trigger())
+        if early_hup.pending:
+            log.info("SIGHUP during start: reloading %s", args.config)
+            watcher.trigger()
     else:                                       # SIGHUP must not end a nettap with no file to reload
         signal.signal(signal.SIGHUP, lambda *_: log.warning("SIGHUP: no --config file to reload"))
 
@@ -225,6 +247,7 @@ def main(argv: list | None = None) -> int:
             pass
     finally:
         log.info("shutting down")
+        config.cancel_loads()                   # a reload's parse must not hold up the stop
         if watcher:
             watcher.stop()
         srv.shutdown()
