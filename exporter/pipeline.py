@@ -82,7 +82,9 @@ class Pipeline:
                 if b is None:
                     break
                 total += b.count
-                self.lost["decode"] += b.bad
+                if b.bad:
+                    with self._cv:                  # the sink thread counts here too
+                        self.lost["decode"] += b.bad
                 if ring.name == "logs":
                     self._log_bpf_problems(b)
                 if self.sink and len(b.records):
@@ -141,7 +143,8 @@ class Pipeline:
                     # interpreter lock, when built: records.jsonl).
                     self.sink.write_data(records.jsonl(b.ring, b.records), len(b.records))
             except Exception:
-                self.lost["decode"] += len(b.records)
+                with self._cv:
+                    self.lost["decode"] += len(b.records)
                 log.exception("formatting %d %s records failed", len(b.records), b.ring)
 
     def replace_sink(self, sink: Sink) -> None:

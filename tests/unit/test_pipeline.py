@@ -189,3 +189,50 @@ def test_queue_bound_follows_a_reload(ring):
     finally:
         gate.set()
         p.stop()
+
+
+class SlowLen(np.ndarray):
+    """Records whose len() lets other threads run (as a GIL switch there would)."""
+
+    def __len__(self):
+        time.sleep(0.0002)
+        return super().__len__()
+
+
+class BadRing(FakeRing):
+    """Every read: one good record (queued for the sink) and one bad one."""
+
+    def read(self, max_records=1 << 16):
+        b = super().read(1)
+        if b is not None:
+            b.records, b.bad, b.full = b.records.view(SlowLen), 1, False
+        return b
+
+
+class FailingSink(SlowSink):
+    def write_data(self, data, count):
+        raise RuntimeError("formatting failed")
+
+
+def test_decode_losses_from_both_threads_all_counted(monkeypatch):
+    """lost['decode'] grows in the drain thread (bad records) and in the sink
+    thread (a batch that failed to format): no increment may be lost."""
+    import logging
+    logging.getLogger("exporter.pipeline").disabled = True
+    ring = BadRing()
+    p = Pipeline({"capture_chunks": ring}, FailingSink(), queue_bytes=1 << 30, poll_interval=30)
+    try:
+        p._sink_t.start()
+        p.running = True
+        n = 2_000
+        ring.add(n)
+        for _ in range(n):
+            p.drain_once()
+    finally:
+        with p._cv:
+            p._stopping = True
+            p._cv.notify()
+        p._sink_t.join(30)
+        logging.getLogger("exporter.pipeline").disabled = False
+        ring.close()
+    assert p.lost["decode"] == 2 * n            # n bad records + n records that failed to format
