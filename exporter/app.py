@@ -132,6 +132,9 @@ class Nettap:
         try:
             # Parsed in a child process: scrapes never wait for the parse.
             self.apply(config_mod.load_apart(path))
+        except config_mod.Cancelled as e:
+            log.info("config reload abandoned: %s", e)
+            return False
         except Exception as e:
             why = str(e) if isinstance(e, (ConfigError, OSError)) else f"{type(e).__name__}: {e}"
             self.reloads.last_ok = False

@@ -91,11 +91,20 @@ class _EarlyHangup:
     """SIGHUP's handler from the first moment of main(): its default action
     ends the process, and the real handler needs the config watcher, which
     starts after the probes are attached (a SIGHUP 0.1 s after start killed
-    nettap). A SIGHUP before then is remembered and acted on then."""
+    nettap). A SIGHUP before then is remembered and acted on then.
+
+    Until release(), SIGHUP is also blocked (in every thread started
+    meanwhile): a signal pending while the kernel verifies a program makes
+    BPF_PROG_LOAD fail with EAGAIN (kernel/bpf/verifier.c, do_check), and a
+    few SIGHUPs in a row used up libbpf's retries and ended the start."""
 
     def __init__(self):
         self.pending = False
         signal.signal(signal.SIGHUP, self)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+    def release(self) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})    # a pending one runs now
 
     def __call__(self, *_):
         self.pending = True
@@ -217,6 +226,7 @@ def main(argv: list | None = None) -> int:
         print(f"nettap: cannot start: {e}", file=sys.stderr)
         return 1
     log.info("probes attached in %.3f s, ready in %.3f s", attached, time.monotonic() - t0)
+    early_hup.release()                         # programs loaded: a SIGHUP cannot fail them now
 
     app.mark_loaded()
     watcher = None

@@ -65,6 +65,10 @@ class ConfigError(ValueError):
     """A config that nettap refuses; str() names the key and the reason."""
 
 
+class Cancelled(ConfigError):
+    """A parse given up because nettap is stopping (not the file's fault)."""
+
+
 _repr = reprlib.Repr()
 _repr.maxlevel, _repr.maxstring, _repr.maxother = 2, MAX_QUOTED, MAX_QUOTED
 _repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
@@ -372,7 +376,7 @@ def load_apart(path: str, parse_doc=parse, timeout: float = PARSE_TIMEOUT):
     finally:
         _children.discard(p)
     if _cancelled:
-        raise ConfigError(f"{path}: parse cancelled (nettap is stopping)")
+        raise Cancelled(f"{path}: parse cancelled (nettap is stopping)")
     if p.returncode != 0 or not out:
         last = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
         raise ConfigError(f"{path}: the YAML parser failed (exit status {p.returncode}): {quote(last)}")
