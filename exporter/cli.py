@@ -19,6 +19,9 @@ def _args(argv: list | None) -> argparse.Namespace:
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
     p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
                    help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
+    p.add_argument("--web.config.file", dest="web_config", metavar="FILE",
+                   help="TLS and basic auth for the endpoint, in the Prometheus exporter-toolkit format "
+                        "(reloaded on change and on SIGHUP)")
     p.add_argument("--mechanism", choices=("fentry", "kprobe", "tracepoint"),
                    help="force one attach mechanism instead of the first the kernel accepts")
     p.add_argument("--variant", choices=("fast", "compat"),
@@ -182,6 +185,13 @@ def main(argv: list | None = None) -> int:
         cfg = config.load(args.config) if args.config else config.DEFAULT
     except config.ConfigError as e:
         return _refused(e)
+    web = None
+    if args.web_config:
+        from . import webconfig
+        try:
+            web = webconfig.Web(webconfig.load(args.web_config), args.web_config)
+        except config.ConfigError as e:
+            return _refused(e, "web config")
     if args.check_config:
         print(f"{args.config}: ok")
         return 0
@@ -229,14 +239,18 @@ def main(argv: list | None = None) -> int:
     early_hup.release()                         # programs loaded: a SIGHUP cannot fail them now
 
     app.mark_loaded()
-    watcher = None
+    from .watcher import ConfigWatcher
+    watchers = []
     if args.config:
-        from .watcher import ConfigWatcher
-        watcher = ConfigWatcher(args.config, lambda: app.reload(args.config)).start()
-        signal.signal(signal.SIGHUP, lambda *_: watcher.trigger())
+        watchers.append(ConfigWatcher(args.config, lambda: app.reload(args.config)).start())
+    if web:
+        watchers.append(ConfigWatcher(args.web_config, web.reload).start())
+    if watchers:
+        signal.signal(signal.SIGHUP, lambda *_: [w.trigger() for w in watchers])
         if early_hup.pending:
-            log.info("SIGHUP during start: reloading %s", args.config)
-            watcher.trigger()
+            log.info("SIGHUP during start: reloading %s", ", ".join(w.path for w in watchers))
+            for w in watchers:
+                w.trigger()
     else:                                       # SIGHUP must not end a nettap with no file to reload
         signal.signal(signal.SIGHUP, lambda *_: log.warning("SIGHUP: no --config file to reload"))
 
@@ -244,12 +258,13 @@ def main(argv: list | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        srv = serve(args.listen, app.registry(), app.stats, app.not_ready)
+        srv = serve(args.listen, app.registry(), app.stats, app.not_ready, web)
     except (OSError, ValueError) as e:
         print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
         app.close()
         return 1
-    log.info("nettap %s listening on %s; probes: %s; captures: %s", __version__, args.listen,
+    log.info("nettap %s listening on %s (%s); probes: %s; captures: %s", __version__, args.listen,
+             web.current.describe() if web else "TLS off; basic auth off",
              ", ".join(f"{p}={s.mechanism}" for p, s in app.probes.states.items()),
              ", ".join(map(str, cfg.captures)) or "none (add captures: to a config file)")
     try:
@@ -258,8 +273,8 @@ def main(argv: list | None = None) -> int:
     finally:
         log.info("shutting down")
         config.cancel_loads()                   # a reload's parse must not hold up the stop
-        if watcher:
-            watcher.stop()
+        for w in watchers:
+            w.stop()
         srv.shutdown()
         app.close()
     return 0
