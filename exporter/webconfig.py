@@ -68,7 +68,8 @@ class WebConfig(namedtuple("WebConfig", "tls users headers", defaults=(None, (),
         tls = "off" if self.tls is None else (
             "on" + {ssl.CERT_NONE: "", ssl.CERT_OPTIONAL: ", client certificates verified if given",
                     ssl.CERT_REQUIRED: ", client certificates required"}[self.tls.verify_mode])
-        return f"TLS {tls}; basic auth {'on (%d users)' % len(self.users) if self.users else 'off'}"
+        n = len(self.users)
+        return f"TLS {tls}; basic auth " + (f"on ({n} user{'s' if n > 1 else ''})" if n else "off")
 
 
 PLAIN = WebConfig()
