@@ -155,12 +155,17 @@ class Nettap:
         """Load path and apply it; on any refusal keep the config in force,
         log one line naming the key and the reason, and count the failure."""
         try:
-            self.apply(config_mod.load(path))
-        except (ConfigError, OSError) as e:
+            # Parsed in a child process: scrapes never wait for the parse.
+            self.apply(config_mod.load_apart(path))
+        except config_mod.Cancelled as e:
+            log.info("config reload abandoned: %s", e)
+            return False
+        except Exception as e:
+            why = str(e) if isinstance(e, (ConfigError, OSError)) else f"{type(e).__name__}: {e}"
             self.reloads.last_ok = False
             self.reloads.failures += 1
-            self.reloads.last_error = str(e)
-            log.error("config reload refused, previous config stays in force: %s", e)
+            self.reloads.last_error = why
+            log.error("config reload refused, previous config stays in force: %s", why)
             return False
         self.reloads.last_ok = True
         self.reloads.successes += 1

@@ -19,6 +19,9 @@ def _args(argv: list | None) -> argparse.Namespace:
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
     p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
                    help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
+    p.add_argument("--web.config.file", dest="web_config", metavar="FILE",
+                   help="TLS and basic auth for the endpoint, in the Prometheus exporter-toolkit format "
+                        "(reloaded on change and on SIGHUP)")
     p.add_argument("--mechanism", choices=("fentry", "kprobe", "tracepoint"),
                    help="force one attach mechanism instead of the first the kernel accepts")
     p.add_argument("--variant", choices=("fast", "compat"),
@@ -81,9 +84,33 @@ class _Background(threading.Thread):
         return self._value
 
 
-def _refused(e) -> int:
-    print(f"nettap: config refused: {e}", file=sys.stderr)
+def _refused(e, what: str = "config") -> int:
+    from .logsafe import escape
+    print(f"nettap: {what} refused: {escape(str(e))}", file=sys.stderr)
     return 2
+
+
+class _EarlyHangup:
+    """SIGHUP's handler from the first moment of main(): its default action
+    ends the process, and the real handler needs the config watcher, which
+    starts after the probes are attached (a SIGHUP 0.1 s after start killed
+    nettap). A SIGHUP before then is remembered and acted on then.
+
+    Until release(), SIGHUP is also blocked (in every thread started
+    meanwhile): a signal pending while the kernel verifies a program makes
+    BPF_PROG_LOAD fail with EAGAIN (kernel/bpf/verifier.c, do_check), and a
+    few SIGHUPs in a row used up libbpf's retries and ended the start."""
+
+    def __init__(self):
+        self.pending = False
+        signal.signal(signal.SIGHUP, self)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+    def release(self) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})    # a pending one runs now
+
+    def __call__(self, *_):
+        self.pending = True
 
 
 def _probe_kernel_meanwhile(mechanism, variant):
@@ -141,6 +168,7 @@ def _preflight(probes) -> int:
 
 
 def main(argv: list | None = None) -> int:
+    early_hup = _EarlyHangup()                  # before anything slow
     args = _args(argv)
     if args.decode:
         return _decode(args.decode, args.ring)
@@ -156,12 +184,22 @@ def main(argv: list | None = None) -> int:
         cfg = config.load(args.config) if args.config else config.DEFAULT
     except config.ConfigError as e:
         return _refused(e)
+    web = None
+    if args.web_config:
+        from . import webconfig
+        try:
+            web = webconfig.Web(webconfig.load(args.web_config), args.web_config)
+        except config.ConfigError as e:
+            return _refused(e, "web config")
     if args.check_config:
         print(f"{args.config}: ok")
         return 0
     level = args.log_level or cfg.log_level
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logsafe import install
+    for h in logging.getLogger().handlers:
+        install(h)                              # values in messages cannot forge log lines
 
     # Attach first: what only the pipeline and the endpoint need (numpy,
     # prometheus_client) is imported once the probes are in place.
@@ -207,13 +245,21 @@ def main(argv: list | None = None) -> int:
         print(f"nettap: cannot start: {e}", file=sys.stderr)
         return 1
     log.info("probes attached in %.3f s, ready in %.3f s", attached, time.monotonic() - t0)
+    early_hup.release()                         # programs loaded: a SIGHUP cannot fail them now
 
     app.mark_loaded()
-    watcher = None
+    from .watcher import ConfigWatcher
+    watchers = []
     if args.config:
-        from .watcher import ConfigWatcher
-        watcher = ConfigWatcher(args.config, lambda: app.reload(args.config)).start()
-        signal.signal(signal.SIGHUP, lambda *_: watcher.trigger())
+        watchers.append(ConfigWatcher(args.config, lambda: app.reload(args.config)).start())
+    if web:
+        watchers.append(ConfigWatcher(args.web_config, web.reload).start())
+    if watchers:
+        signal.signal(signal.SIGHUP, lambda *_: [w.trigger() for w in watchers])
+        if early_hup.pending:
+            log.info("SIGHUP during start: reloading %s", ", ".join(w.path for w in watchers))
+            for w in watchers:
+                w.trigger()
     else:                                       # SIGHUP must not end a nettap with no file to reload
         signal.signal(signal.SIGHUP, lambda *_: log.warning("SIGHUP: no --config file to reload"))
 
@@ -221,12 +267,13 @@ def main(argv: list | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        srv = serve(args.listen, app.registry(), app.stats, app.not_ready)
+        srv = serve(args.listen, app.registry(), app.stats, app.not_ready, web)
     except (OSError, ValueError) as e:
         print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
         app.close()
         return 1
-    log.info("nettap %s listening on %s; probes: %s; captures: %s", __version__, args.listen,
+    log.info("nettap %s listening on %s (%s); probes: %s; captures: %s", __version__, args.listen,
+             web.current.describe() if web else "TLS off; basic auth off",
              ", ".join(f"{p}={s.mechanism}" for p, s in app.probes.states.items()),
              ", ".join(map(str, cfg.captures)) or "none (add captures: to a config file)")
     try:
@@ -234,8 +281,9 @@ def main(argv: list | None = None) -> int:
             pass
     finally:
         log.info("shutting down")
-        if watcher:
-            watcher.stop()
+        config.cancel_loads()                   # a reload's parse must not hold up the stop
+        for w in watchers:
+            w.stop()
         srv.shutdown()
         app.close()
     return 0

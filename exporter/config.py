@@ -9,7 +9,11 @@ checks that they exist (a cgroup path, a netns, a pid) when it resolves them.
 """
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import reprlib
+import stat
 from collections import namedtuple
 
 import yaml
@@ -46,8 +50,44 @@ DEFAULT_QUEUE_BYTES = 4 << 20
 DEFAULT_FILE_MODE = 0o600
 
 
+# Bounds on what a config file may ask of the parser. A real config is a few
+# KiB (each target map holds 1,024 entries); these leave room for far more
+# and refuse what was measured to hurt: a 50 MB file parsed for over a
+# minute at 1.3 GB RSS; 50,000 nested lists overflowed the stack; 218 bytes
+# of aliases expanded to a 5.8 MB error message.
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32             # nettap's own keys nest 3 deep
+MAX_NODES = 100_000        # YAML nodes (scalars, lists, mappings): 33,000 `- port: N` items
+MAX_QUOTED = 80            # characters of a refused value quoted in a message
+PARSE_TIMEOUT = 20.0       # seconds a live reload's parse may take (MAX_NODES take ~1 s)
+PARSE_MEMORY = 512 << 20   # address space of the parsing child
+
+
 class ConfigError(ValueError):
     """A config that nettap refuses; str() names the key and the reason."""
+
+
+class Cancelled(ConfigError):
+    """A parse given up because nettap is stopping (not the file's fault)."""
+
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxstring, _repr.maxother = 2, MAX_QUOTED, MAX_QUOTED
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
+
+
+def quote(v) -> str:
+    """repr(v), bounded: a refused value is quoted, not copied, into messages
+    (whatever its size or depth; repr escapes newlines)."""
+    r = _repr.repr(v)
+    return r if len(r) <= MAX_QUOTED else r[:MAX_QUOTED - 3] + "..."
+
+
+def _name(k) -> str:
+    """A key as written, when it is a plain name; quoted otherwise."""
+    if isinstance(k, str) and k.isprintable() and 0 < len(k) <= MAX_QUOTED and k.strip() == k:
+        return k
+    return quote(k)
 
 
 # namedtuples, not dataclasses: this module is on the path to the probes
@@ -87,19 +127,19 @@ DEFAULT = Config()
 
 def _int(v, key: str, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ConfigError(f"{key}: must be an integer from {lo} to {hi}, got {v!r}")
+        raise ConfigError(f"{key}: must be an integer from {lo} to {hi}, got {quote(v)}")
     return v
 
 
 def _str(v, key: str) -> str:
     if not isinstance(v, str) or not v:
-        raise ConfigError(f"{key}: must be a non-empty string, got {v!r}")
+        raise ConfigError(f"{key}: must be a non-empty string, got {quote(v)}")
     return v
 
 
 def _choice(v, key: str, choices: tuple) -> str:
     if v not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {v!r}")
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {quote(v)}")
     return v
 
 
@@ -110,17 +150,17 @@ def _map(v, key: str, allowed: tuple) -> dict:
         raise ConfigError(f"{key or 'config'}: must be a mapping, got {type(v).__name__}")
     for k in v:
         if k not in allowed:
-            where = f"{key}.{k}" if key else str(k)
+            where = f"{key}.{_name(k)}" if key else _name(k)
             raise ConfigError(f"{where}: unknown key (expected one of {', '.join(allowed)})")
     return v
 
 
 def _target(item, key: str) -> Target:
     if not isinstance(item, dict) or len(item) != 1:
-        raise ConfigError(f"{key}: must be a mapping with exactly one of {', '.join(TARGET_KINDS)}, got {item!r}")
+        raise ConfigError(f"{key}: must be a mapping with exactly one of {', '.join(TARGET_KINDS)}, got {quote(item)}")
     (kind, v), = item.items()
     if kind not in TARGET_KINDS:
-        raise ConfigError(f"{key}.{kind}: unknown capture kind (expected one of {', '.join(TARGET_KINDS)})")
+        raise ConfigError(f"{key}.{_name(kind)}: unknown capture kind (expected one of {', '.join(TARGET_KINDS)})")
     k = f"{key}.{kind}"
     if kind == "port":
         return Target(kind, _int(v, k, 1, 65535))
@@ -130,7 +170,7 @@ def _target(item, key: str) -> Target:
         return Target(kind, _int(v, k, 1, 2**32 - 1))
     path = _str(v, k)
     if not path.startswith("/"):
-        raise ConfigError(f"{k}: must be an absolute path, got {path!r}")
+        raise ConfigError(f"{k}: must be an absolute path, got {quote(path)}")
     return Target(kind, path)
 
 
@@ -212,36 +252,190 @@ def parse(doc) -> Config:
     stats = _map(diag.get("bpfStats"), "diagnostics.bpfStats", ("enabled", "scope"))
     enabled = stats.get("enabled", False)
     if not isinstance(enabled, bool):
-        raise ConfigError(f"diagnostics.bpfStats.enabled: must be true or false, got {enabled!r}")
+        raise ConfigError(f"diagnostics.bpfStats.enabled: must be true or false, got {quote(enabled)}")
     scope = _choice(stats.get("scope", "own"), "diagnostics.bpfStats.scope", STATS_SCOPES)
 
     level = _choice(top.get("log_level", "info"), "log_level", LOG_LEVELS)
     return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level)
 
 
-def loads(text: str, source: str = "<config>") -> Config:
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: 4x faster
+
+
+def _check_events(text: str, source: str, loader=_Loader) -> None:
+    """Walk the parser's events (no document is built) and refuse, before
+    anything is composed, aliases, nesting deeper than MAX_DEPTH and more
+    than MAX_NODES nodes."""
+    depth = nodes = 0
+    for ev in yaml.parse(text, Loader=loader):
+        if isinstance(ev, yaml.AliasEvent):
+            # Refused, not expanded: a few bytes of aliases make an
+            # exponential document (and merge keys copy it).
+            m = ev.start_mark
+            raise ConfigError(f"{source}: YAML aliases are not supported (*{_name(ev.anchor)} at line "
+                              f"{m.line + 1}, column {m.column + 1}): write the value out")
+        if isinstance(ev, yaml.NodeEvent):
+            nodes += 1
+            if nodes > MAX_NODES:
+                raise ConfigError(f"{source}: more than {MAX_NODES} YAML nodes; a config is far smaller")
+        if isinstance(ev, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                m = ev.start_mark
+                raise ConfigError(f"{source}: nested deeper than {MAX_DEPTH} levels at line {m.line + 1}, "
+                                  f"column {m.column + 1}")
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def load_yaml(text: str, source: str = "<config>"):
+    """The YAML document in text, within the bounds above (ConfigError
+    otherwise, one line)."""
     if not text.strip():
         # Also what a reload sees between an editor's truncate and write:
         # refusing it keeps the captures in force.
         raise ConfigError(f"{source}: the file is empty (write {{}} for the built-in defaults)")
     try:
-        doc = yaml.safe_load(text)
+        _check_events(text, source)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    return parse(doc)
+        err = e
+    if _Loader is not yaml.SafeLoader:
+        # PyYAML's own words for what is wrong (libyaml's are terser): the
+        # same bounded walk, in Python, only for a file being refused.
+        try:
+            _check_events(text, source, yaml.SafeLoader)
+            yaml.load(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as e:
+            err = e
+    _yaml_refused(err, source)
+
+
+def _yaml_refused(e: yaml.YAMLError, source: str):
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = str(getattr(e, "problem", None) or e)
+    if len(problem) > 2 * MAX_QUOTED or not problem.isprintable():
+        problem = quote(problem)
+    raise ConfigError(f"{source}: not valid YAML{where}: {problem}") from None
+
+
+def loads(text: str, source: str = "<config>") -> Config:
+    return parse(load_yaml(text, source))
+
+
+def read(path: str) -> str:
+    """The text of a config file: a regular file of at most MAX_FILE_BYTES,
+    in UTF-8 (ConfigError otherwise)."""
+    try:
+        # O_NONBLOCK: a FIFO put in the file's place must not hang the reload.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: cannot read: {os.strerror(errno.EISDIR)}")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+        data = b""
+        while len(data) <= MAX_FILE_BYTES:
+            part = os.read(fd, MAX_FILE_BYTES + 1 - len(data))
+            if not part:
+                break
+            data += part
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes ({max(st.st_size, len(data))} bytes); "
+                          "a config is a few KiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
 
 
 def load(path: str) -> Config:
+    return loads(read(path), path)
+
+
+# -- parsing in a child process --------------------------------------------
+# A live reload parses in a short-lived child: parsing holds the interpreter
+# lock (libyaml's C code included), so in a thread of nettap it would slow
+# every scrape for as long as it runs; in a child, nettap's threads never
+# wait for it, its memory is never nettap's, and a stop kills it at once.
+
+_children: set = set()
+_cancelled = False
+
+
+def load_apart(path: str, parse_doc=parse, timeout: float = PARSE_TIMEOUT):
+    """parse_doc(the YAML document in path), the YAML parsed in a child
+    process. Raises ConfigError; after cancel_loads(), at once."""
+    import pickle
+    import subprocess
+    import sys
+    text = read(path)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys; sys.path.insert(0, {pkg!r}); from exporter.config import _child; _child()"
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        p = subprocess.Popen([sys.executable, "-I", "-c", code, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
-    return loads(text, path)
+        raise ConfigError(f"{path}: cannot start the YAML parser: {e.strerror}") from None
+    _children.add(p)
+    try:
+        if _cancelled:
+            p.kill()
+        try:
+            out, err = p.communicate(text.encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise ConfigError(f"{path}: parsing took longer than {timeout:g} s") from None
+    finally:
+        _children.discard(p)
+    if _cancelled:
+        raise Cancelled(f"{path}: parse cancelled (nettap is stopping)")
+    if p.returncode != 0 or not out:
+        last = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"{path}: the YAML parser failed (exit status {p.returncode}): {quote(last)}")
+    # The child is nettap's own code, given only the text: its answer is
+    # plain data (what yaml.safe_load builds) or a message.
+    ok, value = pickle.loads(out)
+    if not ok:
+        raise ConfigError(value)
+    return parse_doc(value)
 
 
-__all__ = ["Config", "ConfigError", "Output", "Target", "DEFAULT", "load", "loads", "parse", "CHUNK_DATA"]
+def cancel_loads() -> None:
+    """Kill every parsing child and refuse new ones (at stop)."""
+    global _cancelled
+    _cancelled = True
+    for p in list(_children):
+        try:
+            p.kill()
+        except OSError:
+            pass
+
+
+def _child() -> None:
+    import pickle
+    import resource
+    import sys
+    resource.setrlimit(resource.RLIMIT_AS, (PARSE_MEMORY, PARSE_MEMORY))
+    source = sys.argv[1]
+    try:
+        text = sys.stdin.buffer.read().decode("utf-8")
+        answer = (True, load_yaml(text, source))
+    except ConfigError as e:
+        answer = (False, str(e))
+    except MemoryError:
+        answer = (False, f"{source}: parsing needs more than {PARSE_MEMORY >> 20} MiB")
+    sys.stdout.buffer.write(pickle.dumps(answer))
+
+
+__all__ = ["Config", "ConfigError", "Output", "Target", "DEFAULT", "load", "load_apart", "loads", "parse",
+           "read", "CHUNK_DATA"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import threading
 
 from . import libbpf
 
@@ -47,7 +48,8 @@ class PerCpuArray:
     """A BPF_MAP_TYPE_PERCPU_ARRAY read as numpy rows summed over CPUs.
 
     The kernel copies one value per possible CPU, each rounded up to 8 bytes
-    (kernel/bpf/arraymap.c, bpf_percpu_array_copy)."""
+    (kernel/bpf/arraymap.c, bpf_percpu_array_copy). Thread-safe: scrapes
+    read it from several threads at once."""
 
     def __init__(self, fd: int, value, ncpus: int | None = None):
         import numpy as np                   # not needed before the probes are attached
@@ -58,11 +60,20 @@ class PerCpuArray:
         stride = (self.value.itemsize + 7) & ~7
         self._cpu_dtype = np.dtype({"names": ["v"], "formats": [self.value], "itemsize": stride})
         self._buf = ctypes.create_string_buffer(stride * self.ncpus)
+        # One buffer, one reader at a time: the lookup releases the GIL, and
+        # concurrent scrapes sharing the buffer unguarded read each other's
+        # rows (77 of 2,400 answers wrong with 16 scrapers). Measured here (2
+        # CPUs, one thread): 4.2-4.6 us a read unguarded, +0.1-0.5 us with this
+        # lock, +0.7-1.9 us with a buffer allocated per call (ctypes or numpy).
+        self._lock = threading.Lock()
 
     def read(self, index: int):
-        """Per-CPU values of one row, shape (ncpus,)."""
-        libbpf.call("bpf_map_lookup_elem", self.fd, ctypes.c_uint32(index).value.to_bytes(4, "little"), self._buf)
-        return self.np.frombuffer(self._buf.raw, dtype=self._cpu_dtype)["v"]
+        """Per-CPU values of one row, shape (ncpus,) (a copy: the caller's)."""
+        key = ctypes.c_uint32(index).value.to_bytes(4, "little")
+        with self._lock:
+            libbpf.call("bpf_map_lookup_elem", self.fd, key, self._buf)
+            raw = self._buf.raw
+        return self.np.frombuffer(raw, dtype=self._cpu_dtype)["v"]
 
     def sum(self, index: int) -> dict:
         """One row summed over CPUs, as {field: int} (or {'': int} for a scalar)."""

@@ -127,7 +127,9 @@ class Pipeline:
                         self._lose(b.count)
                 if b is None:
                     break
-                self.lost["decode"] += b.bad
+                if b.bad:
+                    with self._cv:                  # one lock for every count scrapes read
+                        self.lost["decode"] += b.bad
                 if ring.name == "logs":
                     self._log_bpf_problems(b)
                     if self.sink and b.count:
@@ -156,7 +158,8 @@ class Pipeline:
             return b""
 
     def _format_failed(self, ring: str, count: int) -> None:
-        self.lost["decode"] += count
+        with self._cv:
+            self.lost["decode"] += count
         now = time.monotonic()
         if now - self._log_times.get("format", -LOSS_LOG_INTERVAL) >= LOSS_LOG_INTERVAL:
             self._log_times["format"] = now

@@ -5,6 +5,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional, Tuple
@@ -39,9 +40,31 @@ def parse_listen(addr: str) -> Tuple[str, int]:
     return (m["v6"] if m["v6"] is not None else m["host"]), int(m["port"])
 
 
+HANDSHAKE_TIMEOUT = 10.0     # seconds a client may take to finish the TLS handshake
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    web = None                  # a webconfig.Web: TLS and basic auth in force
+
+    def finish_request(self, request, client_address) -> None:
+        # In the connection's own thread: a slow handshake holds no one else.
+        ctx = self.web.current.tls if self.web else None
+        if ctx is None:
+            return super().finish_request(request, client_address)
+        timeout = request.gettimeout()
+        request.settimeout(HANDSHAKE_TIMEOUT)
+        try:
+            conn = ctx.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as e:        # plain HTTP, a refused certificate, a timeout
+            log.debug("TLS handshake with %s failed: %s", client_address[0], e)
+            return
+        try:
+            conn.settimeout(timeout)
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
 
 
 class _Server6(_Server):
@@ -55,24 +78,37 @@ class _Server6(_Server):
 
 
 def serve(addr: str, registry, stats: Callable[[], dict],
-          readiness: Callable[[], Optional[str]]) -> _Server:
+          readiness: Callable[[], Optional[str]], web=None) -> _Server:
     """Start serving in a background thread; readiness() returns None when
-    ready, else the reason it is not."""
+    ready, else the reason it is not. web: a webconfig.Web (TLS, basic
+    auth, headers), read anew for each connection and request."""
     host, port = parse_listen(addr)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        extra = ()
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
+        def _send(self, code: int, body: bytes, ctype: str, headers=()) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            for k, v in (*self.extra, *headers):
+                self.send_header(k, v)
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            if web is not None:
+                # As the exporter toolkit: headers on every answer, and with
+                # users configured, every path needs one (/healthz too).
+                cfg = web.current
+                self.extra = cfg.headers
+                if not web.authorized(cfg, self.headers.get("Authorization")):
+                    self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
+                               (("WWW-Authenticate", "Basic"),))
+                    return
             try:
                 if path == "/metrics":
                     encoder, ctype = choose_encoder(self.headers.get("Accept"))
@@ -112,5 +148,6 @@ def serve(addr: str, registry, stats: Callable[[], dict],
             srv = _Server(("", port), Handler)
     else:
         srv = _Server((host, port), Handler)
+    srv.web = web
     threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
     return srv

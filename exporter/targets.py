@@ -170,9 +170,36 @@ NS_GET_NSTYPE = 0xB703        # ioctl on a namespace fd (linux/nsfs.h)
 CLONE_NEWNET = 0x40000000
 
 
-def netns_inode(value) -> int:
-    """A network namespace's inode, from a path like /var/run/netns/NAME."""
+def _netns_held(ino: int, proc: str) -> bool:
+    """Whether a process (its /proc/PID/ns/net) or an nsfs bind mount (ip
+    netns add's /run/netns/NAME, a runtime's own) has network namespace ino."""
+    want = f"net:[{ino}]"
+    try:
+        with open(f"{proc}/self/mountinfo") as f:
+            for line in f:
+                pre, _, post = line.partition(" - ")
+                fields = pre.split()
+                if post.split()[:1] == ["nsfs"] and len(fields) > 3 and fields[3] == want:
+                    return True
+    except OSError:
+        pass
+    for pid in os.listdir(proc):
+        if pid.isdigit():
+            try:
+                if os.readlink(f"{proc}/{pid}/ns/net") == want:
+                    return True
+            except OSError:                     # gone meanwhile, or not ours to read
+                pass
+    return False
+
+
+def netns_inode(value, proc: str = "/proc") -> int:
+    """A network namespace's inode, from a path like /var/run/netns/NAME or
+    an inode that a process or a bind mount has (else ConfigError)."""
     if isinstance(value, int):
+        if not _netns_held(value, proc):
+            raise ConfigError(f"netns {value}: no such network namespace (no process in {proc} and no "
+                              "nsfs bind mount, e.g. under /run/netns, has it)")
         return value
     try:
         fd = os.open(value, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)   # a FIFO must not block
@@ -247,7 +274,7 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
                 r.cgroups[cid] = lvl
                 r.cgroup_paths[t.value] = cid
             elif t.kind == "netns":
-                r.netns.add(netns_inode(t.value))
+                r.netns.add(netns_inode(t.value, proc))
         except ConfigError as e:
             raise ConfigError(f"captures[{i}].{t.kind}: {e}") from None
     levels = sorted(set(r.cgroups.values()))

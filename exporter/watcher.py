@@ -24,9 +24,13 @@ def _fingerprint(path: str) -> Optional[Tuple[int, int, int, int]]:
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+_UNSEEN = ("unseen",)
+
+
 class ConfigWatcher:
-    """Calls on_change() from its own thread when path changes, and when
-    trigger() is called (SIGHUP). stop() ends the thread."""
+    """Calls on_change() from its own thread when path changes (appears,
+    disappears, becomes unreadable), and when trigger() is called (SIGHUP).
+    stop() ends the thread."""
 
     def __init__(self, path: str, on_change: Callable[[], None], interval: float = 0.5):
         self.path = path
@@ -43,7 +47,7 @@ class ConfigWatcher:
 
     def trigger(self) -> None:
         """Reload now (safe from a signal handler)."""
-        self._last = None
+        self._last = _UNSEEN                    # differs even from a missing file's None
         self._wake.set()
 
     def _run(self) -> None:
@@ -56,9 +60,8 @@ class ConfigWatcher:
             if fp == self._last:
                 continue
             self._last = fp
-            if fp is None:
-                log.error("config %s: cannot read it; the previous config stays in force", self.path)
-                continue
+            # A file gone (or a symlink loop) is a change too: on_change
+            # tries it, fails and says so (the previous config stays).
             try:
                 self.on_change()
             except Exception:

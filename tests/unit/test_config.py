@@ -1,6 +1,8 @@
 """exporter.config: every refused config names the key and the reason."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from exporter import config
@@ -257,3 +259,169 @@ def test_load_bad_yaml_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         config.load(str(p))
     assert str(e.value).startswith(f"{p}: not valid YAML at line 3, column 1: ")
+
+
+# ---- bounds: what a file may ask of the parser -----------------------------
+
+def test_deep_nesting_refused_in_one_line():
+    # Was a RecursionError traceback (rc 1 at start; live, a traceback with
+    # last_reload_successful still 1).
+    msg = refused("captures: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    assert msg == f"<config>: nested deeper than {config.MAX_DEPTH} levels at line 1, column {10 + config.MAX_DEPTH}"  # the mapping is a level
+
+
+def test_nesting_at_the_bound_is_parsed():
+    doc = "x: " + "[" * (config.MAX_DEPTH - 1) + "]" * (config.MAX_DEPTH - 1)
+    assert refused(doc).startswith("x: unknown key")
+
+
+BOMB = """\
+a: &a [x, x, x, x, x, x, x, x, x]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+captures: [*d]
+"""
+
+
+def test_alias_bomb_refused_short():
+    # 218 bytes of aliases made a 5.8 MB error line.
+    assert len(BOMB) < 220
+    assert refused(BOMB) == ("<config>: YAML aliases are not supported (*a at line 2, column 8): "
+                             "write the value out")
+
+
+def test_merge_key_needs_an_alias_and_is_refused():
+    assert "YAML aliases are not supported" in refused("x: &x {a: 1}\ny:\n  <<: *x\n")
+
+
+def test_too_many_nodes_refused():
+    text = "captures:\n" + "  - port: 80\n" * (config.MAX_NODES // 3 + 1)
+    assert refused(text) == f"<config>: more than {config.MAX_NODES} YAML nodes; a config is far smaller"
+
+
+def test_refused_value_quoted_bounded():
+    msg = refused("log_level: " + "v" * 100_000 + "\n")
+    assert msg.startswith("log_level: must be one of debug, info, warning, error, got 'vvvv")
+    assert "..." in msg and len(msg) < 160
+
+
+def test_refused_structure_quoted_bounded():
+    msg = refused("captures: [{pid: 1, port: [" + ", ".join(["[1, 2, 3, 4, 5, 6]"] * 5000) + "]}]\n")
+    assert len(msg) < 200 and "\n" not in msg
+
+
+@pytest.mark.parametrize("key", ["a\nb", "x" * 5000, "  padded", "tab\there", 7])
+def test_unknown_key_quoted_when_not_a_plain_name(key):
+    import yaml
+    msg = refused(yaml.safe_dump({key: 1}))
+    assert "\n" not in msg and "\t" not in msg and len(msg) < 200
+    assert msg.startswith(config.quote(key)[:40])
+
+
+def test_key_with_newline_does_not_make_a_second_line():
+    msg = refused('output: {"pth\\n2026-01-01 ERROR nettap: forged": 1}\n')
+    assert msg.startswith("output.'pth\\n2026-01-01 ERROR nettap: forged': unknown key")
+
+
+def test_bad_yaml_problem_is_one_line():
+    msg = refused("a: !!python/object:os.system " + "x" * 10 + "\n")
+    assert "\n" not in msg and msg.startswith("<config>: not valid YAML")
+
+
+def test_load_too_big_file_refused_without_reading_it(tmp_path):
+    p = tmp_path / "big.yaml"
+    with open(p, "wb") as f:
+        f.truncate(50 << 20)                     # 50 MB (sparse): was over a minute at 1.3 GB RSS
+    with pytest.raises(ConfigError) as e:
+        config.load(str(p))
+    assert str(e.value) == f"{p}: larger than 1048576 bytes (52428800 bytes); a config is a few KiB"
+
+
+def test_load_at_the_size_bound(tmp_path):
+    p = tmp_path / "max.yaml"
+    text = "log_level: info\n"
+    p.write_text(text + "#" * (config.MAX_FILE_BYTES - len(text) - 1) + "\n")
+    assert config.load(str(p)) == config.DEFAULT
+
+
+def test_load_fifo_refused_without_blocking(tmp_path):
+    p = tmp_path / "fifo.yaml"
+    os.mkfifo(p)
+    with pytest.raises(ConfigError) as e:
+        config.load(str(p))
+    assert str(e.value) == f"{p}: not a regular file"
+
+
+def test_load_symlink_loop(tmp_path):
+    p = tmp_path / "loop.yaml"
+    p.symlink_to(p.name)
+    with pytest.raises(ConfigError) as e:
+        config.load(str(p))
+    assert str(e.value) == f"{p}: cannot read: Too many levels of symbolic links"
+
+
+# ---- load_apart(): the parse of a live reload, in a child -------------------
+
+def test_load_apart_same_config(tmp_path):
+    p = tmp_path / "nettap.yaml"
+    p.write_text(FULL)
+    assert config.load_apart(str(p)) == config.load(str(p))
+
+
+@pytest.mark.parametrize("text", [BOMB, "x: [\n", "captures: " + "[" * 50_000, "foo: 1\n", ""])
+def test_load_apart_same_refusal(tmp_path, text):
+    p = tmp_path / "nettap.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as inside:
+        config.load(str(p))
+    with pytest.raises(ConfigError) as apart:
+        config.load_apart(str(p))
+    assert str(apart.value) == str(inside.value)
+
+
+def test_load_apart_other_document(tmp_path):
+    p = tmp_path / "web.yml"
+    p.write_text("basic_auth_users: {a: b}\n")
+    assert config.load_apart(str(p), parse_doc=lambda d: d) == {"basic_auth_users": {"a": "b"}}
+
+
+def test_load_apart_timeout_kills_the_child(tmp_path):
+    p = tmp_path / "nettap.yaml"
+    p.write_text(FULL)
+    with pytest.raises(ConfigError, match=r"parsing took longer than 0.001 s"):
+        config.load_apart(str(p), timeout=0.001)
+
+
+def test_cancel_loads_kills_a_running_parse(tmp_path, monkeypatch):
+    import threading
+    import time
+    monkeypatch.setattr(config, "_cancelled", False)
+    p = tmp_path / "nettap.yaml"
+    p.write_text(FULL)
+    # A parse that never ends: the child's stdin is held open by a slow reader.
+    real_popen = __import__("subprocess").Popen
+    started = threading.Event()
+
+    class SlowPopen(real_popen):
+        def __init__(self, args, **kw):
+            super().__init__([args[0], "-c", "import time; time.sleep(60)"], **kw)
+            started.set()
+    monkeypatch.setattr("subprocess.Popen", SlowPopen)
+    errors = []
+
+    def run():
+        try:
+            config.load_apart(str(p))
+        except ConfigError as e:
+            errors.append(str(e))
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(10)
+    t0 = time.monotonic()
+    config.cancel_loads()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - t0 < 2
+    assert errors == [f"{p}: parse cancelled (nettap is stopping)"]
+    with pytest.raises(ConfigError, match="cancelled"):
+        config.load_apart(str(p))

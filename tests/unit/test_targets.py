@@ -254,9 +254,44 @@ def test_netns_own():
     assert r.netns == {ino}
 
 
-def test_netns_integer_passed_through():
-    assert netns_inode(4026531840) == 4026531840
-    assert resolve([Target("netns", 4026531992)]).netns == {4026531992}
+def fake_netns_proc(tmp_path, pids=None, nsfs_mounts=()):
+    """A /proc whose <pid>/ns/net links name namespaces (pids = {pid: inode})
+    and whose self/mountinfo has an nsfs bind mount per inode in nsfs_mounts."""
+    proc = tmp_path / "proc"
+    for pid, ino in (pids or {}).items():
+        (proc / str(pid) / "ns").mkdir(parents=True)
+        (proc / str(pid) / "ns" / "net").symlink_to(f"net:[{ino}]")
+    (proc / "self").mkdir(parents=True)
+    lines = ["22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw"]
+    lines += [f"{600 + i} 30 0:4 net:[{ino}] /run/netns/ns{i} rw shared:{700 + i} - nsfs nsfs rw"
+              for i, ino in enumerate(nsfs_mounts)]
+    (proc / "self" / "mountinfo").write_text("\n".join(lines) + "\n")
+    return str(proc)
+
+
+def test_netns_integer_held_by_a_process(tmp_path):
+    proc = fake_netns_proc(tmp_path, {1: 4026531840, 77: 4026532001})
+    assert netns_inode(4026532001, proc) == 4026532001
+    assert resolve([Target("netns", 4026531840)], proc=proc).netns == {4026531840}
+
+
+def test_netns_integer_held_by_a_bind_mount(tmp_path):
+    proc = fake_netns_proc(tmp_path, {1: 4026531840}, nsfs_mounts=[4026532777])
+    assert resolve([Target("netns", 4026532777)], proc=proc).netns == {4026532777}
+
+
+def test_netns_integer_that_nothing_has_is_refused(tmp_path):
+    # Was taken as is: a typo captured nothing, silently.
+    proc = fake_netns_proc(tmp_path, {1: 4026531840}, nsfs_mounts=[4026532777])
+    with pytest.raises(ConfigError) as e:
+        resolve([Target("port", 80), Target("netns", 4026532778)], proc=proc)
+    assert str(e.value) == (f"captures[1].netns: netns 4026532778: no such network namespace (no process in "
+                            f"{proc} and no nsfs bind mount, e.g. under /run/netns, has it)")
+
+
+def test_netns_integer_own_namespace_on_this_host():
+    ino = os.stat("/proc/self/ns/net").st_ino
+    assert resolve([Target("netns", ino)]).netns == {ino}
 
 
 def test_netns_other_namespace_type_refused():

@@ -1,6 +1,6 @@
 """exporter.watcher.ConfigWatcher on temp files: every way a config file
 changes (edit in place, rename over, Kubernetes' ConfigMap symlink swap),
-trigger() (SIGHUP), a deleted file, and stop()."""
+trigger() (SIGHUP), a deleted file or a symlink loop, and stop()."""
 from __future__ import annotations
 
 import logging
@@ -185,27 +185,37 @@ def test_trigger_from_a_signal_handler(cfg, watch):
         signal.signal(signal.SIGUSR1, old)
 
 
-def test_deleted_file_is_not_a_change(cfg, watch, caplog):
+def test_deleted_file_is_a_change(cfg, watch):
+    """A deleted config must reach on_change (which fails to read it and
+    sets last_reload_successful to 0), once, not every poll."""
     calls = Calls()
     errors = []
     old_hook = threading.excepthook
     threading.excepthook = lambda a: errors.append(a)
     try:
-        with caplog.at_level(logging.ERROR, logger="exporter.watcher"):
-            w = watch(cfg, calls)
-            cfg.unlink()
-            time.sleep(SETTLE)
-            assert calls.n == 0
-            assert w._t.is_alive() and errors == []
-            msgs = [r for r in caplog.records if "cannot read it" in r.getMessage()]
-            assert len(msgs) == 1               # said once, not every poll
-            w.trigger()                         # SIGHUP while it is gone: still nothing
-            time.sleep(SETTLE)
-            assert calls.n == 0
-            cfg.write_text("captures: []\n")    # back: that is a change
-            assert calls.wait(1)
+        w = watch(cfg, calls)
+        cfg.unlink()
+        assert calls.wait(1)
+        time.sleep(SETTLE)
+        assert calls.n == 1 and w._t.is_alive() and errors == []
+        w.trigger()                         # SIGHUP while it is gone: tried again
+        assert calls.wait(2)
+        time.sleep(SETTLE)
+        assert calls.n == 2
+        cfg.write_text("captures: []\n")    # back: that is a change
+        assert calls.wait(3)
     finally:
         threading.excepthook = old_hook
+
+
+def test_symlink_loop_is_a_change(cfg, watch, tmp_path):
+    calls = Calls()
+    watch(cfg, calls)
+    cfg.unlink()
+    cfg.symlink_to(cfg.name)                # ELOOP
+    assert calls.wait(1)
+    time.sleep(SETTLE)
+    assert calls.n == 1
 
 
 def test_on_change_exception_keeps_watching(cfg, watch, caplog):

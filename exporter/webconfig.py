@@ -1,0 +1,245 @@
+"""``--web.config.file``: TLS, client certificates and basic auth for the
+endpoint, in the Prometheus exporter-toolkit's format
+(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md),
+so the file an SRE writes for node_exporter works here.
+
+What the toolkit does, nettap does: relative paths are relative to the
+file's directory; a CA without a client auth policy is refused; with
+``basic_auth_users`` every path (``/healthz`` and ``/readyz`` included)
+needs a user, an unknown user costs the same bcrypt check as a known one
+(no user enumeration by timing), results are cached, and one check runs at
+a time (bcrypt is CPU-heavy by design); ``http_server_config.headers``
+takes only the toolkit's five headers. What Python's ssl cannot do the
+same way (Go cipher-suite and curve names, requesting a client certificate
+without verifying it, inline PEM, SAN allow-lists, rate limits) is refused
+by name rather than silently weakened.
+
+The file is bounded and parsed like the config (:mod:`exporter.config`),
+reloaded like it (on change and on SIGHUP, the parse in a child process),
+and a bad file keeps the one in force.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import re
+import ssl
+import threading
+from collections import namedtuple
+from typing import Optional
+
+from . import config
+from .config import ConfigError, quote
+
+log = logging.getLogger(__name__)
+
+# The toolkit's extraHTTPHeaders: name -> accepted values (None: any).
+HEADERS = {"Strict-Transport-Security": None, "X-Content-Type-Options": ("nosniff",),
+           "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None,
+           "Content-Security-Policy": None}
+CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")
+TLS_UNSUPPORTED = {
+    "cert": "inline PEM: use cert_file", "key": "inline PEM: use key_file", "client_ca": "inline PEM: use client_ca_file",
+    "cipher_suites": "Go cipher suite names; OpenSSL's defaults apply (TLS 1.2+ by default)",
+    "curve_preferences": "Go curve names; OpenSSL's defaults apply",
+    "prefer_server_cipher_suites": "OpenSSL's default order applies",
+    "client_allowed_sans": "no SAN allow-list: issue client certificates from a CA used for nettap only",
+}
+# Go's "fakepassword" hash from the toolkit: checked for unknown users.
+FAKE_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+_BCRYPT = re.compile(r"^\$2[abxy]?\$[0-9]{2}\$[./A-Za-z0-9]{53}$")
+CACHE_ENTRIES = 1024
+
+
+class WebConfig(namedtuple("WebConfig", "tls users headers", defaults=(None, (), ()))):
+    """tls: an ssl.SSLContext or None (plain HTTP); users: ((name, bcrypt
+    hash), ...); headers: ((name, value), ...) added to every response."""
+
+    __slots__ = ()
+
+    def describe(self) -> str:
+        tls = "off" if self.tls is None else (
+            "on" + {ssl.CERT_NONE: "", ssl.CERT_OPTIONAL: ", client certificates verified if given",
+                    ssl.CERT_REQUIRED: ", client certificates required"}[self.tls.verify_mode])
+        n = len(self.users)
+        return f"TLS {tls}; basic auth " + (f"on ({n} user{'s' if n > 1 else ''})" if n else "off")
+
+
+PLAIN = WebConfig()
+
+
+def _mapping(v, key: str, allowed: tuple, unsupported: dict = {}) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ConfigError(f"{key}: must be a mapping, got {type(v).__name__}")
+    for k in v:
+        if k in unsupported:
+            raise ConfigError(f"{key}.{k}: not supported by nettap ({unsupported[k]})")
+        if k not in allowed:
+            raise ConfigError(f"{key}.{config._name(k)}: unknown key (expected one of {', '.join(allowed)})")
+    return v
+
+
+def _path(v, key: str, directory: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{key}: must be a file name, got {quote(v)}")
+    return os.path.join(directory, v)
+
+
+def _tls(t: dict, directory: str) -> Optional[ssl.SSLContext]:
+    key = "tls_server_config"
+    if not any(t.get(k) for k in ("cert_file", "key_file", "client_ca_file", "client_auth_type")):
+        return None                                        # the toolkit's IsEnabled(): plain HTTP
+    cert = _path(t.get("cert_file"), f"{key}.cert_file", directory)
+    keyf = _path(t.get("key_file"), f"{key}.key_file", directory)
+    auth = t.get("client_auth_type") or "NoClientCert"
+    if auth in ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert"):
+        raise ConfigError(f"{key}.client_auth_type: {auth} (a certificate asked for but not verified) is not "
+                          "supported by nettap; use RequireAndVerifyClientCert")
+    if auth not in CLIENT_AUTH:
+        raise ConfigError(f"{key}.client_auth_type: must be one of {', '.join(CLIENT_AUTH)}, got {quote(auth)}")
+    ca = t.get("client_ca_file")
+    if ca and auth == "NoClientCert":
+        raise ConfigError(f"{key}.client_ca_file: a client CA without a client auth policy "
+                          "(set client_auth_type: RequireAndVerifyClientCert)")
+    if not ca and auth != "NoClientCert":
+        raise ConfigError(f"{key}.client_ca_file: required with client_auth_type {auth}")
+    versions = []
+    for k, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        v = t.get(k, default)
+        if v not in TLS_VERSIONS:
+            raise ConfigError(f"{key}.{k}: must be one of {', '.join(TLS_VERSIONS)}, got {quote(v)}")
+        versions.append(TLS_VERSIONS[v])
+    if versions[0] > versions[1]:
+        raise ConfigError(f"{key}: min_version is above max_version")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.minimum_version, ctx.maximum_version = versions
+    except ValueError as e:
+        raise ConfigError(f"{key}: this OpenSSL refuses the TLS versions: {e}") from None
+    try:
+        ctx.load_cert_chain(cert, keyf)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"{key}: cannot load cert_file {quote(cert)} with key_file {quote(keyf)}: "
+                          f"{getattr(e, 'strerror', None) or getattr(e, 'reason', None) or e}") from None
+    if ca:
+        ca = _path(ca, f"{key}.client_ca_file", directory)
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"{key}.client_ca_file: cannot load {quote(ca)}: "
+                              f"{getattr(e, 'strerror', None) or getattr(e, 'reason', None) or e}") from None
+    ctx.verify_mode = CLIENT_AUTH[auth]
+    return ctx
+
+
+def parse(doc, directory: str = ".") -> WebConfig:
+    """Validate a loaded web config document; relative paths are taken
+    from directory (the file's, as the toolkit does)."""
+    top = _mapping(doc, "web config", ("tls_server_config", "http_server_config", "basic_auth_users"),
+                   {"rate_limit": "put a proxy in front for rate limits"})
+    tls = _tls(_mapping(top.get("tls_server_config"), "tls_server_config", TLS_KEYS, TLS_UNSUPPORTED), directory)
+    http = _mapping(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
+    if not isinstance(http.get("http2", True), bool):
+        raise ConfigError(f"http_server_config.http2: must be true or false, got {quote(http['http2'])}")
+    headers = []
+    for name, value in _mapping(http.get("headers"), "http_server_config.headers", tuple(HEADERS)).items():
+        allowed = HEADERS[name]
+        if not isinstance(value, str) or "\r" in value or "\n" in value:
+            raise ConfigError(f"http_server_config.headers.{name}: must be a one-line string, got {quote(value)}")
+        if allowed and value not in allowed:
+            raise ConfigError(f"http_server_config.headers.{name}: must be one of {', '.join(allowed)}, "
+                              f"got {quote(value)}")
+        if value:                                          # the toolkit: unset if blank
+            headers.append((name, value))
+    users = top.get("basic_auth_users")
+    if users is None:
+        users = {}
+    if not isinstance(users, dict):
+        raise ConfigError(f"basic_auth_users: must be a mapping of user: bcrypt hash, got {type(users).__name__}")
+    for name, h in users.items():
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ConfigError(f"basic_auth_users: user names are non-empty strings without ':', got {quote(name)}")
+        if not isinstance(h, str) or not _BCRYPT.match(h):
+            # The value is a secret: named, never quoted.
+            raise ConfigError(f"basic_auth_users.{config._name(name)}: not a bcrypt hash "
+                              "(e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+    return WebConfig(tls, tuple((n, h.encode()) for n, h in users.items()), tuple(headers))
+
+
+def load(path: str) -> WebConfig:
+    """Read and check path in this process (at start)."""
+    return parse(config.load_yaml(config.read(path), path), os.path.dirname(os.path.abspath(path)))
+
+
+def load_apart(path: str) -> WebConfig:
+    """Like load, the YAML parsed in a child process (live reloads)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    return config.load_apart(path, parse_doc=lambda doc: parse(doc, directory))
+
+
+class Web:
+    """The web config in force, swapped whole by reload(); checks requests'
+    credentials against it. Thread-safe."""
+
+    def __init__(self, current: WebConfig = PLAIN, path: Optional[str] = None):
+        self.current = current
+        self.path = path
+        self._cache: dict = {}
+        self._bcrypt_lock = threading.Lock()
+
+    def reload(self) -> bool:
+        try:
+            new = load_apart(self.path)
+        except config.Cancelled:
+            return False
+        except Exception as e:
+            why = str(e) if isinstance(e, (ConfigError, OSError)) else f"{type(e).__name__}: {e}"
+            log.error("web config reload refused, previous web config stays in force: %s", why)
+            return False
+        self.current = new
+        log.info("web config loaded from %s: %s", self.path, new.describe())
+        return True
+
+    def authorized(self, cfg: WebConfig, header: Optional[str]) -> bool:
+        """Whether an Authorization header passes cfg's basic auth (always,
+        when cfg has no users)."""
+        if not cfg.users:
+            return True
+        if not header or header[:6].lower() != "basic ":
+            return False
+        try:
+            user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        if not sep:
+            return False
+        hashed = dict(cfg.users).get(user)
+        known = hashed is not None
+        if not known:
+            hashed = FAKE_HASH                      # the same cost: no user enumeration by timing
+        # The cache keys on a digest: no password is kept in memory.
+        key = hashlib.sha256(b"\0".join((user.encode(), hashed, password.encode()))).digest()
+        ok = self._cache.get(key)
+        if ok is None:
+            import bcrypt                           # only with basic auth configured
+            with self._bcrypt_lock:                 # one CPU-heavy check at a time
+                try:
+                    ok = bcrypt.checkpw(password.encode(), hashed)
+                except ValueError:                  # e.g. a password past bcrypt's 72 bytes
+                    ok = False
+            if len(self._cache) >= CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = ok
+        return ok and known
+
+
+__all__ = ["Web", "WebConfig", "PLAIN", "load", "load_apart", "parse"]

@@ -1,0 +1,63 @@
+"""exporter.maps.PerCpuArray read from many threads at once (scrapes run
+in parallel). The kernel's copy is played by a lookup that writes the row
+the way bpf_percpu_array_copy does and then lets another thread run, as the
+real call does when ctypes releases the GIL around the syscall."""
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+
+from exporter import libbpf, maps
+from exporter.records import PROBE_COUNTERS
+
+NCPUS = 4
+
+
+def kernel_rows(index: int) -> np.ndarray:
+    """Row index as the test's kernel holds it: every field of CPU c is
+    index * 1000 + c (so a row read whole sums to a known value)."""
+    dt = np.dtype(PROBE_COUNTERS)
+    stride = (dt.itemsize + 7) & ~7
+    rows = np.zeros(NCPUS, dtype=np.dtype({"names": ["v"], "formats": [dt], "itemsize": stride}))
+    for f in dt.names:
+        rows["v"][f] = [index * 1000 + c for c in range(NCPUS)]
+    return rows
+
+
+def fake_lookup(monkeypatch):
+    def call(name, fd, key, buf):
+        assert name == "bpf_map_lookup_elem"
+        data = kernel_rows(int.from_bytes(key, "little")).tobytes()
+        ctypes.memmove(buf, data, len(data))
+        time.sleep(0.0005)                       # the syscall returns; another scrape runs
+        return 0
+    monkeypatch.setattr(libbpf, "call", call)
+
+
+def test_sum_of_one_row(monkeypatch):
+    fake_lookup(monkeypatch)
+    a = maps.PerCpuArray(3, PROBE_COUNTERS, ncpus=NCPUS)
+    assert a.sum(2) == {f: 4 * 2000 + 6 for f in np.dtype(PROBE_COUNTERS).names}
+
+
+def test_sixteen_concurrent_readers_each_get_their_row(monkeypatch):
+    # Was one shared buffer: a reader got another reader's row.
+    fake_lookup(monkeypatch)
+    a = maps.PerCpuArray(3, PROBE_COUNTERS, ncpus=NCPUS)
+    wrong, start = [], threading.Barrier(16)
+
+    def scrape(index):
+        start.wait()
+        for _ in range(50):
+            got = a.sum(index)["calls"]
+            if got != NCPUS * index * 1000 + 6:
+                wrong.append((index, got))
+    threads = [threading.Thread(target=scrape, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

@@ -1,0 +1,289 @@
+"""exporter.webconfig and the endpoint under it, with real clients: TLS
+with a CA made here by openssl, client certificates (mTLS), basic auth with
+bcrypt hashes, the toolkit's headers, reloads keeping the old file on a bad
+one."""
+from __future__ import annotations
+
+import logging
+import ssl
+import subprocess
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+from prometheus_client import CollectorRegistry
+
+from exporter import webconfig
+from exporter.config import ConfigError
+from exporter.server import serve
+from exporter.webconfig import Web
+
+HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()     # cost 4: fast tests
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _ca(d: Path, name: str):
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}", cwd=d)
+
+
+def _leaf(d: Path, ca: str, name: str, ext: str):
+    (d / f"{name}.ext").write_text(ext + "\n")
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """ca signs server and client; other-ca signs intruder."""
+    d = tmp_path_factory.mktemp("pki")
+    _ca(d, "ca")
+    _ca(d, "other-ca")
+    _leaf(d, "ca", "server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
+    _leaf(d, "ca", "client", "extendedKeyUsage=clientAuth")
+    _leaf(d, "other-ca", "intruder", "extendedKeyUsage=clientAuth")
+    return d
+
+
+def write(tmp_path, text, name="web.yml") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def refused(tmp_path, text) -> str:
+    with pytest.raises(ConfigError) as e:
+        webconfig.load(write(tmp_path, text))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+# ---- parsing ------------------------------------------------------------------
+
+def test_plain_when_no_tls(tmp_path):
+    cfg = webconfig.load(write(tmp_path, "{}\n"))
+    assert cfg == webconfig.PLAIN and cfg.describe() == "TLS off; basic auth off"
+
+
+def test_relative_paths_from_the_files_directory(tmp_path, pki):
+    for f in ("server.crt", "server.key"):
+        (tmp_path / f).write_bytes((pki / f).read_bytes())
+    cfg = webconfig.load(write(tmp_path, "tls_server_config: {cert_file: server.crt, key_file: server.key}\n"))
+    assert isinstance(cfg.tls, ssl.SSLContext) and cfg.tls.verify_mode == ssl.CERT_NONE
+    assert cfg.tls.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("tls: {}", "web config.tls: unknown key (expected one of tls_server_config, http_server_config, basic_auth_users)"),
+    ("rate_limit: {interval: 1s}", "web config.rate_limit: not supported by nettap (put a proxy in front for rate limits)"),
+    ("tls_server_config: {cert_file: a.crt}", "tls_server_config.key_file: must be a file name, got None"),
+    ("tls_server_config: {key_file: a.key}", "tls_server_config.cert_file: must be a file name, got None"),
+    ("tls_server_config: {cert_file: a, key_file: b, client_ca_file: ca.crt}",
+     "tls_server_config.client_ca_file: a client CA without a client auth policy "
+     "(set client_auth_type: RequireAndVerifyClientCert)"),
+    ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequireAndVerifyClientCert}",
+     "tls_server_config.client_ca_file: required with client_auth_type RequireAndVerifyClientCert"),
+    ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequireAnyClientCert}",
+     "tls_server_config.client_auth_type: RequireAnyClientCert (a certificate asked for but not verified) "
+     "is not supported by nettap; use RequireAndVerifyClientCert"),
+    ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: Always}",
+     "tls_server_config.client_auth_type: must be one of NoClientCert, VerifyClientCertIfGiven, "
+     "RequireAndVerifyClientCert, got 'Always'"),
+    ("tls_server_config: {cert_file: a, key_file: b, min_version: TLS14}",
+     "tls_server_config.min_version: must be one of TLS10, TLS11, TLS12, TLS13, got 'TLS14'"),
+    ("tls_server_config: {cert_file: a, key_file: b, min_version: TLS13, max_version: TLS12}",
+     "tls_server_config: min_version is above max_version"),
+    ("tls_server_config: {cipher_suites: [TLS_AES_128_GCM_SHA256]}",
+     "tls_server_config.cipher_suites: not supported by nettap (Go cipher suite names; OpenSSL's defaults "
+     "apply (TLS 1.2+ by default))"),
+    ("http_server_config: {headers: {X-Frame-Options: always}}",
+     "http_server_config.headers.X-Frame-Options: must be one of deny, sameorigin, got 'always'"),
+    ("http_server_config: {headers: {Server: nettap}}",
+     "http_server_config.headers.Server: unknown key (expected one of Strict-Transport-Security, "
+     "X-Content-Type-Options, X-Frame-Options, X-XSS-Protection, Content-Security-Policy)"),
+    ("http_server_config: {http2: yes please}", "http_server_config.http2: must be true or false, got 'yes please'"),
+    ("basic_auth_users: [alice]", "basic_auth_users: must be a mapping of user: bcrypt hash, got list"),
+    ("basic_auth_users: {alice: hunter2}",
+     "basic_auth_users.alice: not a bcrypt hash (e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n')"),
+    ("basic_auth_users: {'a:b': x}", "basic_auth_users: user names are non-empty strings without ':', got 'a:b'"),
+])
+def test_refused(tmp_path, text, msg):
+    assert refused(tmp_path, text) == msg
+
+
+def test_missing_cert_file_refused(tmp_path):
+    msg = refused(tmp_path, "tls_server_config: {cert_file: nope.crt, key_file: nope.key}\n")
+    assert msg == (f"tls_server_config: cannot load cert_file '{tmp_path}/nope.crt' with key_file "
+                   f"'{tmp_path}/nope.key': No such file or directory")
+
+
+def test_key_not_matching_the_cert_refused(tmp_path, pki):
+    msg = refused(tmp_path, f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/client.key}}\n")
+    assert msg.startswith("tls_server_config: cannot load cert_file") and "KEY_VALUES_MISMATCH" in msg
+
+
+def test_password_hash_never_quoted(tmp_path):
+    assert "s3cr" not in refused(tmp_path, "basic_auth_users: {alice: s3cret-plaintext}\n")
+
+
+def test_empty_file_refused(tmp_path):
+    # A truncated file must not switch auth off between an editor's truncate and write.
+    assert "the file is empty" in refused(tmp_path, "")
+
+
+# ---- the endpoint, with real clients ------------------------------------------------
+
+class App:
+    registry = CollectorRegistry()
+
+    @staticmethod
+    def stats():
+        return {}
+
+    @staticmethod
+    def not_ready():
+        return None
+
+
+@pytest.fixture
+def endpoint():
+    servers = []
+
+    def start(web):
+        srv = serve("127.0.0.1:0", App.registry, App.stats, App.not_ready, web)
+        servers.append(srv)
+        return srv.server_address[1]
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def get(url, **kw):
+    s = requests.Session()
+    s.trust_env = False
+    try:
+        return s.get(url, timeout=10, **kw)
+    finally:
+        s.close()
+
+
+def tls_file(tmp_path, pki, extra=""):
+    return write(tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n{extra}")
+
+
+def test_tls(tmp_path, pki, endpoint):
+    port = endpoint(Web(webconfig.load(tls_file(tmp_path, pki))))
+    r = get(f"https://127.0.0.1:{port}/metrics", verify=str(pki / "ca.crt"))
+    assert r.status_code == 200
+    with pytest.raises(requests.exceptions.SSLError):
+        get(f"https://127.0.0.1:{port}/metrics", verify=str(pki / "other-ca.crt"))
+    with pytest.raises(requests.exceptions.ConnectionError):
+        get(f"http://127.0.0.1:{port}/metrics")             # plain HTTP: no answer
+    assert get(f"https://localhost:{port}/healthz", verify=str(pki / "ca.crt")).text == "ok\n"
+
+
+def test_mtls_requires_a_certificate_from_the_client_ca(tmp_path, pki, endpoint):
+    web = Web(webconfig.load(tls_file(tmp_path, pki, f"  client_auth_type: RequireAndVerifyClientCert\n"
+                                                     f"  client_ca_file: {pki}/ca.crt\n")))
+    assert web.current.describe() == "TLS on, client certificates required; basic auth off"
+    port = endpoint(web)
+    url, ca = f"https://127.0.0.1:{port}/metrics", str(pki / "ca.crt")
+    assert get(url, verify=ca, cert=(str(pki / "client.crt"), str(pki / "client.key"))).status_code == 200
+    for cert in (None, (str(pki / "intruder.crt"), str(pki / "intruder.key"))):
+        with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
+            get(url, verify=ca, cert=cert)
+
+
+def test_basic_auth(tmp_path, endpoint):
+    web = Web(webconfig.load(write(tmp_path, f"basic_auth_users:\n  prometheus: '{HASH}'\n")))
+    port = endpoint(web)
+    base = f"http://127.0.0.1:{port}"
+    assert get(base + "/metrics", auth=("prometheus", "s3cret")).status_code == 200
+    for auth in (("prometheus", "wrong"), ("nobody", "s3cret"), None):
+        r = get(base + "/metrics", auth=auth)
+        assert (r.status_code, r.headers["WWW-Authenticate"], r.text) == (401, "Basic", "Unauthorized\n")
+    # As the toolkit: every path needs a user, the probes' too.
+    for path in ("/healthz", "/readyz", "/", "/stats", "/nope"):
+        assert get(base + path).status_code == 401
+    assert get(base + "/healthz", auth=("prometheus", "s3cret")).status_code == 200
+    assert get(base + "/metrics", headers={"Authorization": "Basic !!!"}).status_code == 401
+    assert get(base + "/metrics", headers={"Authorization": "Bearer x"}).status_code == 401
+
+
+def test_basic_auth_over_mtls(tmp_path, pki, endpoint):
+    web = Web(webconfig.load(tls_file(tmp_path, pki, f"  client_auth_type: RequireAndVerifyClientCert\n"
+                                                     f"  client_ca_file: {pki}/ca.crt\n"
+                                                     f"basic_auth_users: {{prometheus: '{HASH}'}}\n")))
+    port = endpoint(web)
+    kw = dict(verify=str(pki / "ca.crt"), cert=(str(pki / "client.crt"), str(pki / "client.key")))
+    assert get(f"https://127.0.0.1:{port}/metrics", auth=("prometheus", "s3cret"), **kw).status_code == 200
+    assert get(f"https://127.0.0.1:{port}/metrics", **kw).status_code == 401
+
+
+def test_headers_on_every_answer(tmp_path, endpoint):
+    web = Web(webconfig.load(write(tmp_path, "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+                                             "    Content-Security-Policy: ''\n"
+                                             f"basic_auth_users: {{p: '{HASH}'}}\n")))
+    port = endpoint(web)
+    for auth, code in ((("p", "s3cret"), 200), (None, 401)):
+        r = get(f"http://127.0.0.1:{port}/metrics", auth=auth)
+        assert r.status_code == code and r.headers["X-Frame-Options"] == "deny"
+        assert "Content-Security-Policy" not in r.headers          # blank: unset
+
+
+def test_checks_are_cached(tmp_path):
+    web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{HASH}'}}\n")))
+    hdr = "Basic " + __import__("base64").b64encode(b"p:s3cret").decode()
+    assert web.authorized(web.current, hdr)
+    assert len(web._cache) == 1 and b"s3cret" not in b"".join(web._cache)
+    assert web.authorized(web.current, hdr) and len(web._cache) == 1
+
+
+def test_reload_applies_and_a_bad_file_keeps_the_old(tmp_path, endpoint, caplog):
+    path = write(tmp_path, f"basic_auth_users: {{p: '{HASH}'}}\n")
+    web = Web(webconfig.load(path), path)
+    port = endpoint(web)
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert get(url).status_code == 401
+    write(tmp_path, "basic_auth_users: {p: not-a-hash}\n")
+    with caplog.at_level(logging.INFO, logger="exporter.webconfig"):
+        assert not web.reload()
+    assert caplog.records[-1].getMessage() == (
+        "web config reload refused, previous web config stays in force: basic_auth_users.p: not a bcrypt hash "
+        "(e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+    assert get(url).status_code == 401 and get(url, auth=("p", "s3cret")).status_code == 200
+    write(tmp_path, "{}\n")
+    with caplog.at_level(logging.INFO, logger="exporter.webconfig"):
+        assert web.reload()
+    assert caplog.records[-1].getMessage() == f"web config loaded from {path}: TLS off; basic auth off"
+    assert get(url).status_code == 200
+
+
+def test_reload_switches_to_tls(tmp_path, pki, endpoint):
+    path = write(tmp_path, "{}\n")
+    web = Web(webconfig.load(path), path)
+    port = endpoint(web)
+    assert get(f"http://127.0.0.1:{port}/metrics").status_code == 200
+    tls_file(tmp_path, pki)
+    assert web.reload()
+    assert get(f"https://127.0.0.1:{port}/metrics", verify=str(pki / "ca.crt")).status_code == 200
+
+
+def test_readme_example_is_accepted(tmp_path, pki):
+    """The README's example web config, with its files made here: accepted
+    as written (the toolkit's format), and its hash is a real bcrypt hash."""
+    import re
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = re.search(r"```yaml\n# /etc/nettap/web.yml\n(.*?)```", readme, re.S)[1]
+    for name, src in (("nettap.crt", "server.crt"), ("nettap.key", "server.key"), ("scrapers-ca.crt", "ca.crt")):
+        (tmp_path / name).write_bytes((pki / src).read_bytes())
+    cfg = webconfig.load(write(tmp_path, example))
+    assert cfg.describe() == "TLS on, client certificates required; basic auth on (1 user)"
+    assert cfg.headers == (("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "deny"))
