@@ -302,7 +302,7 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
         rows.append((str(c.conn_id), _endpoint(c.family, c.saddr, c.sport), _endpoint(c.family, c.daddr, c.dport),
                      pid, c.comm, str(c.streams["egress"].end(c.total("egress"))),
                      str(c.streams["ingress"].end(c.total("ingress"))),
-                     f"{trunc_calls} calls, {trunc_bytes} B" if trunc_calls else "-",
+                     f"{trunc_calls} call{'s' * (trunc_calls > 1)}, {trunc_bytes} B" if trunc_calls else "-",
                      f"{gaps}, {gap_bytes} B" if gaps else "-", "yes" if c.eof else "no"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -327,13 +327,14 @@ def _hole_text(off: int, n: int, why: str, s: Stream) -> str:
     return f"[nettap: {n} bytes missing at offset {off} (records lost)]"
 
 
-_CONTROL = {b: "." for b in range(128) if not 32 <= b < 127 and b not in b"\n\t"}
+_CONTROL = {b: "." for b in range(128) if not 32 <= b < 127 and b not in b"\n\t\r"}
+_LONE_CR = re.compile(r"\r(?!\n)")
 
 
 def _text(data: bytes) -> str:
     """Bytes as text: UTF-8 (U+FFFD where it is not), control characters but
-    newline and tab as '.', as Wireshark's ASCII view shows them."""
-    return data.decode("utf-8", "replace").translate(_CONTROL)
+    newline, tab and CR LF as '.', as Wireshark's ASCII view shows them."""
+    return _LONE_CR.sub(".", data.decode("utf-8", "replace").translate(_CONTROL))
 
 
 def _hexdump(off: int, data: bytes) -> Iterator[str]:
