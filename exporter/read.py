@@ -257,6 +257,7 @@ class Capture:
         self.counts = {"chunk": 0, "eof": 0, "log": 0}
         self.logs: Dict[str, int] = {}
         self.no_conn = 0                        # chunks of connections nettap had no room for
+        self._portless: Dict[tuple, tuple] = {}  # key without the local port -> key
 
     def add(self, rec: dict, keep: bool = False) -> None:
         kind = rec["type"]
@@ -268,9 +269,15 @@ class Capture:
             self.no_conn += kind == "chunk"
             return
         key = _key(rec)
+        if kind == "eof" and key not in self.conns and rec["sport"] == 0:
+            # At TCP_CLOSE the kernel has released the local port already
+            # (tcp_set_state: inet_put_port() before the state store): the
+            # eof record's sport may be 0. Its chunks had it.
+            key = self._portless.get(key[:3] + key[4:], key)
         c = self.conns.get(key)
         if c is None:
             c = self.conns[key] = Conn(key, rec, keep)
+            self._portless[key[:3] + key[4:]] = key
         c.add(rec)
 
 
@@ -546,8 +553,7 @@ def _run(args: argparse.Namespace) -> int:
     ids = {c.conn_id for c in conns}
     full = Capture()
     for rec in records(files, None, lambda r: r.get("conn_id") in ids):
-        if rec["type"] != "log" and _key(rec) in keys:
-            full.add(rec, keep=True)
+        full.add(rec, keep=True)
     conns = [full.conns[k] for k in cap.conns if k in keys and k in full.conns]
     if args.pcap:
         try:
