@@ -12,7 +12,7 @@ from pathlib import Path
 import dpkt
 import pytest
 
-from exporter import cli, read
+from exporter import cli, pcap, read
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = Path(__file__).resolve().parent / "fixtures" / "read"
@@ -180,7 +180,7 @@ def test_no_matching_connection_is_an_error(capsys):
 def _packets(path):
     with open(path, "rb") as f:
         r = dpkt.pcap.Reader(f)
-        assert r.datalink() == read.LINKTYPE_RAW
+        assert r.datalink() == pcap.LINKTYPE_RAW
         return [(float(ts), dpkt.ip6.IP6(buf) if buf[0] >> 4 == 6 else dpkt.ip.IP(buf)) for ts, buf in r]
 
 
