@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import socket
+from decimal import Decimal
 from typing import Iterator, List, Optional, Tuple
 
 import dpkt
@@ -74,7 +75,7 @@ def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
                               for i, d in enumerate(DIRECTIONS)]))
     t = min([s[0] for s in segs] + ([c.eof["start_ns"]] if c.eof else []) + [c.first_ts]) - 3000
     t = max(t, 0)
-    yield t, pkt(client, F.TH_SYN, seq=-1)
+    yield t, pkt(client, F.TH_SYN, seq=-1)                      # seq -1 + 1: the ISN, 0
     yield t + 1000, pkt(peer[client], F.TH_SYN | F.TH_ACK, seq=-1)
     yield t + 2000, pkt(client, F.TH_ACK)
     t += 2000
@@ -119,6 +120,7 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, List[str]]:
     with open(path, "wb") as f:
         w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
         for ts, p in heapq.merge(*[packets(c) for c in chosen], key=lambda x: x[0]):
-            w.writepkt_time(p, ts / 1e9)
+            # exact: a float's rounding could make the nanoseconds 10^9
+            w.writepkt_time(p, Decimal(ts) / 1_000_000_000)
             n += 1
     return n, notes

@@ -3,7 +3,6 @@ reply exchange on loopback into rotated JSON-lines files; `nettap read`
 lists it and writes a pcap, and tshark's "Follow TCP stream" of that pcap
 gives back exactly the bytes each side sent."""
 import glob
-import os
 import socket
 import subprocess
 import sys
@@ -31,8 +30,10 @@ def _recv_exactly(s, n):
 
 class Exchange:
     """A loopback server (listening once made) and, in run(), its client:
-    ROUNDS requests of REQ bytes, each answered with REP bytes, then the
-    client's FIN and the server's goodbye."""
+    ROUNDS requests of REQ bytes, each answered with REP bytes, the server's
+    goodbye, then the client closes first. (Every byte is read before either
+    socket reaches TCP_CLOSE: a client that closed first and still reads
+    would be in TIME_WAIT, its socket closed, when it reads the last bytes.)"""
 
     def __init__(self, family, host):
         self.family, self.host = family, host
@@ -50,9 +51,9 @@ class Exchange:
                 _recv_exactly(c, REQ)
                 self.server.append(payload(REP, seed=100 + i))
                 c.sendall(self.server[-1])
-            assert c.recv(1) == b""
             self.server.append(b"bye\n")
             c.sendall(b"bye\n")
+            assert c.recv(1) == b""
 
     def run(self):
         t = threading.Thread(target=self._serve)
@@ -65,7 +66,6 @@ class Exchange:
                 self.client.append(payload(REQ, seed=i))
                 s.sendall(self.client[-1])
                 _recv_exactly(s, REP)
-            s.shutdown(socket.SHUT_WR)
             assert _recv_exactly(s, 4) == b"bye\n"
         t.join(10)
         self.srv.close()
@@ -102,7 +102,7 @@ def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, mode,
                       "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl"),
                                  "max_bytes": 32768, "backups": 50}})
     client_bytes, server_bytes = ex.run()
-    lines, _ = run.finish()
+    run.finish()
     files = sorted(glob.glob(str(tmp_path / "capture.jsonl*")))   # the shell's order: newest first
     assert len(files) >= 3, files
 
