@@ -14,8 +14,15 @@ from . import __version__
 log = logging.getLogger("nettap")
 
 
+COMMANDS = """commands (each has its own --help):
+  nettap read FILE...   read capture files back: list connections, print a connection's
+                        bytes (--conn ID, --hex), write a pcap for Wireshark (--pcap OUT)
+"""
+
+
 def _args(argv: list | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.")
+    p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS)
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
     p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
                    help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
@@ -169,6 +176,10 @@ def _preflight(probes) -> int:
 
 def main(argv: list | None = None) -> int:
     early_hup = _EarlyHangup()                  # before anything slow
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["read"]:
+        from . import read
+        return read.main(argv[1:])
     args = _args(argv)
     if args.decode:
         return _decode(args.decode, args.ring)

@@ -1,0 +1,126 @@
+"""Captured connections as a pcap file: synthesized IPv4/IPv6 TCP segments
+(handshake, data at the sequence numbers of the stream offsets, ACKs, FINs)
+that Wireshark and tshark dissect and follow. The segments and the file
+are made by dpkt (see pyproject.toml for why dpkt)."""
+from __future__ import annotations
+
+import heapq
+import socket
+from decimal import Decimal
+from typing import Iterator, List, Optional, Tuple
+
+import dpkt
+
+from .read import DIRECTIONS, Conn, Stream
+
+# The socket state before TCP_CLOSE says which side sent the first FIN.
+_ACTIVE_CLOSE = {"FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT", "CLOSING"}
+LINKTYPE_RAW = 101      # pcap-linktype(7): raw IPv4 or IPv6, no link header (dpkt's DLT_RAW is not it)
+MAX_SEGMENT = 65_000    # TCP payload per segment: below IPv4's 65,535-byte datagram
+
+
+def _segments(s: Stream) -> List[Tuple[int, int, bytes, Optional[int]]]:
+    """(ts_ns, offset, bytes, call_offset if last of its call else None),
+    a segment per call's contiguous bytes."""
+    out = []
+    pieces = sorted(s.pieces, key=lambda p: p[0])
+    pos = 0
+    for i, (off, data, co, ts) in enumerate(pieces):
+        if off + len(data) <= pos:
+            continue
+        if off < pos:
+            data, off = data[pos - off:], pos
+        nxt = pieces[i + 1] if i + 1 < len(pieces) else None
+        if out and out[-1][1] + len(out[-1][2]) == off and out[-1][4] == co and len(out[-1][2]) < MAX_SEGMENT:
+            out[-1][2] += data
+        else:
+            out.append([ts, off, bytearray(data), False, co])
+        pos = off + len(data)
+        if nxt is None or nxt[2] != co:
+            out[-1][3] = True
+    segs = []
+    for ts, off, data, last, co in out:
+        for j in range(0, len(data), MAX_SEGMENT):
+            part = bytes(data[j:j + MAX_SEGMENT])
+            segs.append((ts, off + j, part, co if last and j + MAX_SEGMENT >= len(data) else None))
+    return segs
+
+
+def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
+    """(ts_ns, IP packet) of one connection: a handshake, its data in
+    segments whose sequence number is the stream offset + 1 (initial
+    sequence numbers 0), each call acknowledged by the peer, and FINs
+    when it closed. nettap does not record who connected: the side with
+    the higher port (the ephemeral one) sends the SYN."""
+    v6 = c.family == "ipv6"
+    af = socket.AF_INET6 if v6 else socket.AF_INET
+    addr = {"egress": (socket.inet_pton(af, c.saddr), c.sport, socket.inet_pton(af, c.daddr), c.dport)}
+    a = addr["egress"]
+    addr["ingress"] = (a[2], a[3], a[0], a[1])
+    peer = {"egress": "ingress", "ingress": "egress"}
+    sent = {"egress": 0, "ingress": 0}         # bytes each side has sent so far, captured or not
+    F = dpkt.tcp
+
+    def pkt(d: str, flags: int, data: bytes = b"", seq: Optional[int] = None) -> bytes:
+        src, sport, dst, dport = addr[d]
+        seq = (1 + (sent[d] if seq is None else seq)) & 0xFFFFFFFF
+        ack = (1 + sent[peer[d]]) & 0xFFFFFFFF if flags & F.TH_ACK else 0
+        tcp = F.TCP(sport=sport, dport=dport, seq=seq, ack=ack, flags=flags, win=65535, data=data)
+        if v6:
+            return bytes(dpkt.ip6.IP6(src=src, dst=dst, nxt=6, hlim=64, plen=len(tcp), data=tcp))
+        return bytes(dpkt.ip.IP(src=src, dst=dst, p=6, ttl=64, len=20 + len(tcp), data=tcp))
+
+    client = "egress" if c.sport >= c.dport else "ingress"      # egress = the local side sends
+    segs = list(heapq.merge(*[[(ts, i, d, off, data, co) for ts, off, data, co in _segments(c.streams[d])]
+                              for i, d in enumerate(DIRECTIONS)]))
+    t = min([s[0] for s in segs] + ([c.eof["start_ns"]] if c.eof else []) + [c.first_ts]) - 3000
+    t = max(t, 0)
+    yield t, pkt(client, F.TH_SYN, seq=-1)                      # seq -1 + 1: the ISN, 0
+    yield t + 1000, pkt(peer[client], F.TH_SYN | F.TH_ACK, seq=-1)
+    yield t + 2000, pkt(client, F.TH_ACK)
+    t += 2000
+    for ts, _, d, off, data, co in segs:
+        t = max(t, ts)                          # never back in time within a connection
+        yield t, pkt(d, F.TH_ACK | (F.TH_PUSH if co is not None else 0), data, seq=off)
+        sent[d] = max(sent[d], off + len(data))
+        if co is not None:                      # the whole call was sent, captured or not
+            sent[d] = max(sent[d], co + c.streams[d].calls[co][0])
+            yield t, pkt(peer[d], F.TH_ACK)
+    if c.eof:
+        for d in DIRECTIONS:
+            sent[d] = max(sent[d], c.streams[d].end(c.total(d)))
+        t = max(t, c.eof["ts_ns"])
+        first = "egress" if c.eof["oldstate"] in _ACTIVE_CLOSE else "ingress"
+        yield t, pkt(first, F.TH_FIN | F.TH_ACK)
+        sent[first] += 1
+        yield t, pkt(peer[first], F.TH_FIN | F.TH_ACK)
+        sent[peer[first]] += 1
+        yield t, pkt(first, F.TH_ACK)
+
+
+def write_pcap(conns: List[Conn], path: str) -> Tuple[int, List[str]]:
+    """Write the connections' packets, merged in time order, to path.
+    Returns (packets written, notes on connections left out)."""
+    notes, chosen, seen = [], [], {}
+    for c in conns:
+        try:
+            af = socket.AF_INET6 if c.family == "ipv6" else socket.AF_INET
+            socket.inet_pton(af, c.saddr), socket.inet_pton(af, c.daddr)
+        except OSError:
+            notes.append(f"conn {c.conn_id}: family {c.family} addresses {c.saddr}, {c.daddr} are not IP: left out")
+            continue
+        mirror = seen.get((c.family, c.daddr, c.dport, c.saddr, c.sport))
+        if mirror is not None:                  # both ends captured (loopback): one TCP connection
+            notes.append(f"conn {c.conn_id} is the other end of conn {mirror.conn_id} (the same TCP "
+                         f"connection): left out of the pcap")
+            continue
+        seen[(c.family, c.saddr, c.sport, c.daddr, c.dport)] = c
+        chosen.append(c)
+    n = 0
+    with open(path, "wb") as f:
+        w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
+        for ts, p in heapq.merge(*[packets(c) for c in chosen], key=lambda x: x[0]):
+            # exact: a float's rounding could make the nanoseconds 10^9
+            w.writepkt_time(p, Decimal(ts) / 1_000_000_000)
+            n += 1
+    return n, notes

@@ -1,0 +1,268 @@
+"""`nettap read`: the committed capture files of tests/unit/fixtures/read
+(made by the reference JSON-lines writer) read back: rotation order,
+listing, streams as text and hex with truncation and gaps marked, filters,
+bad lines, and the pcap, read back by dpkt and followed by tshark."""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dpkt
+import pytest
+
+from exporter import cli, pcap, read
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = Path(__file__).resolve().parent / "fixtures" / "read"
+_spec = importlib.util.spec_from_file_location("read_fixture", FIX / "make_fixture.py")
+make = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make)
+NEWEST_FIRST = [str(FIX / n) for n in ("capture.jsonl", "capture.jsonl.1", "capture.jsonl.2")]
+
+
+def nettap(*args, cwd=FIX):
+    """The real CLI in a process: (exit code, stdout, stderr)."""
+    p = subprocess.run([sys.executable, "-m", "exporter", *args], cwd=cwd, capture_output=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def run(capsys, *args):
+    """cli.main in this process: (exit code, stdout, stderr)."""
+    rc = cli.main(["read", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_fixture_files_are_the_writers_lines():
+    for name, data in zip(make.NAMES, make.files()):
+        assert (FIX / name).read_bytes() == data, f"{name} is stale: run {FIX / 'make_fixture.py'}"
+
+
+def test_rotated_sets_are_ordered_oldest_first():
+    assert read.ordered(["c.jsonl", "c.jsonl.1", "c.jsonl.10", "c.jsonl.2"]) == \
+        ["c.jsonl.10", "c.jsonl.2", "c.jsonl.1", "c.jsonl"]
+    # two sets, each in its own order, in the order their first file was named; duplicates once
+    assert read.ordered(["b/x.1", "a/x", "b/x", "a/x.2", "b/x.1", "a/x.1"]) == \
+        ["b/x.1", "b/x", "a/x.2", "a/x.1", "a/x"]
+
+
+LISTING = """\
+CONN  LOCAL                REMOTE             PID   COMM     TX    RX    TRUNCATED       GAPS      CLOSED
+1     192.0.2.1:40000      198.51.100.2:80    1000  curl     48    1000  -               -         yes
+2     [2001:db8::1]:50000  [2001:db8::2]:443  2000  python3  5104  605   1 call, 4000 B  1, 300 B  no
+3     127.0.0.1:8080       127.0.0.1:41000    3000  nginx    7     206   -               1, 200 B  yes
+1     192.0.2.1:40001      198.51.100.2:80    1001  curl     5     0     -               -         no
+4 connection(s) of 4; records: 16 chunk, 2 eof, 1 log
+1 chunk(s) without a connection (conn_id 0: nettap's connection table was full): in no stream
+log records: conn_table_full 1
+"""
+SKIPPED = ('nettap read: skipped 4 line(s): 1 not JSON (first: capture.jsonl.2:3); 1 of unknown type '
+           '"metric" (first: capture.jsonl.1:9); 1 chunk record(s) whose data is not base64 (first: '
+           'capture.jsonl.1:10); 1 cut last line (first: capture.jsonl:8)\n')
+
+
+def test_listing_reads_the_rotated_set_in_order_whatever_the_command_line_order():
+    # the shell's glob order (capture.jsonl first) and newest first: the same, oldest first
+    for files in (["capture.jsonl", "capture.jsonl.1", "capture.jsonl.2"],
+                  ["capture.jsonl.1", "capture.jsonl.2", "capture.jsonl"]):
+        rc, out, err = nettap("read", *files)
+        assert (rc, out, err) == (0, LISTING, SKIPPED)
+
+
+def test_bad_input_is_counted_in_one_line_never_a_traceback(tmp_path, capsys):
+    good = (FIX / "capture.jsonl.2").read_bytes().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join([
+        good[0],
+        b"\n",                                          # empty
+        b"\xff\xfe\x00binary\n",                        # not UTF-8
+        b"[1, 2]\n", b"42\n", b"null\n",                # JSON, not objects
+        b'{"no":"type"}\n',
+        b'{"type":"chunk"}\n',                          # no fields
+        good[1].replace(b'"offset":0', b'"offset":-5'),
+        good[1].replace(b'"direction":"egress"', b'"direction":"sideways"'),
+        good[1].replace(b'"len":100', b'"len":99'),     # data is not len bytes
+        good[1].replace(b'"conn_id":2', b'"conn_id":true'),
+        good[1][:-30] + b"\n",                          # cut, then more lines
+        good[3][:40],                                   # cut last line
+    ]))
+    rc, out, err = nettap("read", str(bad), str(tmp_path / "absent.jsonl"))
+    assert rc == 1                                      # a file could not be read
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert lines[0] == f"nettap read: cannot read {tmp_path / 'absent.jsonl'}: No such file or directory"
+    assert len(lines) == 2 and lines[1].startswith("nettap read: skipped 13 line(s): 3 not JSON (first: ")
+    for reason in ("3 not a JSON object", '1 of unknown type null', "2 chunk record(s) with a missing or bad",
+                   "1 chunk record(s) with a bad direction", "1 chunk record(s) whose data is not len bytes",
+                   f"1 cut last line (first: {bad}:14)"):
+        assert reason in lines[1]
+    assert out.splitlines()[1].startswith("1     192.0.2.1:40000")       # the good line is read
+    assert out.splitlines()[-1] == "1 connection(s) of 1; records: 1 chunk, 0 eof, 0 log"
+
+
+def test_text_stream_marks_the_truncated_call_and_the_gap(capsys):
+    rc, out, err = run(capsys, *NEWEST_FIRST, "--conn", "2")
+    assert rc == 0
+    lines = out.split("\n")
+    assert lines[0] == "conn 2: ipv6 [2001:db8::1]:50000 -> [2001:db8::2]:443, pid 2000 (python3)"
+    assert lines[1] == "==> egress [2001:db8::1]:50000 -> [2001:db8::2]:443: 5104 bytes in 3 call(s), 1104 captured"
+    assert lines[2].startswith("A" * 100)               # call 1, then call 2's first 1000 bytes
+    trunc = ("[nettap: 4000 bytes not captured at offset 1100: the call of 5000 bytes at offset 100 "
+             "was truncated (capture.max_payload_bytes)]")
+    i = lines.index(trunc)
+    assert lines[i + 1:i + 3] == ["bye", "==> ingress [2001:db8::2]:443 -> [2001:db8::1]:50000: "
+                                  "605 bytes in 2 call(s), 305 captured"]
+    assert lines[i + 3:] == ["R" * 300, "[nettap: 300 bytes missing at offset 300 (records lost)]", "tail", ""]
+
+
+def test_text_shows_utf8_and_control_bytes_as_wireshark_does(capsys):
+    rc, out, _ = run(capsys, *NEWEST_FIRST, "--conn", "1", "--port", "40000")
+    assert rc == 0
+    assert out.startswith("conn 1: ipv4 192.0.2.1:40000 -> 198.51.100.2:80, pid 1000 (curl), closed\n"
+                          "==> egress 192.0.2.1:40000 -> 198.51.100.2:80: 48 bytes in 1 call(s), 48 captured\n"
+                          "GET /index.html HTTP/1.1\r\nHost: example.test\r\n\r\n"
+                          "==> ingress 198.51.100.2:80 -> 192.0.2.1:40000: 1000 bytes in 1 call(s), 1000 captured\n"
+                          "HTTP/1.1 200 OK\r\nContent-Length: 960\r\n\r\n<p>caf\u00e9 \ufffd. ok</p>\n")
+    assert out.endswith("!" * 40 + "\n")                # no newline in the data: one is added
+    assert "conn 1: ipv4 192.0.2.1:40001" not in out    # the other conn_id 1 has port 40001
+
+
+def test_hex_stream_marks_unreadable_payload(capsys):
+    rc, out, _ = run(capsys, *NEWEST_FIRST, "--conn", "3", "--hex")
+    assert (rc, out) == (0, """\
+conn 3: ipv4 127.0.0.1:8080 -> 127.0.0.1:41000, pid 3000 (nginx), closed
+==> egress 127.0.0.1:8080 -> 127.0.0.1:41000: 7 bytes in 1 call(s), 7 captured
+00000000  2b 50 4f 4e 47 0d 0a                              |+PONG..|
+==> ingress 127.0.0.1:41000 -> 127.0.0.1:8080: 206 bytes in 2 call(s), 6 captured
+[nettap: 200 bytes at offset 0 unreadable (the kernel could not read the payload)]
+000000c8  50 49 4e 47 0d 0a                                 |PING..|
+""")
+    rc, out, _ = run(capsys, *NEWEST_FIRST, "--conn", "1", "--port", "40000", "--hex")
+    assert out.split("\n")[2:5] == [
+        "00000000  47 45 54 20 2f 69 6e 64  65 78 2e 68 74 6d 6c 20  |GET /index.html |",
+        "00000010  48 54 54 50 2f 31 2e 31  0d 0a 48 6f 73 74 3a 20  |HTTP/1.1..Host: |",
+        "00000020  65 78 61 6d 70 6c 65 2e  74 65 73 74 0d 0a 0d 0a  |example.test....|"]
+
+
+def _rows(out):
+    return [line.split()[:2] for line in out.splitlines()[1:] if line.split()[1][-1].isdigit()]
+
+
+@pytest.mark.parametrize("args, rows", [
+    (["--port", "443"], [["2", "[2001:db8::1]:50000"]]),
+    (["--port", "8080", "--port", "40001"], [["3", "127.0.0.1:8080"], ["1", "192.0.2.1:40001"]]),
+    (["--pid", "3000"], [["3", "127.0.0.1:8080"]]),
+    (["--port", "80", "--pid", "1001"], [["1", "192.0.2.1:40001"]]),
+    (["--port", "9"], []),
+])
+def test_filters(capsys, args, rows):
+    rc, out, _ = run(capsys, *NEWEST_FIRST, *args)
+    assert rc == 0 and _rows(out) == rows
+    assert out.splitlines()[-3] == f"{len(rows)} connection(s) of 4; records: 16 chunk, 2 eof, 1 log"
+
+
+def test_conn_id_of_two_connections_prints_both(capsys):
+    # conn_id 1 again after a restarted nettap: the addresses tell them apart
+    rc, out, _ = run(capsys, *NEWEST_FIRST, "--conn", "1")
+    assert rc == 0 and [l for l in out.splitlines() if l.startswith("conn ")] == [
+        "conn 1: ipv4 192.0.2.1:40000 -> 198.51.100.2:80, pid 1000 (curl), closed",
+        "conn 1: ipv4 192.0.2.1:40001 -> 198.51.100.2:80, pid 1001 (curl)"]
+
+
+def test_no_matching_connection_is_an_error(capsys):
+    rc, out, err = run(capsys, *NEWEST_FIRST, "--conn", "99")
+    assert (rc, out) == (1, "") and err.endswith("nettap read: no connection matches\n")
+
+
+def _packets(path):
+    with open(path, "rb") as f:
+        r = dpkt.pcap.Reader(f)
+        assert r.datalink() == pcap.LINKTYPE_RAW
+        return [(float(ts), dpkt.ip6.IP6(buf) if buf[0] >> 4 == 6 else dpkt.ip.IP(buf)) for ts, buf in r]
+
+
+def test_pcap_ipv6_segments_carry_stream_offsets(tmp_path, capsys):
+    out = tmp_path / "c2.pcap"
+    rc, _, err = run(capsys, *NEWEST_FIRST, "--port", "443", "--pcap", str(out))
+    assert rc == 0 and err.endswith(f"nettap read: wrote 13 packets of 1 connection(s) to {out}\n")
+    pk = _packets(out)
+    assert all(isinstance(ip, dpkt.ip6.IP6) for _, ip in pk)
+    F = dpkt.tcp
+    seen = [(ip.data.sport, ip.data.flags, ip.data.seq, ip.data.ack, len(ip.data.data)) for _, ip in pk]
+    assert seen[:3] == [(50000, F.TH_SYN, 0, 0, 0), (443, F.TH_SYN | F.TH_ACK, 0, 1, 0), (50000, F.TH_ACK, 1, 1, 0)]
+    data = [(s, seq, n) for s, fl, seq, ack, n in seen if n]
+    # sequence number = stream offset + 1; the truncated call's tail and the lost call are not sent
+    assert data == [(50000, 1, 100), (50000, 101, 1000), (443, 1, 300), (443, 601, 5), (50000, 5101, 4)]
+    acks = [(s, ack) for s, fl, seq, ack, n in seen[3:] if not n]
+    assert acks == [(443, 101), (443, 5101), (50000, 301), (50000, 606), (443, 5105)]
+    assert not any(fl & F.TH_FIN for _, fl, *_ in seen)            # no eof: still open
+    ts = [t for t, _ in pk]
+    assert ts == sorted(ts) and ts[3] == pytest.approx(5.001, abs=1e-9)   # ts_ns, in seconds
+
+
+def _follow(pcap, stream):
+    """tshark's "Follow TCP stream" (raw) of one stream: {"node0": (addr, bytes), "node1": ...}."""
+    p = subprocess.run(["tshark", "-r", str(pcap), "-q", "-z", f"follow,tcp,raw,{stream}"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    nodes, data = {}, {0: b"", 1: b""}
+    for line in p.stdout.decode().splitlines():
+        if line.startswith("Node "):
+            n, addr = line[5:].split(": ", 1)
+            nodes[int(n)] = addr
+        elif nodes and line and not line.startswith("="):
+            data[1 if line.startswith("\t") else 0] += bytes.fromhex(line.strip())
+    return {n: (nodes[n], data[n]) for n in nodes}
+
+
+MISSING = "[{} bytes missing in capture file]\0".format
+
+
+def test_tshark_follows_every_connection_with_the_gaps_it_is_told(tmp_path, capsys):
+    assert shutil.which("tshark"), "tshark (Debian's package) is installed by scripts/setup.sh test"
+    out = tmp_path / "all.pcap"
+    rc, _, err = run(capsys, *NEWEST_FIRST, "--pcap", str(out))
+    assert rc == 0 and "wrote 38 packets of 4 connection(s)" in err
+    p = subprocess.run(["tshark", "-r", str(out), "-o", "tcp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE",
+                        "-T", "fields", "-e", "tcp.checksum.status"], capture_output=True, timeout=60)
+    assert p.stdout.split() == [b"1"] * 38              # every checksum good
+    assert _follow(out, 0) == {0: ("192.0.2.1:40000", make.REQUEST), 1: ("198.51.100.2:80", make.RESPONSE)}
+    assert _follow(out, 1) == {
+        0: ("[2001:db8::1]:50000", b"A" * 100 + make.BIG[:1000] + MISSING(4000).encode() + b"bye\n"),
+        1: ("[2001:db8::2]:443", b"R" * 300 + MISSING(300).encode() + b"tail\n")}
+    # conn 3's local port 8080 is the lower: the remote end connected, and sends first
+    assert _follow(out, 2) == {0: ("127.0.0.1:41000", MISSING(200).encode() + b"PING\r\n"),
+                               1: ("127.0.0.1:8080", b"+PONG\r\n")}
+    assert _follow(out, 3) == {0: ("192.0.2.1:40001", b"hello"), 1: ("198.51.100.2:80", b"")}
+
+
+def test_pcap_fins_follow_who_closed_first(tmp_path, capsys):
+    out = tmp_path / "fin.pcap"
+    run(capsys, *NEWEST_FIRST, "--port", "80", "--port", "8080", "--pcap", str(out))
+    fins = [(ip.data.sport, ip.data.seq) for _, ip in _packets(out) if ip.data.flags & dpkt.tcp.TH_FIN]
+    # conn 1 was in FIN_WAIT2 (it closed first), conn 3 in LAST_ACK (its peer did)
+    assert fins == [(40000, 49), (80, 1001), (41000, 207), (8080, 8)]
+
+
+def test_pcap_keeps_one_end_of_a_connection_captured_at_both(tmp_path, capsys):
+    a = (5, make.V4, "127.0.0.1", 41000, "127.0.0.1", 6000, 10, b"client")
+    b = (6, make.V4, "127.0.0.1", 6000, "127.0.0.1", 41000, 10, b"client")
+    f = tmp_path / "loop.jsonl"
+    f.write_bytes(make.ch(a, make.EGRESS, 0, b"ping", 1000) + make.ch(b, make.INGRESS, 0, b"ping", 2000)
+                  + make.ch(b, make.EGRESS, 0, b"pong", 3000) + make.ch(a, make.INGRESS, 0, b"pong", 4000))
+    rc, _, err = run(capsys, str(f), "--pcap", str(tmp_path / "loop.pcap"))
+    assert rc == 0
+    assert err.splitlines() == [
+        "nettap read: conn 6 is the other end of conn 5 (the same TCP connection): left out of the pcap",
+        f"nettap read: wrote 7 packets of 1 connection(s) to {tmp_path / 'loop.pcap'}"]
+    assert _follow(tmp_path / "loop.pcap", 0) == {0: ("127.0.0.1:41000", b"ping"), 1: ("127.0.0.1:6000", b"pong")}
+
+
+def test_help_names_the_command():
+    rc, out, _ = nettap("--help", cwd=ROOT)
+    assert rc == 0 and "nettap read FILE..." in out and "--pcap OUT" in out
+    rc, out, _ = nettap("read", "--help", cwd=ROOT)
+    assert rc == 0 and out.startswith("usage: nettap read [-h] [--conn ID]")
