@@ -76,6 +76,11 @@ int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 		e->pad0 = 0;
 		read_addrs((struct sock *)sk, false, &e->family, &e->sport, &e->dport,
 			   e->saddr, e->daddr);
+		/* tcp_set_state() releases the local port (inet_put_port zeroes
+		 * skc_num) before it stores TCP_CLOSE, where this runs; the
+		 * socket's own source port, inet_sport, stays. */
+		if (!e->sport)
+			e->sport = bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport));
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
 		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, cfg->eof_wakeup_bytes)
 					  : BPF_RB_NO_WAKEUP);

@@ -102,6 +102,11 @@ struct sock {
 	__u16 sk_protocol;
 };
 
+struct inet_sock {
+	struct sock sk;
+	__be16 inet_sport;
+};
+
 struct socket {
 	short type;
 	struct sock *sk;

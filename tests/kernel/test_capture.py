@@ -476,7 +476,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     exactly one eof record per captured socket, none dropped. The eof ring
     is the old default, 256 KiB (2,048 records; the run makes 4,000 at up to
     ~20,000/s), so the drain must keep up while the storm runs: woken by the
-    eof ring's own threshold, not only by the 50 ms poll timeout (with the
+    eof ring's own threshold, not only by the 0.2 s poll timeout (with the
     chunk ring's threshold, a quarter of 8 MiB, which this ring never holds,
     it was; at 128 KiB that dropped 63-1,368 records a run here)."""
     procs = []
@@ -521,9 +521,9 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     eofs = [l for l in lines if l["type"] == "eof"]
     assert len(eofs) == drained["capture_eof"], rate          # every record drained was written
     assert len({e["conn_id"] for e in eofs}) == len(eofs)     # no socket twice
-    # The clients' by count (their sport reads 0 in these records: tcp_set_state
-    # releases the local port before the TCP_CLOSE tracepoint, and read_addrs
-    # reads skc_num; not this test's subject), the server's by peer port.
+    # The clients' by their own port (tcp_set_state has released it from
+    # skc_num by TCP_CLOSE: the record reads inet_sport), the server's by
+    # peer port.
     client_side = [e for e in eofs if e["dport"] == port]
     server_side = Counter(e["dport"] for e in eofs if e["dport"] != port)
     assert server_side - Counter(ports) == Counter()
@@ -533,5 +533,6 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     # under load: its record lost, its stale entry reused by the next socket
     # at that address).
     assert len(client_side) == STORM_N and server_side == Counter(ports)
+    assert Counter(e["sport"] for e in client_side) == Counter(ports)
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in eofs if e["dport"] != port} == {(0, 1)}
