@@ -18,6 +18,15 @@ pyroute2.config.default_communicate_timeout = 120
 from exporter.app import Nettap
 
 
+def emulated(host: int, guest: int) -> int:
+    """A repetition count: `host` here, `guest` in the kernel matrix's qemu
+    guests (NETTAP_TEST_VARIANTS=default), where every step costs ~10-20x
+    under emulation. For loops that test user-space behaviour the kernel's
+    version does not change (how many concurrent scrapes agree), never for
+    what the kernel does."""
+    return guest if os.environ.get("NETTAP_TEST_VARIANTS") == "default" else host
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_modes() -> tuple:
     """(mechanism, variant) pairs this kernel accepts, e.g. ('tracepoint', 'fast').

@@ -17,6 +17,7 @@ from exporter import libbpf, maps
 from exporter.config import ConfigError, Target
 from exporter.records import PROBE_COUNTERS
 from exporter.targets import resolve
+from conftest import emulated
 from procs import Nettap, wait_for
 from traffic import Server, send_messages
 
@@ -25,6 +26,9 @@ COUNTERS = re.compile(r'^(nettap_probe_\w+|nettap_ringbuf_drops_total)(\{[^}]*\}
 
 def counters(text):
     return {m[1] + (m[2] or ""): float(m[3]) for m in COUNTERS.finditer(text)}
+
+
+ROUNDS = emulated(150, 25)      # scrapes per thread (16 threads)
 
 
 def test_sixteen_concurrent_scrapes_agree(tmp_path):
@@ -43,7 +47,7 @@ def test_sixteen_concurrent_scrapes_agree(tmp_path):
         def scrape():
             s = requests.Session()
             start.wait()
-            for _ in range(150):
+            for _ in range(ROUNDS):
                 got = counters(s.get(n.url + "/metrics", timeout=30).text)
                 if got != want:
                     wrong.append({k: (want.get(k), v) for k, v in got.items() if want.get(k) != v})
@@ -52,7 +56,7 @@ def test_sixteen_concurrent_scrapes_agree(tmp_path):
             t.start()
         for t in threads:
             t.join()
-        assert wrong == [], f"{len(wrong)} of 2400 answers wrong, e.g. {wrong[:3]}"
+        assert wrong == [], f"{len(wrong)} of {16 * ROUNDS} answers wrong, e.g. {wrong[:3]}"
     finally:
         n.stop()
 
