@@ -15,7 +15,10 @@ log = logging.getLogger("nettap")
 
 
 def _args(argv: list | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.")
+    p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.",
+                                epilog="commands: `nettap top` (every BPF program on the node, live), "
+                                       "`nettap size --prometheus URL` (requests and limits from nettap's own series); "
+                                       "each with --help")
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
     p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
                    help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
@@ -140,7 +143,15 @@ def _preflight(probes) -> int:
     return 0 if ok else 1
 
 
+# Commands beside the daemon: `nettap top ...`, `nettap size ...`, each with its own flags.
+COMMANDS = {"top": "exporter.top", "size": "exporter.size"}
+
+
 def main(argv: list | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        import importlib
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     args = _args(argv)
     if args.decode:
         return _decode(args.decode, args.ring)
