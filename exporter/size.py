@@ -192,9 +192,14 @@ def describe(n: Node, window: str) -> List[str]:
             f"          user CPU (rate of process_cpu_seconds_total over {window}): "
             + "  ".join(f"{k} {_mcores(c.get(k))}" for k in ("p50", "p95", "p99", "max"))]
     ratio = n.throttled_ratio()
-    out.append(f"          throttled in {_count(n.throttled_periods)} of {_count(n.periods)} CFS periods"
-               + (f" ({ratio * 100:.2f} %)" if ratio is not None else "")
-               + f", {n.throttled_seconds or 0:.3f} s; ring drops {_count(n.drops)}")
+    if n.periods is None:
+        throttled = "throttling: not known (no nettap_cgroup_cpu_* series: cpu controller not readable)"
+    elif not n.periods:
+        throttled = "throttling: none possible (no CFS periods: no CPU limit on nettap's cgroup)"
+    else:
+        throttled = (f"throttled in {_count(n.throttled_periods)} of {_count(n.periods)} CFS periods "
+                     f"({ratio * 100:.2f} %), {n.throttled_seconds or 0:.3f} s")
+    out.append(f"          {throttled}; ring drops {_count(n.drops)}")
     if "p95" not in c:
         out.append(f"          no CPU rate: the rate window ({window}) must hold two scrapes (--window)")
     out.append(f"          rule: {CPU_RULE}")

@@ -307,6 +307,7 @@ def _once(top: Top, a, switch) -> int:
     top.sample()
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(render(top.rows, top.nettap, a.sort, a.reverse, _stats_status(switch), live=False))
+    console.file.flush()
     return 0
 
 
@@ -321,7 +322,9 @@ def _live(top: Top, a, switch) -> int:
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
     key, reverse = a.sort, a.reverse
-    console = Console()
+    # The terminal's own size, read at each redraw (a resize applies), not a
+    # COLUMNS/LINES the environment may carry from another terminal.
+    console = Console(_environ={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")})
     try:
         tty.setcbreak(fd)                       # keys one by one; Ctrl-C still signals
         top.sample()
