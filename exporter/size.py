@@ -274,14 +274,27 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--step", default="1m", help="resolution of the CPU percentiles (default 1m)")
     p.add_argument("--selector", default="", metavar="LABELS",
                    help="extra label matchers for nettap's series, e.g. 'job=\"nettap\",cluster=\"eu1\"'")
+    p.add_argument("--at", type=_when, metavar="TIME",
+                   help="end of the range: unix seconds or UTC 2006-01-02T15:04:05Z (default: now)")
     p.add_argument("-o", "--output", choices=("text", "yaml"), default="text",
                    help="text (default), or yaml: a patch for deploy/kubernetes/daemonset.yaml")
     return p.parse_args(argv)
 
 
+def _when(v: str) -> float:
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    try:
+        return datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r}: not unix seconds nor YYYY-MM-DDTHH:MM:SSZ") from None
+
+
 def main(argv: Sequence[str]) -> int:
     a = _args(argv)
-    at = float(int(time.time()))
+    at = a.at if a.at is not None else float(int(time.time()))
     prom = Prometheus(a.prometheus, at)
     try:
         nodes = measure(prom, a.rng, a.window, a.step, a.selector)
