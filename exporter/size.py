@@ -185,8 +185,7 @@ def describe(n: Node, window: str) -> List[str]:
     out = [f"  memory  request {_mem(n.mem_request())}  limit {_mem(n.mem_limit_suggested())}",
            f"          peak RSS {_bytes(n.rss_peak)} (process_resident_memory_bytes)",
            f"          peak cgroup usage {_bytes(n.cgroup_peak)} (nettap_cgroup_memory_usage_bytes)",
-           f"          OOM kills {_count(n.oom_kills)}; cgroup limit {_bytes(n.mem_limit) if n.mem_limit else 'none'}",
-           f"          rule: {MEM_RULE}"]
+           f"          OOM kills {_count(n.oom_kills)}; cgroup limit {_bytes(n.mem_limit) if n.mem_limit else 'none'}"]
     c = n.cpu
     out += [f"  cpu     request {_cpu(n.cpu_request())}  limit {_cpu(n.cpu_limit())}",
             f"          user CPU (rate of process_cpu_seconds_total over {window}): "
@@ -202,7 +201,6 @@ def describe(n: Node, window: str) -> List[str]:
     out.append(f"          {throttled}; ring drops {_count(n.drops)}")
     if "p95" not in c:
         out.append(f"          no CPU rate: the rate window ({window}) must hold two scrapes (--window)")
-    out.append(f"          rule: {CPU_RULE}")
     if n.bpf:
         b = n.bpf
         out += [f"  kernel  BPF time in nettap's programs (rate of nettap_bpf_program_run_time_seconds_total "
@@ -243,7 +241,8 @@ def text(nodes: List[Node], prom_url: str, at: float, rng: str, window: str, ste
               f"memory {_mem(b.mem_request())}; limits cpu {_cpu(b.cpu_limit())} memory {_mem(b.mem_limit_suggested())}",
               f"DaemonSet (one spec for every node: the largest per-node figure): requests cpu {_cpu(d['cpu_request'])} "
               f"memory {_mem(d['mem_request'])}; limits cpu {_cpu(d['cpu_limit'])} memory {_mem(d['mem_limit'])}",
-              "  -o yaml prints it as a patch for deploy/kubernetes/daemonset.yaml"]
+              "  -o yaml prints it as a patch for deploy/kubernetes/daemonset.yaml", "",
+              f"memory rule: {MEM_RULE}", f"cpu rule: {CPU_RULE}"]
     return "\n".join(lines) + "\n"
 
 
