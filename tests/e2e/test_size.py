@@ -24,7 +24,7 @@ RANGE, WINDOW = 60, 5
 
 
 def size(prom, *extra):
-    r = subprocess.run([sys.executable, "-m", "exporter", "size", "--prometheus", prom.url, "--range", f"{RANGE}s",
+    r = subprocess.run([str(ROOT / "scripts/run.sh"), "size", "--prometheus", prom.url, "--range", f"{RANGE}s",
                         "--window", f"{WINDOW}s", "--step", "1s", *extra], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
