@@ -103,7 +103,7 @@ class Prometheus:
                                  timeout=self.timeout)
             body = r.json()
         except requests.RequestException as e:
-            raise SizeError(f"cannot query Prometheus at {self.url}: {e}") from None
+            raise SizeError(f"cannot query Prometheus at {self.url} ({type(e).__name__})") from None
         except ValueError:
             raise SizeError(f"{self.url} did not answer with Prometheus's API (HTTP {r.status_code})") from None
         if body.get("status") != "success":
