@@ -14,15 +14,18 @@ from . import __version__
 log = logging.getLogger("nettap")
 
 
-COMMANDS = """commands (each has its own --help):
+COMMANDS_HELP = """commands (each has its own --help):
   nettap read FILE...   read capture files back: list connections, print a connection's
                         bytes (--conn ID, --hex), write a pcap for Wireshark (--pcap OUT)
+  nettap top            every BPF program on the node, live (runs/s, ns per run, % CPU)
+  nettap size --prometheus URL
+                        requests and limits from nettap's own series
 """
 
 
 def _args(argv: list | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS_HELP)
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
     p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
                    help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
@@ -174,12 +177,16 @@ def _preflight(probes) -> int:
     return 0 if ok else 1
 
 
+# Commands beside the daemon: `nettap top ...`, `nettap size ...`, each with its own flags.
+COMMANDS = {"read": "exporter.read", "top": "exporter.top", "size": "exporter.size"}
+
+
 def main(argv: list | None = None) -> int:
-    early_hup = _EarlyHangup()                  # before anything slow
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["read"]:
-        from . import read
-        return read.main(argv[1:])
+    if argv and argv[0] in COMMANDS:            # tools with their own signal handling
+        import importlib
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    early_hup = _EarlyHangup()                  # before anything slow
     args = _args(argv)
     if args.decode:
         return _decode(args.decode, args.ring)

@@ -15,6 +15,8 @@ RUN_PKGS="libbpf1 python3 python3-venv gcc libc6-dev python3-dev"
 TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 prometheus prometheus-alertmanager jsonnet"
 # tshark: tests/kernel/test_read.py follows the TCP streams of `nettap read --pcap` with it
 TEST_PKGS="$TEST_PKGS tshark"
+# tmux: the real terminal `nettap top` is tested in (send-keys, capture-pane).
+TEST_PKGS="$TEST_PKGS tmux"
 # The kernel matrix (scripts/kernel_matrix.py): qemu for the guests, depmod for their modules,
 # busybox for the initramfs virtme-ng builds to load 9p and virtio modules.
 TEST_PKGS="$TEST_PKGS qemu-system-x86 kmod busybox-static"

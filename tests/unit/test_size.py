@@ -1,0 +1,75 @@
+"""`nettap size`'s rules and output from fixed figures (the figures' queries
+are checked against a real Prometheus in tests/e2e/test_size.py)."""
+import pytest
+import yaml
+
+from exporter import size
+from exporter.size import MiB, Node
+
+
+def node(**kw):
+    base = dict(instance="a:42424", rss_peak=60 * MiB, cgroup_peak=45 * MiB, oom_kills=0,
+                cpu={"p50": 0.003, "p95": 0.0121, "p99": 0.02, "max": 0.04},
+                periods=1000, throttled_periods=0, throttled_seconds=0, drops=0, calls=5e6,
+                bpf={"p50": 0.01, "p95": 0.02, "max": 0.05}, bpf_coverage=1.0)
+    base.update(kw)
+    return Node(**base)
+
+
+def test_memory_from_the_larger_peak_plus_a_quarter_rounded_to_16_mib():
+    assert node().mem_request() == 80 * MiB                  # 60 MiB * 1.25 = 75 -> 80
+    assert node(rss_peak=64 * MiB).mem_request() == 80 * MiB   # exactly 80: stays
+    assert node(cgroup_peak=100 * MiB).mem_request() == 128 * MiB
+    assert node().mem_limit_suggested() == 160 * MiB
+    # OOM kills: the peak was held down by the limit, so the limit counts as the peak.
+    assert node(oom_kills=2, mem_limit=128 * MiB).mem_request() == 160 * MiB
+    assert node(rss_peak=None, cgroup_peak=None).mem_request() is None
+
+
+def test_cpu_request_from_p95_limit_from_the_peak_doubled_or_quadrupled_when_throttled():
+    assert node().cpu_request() == 15                         # 12.1m -> 15m
+    assert node(cpu={"p95": 0.001, "max": 0.002}).cpu_request() == 10     # at least 10m
+    assert node().cpu_limit() == 100                          # 2 x 40m = 80 -> at least 100m
+    assert node(cpu={"p95": 0.1, "max": 0.3}).cpu_limit() == 600
+    throttled = node(cpu={"p95": 0.1, "max": 0.3}, throttled_periods=50)    # 5 % of periods
+    assert throttled.throttled_ratio() == 0.05 and throttled.cpu_limit() == 1200
+    assert node(cpu={"p95": 0.1, "max": 0.3}, throttled_periods=10).cpu_limit() == 600   # 1 %: not above
+    assert node(cpu={}).cpu_request() is None and node(cpu={}).cpu_limit() is None
+
+
+def test_text_gives_the_figures_rules_and_busiest_node():
+    a = node()
+    b = node(instance="b:42424", cpu={"p50": 0.05, "p95": 0.2, "p99": 0.3, "max": 0.35}, rss_peak=50 * MiB,
+             bpf={}, bpf_coverage=0, periods=0, throttled_periods=0)
+    out = size.text([a, b], "http://prom:9090", 1796137200, "7d", "5m", "1m")
+    assert out.startswith("nettap size: 2 node(s), the 7d to 2026-12-01T15:00:00Z (rate window 5m, step 1m), "
+                          "from http://prom:9090\n")
+    blk = out.split("node a:42424\n")[1].split("\n\n")[0]
+    assert "memory  request 80Mi  limit 160Mi" in blk and "peak RSS 62,914,560 B (60.0 MiB)" in blk
+    assert "p50 3.00m  p95 12.10m  p99 20.00m  max 40.00m" in blk
+    assert "throttled in 0 of 1,000 CFS periods (0.00 %)" in blk
+    assert f"\nmemory rule: {size.MEM_RULE}\ncpu rule: {size.CPU_RULE}\n" in out
+    assert "p50 10.00m  p95 20.00m  max 50.00m" in blk and "bpfStats on for 100 % of the range" in blk
+    blk = out.split("node b:42424\n")[1].split("\n\n")[0]
+    assert "no CPU limit on nettap's cgroup" in blk
+    assert "not measured (bpfStats was off over the range)" in blk and "diagnostics.bpfStats.enabled: true" in blk
+    assert "busiest node: b:42424 (highest p95 user CPU): requests cpu 200m memory 64Mi; limits cpu 700m memory 128Mi" in out
+    assert ("DaemonSet (one spec for every node: the largest per-node figure): requests cpu 200m memory 80Mi; "
+            "limits cpu 700m memory 160Mi") in out
+
+
+def test_yaml_patch_merges_by_container_name():
+    out = size.yaml_patch([node(), node(instance="b", rss_peak=200 * MiB)], "http://p", 0, "7d")
+    assert out.startswith("# nettap size: 2 node(s), the 7d to 1970-01-01T00:00:00Z")
+    c = yaml.safe_load(out)["spec"]["template"]["spec"]["containers"]
+    assert c == [{"name": "nettap", "resources": {"requests": {"cpu": "15m", "memory": "256Mi"},
+                                                   "limits": {"cpu": "100m", "memory": "512Mi"}}}]
+    with pytest.raises(size.SizeError, match="cpu_request"):
+        size.yaml_patch([node(cpu={})], "http://p", 0, "7d")
+
+
+def test_at_accepts_unix_seconds_and_utc():
+    assert size._args(["--prometheus", "u", "--at", "2026-12-01T15:00:00Z"]).at == 1796137200
+    assert size._args(["--prometheus", "u", "--at", "12.5"]).at == 12.5
+    with pytest.raises(SystemExit):
+        size._args(["--prometheus", "u", "--at", "yesterday"])
