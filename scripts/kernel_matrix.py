@@ -177,7 +177,7 @@ def boot(name, release, out, timeout, pytest_args):
         if os.path.exists(f"{out}/{name}.{ext}"):
             os.remove(f"{out}/{name}.{ext}")
     g = f"{GUEST_OUT}/{name}"
-    pytest = ["-m", "kernel", "tests/kernel", "-q", "-p", "no:cacheprovider", f"--junitxml={g}.xml",
+    pytest = ["-m", "kernel", "tests/kernel", "-q", "--durations=15", "-p", "no:cacheprovider", f"--junitxml={g}.xml",
               *pytest_args]
     with open(f"{out}/{name}.sh", "w") as f:
         f.write(f"cd {shlex.quote(REPO)}\n"
