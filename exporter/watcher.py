@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 from typing import Callable, Optional, Tuple
 
@@ -37,8 +38,15 @@ class ConfigWatcher:
         self.on_change = on_change
         self.interval = interval
         self._last = _fingerprint(path)
-        self._wake = threading.Event()
+        # A pipe, not a threading.Event: trigger() runs in a signal handler,
+        # which Python may enter again between any two bytecodes of the
+        # first; Event.set() takes a lock, so a burst of SIGHUPs nested the
+        # handler until RecursionError (or could deadlock on that lock).
+        # os.write to a non-blocking pipe takes none.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self._stop = False
+        self._closed = False
         self._t = threading.Thread(target=self._run, name="nettap-config", daemon=True)
 
     def start(self) -> "ConfigWatcher":
@@ -46,14 +54,22 @@ class ConfigWatcher:
         return self
 
     def trigger(self) -> None:
-        """Reload now (safe from a signal handler)."""
+        """Reload now (safe from a signal handler, also nested in itself)."""
         self._last = _UNSEEN                    # differs even from a missing file's None
-        self._wake.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._closed:                        # a signal after stop(): the fds may be reused
+            return
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:                         # full (a burst of SIGHUPs): it is awake anyway
+            pass
 
     def _run(self) -> None:
         while not self._stop:
-            self._wake.wait(self.interval)
-            self._wake.clear()
+            if select.select([self._wake_r], [], [], self.interval)[0]:
+                os.read(self._wake_r, 4096)     # every wake-up so far: one look at the file
             if self._stop:
                 return
             fp = _fingerprint(self.path)
@@ -69,5 +85,9 @@ class ConfigWatcher:
 
     def stop(self) -> None:
         self._stop = True
-        self._wake.set()
-        self._t.join()
+        self._wake()
+        if self._t.is_alive():
+            self._t.join()
+        self._closed = True                     # before the close: handlers run in this thread
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
