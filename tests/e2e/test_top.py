@@ -132,7 +132,12 @@ def test_live_view_shows_rates_sorts_and_quits_with_stats_released(loaded):
     try:
         pid = t.top_pid()
         assert stats_fds(pid) == 1 and kernel_stats_on()         # held while the view runs
-        screen = t.screen()
+        # Every program nettap holds is a row, once the view has refreshed
+        # after nettap's last load (its stats probe may load at a scrape).
+        def all_shown():
+            screen = t.screen()
+            return (held_programs(n.p.pid) <= {r[0] for r in rows(screen)}) and screen
+        screen = wait_for(all_shown, timeout=20, what="every program nettap holds as a row")
         ours = held_programs(n.p.pid)
         shown = {r[0]: r for r in rows(screen)}
         assert ours <= set(shown), "every program nettap holds is a row"
