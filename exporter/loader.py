@@ -81,6 +81,12 @@ BPF_MAP_TYPE_HASH = 1
 # max_entries of maps that must be preallocated before Linux 6.1 (features.py:
 # bpf_mem_alloc): threads inside a captured call at once; 4096 x ~650 B.
 PREALLOC_MAX = {"inflight_compat": 4096}
+# Preallocated on every kernel: the connection table gains an entry per
+# captured connection, at connection rate and in softirq, where Linux 6.1's
+# bpf_mem_alloc can fail while its per-CPU cache waits for an irq_work refill
+# (the 6.1 guest of the kernel matrix lost 2-4 of 2,000 connections of a
+# storm: no entry, so no eof). A preallocated table fails only when full.
+ALWAYS_PREALLOC = ("capture_conns",)
 
 # Maps only one variant's programs use: not created for the other (task
 # storage does not exist before Linux 5.11).
@@ -284,7 +290,8 @@ def configure(obj: int, feats: list, variant: str, want, ring_sizes: dict) -> No
     settings = features.kernel_settings(feats)
     prealloc = not features.runtime_alloc_ok(feats)
     for name, m in object_maps(obj):
-        if prealloc and lb.bpf_map__type(m) == BPF_MAP_TYPE_HASH and lb.bpf_map__map_flags(m) & 1:
+        if (prealloc or name in ALWAYS_PREALLOC) and lb.bpf_map__type(m) == BPF_MAP_TYPE_HASH \
+                and lb.bpf_map__map_flags(m) & 1:
             # Before 6.1: preallocate (see features.py), and keep the
             # per-thread call table small, as it is then paid in full.
             libbpf.call("bpf_map__set_map_flags", m, lb.bpf_map__map_flags(m) & ~1)

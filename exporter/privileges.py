@@ -35,6 +35,11 @@ PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4    # u
 
 REQUIRED = ("CAP_BPF", "CAP_PERFMON", "CAP_DAC_READ_SEARCH")
 REQUIRED_BEFORE_5_11 = ("CAP_SYS_RESOURCE",)       # BPF memory charged to RLIMIT_MEMLOCK, not the memcg
+# Before 6.2 the kernel lacks the kfunc bpf_rdonly_cast (the fast variant's,
+# declared weak): libbpf 1.1 then searches the modules' BTF for it, and
+# listing BTF objects (BPF_BTF_GET_NEXT_ID) needs CAP_SYS_ADMIN there; without
+# it the load fails (seen as nobody on Debian's 6.1 in the kernel matrix).
+REQUIRED_BEFORE_6_2 = ("CAP_SYS_ADMIN",)
 
 # What a reload may still use, kept if held: the statistics switch and the
 # node-wide view, netns targets of other users' processes, the listen port.

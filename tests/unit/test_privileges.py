@@ -35,5 +35,7 @@ def test_readme_lists_exactly_the_required_capabilities():
     assert required == list(privileges.REQUIRED)
     before = re.findall(r"^\| `(CAP_[A-Z_]+)` \| \*\*required before Linux 5\.11\*\*", section, re.M)
     assert before == list(privileges.REQUIRED_BEFORE_5_11)
+    before = re.findall(r"^\| `(CAP_[A-Z_]+)` \| \*\*required before Linux 6\.2\*\*", section, re.M)
+    assert before == list(privileges.REQUIRED_BEFORE_6_2)
     kept_after = re.findall(r"^\| `(CAP_[A-Z_]+)` \|(?:[^|]*\|){2} kept", section, re.M)
     assert sorted(kept_after) == sorted(privileges.KEEP + privileges.KEEP_WITH_SYS_ADMIN)
