@@ -511,6 +511,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
                 break
         drops = run.drops()
         misses = {k: v for k, v in own_program_misses(run.app.probes.prog_fds).items() if v}
+        counters = run.counters()
         lines, drained = run.finish()
     finally:
         for p in procs:
@@ -534,5 +535,12 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     # at that address).
     assert len(client_side) == STORM_N and server_side == Counter(ports)
     assert Counter(e["sport"] for e in client_side) == Counter(ports)
+    lost_returns = any(c["calls"] != c["returns"] for c in counters.values())
+    if mode[0] == "kprobe" and lost_returns:
+        # A kretprobe misses returns beyond its maxactive concurrent calls (the
+        # number of CPUs on kernels without CONFIG_PREEMPTION; README, Known
+        # limits): such a call is counted at entry and adds no bytes, so the
+        # eof totals cannot be exact here. Every eof is still there (above).
+        return
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in eofs if e["dport"] != port} == {(0, 1)}
