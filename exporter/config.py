@@ -59,7 +59,8 @@ MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 32             # nettap's own keys nest 3 deep
 MAX_NODES = 100_000        # YAML nodes (scalars, lists, mappings): 33,000 `- port: N` items
 MAX_QUOTED = 80            # characters of a refused value quoted in a message
-PARSE_TIMEOUT = 20.0       # seconds a live reload's parse may take (MAX_NODES take ~1 s)
+PARSE_TIMEOUT = 60.0       # seconds a live reload's parse may take, the interpreter's start included
+                           # (MAX_NODES take ~1 s here; an emulated guest starts Python in ~10-20 s)
 PARSE_MEMORY = 512 << 20   # address space of the parsing child
 
 

@@ -25,7 +25,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(pred: Callable[[], object], timeout: float = 20, step: float = 0.2, what: str = "condition"):
+def wait_for(pred: Callable[[], object], timeout: float = 60, step: float = 0.2, what: str = "condition"):
     end = time.time() + timeout
     last = None
     while time.time() < end:

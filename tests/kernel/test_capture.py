@@ -502,12 +502,15 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
         took = time.monotonic() - t0
         assert len(ports) == STORM_N         # a port may recur: TIME_WAIT reuse on loopback (tcp_tw_reuse)
         eof_ring = run.app.rings["capture_eof"]
-        end, seen, still = time.monotonic() + 20, -1, 0
+        # A connection's last eof can come late: in the emulated guests the
+        # loopback backlog overflows now and then, and a FIN is retransmitted
+        # after a backed-off RTO. Wait for every one (at once here).
+        end, seen, still = time.monotonic() + 90, -1, 0
         while eof_ring.drained + run.drops()["capture_eof"] < 2 * STORM_N and time.monotonic() < end:
             time.sleep(0.05)
             still = still + 1 if eof_ring.drained == seen else 0
             seen = eof_ring.drained
-            if still >= 40:                  # nothing new for 2 s
+            if still >= 600:                 # nothing new for 30 s
                 break
         drops = run.drops()
         misses = {k: v for k, v in own_program_misses(run.app.probes.prog_fds).items() if v}
@@ -521,6 +524,16 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     assert drops["capture_eof"] == 0, rate
     eofs = [l for l in lines if l["type"] == "eof"]
     assert len(eofs) == drained["capture_eof"], rate          # every record drained was written
+    lost_returns = sum(c["calls"] - c["returns"] for c in counters.values())
+    if mode[0] == "kprobe" and lost_returns:
+        # A kretprobe misses returns beyond its maxactive concurrent calls (the
+        # number of CPUs on kernels without CONFIG_PREEMPTION; README, Known
+        # limits): such a call is counted at entry and publishes nothing, and
+        # a socket whose only call lost its return never got an entry, so no
+        # eof. What is lost is counted (calls - returns); nothing else may be.
+        assert 2 * STORM_N - lost_returns <= len(eofs) <= 2 * STORM_N, rate
+        assert len({e["conn_id"] for e in eofs}) == len(eofs)
+        return
     assert len({e["conn_id"] for e in eofs}) == len(eofs)     # no socket twice
     # The clients' by their own port (tcp_set_state has released it from
     # skc_num by TCP_CLOSE: the record reads inet_sport), the server's by
@@ -535,12 +548,5 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     # at that address).
     assert len(client_side) == STORM_N and server_side == Counter(ports)
     assert Counter(e["sport"] for e in client_side) == Counter(ports)
-    lost_returns = any(c["calls"] != c["returns"] for c in counters.values())
-    if mode[0] == "kprobe" and lost_returns:
-        # A kretprobe misses returns beyond its maxactive concurrent calls (the
-        # number of CPUs on kernels without CONFIG_PREEMPTION; README, Known
-        # limits): such a call is counted at entry and adds no bytes, so the
-        # eof totals cannot be exact here. Every eof is still there (above).
-        return
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in eofs if e["dport"] != port} == {(0, 1)}
