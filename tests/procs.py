@@ -73,7 +73,11 @@ class Nettap:
             return requests.get(self.url + "/readyz", timeout=1).status_code == 200
         # Ready takes ~0.3 s here and up to a minute in the kernel matrix's
         # emulated guests (imports and program loads run ~10-50x slower).
-        wait_for(ready, timeout=READY_TIMEOUT, what="nettap ready")
+        try:
+            wait_for(ready, timeout=READY_TIMEOUT, what="nettap ready")
+        except TimeoutError as e:                   # say where it was
+            self.log.flush()
+            raise TimeoutError(f"{e}; its log: " + (tmp / "nettap.log").read_text(errors="replace")[-3000:]) from None
 
     def write_config(self, cfg: dict) -> None:
         tmp = self.cfg_path.with_suffix(".tmp")

@@ -546,7 +546,10 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     # of the send-path programs is not skipped (the classic tracepoint was,
     # under load: its record lost, its stale entry reused by the next socket
     # at that address).
-    assert len(client_side) == STORM_N and server_side == Counter(ports)
-    assert Counter(e["sport"] for e in client_side) == Counter(ports)
+    why = (f"{len(client_side)} client and {sum(server_side.values())} server eofs of {STORM_N} each; "
+           f"client ports without one: {sorted((Counter(ports) - Counter(e['sport'] for e in client_side)).elements())[:10]}; "
+           f"logs {Counter(l['code'] for l in lines if l['type'] == 'log')}; counters {counters}; {rate}")
+    assert len(client_side) == STORM_N and server_side == Counter(ports), why
+    assert Counter(e["sport"] for e in client_side) == Counter(ports), why
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in eofs if e["dport"] != port} == {(0, 1)}
