@@ -549,13 +549,16 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     why = (f"{len(client_side)} client and {sum(server_side.values())} server eofs of {STORM_N} each; "
            f"client ports without one: {sorted((Counter(ports) - Counter(e['sport'] for e in client_side)).elements())[:10]}; "
            f"logs {Counter(l['code'] for l in lines if l['type'] == 'log')}; counters {counters}; {rate}")
-    if len(client_side) < STORM_N and server_side == Counter(ports) and not misses \
-            and STORM_N - len(client_side) <= STORM_N // 200:
-        # Open defect (issue 9, README Known limits): in the kernel matrix's
-        # emulated guests 1-4 client eofs of 2,000 were sometimes missing with
-        # no ring drop and no skipped run; never seen on a real machine. Only
-        # that exact symptom is tolerated, and reported; anything else fails.
-        pytest.xfail("client eofs missing without a counted loss (open defect): " + why)
+    skipped = misses.get("tcp_state", 0)
+    if len(client_side) < STORM_N and server_side == Counter(ports) and STORM_N - len(client_side) <= skipped:
+        # Where the kernel guards raw tracepoints against recursion (6.12 in
+        # the matrix's guests: 4-8 skipped runs a storm), a TCP_CLOSE reached
+        # in a softirq that interrupted this same program on its CPU (running
+        # for another socket's state change) is skipped: that eof is lost,
+        # and counted (nettap_bpf_program_misses_total{program="tcp_state"}).
+        # An open defect (README, Known limits); nothing uncounted may be lost.
+        pytest.xfail(f"{STORM_N - len(client_side)} client eofs lost to {skipped} kernel-skipped "
+                     f"lifecycle runs (counted; open defect): " + why)
     assert len(client_side) == STORM_N and server_side == Counter(ports), why
     assert Counter(e["sport"] for e in client_side) == Counter(ports), why
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
