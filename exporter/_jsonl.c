@@ -546,20 +546,38 @@ static void scratch_give(struct scratch *s)
     free(atomic_exchange(&spare, s));
 }
 
+/* 1 when kind names a record kind and init() has run; else 0 with an exception set. */
+static int kind_ready(int kind)
+{
+    if (!initialised) {
+        PyErr_SetString(PyExc_RuntimeError, "_jsonl.init() was not called");
+        return 0;
+    }
+    if (kind < 0 || kind >= NKINDS) {
+        PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
+        return 0;
+    }
+    return 1;
+}
+
+/* One record's line at p; returns the end of what it wrote. */
+static inline char *format_one(int kind, char *p, const char *rec)
+{
+    switch (kind) {
+    case KIND_CHUNK: return chunk_line(p, (const struct chunk *)rec);
+    case KIND_EOF: return eof_line(p, (const struct eof *)rec);
+    default: return log_line(p, (const struct log_ *)rec);
+    }
+}
+
 static PyObject *jsonl_format(PyObject *self, PyObject *args)
 {
     int kind;
     PyObject *arr;
     if (!PyArg_ParseTuple(args, "iO:format", &kind, &arr))
         return NULL;
-    if (!initialised) {
-        PyErr_SetString(PyExc_RuntimeError, "_jsonl.init() was not called");
+    if (!kind_ready(kind))
         return NULL;
-    }
-    if (kind < 0 || kind >= NKINDS) {
-        PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
-        return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(arr, &view, PyBUF_STRIDES) < 0)
         return NULL;
@@ -582,19 +600,8 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
     buf = scratch_take(need);
     if (buf != NULL) {
         char *p = buf->data;
-        switch (kind) {
-        case KIND_CHUNK:
-            for (Py_ssize_t i = 0; i < count; i++, rec += stride)
-                p = chunk_line(p, (const struct chunk *)rec);
-            break;
-        case KIND_EOF:
-            for (Py_ssize_t i = 0; i < count; i++, rec += stride)
-                p = eof_line(p, (const struct eof *)rec);
-            break;
-        default:
-            for (Py_ssize_t i = 0; i < count; i++, rec += stride)
-                p = log_line(p, (const struct log_ *)rec);
-        }
+        for (Py_ssize_t i = 0; i < count; i++, rec += stride)
+            p = format_one(kind, p, rec);
         used = (size_t)(p - buf->data);
     }
     Py_END_ALLOW_THREADS
@@ -640,14 +647,8 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
     Py_ssize_t start, avail, stride, max_slots;
     if (!PyArg_ParseTuple(args, "iOnnnnp:scan", &kind, &obj, &start, &avail, &stride, &max_slots, &want_lines))
         return NULL;
-    if (!initialised) {
-        PyErr_SetString(PyExc_RuntimeError, "_jsonl.init() was not called");
+    if (!kind_ready(kind))
         return NULL;
-    }
-    if (kind < 0 || kind >= NKINDS) {
-        PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
-        return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -694,14 +695,8 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
                 stop = 2;
                 break;
             }
-            if (p != NULL) {
-                const char *rec = slot + RB_HDR_;
-                switch (kind) {
-                case KIND_CHUNK: p = chunk_line(p, (const struct chunk *)rec); break;
-                case KIND_EOF: p = eof_line(p, (const struct eof *)rec); break;
-                default: p = log_line(p, (const struct log_ *)rec);
-                }
-            }
+            if (p != NULL)
+                p = format_one(kind, p, slot + RB_HDR_);
             kept++;
         }
         consumed += stride;
