@@ -15,6 +15,7 @@ from exporter.config import ConfigError
 from exporter.maps import PerCpuArray
 from exporter.records import PROBE_COUNTERS, PROBES
 from traffic import Server, send_messages
+from procs import wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -25,14 +26,6 @@ def sample(app, name, **labels):
     prefix = f"{name}{{{want}}} " if labels else f"{name} "
     return next(float(l.split()[-1]) for l in text.splitlines() if l.startswith(prefix))
 
-
-def wait(pred, timeout=60.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_start_with_an_unusable_output_path_is_refused(tmp_path):
@@ -75,7 +68,7 @@ def test_sink_counters_do_not_reset_when_the_sink_is_replaced(nettap_run, tmp_pa
     run = nettap_run({"captures": [{"port": srv.port}]})
     send_messages(srv.port, 5, 100)
     srv.wait_received(1)
-    assert wait(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= 5)
+    assert wait_for(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= 5)
     before = sample(run.app, "nettap_sink_records_written_total", sink="jsonl")
     nbytes = sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl")
     second = tmp_path / "second.jsonl"
@@ -84,7 +77,7 @@ def test_sink_counters_do_not_reset_when_the_sink_is_replaced(nettap_run, tmp_pa
     assert sample(run.app, "nettap_sink_records_written_total", sink="jsonl") == before
     send_messages(srv.port, 4, 100)
     srv.wait_received(2)
-    assert wait(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= before + 4)
+    assert wait_for(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= before + 4)
     after = sample(run.app, "nettap_sink_records_written_total", sink="jsonl")
     assert after - before == len(second.read_text().splitlines())
     assert sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl") == nbytes + second.stat().st_size
@@ -108,7 +101,7 @@ def test_every_record_published_until_stop_is_written_or_counted_lost(nettap_run
     for t in senders:
         t.start()
     try:
-        assert wait(lambda: run.app.rings["capture_chunks"].drained > 2000)
+        assert wait_for(lambda: run.app.rings["capture_chunks"].drained > 2000)
         lines, drained = run.finish()              # while the senders keep sending
     finally:
         stop.set()

@@ -24,6 +24,7 @@ from exporter.ringbuf import RingMemory
 from exporter.sinks import Sink, StdoutSink
 from exporter.tcp_h import STRIDES
 from tests.unit.test_jsonl import random_records
+from tests.procs import wait_for
 
 PAGE = mmap.PAGESIZE
 RING = "capture_chunks"
@@ -358,7 +359,7 @@ def test_stop_does_not_wait_for_a_reader_that_stopped_reading(mem, monkeypatch, 
     p.start()
     try:
         mem.publish(n=6 * p.batch_records(RING))     # far more than 4 KiB of JSON lines
-        assert wait(lambda: mem.ring.drained == len(mem.published) and sink._batch is not None)
+        assert wait_for(lambda: mem.ring.drained == len(mem.published) and sink._batch is not None)
         t = time.monotonic()
         p.stop()
         took = time.monotonic() - t
@@ -373,11 +374,3 @@ def test_stop_does_not_wait_for_a_reader_that_stopped_reading(mem, monkeypatch, 
     assert sink.lost == lost and sink.errors == 0   # ... and counts nothing twice
     os.close(w)
 
-
-def wait(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
