@@ -145,6 +145,12 @@ static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *f
 			BPF_CORE_READ_INTO((__u32 *)daddr, sk, __sk_common.skc_daddr);
 		}
 	}
+	/* tcp_set_state() releases the local port (inet_put_port zeroes
+	 * skc_num) before it stores TCP_CLOSE: at close, and for data read
+	 * after it (a peer reset), the socket's own inet_sport still holds it.
+	 * Read past struct sock, so by bpf_probe_read_kernel in both cases. */
+	if (!*sport)
+		*sport = bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport));
 }
 
 /* The connection of a socket, created at its first captured call. */

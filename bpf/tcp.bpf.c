@@ -30,19 +30,11 @@ struct nettap_chunk btf_nettap_chunk __attribute__((unused));
 struct nettap_eof btf_nettap_eof __attribute__((unused));
 struct nettap_log btf_nettap_log __attribute__((unused));
 
-/* A captured connection reached TCP_CLOSE: publish its totals, forget it.
- * One variant for every kernel: it runs once per captured connection, so
- * its reads go through bpf_probe_read_kernel and its adds do not fetch.
- *
- * A BTF raw tracepoint, not the classic tracepoint of the same name: the
- * classic one shares the per-CPU bpf_prog_active guard with every tracing
- * program, so when TCP_CLOSE is reached in a softirq that interrupted any
- * BPF program on that CPU (the send-path programs run on every syscall),
- * the kernel skips this run silently, and the connection's eof record and
- * table entry are lost (seen in a connection storm under load). A raw
- * tracepoint's guard is per program. Needs vmlinux BTF, nettap's floor. */
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
+/* Publish a captured connection's totals and forget it; nothing when the
+ * socket is not in the table. One body for both lifecycle programs: it runs
+ * once per captured connection, so its reads go through
+ * bpf_probe_read_kernel and its adds do not fetch. */
+static __always_inline int publish_eof(const struct sock *sk, int oldstate)
 {
 	struct nettap_capture_config *cfg;
 	struct nettap_eof *e;
@@ -50,8 +42,6 @@ int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 	__u64 key, id;
 	__u32 zero = 0;
 
-	if (newstate != TCP_CLOSE || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
-		return 0;
 	key = (__u64)sk;
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (!cn)
@@ -76,11 +66,6 @@ int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 		e->pad0 = 0;
 		read_addrs((struct sock *)sk, false, &e->family, &e->sport, &e->dport,
 			   e->saddr, e->daddr);
-		/* tcp_set_state() releases the local port (inet_put_port zeroes
-		 * skc_num) before it stores TCP_CLOSE, where this runs; the
-		 * socket's own source port, inet_sport, stays. */
-		if (!e->sport)
-			e->sport = bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport));
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
 		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, cfg->eof_wakeup_bytes)
 					  : BPF_RB_NO_WAKEUP);
@@ -88,6 +73,36 @@ int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 	if (!bpf_map_delete_elem(&capture_conns, &key))
 		conns_live_add(-1);
 	return 0;
+}
+
+/* A captured connection reached TCP_CLOSE: publish its totals, forget it.
+ *
+ * A BTF raw tracepoint, not the classic tracepoint of the same name: the
+ * classic one shares the per-CPU bpf_prog_active guard with every tracing
+ * program, so when TCP_CLOSE is reached in a softirq that interrupted any
+ * BPF program on that CPU (the send-path programs run on every syscall),
+ * the kernel skips this run silently. A raw tracepoint's guard is per
+ * program: it is skipped only when a softirq interrupts this very program,
+ * and the kernel counts that (the program's misses). tcp_destroy below
+ * catches what such a skipped run leaves. Needs vmlinux BTF, nettap's floor. */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
+{
+	if (newstate != TCP_CLOSE || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	return publish_eof(sk, oldstate);
+}
+
+/* The socket is destroyed (tcp_v4_destroy_sock, IPv6 too): whatever entry
+ * it still has goes now, so no later socket at this address inherits it.
+ * An entry is still here when tcp_state's run at TCP_CLOSE was skipped by
+ * the kernel (its own guard; a separate program has a separate one), or
+ * when data still queued after TCP_CLOSE (a peer reset) was read. Its eof
+ * carries oldstate TCP_CLOSE: the state before close is not known here. */
+SEC("tp_btf/tcp_destroy_sock")
+int BPF_PROG(tcp_destroy, struct sock *sk)
+{
+	return publish_eof(sk, TCP_CLOSE);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

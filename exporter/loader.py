@@ -58,9 +58,13 @@ _TP_PLAN: dict = {
         "tcp_recvmsg_exit": _syscall_tps("sys_exit", ("read", "recvfrom", "readv", "recvmsg")),
     },
 }
-# The lifecycle program: a BTF raw tracepoint on sock:inet_sock_set_state
-# (bpf/tcp.bpf.c says why not the classic tracepoint), attached by its SEC.
-LIFECYCLE = {"tcp_state": "tp_btf"}
+# The lifecycle programs, BTF raw tracepoints attached by their SEC
+# (bpf/tcp.bpf.c says why not the classic tracepoints): tcp_state on
+# sock:inet_sock_set_state publishes a connection's eof at TCP_CLOSE;
+# tcp_destroy on tcp:tcp_destroy_sock publishes what a skipped tcp_state run
+# left and removes every entry with its socket. Reported as one probe,
+# "tcp_state", attached when both are.
+LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf"}
 _TRACEPOINTS = {prog: tps for plan in _TP_PLAN.values() for prog, tps in plan.items()}
 
 
@@ -374,14 +378,23 @@ class Probes:
         else:
             self.links.append(libbpf.call_ptr("bpf_program__attach", prog))
 
+    def _detach_from(self, first: int) -> None:
+        """Destroy the links made since self.links had `first` of them."""
+        for link in self.links[first:]:
+            libbpf.lib().bpf_link__destroy(link)
+        del self.links[first:]
+
     def _attach(self) -> None:
+        first = len(self.links)
         try:
-            self._attach_one("tcp_state", LIFECYCLE["tcp_state"])
+            for name, mechanism in LIFECYCLE.items():
+                self._attach_one(name, mechanism)
             self.lifecycle.attached = True
         except OSError as e:
             # Captured calls still flow; connections are just never closed.
+            self._detach_from(first)
             self.lifecycle.error = str(e)
-            log.error("lifecycle program tcp_state not attached: %s", e)
+            log.error("lifecycle programs (%s) not attached: %s", ", ".join(LIFECYCLE), e)
         for probe, st in self.states.items():
             if st.mechanism == "none":
                 st.error = "no mechanism accepted: " + "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
@@ -395,9 +408,7 @@ class Probes:
                 log.info("probe %s attached by %s", probe, st.mechanism)
             except OSError as e:
                 # Undo this probe's partial attach; the others keep running.
-                for link in self.links[first:]:
-                    libbpf.lib().bpf_link__destroy(link)
-                del self.links[first:]
+                self._detach_from(first)
                 st.error = str(e)
                 st.mechanism = "none"
                 log.error("probe %s not attached: %s", probe, e)

@@ -95,7 +95,9 @@ def follow(pcap, stream):
 
 @pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")],
                          ids=["ipv4", "ipv6"])
-def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, mode, tmp_path, family, host):
+def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_path, family, host):
+    """With the mechanism nettap picks here: each mechanism's bytes are
+    checked by test_capture's byte-exact tests; this one checks the reader."""
     ex = Exchange(family, host)
     # every byte captured (65600 a call), in files rotated at 32 KiB: the exchange spans several
     run = nettap_run({"captures": [{"port": ex.port}], "capture": {"max_payload_bytes": 65600},
