@@ -18,10 +18,10 @@ pytestmark = pytest.mark.e2e
 
 def expected_programs() -> int:
     """Programs a default nettap holds on this kernel, as the loader's own
-    probing decides: the lifecycle program, each probe's programs, and the
+    probing decides: the lifecycle programs, each probe's programs, and the
     probe program that asks whether BPF statistics are on (exporter/bpfstats.py)."""
     kp = loader.plan()
-    return 2 + sum(len(loader.programs_for(p, st.mechanism, kp.variant))
+    return len(loader.LIFECYCLE) + 1 + sum(len(loader.programs_for(p, st.mechanism, kp.variant))
                    for p, st in kp.states.items() if st.mechanism != "none")
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 

@@ -73,8 +73,8 @@ def test_forcing_a_mechanism_attaches_it_or_reports_the_probe_unattached(mechani
             else:
                 assert (st.mechanism, st.attached) == ("none", False)
                 assert st.error.startswith("no mechanism accepted") and st.reasons[mechanism]
-        assert p.lifecycle.attached                  # the lifecycle program runs either way
-        assert len(p.links) == 1 + (sum(len(loader._TRACEPOINTS[n]) for probe in loader.PROBES
+        assert p.lifecycle.attached                  # the lifecycle programs run either way
+        assert len(p.links) == len(loader.LIFECYCLE) + (sum(len(loader._TRACEPOINTS[n]) for probe in loader.PROBES
                                         for n in loader.programs_for(probe, "tracepoint"))
                                     if mechanism == "tracepoint" and accepted else
                                     4 if accepted else 0)
