@@ -12,6 +12,7 @@ from typing import Dict, Optional
 from prometheus_client import CollectorRegistry
 from prometheus_client import gc_collector, platform_collector, process_collector
 
+from . import __version__
 from . import config as config_mod
 from . import sinks, targets
 from .bpfstats import STATE_PROBE, ProgramStatsCollector, StatsSwitch
@@ -35,6 +36,7 @@ class ReloadState:
     successes: int = 0
     failures: int = 0
     last_error: str = ""
+    last_failure: float = 0.0
 
 
 class Nettap:
@@ -95,6 +97,28 @@ class Nettap:
                            for p, c in self.counters().items()},
                 "ringbuf_drops": self.drops(),
                 "ringbuf_records_drained": self.pipeline.drained if self.pipeline else {}}
+
+    def landing(self, config_path: Optional[str] = None) -> dict:
+        """The landing page's document (exporter/landing.py renders it)."""
+        r, cur, probes = self.reloads, self.target_maps.current, self.probes
+        drops = self.drops()
+        return {
+            "version": __version__,
+            "variant": probes.variant,
+            "config": {"path": config_path, "last_ok": r.last_ok, "last_success": r.last_success,
+                       "last_failure": r.last_failure, "error": r.last_error,
+                       "successes": r.successes, "failures": r.failures},
+            "captures": [{"kind": t.kind, "value": t.value, "gone": tuple(t) in cur.gone}
+                         for t in self.config.captures],
+            # As nettap_probe_attached reports them (collectors.PipelineCollector).
+            "probes": [{"probe": p, "mechanism": st.mechanism if st.attached else "none",
+                        "attached": st.attached, "error": st.error}
+                       for p, st in (*probes.states.items(), ("tcp_state", probes.lifecycle))],
+            "rings": [{"ring": name, "capacity": ring.size, "pending": ring.pending_bytes(),
+                       "drops": drops.get(name, 0)} for name, ring in self.rings.items()],
+            "bpf_stats": {"wanted": self.stats_switch.wanted, "source": self.stats_switch.source(),
+                          "scope": self.config.bpf_stats_scope},
+        }
 
     def not_ready(self) -> Optional[str]:
         """None when ready; else why not (for /readyz)."""
@@ -165,6 +189,7 @@ class Nettap:
             self.reloads.last_ok = False
             self.reloads.failures += 1
             self.reloads.last_error = why
+            self.reloads.last_failure = time.time()
             log.error("config reload refused, previous config stays in force: %s", why)
             return False
         self.reloads.last_ok = True

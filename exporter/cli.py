@@ -285,7 +285,8 @@ def main(argv: list | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        srv = serve(args.listen, app.registry(), app.stats, app.not_ready, web)
+        srv = serve(args.listen, app.registry(), app.stats, app.not_ready, web,
+                    lambda: app.landing(args.config))
     except (OSError, ValueError) as e:
         print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
         app.close()

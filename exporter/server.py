@@ -12,22 +12,9 @@ from typing import Callable, Optional, Tuple
 
 from prometheus_client.exposition import choose_encoder
 
-from . import __version__
+from . import __version__, landing as landing_page
 
 log = logging.getLogger(__name__)
-
-LANDING = """<!doctype html>
-<html><head><meta charset="utf-8"><title>nettap</title></head>
-<body><h1>nettap {version}</h1>
-<p>A lean eBPF TCP collector that tells exactly what running it costs.</p>
-<ul>
-<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
-<li><a href="/stats">/stats</a>: probe counters as JSON</li>
-<li><a href="/healthz">/healthz</a>: process alive</li>
-<li><a href="/readyz">/readyz</a>: probes attached and drain running</li>
-</ul></body></html>
-"""
-
 
 _LISTEN = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]*:[0-9A-Fa-f:.%\w]*)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})$", re.ASCII)
 
@@ -78,10 +65,14 @@ class _Server6(_Server):
 
 
 def serve(addr: str, registry, stats: Callable[[], dict],
-          readiness: Callable[[], Optional[str]], web=None) -> _Server:
+          readiness: Callable[[], Optional[str]], web=None,
+          landing: Optional[Callable[[], dict]] = None) -> _Server:
     """Start serving in a background thread; readiness() returns None when
     ready, else the reason it is not. web: a webconfig.Web (TLS, basic
-    auth, headers), read anew for each connection and request."""
+    auth, headers), read anew for each connection and request. landing():
+    the document of the page at / (exporter/landing.py); without it the
+    page has the version and the links."""
+    landing = landing or (lambda: {"version": __version__})
     host, port = parse_listen(addr)
 
     class Handler(BaseHTTPRequestHandler):
@@ -117,7 +108,7 @@ def serve(addr: str, registry, stats: Callable[[], dict],
                     self._send(200, json.dumps(stats(), indent=2, sort_keys=True).encode() + b"\n",
                                "application/json")
                 elif path == "/":
-                    self._send(200, LANDING.format(version=__version__).encode(), "text/html; charset=utf-8")
+                    self._send(200, landing_page.render(landing()).encode(), "text/html; charset=utf-8")
                 elif path == "/healthz":
                     self._send(200, b"ok\n", "text/plain; charset=utf-8")
                 elif path == "/readyz":

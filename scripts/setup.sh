@@ -17,6 +17,9 @@ TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 
 TEST_PKGS="$TEST_PKGS tshark"
 # tmux: the real terminal `nettap top` is tested in (send-keys, capture-pane).
 TEST_PKGS="$TEST_PKGS tmux"
+# chromium: the landing page (/) is loaded in headless Chromium, screenshot and DOM
+# (tests/e2e/test_landing.py); a font so the screenshot has text on it.
+TEST_PKGS="$TEST_PKGS chromium fonts-dejavu-core"
 # The kernel matrix (scripts/kernel_matrix.py): qemu for the guests, depmod for their modules,
 # busybox for the initramfs virtme-ng builds to load 9p and virtio modules.
 TEST_PKGS="$TEST_PKGS qemu-system-x86 kmod busybox-static"

@@ -50,11 +50,16 @@ class App:
     def not_ready(self):
         return self.why
 
+    def landing(self):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return {"version": __version__, "captures": [{"kind": "cgroup", "value": "/<script>", "gone": False}]}
+
 
 @pytest.fixture(scope="module")
 def served():
     a = App()
-    srv = serve("127.0.0.1:0", a.registry, a.stats, a.not_ready)   # port 0: the kernel picks a free one
+    srv = serve("127.0.0.1:0", a.registry, a.stats, a.not_ready, landing=a.landing)   # port 0: the kernel picks a free one
     host, port = srv.server_address
     yield a, f"http://{host}:{port}"
     srv.shutdown()                   # one server for the module: shutdown waits up to 0.5 s
@@ -122,6 +127,13 @@ def test_landing_page(base, http):
     assert f"<h1>nettap {__version__}</h1>" in r.text
     for path in ("/metrics", "/stats", "/healthz", "/readyz"):
         assert f'<a href="{path}">{path}</a>' in r.text
+    assert "<code>/&lt;script&gt;</code>" in r.text and "<script" not in r.text    # the app's document
+
+
+def test_landing_error_is_500(base, http, app):
+    app.fail = "no rings"
+    r = http.get(base + "/", timeout=10)
+    assert (r.status_code, r.text) == (500, "error: no rings\n")
 
 
 def test_healthz(base, http):
