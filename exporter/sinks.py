@@ -320,7 +320,13 @@ class JsonlFileSink(Sink):
                 # own, the only way to keep it whole; the next line rotates it.
                 end = data.find(b"\n", pos) + 1 or end_all
             self._append(view[pos:end])
-            self._wrote(data.count(b"\n", pos, end), end - pos)
+            if end < end_all:
+                # A piece before a rotation: its lines count as written now,
+                # so a failure later in the batch loses only the rest. The
+                # last piece (usually the whole batch) is counted by
+                # write_data: bytes.count is a byte-at-a-time loop, and
+                # counting every batch's lines cost as much as formatting them.
+                self._wrote(data.count(b"\n", pos, end), end - pos)
             pos = end
 
     def close(self) -> None:
