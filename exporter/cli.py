@@ -50,26 +50,36 @@ def _args(argv: list | None) -> argparse.Namespace:
 
 def _decode(path: str, ring: str) -> int:
     from . import records
-    from .ringbuf import walk
+    from .decode import Decoder
+    from .logsafe import escape
     if ring not in records.RECORDS:
         print(f"nettap: --ring must be one of {', '.join(records.RECORDS)}", file=sys.stderr)
         return 2
+    shown = 0
+
+    def report(offset: int, message: str) -> None:
+        nonlocal shown
+        shown += 1
+        if shown <= 100:                     # an all-garbage input must not flood the terminal
+            print(f"nettap: {escape(path)}: offset {offset}: {message}", file=sys.stderr)
+    dec = Decoder(ring, report)
+    out = sys.stdout.buffer                  # JSON lines are UTF-8, whatever the locale
     try:
-        with open(path, "rb") as f:
-            buf = f.read()
+        with open(path, "rb") as f:          # streamed: the input may be a device that never ends
+            for recs in dec.records(f):
+                out.write(records.reference_jsonl(ring, recs))
     except OSError as e:
-        print(f"nettap: cannot read {path}: {e.strerror}", file=sys.stderr)
+        print(f"nettap: cannot read {escape(path)}: {e.strerror}", file=sys.stderr)
         return 1
-    recs, bad, pos = walk(buf, records.RECORDS[ring])
-    out = sys.stdout.buffer                      # JSON lines are UTF-8, whatever the locale
-    for line in records.lines(ring, recs):
-        out.write(line.encode("utf-8", "surrogateescape") + b"\n")
-    out.flush()
-    if pos < len(buf):
-        bad += 1
-        print(f"nettap: {len(buf) - pos} trailing byte(s) in {path} are not a whole record", file=sys.stderr)
-    if bad:
-        print(f"nettap: {bad} bad record(s) in {path} skipped", file=sys.stderr)
+    finally:
+        out.flush()
+    r = dec.result
+    if shown > 100:
+        print(f"nettap: {escape(path)}: {shown - 100} more problem(s) not shown", file=sys.stderr)
+    if r.bad:
+        print(f"nettap: {escape(path)}: {r.records} record(s) decoded, {r.bad} bad record(s) or stretch(es) of garbage skipped "
+              f"(in {r.offset} bytes read)", file=sys.stderr)
+        return 1
     return 0
 
 

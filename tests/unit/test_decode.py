@@ -1,0 +1,141 @@
+"""``nettap --decode`` on inputs that are not (only) ring records: a record
+cut short in the middle, garbage between records, another ring's records,
+an endless device. The input is streamed, each problem is reported with its
+offset and the rest still decoded, and the exit status says whether all of
+the input was records."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter import records as R
+from exporter.decode import GARBAGE_MAX, Decoder
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = Path(__file__).parent / "fixtures" / "records"
+
+_spec = importlib.util.spec_from_file_location("make_fixture", FIX / "make_fixture.py")
+mf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mf)
+
+RINGS = list(mf.FILES)
+
+
+def _slots(ring: str) -> list:
+    return [mf.slot(mf.record(ring, s)) for s in mf.good_records(ring)]
+
+
+def _golden_lines(ring: str) -> list:
+    return (FIX / f"{mf.FILES[ring]}.jsonl").read_bytes().splitlines(keepends=True)
+
+
+def decode(data: bytes, ring: str, read_size: int = 1 << 20, garbage_max: int = GARBAGE_MAX):
+    problems = []
+    dec = Decoder(ring, lambda off, msg: problems.append((off, msg)), read_size=read_size,
+                  garbage_max=garbage_max)
+    out = b"".join(R.reference_jsonl(ring, recs) for recs in dec.records(io.BytesIO(data)))
+    return out, problems, dec.result
+
+
+def cli(path: str, ring: str, timeout: int = 60):
+    return subprocess.run([sys.executable, "-m", "exporter", "--decode", path, "--ring", ring],
+                          cwd=ROOT, capture_output=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("ring", RINGS)
+@pytest.mark.parametrize("read_size", [1 << 20, 7, 4096])
+def test_fixture_decodes_to_golden_whatever_the_piece_size(ring, read_size):
+    out, problems, res = decode((FIX / f"{mf.FILES[ring]}.bin").read_bytes(), ring, read_size)
+    assert out == b"".join(_golden_lines(ring))
+    assert res.bad == mf.BAD_RECORDS == len(problems)
+    assert "not" in problems[0][1] and "cut short by the end of input" in problems[1][1]
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_cut_record_in_the_middle_does_not_hide_the_rest(ring):
+    slots = _slots(ring)
+    cut = slots[0][:R.RB_HDR + R.RECORDS[ring].itemsize // 2]
+    data = b"".join(slots[:3]) + cut + b"".join(slots[3:])
+    out, problems, res = decode(data, ring)
+    assert out.splitlines(keepends=True) == [_golden_lines(ring)[i] for i in _good_order(ring)]
+    assert problems == [(sum(map(len, slots[:3])), problems[0][1])]
+    assert "record cut short" in problems[0][1]
+    assert (res.records, res.bad, res.offset) == (len(slots), 1, len(data))
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_garbage_between_records_is_skipped_and_reported(ring):
+    slots = _slots(ring)
+    junk = bytes(random.Random(1).getrandbits(8) for _ in range(1001)) + b"\0" * 3000
+    data = b"".join(slots[:2]) + junk + b"".join(slots[2:])
+    out, problems, res = decode(data, ring, read_size=512)
+    assert len(out.splitlines()) == len(slots)
+    assert [off for off, _ in problems] == [len(slots[0]) + len(slots[1])]
+    assert problems[0][1] == f"{len(junk)} byte(s) are not records"
+    assert res.bad == 1
+
+
+def test_all_valid_input_exits_0(tmp_path):
+    f = tmp_path / "ok.bin"
+    f.write_bytes(b"".join(_slots("logs")))
+    p = cli(str(f), "logs")
+    assert (p.returncode, p.stderr) == (0, b"")
+    assert p.stdout.splitlines(keepends=True) == [_golden_lines("logs")[i] for i in _good_order("logs")]
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_cli_decode_exits_1_and_names_each_problem(ring):
+    path = str(FIX / f"{mf.FILES[ring]}.bin")
+    p = cli(path, ring)
+    assert p.returncode == 1
+    assert p.stdout == b"".join(_golden_lines(ring))
+    err = p.stderr.decode().splitlines()
+    assert len(err) == 3
+    assert all(line.startswith(f"nettap: {path}: ") for line in err)
+    assert " offset " in err[0] and " offset " in err[1]
+    assert err[2].endswith(f"{len(mf.good_records(ring))} record(s) decoded, 2 bad record(s) or stretch(es) "
+                           f"of garbage skipped (in {os.path.getsize(path)} bytes read)")
+
+
+def test_other_rings_records_are_not_records_of_this_ring():
+    p = cli(str(FIX / "logs.bin"), "capture_chunks")
+    assert (p.returncode, p.stdout) == (1, b"")
+    assert b"are not records" in p.stderr
+
+
+def test_dev_zero_stops_after_a_bounded_amount_with_exit_1():
+    p = cli("/dev/zero", "capture_eof", timeout=60)
+    assert (p.returncode, p.stdout) == (1, b"")
+    err = p.stderr.decode()
+    assert "MemoryError" not in err and "Traceback" not in err
+    assert err.splitlines()[0] == (f"nettap: /dev/zero: offset 0: no 120-byte record in the {GARBAGE_MAX} bytes "
+                                   f"from here: stopped (is this capture_eof records?)")
+
+
+def test_garbage_stop_is_bounded_in_memory_and_input():
+    class Endless(io.RawIOBase):
+        read_total = 0
+
+        def readable(self):
+            return True
+
+        def read(self, n=-1):
+            assert 0 < n <= 4096                  # never asked for everything
+            Endless.read_total += n
+            return b"\0" * n
+    dec = Decoder("logs", lambda off, msg: None, read_size=4096, garbage_max=1 << 16)
+    assert list(dec.records(Endless())) == []
+    assert dec.result.gave_up and dec.result.bad == 1
+    assert Endless.read_total < (1 << 16) + 4 * (1 << 17) + 4096
+
+
+def _good_order(ring: str) -> list:
+    """Golden line indices in the order of good_records (the golden has them in that order)."""
+    return list(range(len(mf.good_records(ring))))
