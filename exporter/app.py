@@ -37,6 +37,7 @@ class ReloadState:
     failures: int = 0
     last_error: str = ""
     last_failure: float = 0.0
+    restart_pending: str = ""     # what the config in force asks for that applies only at the next start
 
 
 class Nettap:
@@ -138,9 +139,11 @@ class Nettap:
             self.target_maps.check(resolved)
             old = self.config
             sink = None
+            pending = []
             if self.pipeline and config.output._replace(queue_bytes=0) != old.output._replace(queue_bytes=0):
                 if (config.output.type == "none") != (old.output.type == "none"):
                     log.warning("output: switching between a sink and none takes effect at the next start")
+                    pending.append("output")
                 else:
                     sink = self._open_sink(config.output)      # refused here, before anything changed
             try:
@@ -148,8 +151,15 @@ class Nettap:
                     self.stats_switch.set(config.bpf_stats_enabled)
                 except OSError as e:
                     raise ConfigError(f"diagnostics.bpfStats.enabled: cannot switch statistics on: {e}") from None
-                if config.ring_bytes != old.ring_bytes:
-                    log.warning("rings: new sizes take effect at the next start; keeping %s", old.ring_bytes)
+                changed = {r: n for r, n in config.ring_bytes.items() if old.ring_bytes.get(r) != n}
+                if changed:
+                    # A BPF ring's size is fixed when its map is created; only a restart
+                    # (new maps) changes it. The rest of the config applies now.
+                    log.warning("rings: %s take effect at the next start (a ring cannot be resized while loaded); "
+                                "running with %s", ", ".join(f"{r} {old.ring_bytes.get(r)} -> {n} bytes"
+                                                             for r, n in changed.items()),
+                                ", ".join(f"{r} {old.ring_bytes[r]}" for r in changed))
+                    pending.extend(f"rings.{r}" for r in changed)
                 self.target_maps.apply(resolved, config.max_payload_bytes,
                                        targets.wakeup_thresholds(old.ring_bytes))
             except BaseException:
@@ -162,6 +172,7 @@ class Nettap:
                 self.pipeline.replace_sink(sink)
             logging.getLogger().setLevel(config.log_level.upper())
             self.config = config._replace(rings=old.rings)    # rings: as loaded
+            self.reloads.restart_pending = ", ".join(pending)
 
     def _open_sink(self, output) -> Optional[sinks.Sink]:
         """The sink for output, opened: a path nettap cannot (or must not)

@@ -204,3 +204,29 @@ def test_configmap_symlink_swap_applies_within_two_seconds(tmp_path):
         assert n.sample("nettap_probe_calls_total", probe="tcp_sendmsg") == 4
     finally:
         n.stop()
+
+
+def test_ring_size_change_on_reload_says_it_applies_at_next_start(tmp_path):
+    """A BPF ring cannot be resized while loaded: a reload that changes rings.*
+    applies the rest, says in the log which rings wait for the next start, and
+    nettap_config_restart_pending shows it until the file asks for the running sizes again."""
+    srv = Server()
+    n = Nettap(tmp_path, {"captures": [{"port": 1}]})
+    try:
+        assert n.sample("nettap_config_restart_pending") == 0
+        n.write_config({"captures": [{"port": srv.port}], "rings": {"capture_eof": 4 << 20}})
+        wait_for(lambda: n.sample("nettap_config_reloads_total", result="success") == 2, timeout=3,
+                 what="reload with a new ring size")
+        assert n.sample("nettap_config_restart_pending") == 1
+        assert n.sample("nettap_ringbuf_capacity_bytes", ring="capture_eof") == 2 << 20
+        log = (tmp_path / "nettap.log").read_text()
+        assert "rings: capture_eof 2097152 -> 4194304 bytes take effect at the next start" in log
+        send_messages(srv.port, 3, 100)                 # the new captures are in force
+        srv.wait_received(1)
+        assert n.sample("nettap_probe_calls_total", probe="tcp_sendmsg") == 3
+        n.write_config({"captures": [{"port": srv.port}]})
+        wait_for(lambda: n.sample("nettap_config_reloads_total", result="success") == 3, timeout=3,
+                 what="reload back to the running sizes")
+        assert n.sample("nettap_config_restart_pending") == 0
+    finally:
+        n.stop()
