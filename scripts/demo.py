@@ -285,13 +285,19 @@ class Demo:
         self.wait_until("ready", lambda: http_ok(f"http://127.0.0.1:{am_port}/-/ready"), am)
         self.wait_until("ready", lambda: http_ok(f"http://127.0.0.1:{prom_port}/-/ready"), prom)
 
+        # Debian's Prometheus 2.42 is built without the React UI: it serves the
+        # classic one under /classic/ and 404s /alerts (and /graph drops the query
+        # on its redirect). Ask it which one it has rather than assume.
+        prom_ui = f"http://127.0.0.1:{prom_port}"
+        if not http_ok(f"{prom_ui}/alerts") and http_ok(f"{prom_ui}/classic/alerts"):
+            prom_ui += "/classic"
         query = "sum by (probe) (rate(nettap_probe_calls_total[1m]))"
-        graph = (f"http://127.0.0.1:{prom_port}/graph?" +
+        graph = (f"{prom_ui}/graph?" +
                  urllib.parse.urlencode({"g0.expr": query, "g0.tab": "0", "g0.range_input": "15m"}))
         print(f"""
 nettap demo is running.
   nettap        http://127.0.0.1:{nettap_port}/metrics   (also /stats /healthz /readyz)
-  Prometheus    http://127.0.0.1:{prom_port}            alerts: http://127.0.0.1:{prom_port}/alerts
+  Prometheus    http://127.0.0.1:{prom_port}            alerts: {prom_ui}/alerts
   Alertmanager  http://127.0.0.1:{am_port}
   workload      network namespace {a.netns}: http.server on 127.0.0.1:{WORKLOAD_PORT}, {a.rate:g} requests/s
                 (ip netns exec {a.netns} curl http://127.0.0.1:{WORKLOAD_PORT}/)

@@ -174,6 +174,19 @@ def test_demo(tools):
         assert rules, "Prometheus did not load the mixin's rule groups"
         assert alertmanager, "Prometheus did not discover the demo's Alertmanager"
         assert progs, "found no BPF program fd in nettap's process"
+        # The links the demo prints open a page of this Prometheus, without a
+        # redirect (Debian's 2.42 404s /alerts, and /graph's redirect drops the query).
+        until = time.monotonic() + 10
+        while True:
+            printed = "".join(lines)
+            links = re.findall(r"alerts: (\S+)", printed) + re.findall(r"^\s+(http://\S+/graph\?\S+)", printed, re.M)
+            if len(links) == 2 or time.monotonic() > until:
+                break
+            time.sleep(0.2)
+        assert len(links) == 2, printed
+        for link in links:
+            r = requests.get(link, timeout=5, allow_redirects=False)
+            assert r.status_code == 200, (link, r.status_code, r.headers.get("Location"))
         loaded = _bpf_programs()
         assert all(NETTAP_PROGRAM.match(loaded.get(i, "")) for i in progs), \
             f"nettap holds programs not named like its own: {[loaded.get(i) for i in progs]}"
