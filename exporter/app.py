@@ -44,10 +44,12 @@ class Nettap:
     time; :meth:`close` releases everything (no kernel state stays)."""
 
     def __init__(self, config: Config, mechanism: Optional[str] = None, probes: Optional[Probes] = None,
-                 variant: Optional[str] = None):
+                 variant: Optional[str] = None, log_level: Optional[str] = None):
         """probes: already loaded and attached for this config (the CLI
-        attaches first, before importing what only the pipeline needs)."""
+        attaches first, before importing what only the pipeline needs).
+        log_level: --log.level, in force over every config's log_level."""
         self.config = config
+        self.log_level = log_level
         self.ready = threading.Event()
         self._lock = threading.Lock()
         self.reloads = ReloadState()
@@ -160,7 +162,7 @@ class Nettap:
                 self.pipeline.queue_bytes = config.output.queue_bytes     # from the next batch on
             if sink:
                 self.pipeline.replace_sink(sink)
-            logging.getLogger().setLevel(config.log_level.upper())
+            logging.getLogger().setLevel((self.log_level or config.log_level).upper())
             self.config = config._replace(rings=old.rings)    # rings: as loaded
 
     def _open_sink(self, output) -> Optional[sinks.Sink]:

@@ -23,6 +23,19 @@ COMMANDS_HELP = """commands (each has its own --help):
 """
 
 
+# Old spellings still accepted, each with one warning once logging is set up.
+RENAMED = {"--log-level": "--log.level"}
+
+
+class _Renamed(argparse.Action):
+    """Stores the value; remembers an old spelling in namespace.renamed."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        if option_string in RENAMED:
+            namespace.renamed = [*getattr(namespace, "renamed", []), option_string]
+
+
 def _args(argv: list | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS_HELP)
@@ -42,10 +55,17 @@ def _args(argv: list | None) -> argparse.Namespace:
                    help="load and attach the probes, print each probe's mechanism, release everything and exit (0 if all attached)")
     p.add_argument("--decode", metavar="FILE", help="decode raw ring records from FILE to JSON lines on stdout, and exit")
     p.add_argument("--ring", default="capture_chunks", help="with --decode: the ring the records come from")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                   help="override the config's log_level")
+    p.add_argument("--log.level", "--log-level", dest="log_level", action=_Renamed,
+                   choices=("debug", "info", "warning", "error"), help="override the config's log_level")
+    p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt",
+                   help="log lines as logfmt key=value pairs (default) or one JSON object each")
+    p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics", metavar="PATH",
+                   help="path of the metrics (default /metrics)")
     p.add_argument("--version", action="version", version=f"nettap {__version__}")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.telemetry_path.startswith("/"):
+        p.error(f"--web.telemetry-path must start with '/', got {args.telemetry_path!r}")
+    return args
 
 
 def _decode(path: str, ring: str) -> int:
@@ -213,11 +233,13 @@ def main(argv: list | None = None) -> int:
         print(f"{args.config}: ok")
         return 0
     level = args.log_level or cfg.log_level
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .logsafe import install
-    for h in logging.getLogger().handlers:
-        install(h)                              # values in messages cannot forge log lines
+    from .logsafe import FORMATTERS, install
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(FORMATTERS[args.log_format]())
+    install(handler)                            # values in messages cannot forge log lines
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    for old in dict.fromkeys(getattr(args, "renamed", ())):
+        log.warning("%s is deprecated: use %s", old, RENAMED[old])
 
     # Attach first: what only the pipeline and the endpoint need (numpy,
     # prometheus_client) is imported once the probes are in place.
@@ -256,7 +278,7 @@ def main(argv: list | None = None) -> int:
     from .app import Nettap
     from .server import serve
     try:
-        app = Nettap(cfg, probes=probes)
+        app = Nettap(cfg, probes=probes, log_level=args.log_level)
     except config.ConfigError as e:
         return _refused(e)
     except OSError as e:
@@ -286,7 +308,7 @@ def main(argv: list | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         srv = serve(args.listen, app.registry(), app.stats, app.not_ready, web,
-                    lambda: app.landing(args.config))
+                    lambda: {**app.landing(args.config), "telemetry_path": args.telemetry_path}, telemetry_path=args.telemetry_path)
     except (OSError, ValueError) as e:
         print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
         app.close()

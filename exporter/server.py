@@ -66,12 +66,13 @@ class _Server6(_Server):
 
 def serve(addr: str, registry, stats: Callable[[], dict],
           readiness: Callable[[], Optional[str]], web=None,
-          landing: Optional[Callable[[], dict]] = None) -> _Server:
+          landing: Optional[Callable[[], dict]] = None, telemetry_path: str = "/metrics") -> _Server:
     """Start serving in a background thread; readiness() returns None when
     ready, else the reason it is not. web: a webconfig.Web (TLS, basic
     auth, headers), read anew for each connection and request. landing():
     the document of the page at / (exporter/landing.py); without it the
-    page has the version and the links."""
+    page has the version and the links. telemetry_path: where the
+    metrics are (--web.telemetry-path)."""
     landing = landing or (lambda: {"version": __version__})
     host, port = parse_listen(addr)
 
@@ -101,7 +102,7 @@ def serve(addr: str, registry, stats: Callable[[], dict],
                                (("WWW-Authenticate", "Basic"),))
                     return
             try:
-                if path == "/metrics":
+                if path == telemetry_path:
                     encoder, ctype = choose_encoder(self.headers.get("Accept"))
                     self._send(200, encoder(registry), ctype)
                 elif path == "/stats":

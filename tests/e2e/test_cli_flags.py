@@ -1,0 +1,56 @@
+"""The real CLI's flags and start-up: flag spellings, the log formats,
+the telemetry path, --check-config, the bound address, the start order."""
+import json
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from procs import ROOT, Nettap, free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def run(args, **kw):
+    return subprocess.run([sys.executable, "-m", "exporter", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+def test_old_log_level_spelling_warns_once(tmp_path):
+    n = Nettap(tmp_path, {"captures": []}, args=["--log-level", "debug", "--log-level", "info"])
+    n.stop()
+    log = (tmp_path / "nettap.log").read_text()
+    assert log.count("--log-level is deprecated: use --log.level") == 1, log
+    assert "level=debug" not in log and "level=info" in log      # the last one given wins
+
+
+def test_log_level_and_json_format(tmp_path):
+    n = Nettap(tmp_path, {"captures": []}, args=["--log.level", "debug", "--log.format", "json"])
+    requests.get(n.url + "/metrics", timeout=5)
+    n.stop()
+    lines = (tmp_path / "nettap.log").read_text().splitlines()
+    docs = [json.loads(line) for line in lines]
+    assert {"debug", "info"} <= {d["level"] for d in docs}
+    assert any(d["msg"].startswith("nettap ") and " listening on " in d["msg"] for d in docs)
+    assert "deprecated" not in "".join(lines)
+
+
+def test_logfmt_is_the_default(tmp_path):
+    n = Nettap(tmp_path, {"captures": []})
+    n.stop()
+    lines = (tmp_path / "nettap.log").read_text().splitlines()
+    assert lines and all(line.startswith("ts=") and " level=" in line and " msg=" in line for line in lines), lines
+
+
+def test_telemetry_path(tmp_path):
+    n = Nettap(tmp_path, {"captures": []}, args=["--web.telemetry-path", "/x/metrics"])
+    try:
+        r = requests.get(n.url + "/x/metrics", timeout=5)
+        assert r.status_code == 200 and "nettap_probe_calls_total" in r.text
+        assert requests.get(n.url + "/metrics", timeout=5).status_code == 404
+        assert 'href="/x/metrics"' in requests.get(n.url + "/", timeout=5).text
+    finally:
+        n.stop()
+    r = run(["--web.telemetry-path", "metrics", "--check-config"])
+    assert r.returncode == 2 and "--web.telemetry-path must start with '/'" in r.stderr
