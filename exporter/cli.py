@@ -155,6 +155,8 @@ def _probe_kernel_meanwhile(mechanism, variant):
 def _load_refused(e: OSError, kernel_plan) -> str:
     """Why the kernel refused the object, in one line: a missing privilege
     only when this process lacks one, else the kernel and its missing features."""
+    if isinstance(e, FileNotFoundError):        # not a privilege, not the kernel
+        return str(e)
     caps = _effective_caps()
     need = {"CAP_BPF": 39, "CAP_PERFMON": 38}
     missing = [n for n, bit in need.items() if not caps >> bit & 1 and not caps >> 21 & 1]

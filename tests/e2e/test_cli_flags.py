@@ -54,3 +54,23 @@ def test_telemetry_path(tmp_path):
         n.stop()
     r = run(["--web.telemetry-path", "metrics", "--check-config"])
     assert r.returncode == 2 and "--web.telemetry-path must start with '/'" in r.stderr
+
+
+def test_missing_bpf_object_says_so(tmp_path):
+    import os
+    r = run(["--web.listen-address", f"127.0.0.1:{free_port()}"],
+            env={**os.environ, "NETTAP_BPF_DIR": str(tmp_path)})
+    assert r.returncode == 1
+    assert r.stderr.strip().endswith(f"no BPF object (reinstall nettap, or set NETTAP_BPF_DIR): "
+                                     f"'{tmp_path}/tcp.bpf.o'"), r.stderr
+    assert "refused" not in r.stderr and "CAP_" not in r.stderr
+
+
+def test_build_info_has_the_revision(tmp_path):
+    n = Nettap(tmp_path, {"captures": []})
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        assert f'revision="{head}"' in next(line for line in n.metrics_text().splitlines()
+                                             if line.startswith("nettap_build_info{"))
+    finally:
+        n.stop()
