@@ -7,7 +7,7 @@ import sys
 import pytest
 import requests
 
-from procs import ROOT, Nettap, free_port
+from procs import ROOT, Nettap, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -74,3 +74,35 @@ def test_build_info_has_the_revision(tmp_path):
                                              if line.startswith("nettap_build_info{"))
     finally:
         n.stop()
+
+
+@pytest.mark.parametrize("bpf_stats", [True, False])
+def test_stats_document(tmp_path, bpf_stats):
+    from traffic import Server, send_messages
+    srv = Server()
+    n = Nettap(tmp_path, {"captures": [{"port": srv.port}], "diagnostics": {"bpfStats": {"enabled": bpf_stats}}})
+    try:
+        send_messages(srv.port, 20, 100)
+        srv.wait_received(1)
+        stats = wait_for(lambda: (lambda s: s["ringbuf_records_drained"]["capture_chunks"] >= 20 and s)(
+            requests.get(n.url + "/stats", timeout=5).json()), timeout=20, what="records drained")
+        metrics = n.metrics_text()
+    finally:
+        n.stop()
+        srv.close()
+    assert stats["probes"]["tcp_sendmsg"]["calls"] >= 20
+    assert set(stats["ringbuf_drops"]) >= {"capture_chunks", "capture_eof"}
+    assert stats["ringbuf_records_drained"]["capture_chunks"] >= 20
+    assert stats["bpf_stats_enabled"] is bpf_stats
+    progs = stats["bpf_programs"]
+    assert progs and all(set(p) == ({"misses", "runs", "run_time_seconds"} if bpf_stats else {"misses"})
+                         for p in progs.values())
+    for name, p in progs.items():              # the same names and numbers as /metrics, read a moment before
+        if bpf_stats:
+            line = next(l for l in metrics.splitlines()
+                        if l.startswith(f'nettap_bpf_program_runs_total{{program="{name}"}} '))
+            assert float(line.split()[-1]) >= p["runs"]
+    if bpf_stats:
+        assert sum(p["runs"] for p in progs.values()) >= 40 and any(p["run_time_seconds"] > 0 for p in progs.values())
+    proc = stats["process"]
+    assert proc["resident_memory_bytes"] > 1 << 20 and proc["cpu_seconds_total"] > 0 and proc["open_fds"] > 3
