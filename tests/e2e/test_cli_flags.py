@@ -106,3 +106,82 @@ def test_stats_document(tmp_path, bpf_stats):
         assert sum(p["runs"] for p in progs.values()) >= 40 and any(p["run_time_seconds"] > 0 for p in progs.values())
     proc = stats["process"]
     assert proc["resident_memory_bytes"] > 1 << 20 and proc["cpu_seconds_total"] > 0 and proc["open_fds"] > 3
+
+
+def test_check_config_refuses_what_the_daemon_refuses(tmp_path):
+    import os
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    cases = {f"pid: {gone.pid}": f"captures[0].pid: pid {gone.pid}: no such process",
+             "cgroup: /sys/fs/cgroup/no-such-nettap-cgroup": "captures[0].cgroup: ",
+             "netns: 4294967295": "captures[0].netns: netns 4294967295: no such network namespace"}
+    for target, why in cases.items():
+        p = tmp_path / "nettap.yaml"
+        p.write_text(f"captures: [{{{target}}}]\n")
+        checked = run(["--check-config", "--config", str(p)])
+        started = run(["--config", str(p), "--web.listen-address", f"127.0.0.1:{free_port()}"])
+        assert checked.returncode == started.returncode == 2, (checked, started)
+        assert checked.stderr == started.stderr and checked.stderr.startswith(f"nettap: config refused: {why}"), checked.stderr
+    p.write_text(f"captures: [{{pid: {os.getpid()}}}, {{port: 80}}]\n")
+    assert run(["--check-config", "--config", str(p)]).stdout == f"{p}: ok\n"
+    assert run(["--check-config"]).stdout == "no --config, the built-in default config: ok\n"
+
+
+def _start(args, log):
+    return subprocess.Popen([sys.executable, "-m", "exporter", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_port_zero_logs_the_port_it_got(tmp_path):
+    import re
+    with open(tmp_path / "log", "wb") as log:
+        p = _start(["--web.listen-address", "127.0.0.1:0"], log)
+        try:
+            text = wait_for(lambda: (lambda t: " listening on 127.0.0.1:" in t and t)(
+                (tmp_path / "log").read_text()), timeout=60, what="listening")
+            port = int(re.search(r" listening on 127\.0\.0\.1:(\d+) ", text)[1])
+            assert port != 0
+            assert requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).text == "ready\n"
+        finally:
+            p.terminate()
+            p.wait(30)
+
+
+def test_port_in_use_fails_before_loading(tmp_path):
+    import os
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # No BPF object: had nettap loaded first, that would be its error.
+        r = run(["--web.listen-address", f"127.0.0.1:{port}"], env={**os.environ, "NETTAP_BPF_DIR": str(tmp_path)})
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"nettap: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"), r.stderr
+    assert "attached" not in r.stderr and "BPF object" not in r.stderr
+
+
+def test_log_says_attached_only_for_what_attached(tmp_path):
+    # fentry forced: where the kernel refuses it, the two syscall probes stay unattached
+    # (and nettap not ready): the log must count only what attached.
+    import re
+    port = free_port()
+    with open(tmp_path / "log", "wb") as log:
+        p = _start(["--web.listen-address", f"127.0.0.1:{port}", "--mechanism", "fentry"], log)
+        try:
+            wait_for(lambda: " listening on " in (tmp_path / "log").read_text(), timeout=60, what="listening")
+            metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        finally:
+            p.terminate()
+            p.wait(30)
+    attached = {probe: mech for mech, probe in re.findall(r'^nettap_probe_attached\{mechanism="(\w+)",probe="(\w+)"\}',
+                                                          metrics, re.M)}
+    assert len(attached) == 3, metrics
+    text = (tmp_path / "log").read_text()
+    up = {p: m for p, m in attached.items() if m != "none"}
+    if up:
+        line = next(l for l in text.splitlines() if " probes attached in " in l)
+        assert f"{len(up)} of 3 probes attached in " in line
+        assert "(" + ", ".join(f"{p}={m}" for p, m in up.items()) + ")" in line
+    else:
+        assert " probes attached" not in text and "no probe attached" in text
+    assert "probes: " + ", ".join(f"{p}={m}" for p, m in attached.items()) in text
