@@ -5,7 +5,7 @@
 #
 # The image holds Debian's libbpf and Python, a virtualenv with nettap and its Python
 # dependencies, and the precompiled CO-RE BPF object (bpf/*.bpf.o, committed to the
-# repository). No compiler, no kernel headers at run time: the object is relocated against
+# repository, shipped inside the package). No compiler, no kernel headers at run time: the object is relocated against
 # the running kernel's BTF (/sys/kernel/btf/vmlinux) when nettap loads it. The build stage
 # compiles the JSON-lines writer (exporter/_jsonl.c) into the virtualenv, and fails if it
 # did not build (the pure-Python fallback is 20-50x slower).
@@ -20,6 +20,12 @@ WORKDIR /src
 # the build working in a tree that has none yet.
 COPY pyproject.toml setup.py README.m[d] ./
 COPY exporter ./exporter
+# setup.py ships the BPF objects inside the package (exporter/bpf), and writes the revision
+# into exporter/_revision.py: the context has no .git, so pass it:
+#   docker build --build-arg NETTAP_REVISION=$(git rev-parse HEAD) ...  (else "unknown")
+COPY bpf/*.bpf.o ./bpf/
+ARG NETTAP_REVISION=unknown
+ENV NETTAP_REVISION=$NETTAP_REVISION
 RUN test -f README.md || echo "nettap" > README.md \
  && python3 -m venv /opt/nettap/venv \
  && /opt/nettap/venv/bin/pip install --no-cache-dir --disable-pip-version-check . \
@@ -34,11 +40,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends libbpf1 python3 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/nettap/venv /opt/nettap/venv
-# The package finds its BPF objects at <repo>/bpf next to the source tree, or in
-# $NETTAP_BPF_DIR: the installed package has no source tree, so point it here.
-COPY bpf/*.bpf.o /opt/nettap/bpf/
-ENV NETTAP_BPF_DIR=/opt/nettap/bpf \
-    PATH=/opt/nettap/venv/bin:$PATH \
+ENV PATH=/opt/nettap/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 
 # nettap runs as root. The image cannot grant privileges; whoever runs it must, and

@@ -42,7 +42,7 @@ def nettap_cmd() -> list:
 def start_nettap(cfg: str, mport: int, log=None) -> subprocess.Popen:
     """nettap --config cfg on 127.0.0.1:mport, returned once /readyz says 200."""
     p = subprocess.Popen(nettap_cmd() + ["--config", cfg, "--web.listen-address", f"127.0.0.1:{mport}",
-                                         "--log-level", "warning"], cwd=ROOT, stderr=log)
+                                         "--log.level", "warning"], cwd=ROOT, stderr=log)
     deadline = time.time() + 30
     while time.time() < deadline:
         if p.poll() is not None:

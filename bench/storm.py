@@ -110,7 +110,7 @@ def rss_mb(pid: int) -> float:
 
 def start_nettap(cfg: str, mport: int) -> subprocess.Popen:
     p = subprocess.Popen([PY, "-m", "exporter", "--config", cfg, "--web.listen-address", f"127.0.0.1:{mport}",
-                          "--log-level", "warning"], cwd=ROOT)
+                          "--log.level", "warning"], cwd=ROOT)
     for _ in range(200):
         try:
             if urllib.request.urlopen(f"http://127.0.0.1:{mport}/readyz", timeout=1).status == 200:
@@ -157,7 +157,7 @@ def ready_time(cfg: str, runs: int = 5) -> float:
         port = free_port()
         t = time.perf_counter()
         p = subprocess.Popen([PY, "-m", "exporter", "--config", cfg, "--web.listen-address", f"127.0.0.1:{port}",
-                              "--log-level", "warning"], cwd=ROOT)
+                              "--log.level", "warning"], cwd=ROOT)
         while True:
             try:
                 if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:

@@ -15,7 +15,8 @@ from prometheus_client import gc_collector, platform_collector, process_collecto
 from . import __version__
 from . import config as config_mod
 from . import sinks, targets
-from .bpfstats import STATE_PROBE, ProgramStatsCollector, StatsSwitch
+from .bpfstats import (STATE_PROBE, ProgramStatsCollector, StatsSwitch, own_program_misses,
+                       own_program_stats)
 from .cgroup import CgroupCollector
 from .collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
                          ProbeCollector, ReloadCollector)
@@ -45,10 +46,12 @@ class Nettap:
     time; :meth:`close` releases everything (no kernel state stays)."""
 
     def __init__(self, config: Config, mechanism: Optional[str] = None, probes: Optional[Probes] = None,
-                 variant: Optional[str] = None):
+                 variant: Optional[str] = None, log_level: Optional[str] = None):
         """probes: already loaded and attached for this config (the CLI
-        attaches first, before importing what only the pipeline needs)."""
+        attaches first, before importing what only the pipeline needs).
+        log_level: --log.level, in force over every config's log_level."""
         self.config = config
+        self.log_level = log_level
         self.ready = threading.Event()
         self._lock = threading.Lock()
         self.reloads = ReloadState()
@@ -92,12 +95,25 @@ class Nettap:
                 "capture_conns": int.from_bytes(live, "little", signed=True) if live else 0}
 
     def stats(self) -> dict:
-        """The /stats document: the probe counters and drops as JSON."""
+        """The /stats document: the probe counters, drops and drained
+        records, each program's kernel statistics (runs and run time only
+        while bpfStats is on), and the process footprint, as /metrics has them."""
+        fds = self.probes.prog_fds
+        misses = own_program_misses(fds)
+        runs = own_program_stats(fds) if self.stats_switch.wanted else {}
+        programs = {p: {"misses": m, **({"runs": runs[p][0], "run_time_seconds": runs[p][1] / 1e9}
+                                        if p in runs else {})} for p, m in misses.items()}
+        # The client library's process collector, samples without the process_ prefix.
+        process = {s.name[len("process_"):]: s.value
+                   for fam in process_collector.ProcessCollector(registry=None).collect() for s in fam.samples}
         return {"probes": {p: {"calls": c["calls"], "returns": c["returns"],
                                "bytes_processed": c["bytes"], "chunks_published": c["chunks"]}
                            for p, c in self.counters().items()},
                 "ringbuf_drops": self.drops(),
-                "ringbuf_records_drained": self.pipeline.drained if self.pipeline else {}}
+                "ringbuf_records_drained": self.pipeline.drained if self.pipeline else {},
+                "bpf_stats_enabled": self.stats_switch.wanted,
+                "bpf_programs": programs,
+                "process": process}
 
     def landing(self, config_path: Optional[str] = None) -> dict:
         """The landing page's document (exporter/landing.py renders it)."""
@@ -170,7 +186,7 @@ class Nettap:
                 self.pipeline.queue_bytes = config.output.queue_bytes     # from the next batch on
             if sink:
                 self.pipeline.replace_sink(sink)
-            logging.getLogger().setLevel(config.log_level.upper())
+            logging.getLogger().setLevel((self.log_level or config.log_level).upper())
             self.config = config._replace(rings=old.rings)    # rings: as loaded
             self.reloads.restart_pending = ", ".join(pending)
 

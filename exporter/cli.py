@@ -23,6 +23,19 @@ COMMANDS_HELP = """commands (each has its own --help):
 """
 
 
+# Old spellings still accepted, each with one warning once logging is set up.
+RENAMED = {"--log-level": "--log.level"}
+
+
+class _Renamed(argparse.Action):
+    """Stores the value; remembers an old spelling in namespace.renamed."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        if option_string in RENAMED:
+            namespace.renamed = [*getattr(namespace, "renamed", []), option_string]
+
+
 def _args(argv: list | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS_HELP)
@@ -42,10 +55,17 @@ def _args(argv: list | None) -> argparse.Namespace:
                    help="load and attach the probes, print each probe's mechanism, release everything and exit (0 if all attached)")
     p.add_argument("--decode", metavar="FILE", help="decode raw ring records from FILE to JSON lines on stdout, and exit")
     p.add_argument("--ring", default="capture_chunks", help="with --decode: the ring the records come from")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                   help="override the config's log_level")
+    p.add_argument("--log.level", "--log-level", dest="log_level", action=_Renamed,
+                   choices=("debug", "info", "warning", "error"), help="override the config's log_level")
+    p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt",
+                   help="log lines as logfmt key=value pairs (default) or one JSON object each")
+    p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics", metavar="PATH",
+                   help="path of the metrics (default /metrics)")
     p.add_argument("--version", action="version", version=f"nettap {__version__}")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.telemetry_path.startswith("/"):
+        p.error(f"--web.telemetry-path must start with '/', got {args.telemetry_path!r}")
+    return args
 
 
 def _decode(path: str, ring: str) -> int:
@@ -145,6 +165,8 @@ def _probe_kernel_meanwhile(mechanism, variant):
 def _load_refused(e: OSError, kernel_plan) -> str:
     """Why the kernel refused the object, in one line: a missing privilege
     only when this process lacks one, else the kernel and its missing features."""
+    if isinstance(e, FileNotFoundError):        # not a privilege, not the kernel
+        return str(e)
     caps = _effective_caps()
     need = {"CAP_BPF": 39, "CAP_PERFMON": 38}
     missing = [n for n, bit in need.items() if not caps >> bit & 1 and not caps >> 21 & 1]
@@ -187,6 +209,31 @@ def _preflight(probes) -> int:
     return 0 if ok else 1
 
 
+class _Endpoint:
+    """What the endpoint serves, bound before the collector exists (the
+    socket is bound first, and served once set() gave it the collector)."""
+
+    def __init__(self, config_path, telemetry_path: str):
+        self.app = self._registry = None
+        self.config_path, self.telemetry_path = config_path, telemetry_path
+
+    def set(self, app) -> None:
+        self._registry = app.registry()
+        self.app = app
+
+    def collect(self):                          # the registry's one method the encoders call
+        return self._registry.collect() if self._registry else iter(())
+
+    def stats(self) -> dict:
+        return self.app.stats() if self.app else {}
+
+    def not_ready(self):
+        return self.app.not_ready() if self.app else "starting"
+
+    def landing(self) -> dict:
+        return {**self.app.landing(self.config_path), "telemetry_path": self.telemetry_path}
+
+
 # Commands beside the daemon: `nettap top ...`, `nettap size ...`, each with its own flags.
 COMMANDS = {"read": "exporter.read", "top": "exporter.top", "size": "exporter.size"}
 
@@ -220,17 +267,38 @@ def main(argv: list | None = None) -> int:
         except config.ConfigError as e:
             return _refused(e, "web config")
     if args.check_config:
-        print(f"{args.config}: ok")
+        from .targets import resolve
+        try:
+            resolve(cfg.captures)               # as the daemon: each pid, cgroup, netns must exist now
+        except config.ConfigError as e:
+            return _refused(e)
+        print(f"{args.config}: ok" if args.config else "no --config, the built-in default config: ok")
         return 0
     level = args.log_level or cfg.log_level
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .logsafe import install
-    for h in logging.getLogger().handlers:
-        install(h)                              # values in messages cannot forge log lines
+    from .logsafe import FORMATTERS, install
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(FORMATTERS[args.log_format]())
+    install(handler)                            # values in messages cannot forge log lines
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    for old in dict.fromkeys(getattr(args, "renamed", ())):
+        log.warning("%s is deprecated: use %s", old, RENAMED[old])
 
-    # Attach first: what only the pipeline and the endpoint need (numpy,
-    # prometheus_client) is imported once the probes are in place.
+    endpoint = srv = None
+    if not args.preflight:
+        # Bind before loading anything: a port in use fails now, not after
+        # the load. Served once the collector is up; until then a client
+        # waits in the listen backlog.
+        from .server import serve
+        endpoint = _Endpoint(args.config, args.telemetry_path)
+        try:
+            srv = serve(args.listen, endpoint, endpoint.stats, endpoint.not_ready, web, endpoint.landing,
+                        telemetry_path=args.telemetry_path, start=False)
+        except (OSError, ValueError) as e:
+            print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
+            return 1
+
+    # Attach first: what only the pipeline needs (numpy) is imported once
+    # the probes are in place.
     from .loader import Probes
     from .targets import resolve
     t0 = time.monotonic()
@@ -266,13 +334,19 @@ def main(argv: list | None = None) -> int:
     from .app import Nettap
     from .server import serve
     try:
-        app = Nettap(cfg, probes=probes)
+        app = Nettap(cfg, probes=probes, log_level=args.log_level)
     except config.ConfigError as e:
         return _refused(e)
     except OSError as e:
         print(f"nettap: cannot start: {e}", file=sys.stderr)
         return 1
-    log.info("probes attached in %.3f s, ready in %.3f s", attached, time.monotonic() - t0)
+    states = {**app.probes.states, "tcp_state": app.probes.lifecycle}
+    up = {p: st.mechanism for p, st in states.items() if st.attached}
+    if up:
+        log.info("%d of %d probes attached in %.3f s (%s), ready in %.3f s", len(up), len(states), attached,
+                 ", ".join(f"{p}={m}" for p, m in up.items()), time.monotonic() - t0)
+    else:                                       # the loader logged why, probe by probe
+        log.warning("no probe attached, in %.3f s", attached)
     early_hup.release()                         # programs loaded: a SIGHUP cannot fail them now
 
     app.mark_loaded()
@@ -294,16 +368,13 @@ def main(argv: list | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    try:
-        srv = serve(args.listen, app.registry(), app.stats, app.not_ready, web,
-                    lambda: app.landing(args.config))
-    except (OSError, ValueError) as e:
-        print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
-        app.close()
-        return 1
-    log.info("nettap %s listening on %s (%s); probes: %s; captures: %s", __version__, args.listen,
+    endpoint.set(app)
+    threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
+    host, port = srv.server_address[:2]
+    log.info("nettap %s listening on %s (%s); probes: %s; captures: %s", __version__,
+             f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
              web.current.describe() if web else "TLS off; basic auth off",
-             ", ".join(f"{p}={s.mechanism}" for p, s in app.probes.states.items()),
+             ", ".join(f"{p}={up.get(p, 'none')}" for p in states),
              ", ".join(map(str, cfg.captures)) or "none (add captures: to a config file)")
     try:
         while not stop.wait(1.0):

@@ -107,19 +107,24 @@ class PipelineCollector(Collector):
 
 
 class BuildInfoCollector(Collector):
-    def __init__(self):
+    def __init__(self, revision: Callable[[], str] = None):
         self._info = [__version__, platform.release(), libbpf.version(), platform.python_version()]
+        self._revision = revision
+        self._rev = None
 
     def describe(self) -> Iterable[Metric]:
         return [self._family()]
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily("nettap_build_info", "nettap build and platform; value 1.",
-                                 labels=["version", "kernel_release", "libbpf_version", "python_version"])
+                                 labels=["version", "revision", "kernel_release", "libbpf_version", "python_version"])
 
     def collect(self) -> Iterable[Metric]:
+        if self._rev is None:       # at the first scrape: from a checkout it runs git (~2 ms), off the start path
+            from .revision import revision
+            self._rev = (self._revision or revision)()
         g = self._family()
-        g.add_metric(self._info, 1)
+        g.add_metric([self._info[0], self._rev, *self._info[1:]], 1)
         return [g]
 
 

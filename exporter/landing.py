@@ -108,6 +108,7 @@ def render(doc: dict) -> str:
         if key in doc:
             parts.append(f'<section id="{sid}"><h2>{_e(head)}</h2>{fn(doc[key])}</section>\n')
     parts.append('<section id="links"><h2>Endpoints</h2><ul>'
-                 + "".join(f'<li><a href="{p}">{p}</a>: {_e(what)}</li>' for p, what in LINKS)
+                 + "".join(f'<li><a href="{_e(p)}">{_e(p)}</a>: {_e(what)}</li>'
+                           for p, what in ((doc.get("telemetry_path", "/metrics"), LINKS[0][1]), *LINKS[1:]))
                  + "</ul></section>\n</body></html>\n")
     return "".join(parts)

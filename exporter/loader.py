@@ -27,9 +27,20 @@ log = logging.getLogger(__name__)
 
 # Plain strings and classes on this path: pathlib, dataclasses and typing would
 # add ~30 ms of imports before the probes are attached.
-BPF_DIR = os.environ.get("NETTAP_BPF_DIR") or os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bpf")
 OBJECT = "tcp.bpf.o"
+
+
+def _bpf_dir() -> str:
+    """$NETTAP_BPF_DIR, else the objects shipped inside the installed package
+    (pip install . copies bpf/*.bpf.o to exporter/bpf), else the checkout's bpf/."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    packaged = os.path.join(here, "bpf")
+    if os.path.exists(os.path.join(packaged, OBJECT)):
+        return packaged
+    return os.path.join(os.path.dirname(here), "bpf")
+
+
+BPF_DIR = os.environ.get("NETTAP_BPF_DIR") or _bpf_dir()
 
 PROBES = ("tcp_sendmsg", "tcp_recvmsg")
 RINGS = ("capture_chunks", "capture_eof", "logs")
@@ -329,6 +340,8 @@ class Probes:
         self.variant = self.plan.variant
         self.lifecycle = ProbeState("tcp_state", mechanism=LIFECYCLE["tcp_state"])
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
+        if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
+            raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
         try:
             self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
             self._configure(ring_sizes or {})

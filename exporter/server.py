@@ -66,12 +66,15 @@ class _Server6(_Server):
 
 def serve(addr: str, registry, stats: Callable[[], dict],
           readiness: Callable[[], Optional[str]], web=None,
-          landing: Optional[Callable[[], dict]] = None) -> _Server:
+          landing: Optional[Callable[[], dict]] = None, telemetry_path: str = "/metrics",
+          start: bool = True) -> _Server:
     """Start serving in a background thread; readiness() returns None when
     ready, else the reason it is not. web: a webconfig.Web (TLS, basic
     auth, headers), read anew for each connection and request. landing():
     the document of the page at / (exporter/landing.py); without it the
-    page has the version and the links."""
+    page has the version and the links. telemetry_path: where the
+    metrics are (--web.telemetry-path). start=False: bound and listening,
+    served once the caller runs srv.serve_forever."""
     landing = landing or (lambda: {"version": __version__})
     host, port = parse_listen(addr)
 
@@ -101,7 +104,7 @@ def serve(addr: str, registry, stats: Callable[[], dict],
                                (("WWW-Authenticate", "Basic"),))
                     return
             try:
-                if path == "/metrics":
+                if path == telemetry_path:
                     encoder, ctype = choose_encoder(self.headers.get("Accept"))
                     self._send(200, encoder(registry), ctype)
                 elif path == "/stats":
@@ -140,5 +143,6 @@ def serve(addr: str, registry, stats: Callable[[], dict],
     else:
         srv = _Server((host, port), Handler)
     srv.web = web
-    threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
+    if start:
+        threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
     return srv

@@ -50,17 +50,19 @@ READY_TIMEOUT = 180
 
 class Nettap:
     def __init__(self, tmp: Path, cfg: Optional[dict], config_path: Optional[Path] = None,
-                 cgroups: List[str] = (), wrap: List[str] = (), env: Optional[dict] = None):
+                 cgroups: List[str] = (), wrap: List[str] = (), env: Optional[dict] = None,
+                 args: List[str] = ()):
         """Start on cfg written to tmp/nettap.yaml, or on an existing config_path;
         inside the given cgroup directories (their cgroup.procs), if any; run
-        through the command wrap (e.g. unshare, setpriv), if given."""
+        through the command wrap (e.g. unshare, setpriv), if given; with
+        the extra command-line args, if given."""
         self.port = free_port()
         self.cfg_path = config_path or tmp / "nettap.yaml"
         if cfg is not None:
             self.write_config(cfg)
         self.log = open(tmp / "nettap.log", "ab")
         self.p = subprocess.Popen([*wrap, sys.executable, "-m", "exporter", "--config", str(self.cfg_path),
-                                   "--web.listen-address", f"127.0.0.1:{self.port}"],
+                                   "--web.listen-address", f"127.0.0.1:{self.port}", *args],
                                   cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                   preexec_fn=(lambda: _join(cgroups)) if cgroups else None)
         self.url = f"http://127.0.0.1:{self.port}"

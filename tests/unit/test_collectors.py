@@ -33,6 +33,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "metrics" / "golden.prom"
 DOCS = ROOT / "docs" / "metrics.md"
 DURATION = "nettap_scrape_collector_duration_seconds"
+REVISION = "8fbc8a4c0ffee0ddba11decafbad5eed0ff1ce00"
 TOKEN = "<DURATION>"
 
 # ---- the fixture state ------------------------------------------------------
@@ -133,7 +134,7 @@ def fixture_collectors():
         "cgroup": CgroupCollector(proc_root=str(cg / "proc"), cgroup_root=str(cg / "sys" / "fs" / "cgroup")),
         "config": ReloadCollector(ReloadState(last_ok=True, last_success=1764460800.0,
                                               successes=3, failures=1)),
-        "build": BuildInfoCollector(),
+        "build": BuildInfoCollector(revision=lambda: REVISION),
         "targets": TargetsCollector(SimpleNamespace(gone_total={"pid": 2, "cgroup": 1})),
     }
 
