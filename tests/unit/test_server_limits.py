@@ -161,20 +161,21 @@ def test_200_concurrent_scrapers_are_all_answered(start):
     codes, slow = [], []
 
     def one():
-        go.wait()
-        t = time.monotonic()
-        try:
-            codes.append(scrape(srv, timeout=10).status_code)
-        except requests.RequestException as e:
-            codes.append(repr(e))
-        if time.monotonic() - t > 5:
-            slow.append(time.monotonic() - t)
+        for _ in range(3):           # three rounds: three bursts of 200 new connections
+            go.wait()
+            t = time.monotonic()
+            try:
+                codes.append(scrape(srv, timeout=10).status_code)
+            except requests.RequestException as e:
+                codes.append(repr(e))
+            if time.monotonic() - t > 5:
+                slow.append(time.monotonic() - t)
     threads = [threading.Thread(target=one) for _ in range(200)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
-    assert codes == [200] * 200
+        t.join(120)
+    assert codes == [200] * 600
     assert slow == [], f"{len(slow)} scrapes took over 5 s: {sorted(slow)[-3:]}"
 
 
