@@ -4,7 +4,7 @@ new connection each) of the real exporter for one scraper alone (the
 baseline, same run), for 200 scrapers at once, and for one scraper while
 2,000 idle connections are open to it.
 
-Run as root:  .venv/bin/python bench/http.py [--scrapers 200] [--idle 2000] [--rounds 10]
+Run as root:  .venv/bin/python bench/http_load.py [--scrapers 200] [--idle 2000] [--rounds 10]
 """
 from __future__ import annotations
 
