@@ -245,3 +245,11 @@ def test_past_max_connections_the_oldest_idle_one_is_closed(start):
     finally:
         for s in conns:
             s.close()
+
+
+def test_headers_past_the_limit_are_answered_431(start):
+    srv, _ = start(max_header_bytes=4096)
+    with connect(srv) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\nX-Filler: " + b"a" * 8192)
+        assert closed_within(s, 5).startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert srv.rejected["too_large"] == 1
