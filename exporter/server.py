@@ -6,6 +6,7 @@ import json
 import logging
 import queue
 import re
+import resource
 import selectors
 import socket
 import ssl
@@ -44,10 +45,19 @@ class Limits:
     """How the endpoint bounds its clients. Connections wait for a request
     in one selector (no thread each); only a request whose line and headers
     have all arrived goes to a worker, so idle, half-open and slow clients
-    cost a file descriptor and a buffer, never a worker."""
+    cost a file descriptor and a buffer, never a worker. (Per-connection
+    socket timeouts in a fixed pool would not do: N idle connections would
+    hold N workers for a timeout each, and 2,000 of them would hold a
+    scrape for minutes.) A worker's request is answered in bounded time
+    (rendering, then write_timeout), so the queue in front of the workers
+    moves; when it is long anyway, a 503 now is better for a scraper than
+    an answer after its scrape_timeout. Past max_connections (or half the
+    file descriptor limit) the connection waiting longest is closed rather
+    than the new one: under a flood of idle connections a scraper's new
+    connection still gets in."""
     workers: int = 8             # rendering holds the GIL: more threads than this only queue on it
     backlog: int = 1024          # listen(2) backlog (the kernel caps it at net.core.somaxconn)
-    max_connections: int = 4096  # open at once; past it the longest-waiting idle one is closed
+    max_connections: int = 4096  # waiting at once; past it the longest-waiting one is closed
     max_queued: int = 512        # complete requests waiting for a worker; past it: 503
     header_timeout: float = 10.0  # from the first byte (or the connection) to the end of the headers
     idle_timeout: float = 120.0  # keep-alive wait for the next request (Prometheus' 1m interval fits)
@@ -111,6 +121,9 @@ class _Server(TCPServer):
         self.limits = limits
         self.request_queue_size = limits.backlog
         self.rejected = {r: 0 for r in REASONS}
+        # accept() failing with EMFILE would spin the accept loop: stay well under the limit.
+        self._max_conns = min(limits.max_connections,
+                              max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2))
         self._sel = selectors.DefaultSelector()
         self._conns: Dict[int, _Conn] = {}          # by fd, oldest parked first
         self._incoming: "queue.SimpleQueue" = queue.SimpleQueue()   # parked from other threads
@@ -194,7 +207,7 @@ class _Server(TCPServer):
             self._drop(c)
 
     def _admit(self, c: _Conn) -> None:
-        if len(self._conns) >= self.limits.max_connections:
+        if len(self._conns) >= self._max_conns:
             self._reject(next(iter(self._conns.values())), "overload")
         self._conns[c.sock.fileno()] = c
         self._sweep_at = min(self._sweep_at, c.deadline)

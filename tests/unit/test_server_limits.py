@@ -4,6 +4,7 @@ their timeouts; many scrapers at once are all answered; keep-alive is
 limited; a full queue is answered 503 and counted."""
 from __future__ import annotations
 
+import resource
 import selectors
 import socket
 import threading
@@ -253,3 +254,22 @@ def test_headers_past_the_limit_are_answered_431(start):
         s.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\nX-Filler: " + b"a" * 8192)
         assert closed_within(s, 5).startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
     assert srv.rejected["too_large"] == 1
+
+
+def test_connections_stay_under_half_the_file_limit(start):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    try:
+        srv, _ = start()                              # reads the limit once: 150 waiting at most
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    conns = [connect(srv) for _ in range(150)]
+    try:
+        time.sleep(0.3)
+        conns.append(connect(srv))
+        assert closed_within(conns[0], 5) == b""
+        assert scrape(srv).status_code == 200
+        assert srv.rejected["overload"] == 2          # the first, then the second for the scrape's
+    finally:
+        for s in conns:
+            s.close()
