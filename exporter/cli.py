@@ -216,13 +216,20 @@ class _Endpoint:
     def __init__(self, config_path, telemetry_path: str):
         self.app = self._registry = None
         self.config_path, self.telemetry_path = config_path, telemetry_path
+        self._own = []                          # the server's own collectors (serve() registers them)
 
     def set(self, app) -> None:
         self._registry = app.registry()
         self.app = app
 
+    def register(self, collector) -> None:
+        self._own.append(collector)
+
     def collect(self):                          # the registry's one method the encoders call
-        return self._registry.collect() if self._registry else iter(())
+        if self._registry:
+            yield from self._registry.collect()
+        for c in self._own:
+            yield from c.collect()
 
     def stats(self) -> dict:
         return self.app.stats() if self.app else {}

@@ -1,16 +1,26 @@
 """The HTTP endpoint: /metrics, /stats, /, /healthz, /readyz."""
 from __future__ import annotations
 
+import io
 import json
 import logging
+import queue
 import re
+import resource
+import selectors
 import socket
 import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional, Tuple
+import time
+import weakref
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
+from socketserver import TCPServer
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from . import __version__, landing as landing_page
 
@@ -30,28 +40,313 @@ def parse_listen(addr: str) -> Tuple[str, int]:
 HANDSHAKE_TIMEOUT = 10.0     # seconds a client may take to finish the TLS handshake
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+@dataclass(frozen=True)
+class Limits:
+    """How the endpoint bounds its clients. Connections wait for a request
+    in one selector (no thread each); only a request whose line and headers
+    have all arrived goes to a worker, so idle, half-open and slow clients
+    cost a file descriptor and a buffer, never a worker. (Per-connection
+    socket timeouts in a fixed pool would not do: N idle connections would
+    hold N workers for a timeout each, and 2,000 of them would hold a
+    scrape for minutes.) A worker's request is answered in bounded time
+    (rendering, then write_timeout), so the queue in front of the workers
+    moves; when it is long anyway, a 503 now is better for a scraper than
+    an answer after its scrape_timeout. Past max_connections (or half the
+    file descriptor limit) the connection waiting longest is closed rather
+    than the new one: under a flood of idle connections a scraper's new
+    connection still gets in."""
+    workers: int = 8             # rendering holds the GIL: more threads than this only queue on it
+    backlog: int = 1024          # listen(2) backlog (the kernel caps it at net.core.somaxconn)
+    max_connections: int = 4096  # waiting at once; past it the longest-waiting one is closed
+    max_queued: int = 512        # complete requests waiting for a worker; past it: 503
+    header_timeout: float = 10.0  # from the first byte (or the connection) to the end of the headers
+    idle_timeout: float = 120.0  # keep-alive wait for the next request (Prometheus' 1m interval fits)
+    write_timeout: float = 10.0  # a worker's wait on a client that does not read its answer
+    max_requests: int = 1000     # per keep-alive connection (nginx's keepalive_requests)
+    max_header_bytes: int = 65536
+
+
+REASONS = ("header_timeout", "overload", "http09", "too_large")
+_END = re.compile(rb"\r?\n\r?\n")
+_HTTP09 = re.compile(rb"^[A-Z]+ +[^ \r\n]+\r?\n")       # a request line without a version
+
+
+class HttpCollector(Collector):
+    """nettap_http_connections_rejected_total{reason}: connections the
+    endpoint closed without an answer, or answered 503, to stay bounded."""
+
+    def __init__(self, servers=()):
+        self.servers = weakref.WeakSet(servers)     # each with .rejected: {reason: count}
+
+    def describe(self) -> Iterable[Metric]:
+        return [CounterMetricFamily("nettap_http_connections_rejected", "", labels=["reason"])]
+
+    def collect(self) -> Iterable[Metric]:
+        c = CounterMetricFamily("nettap_http_connections_rejected",
+                                "Connections the HTTP endpoint closed or answered 503 to stay bounded.",
+                                labels=["reason"])
+        for reason in REASONS:
+            c.add_metric([reason], sum(srv.rejected.get(reason, 0) for srv in list(self.servers)))
+        return [c]
+
+
+_COLLECTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class _Conn:
+    __slots__ = ("sock", "addr", "buf", "deadline", "handshaking", "served", "events")
+
+    def __init__(self, sock, addr, deadline: float, handshaking: bool):
+        self.sock, self.addr, self.buf = sock, addr, bytearray()
+        self.deadline, self.handshaking, self.served, self.events = deadline, handshaking, 0, 0
+
+
+class _Writer:
+    def __init__(self, sock):
+        self.sock = sock
+
+    def write(self, b) -> int:
+        self.sock.sendall(b)
+        return len(b)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Server(TCPServer):
     allow_reuse_address = True
     web = None                  # a webconfig.Web: TLS and basic auth in force
 
-    def finish_request(self, request, client_address) -> None:
-        # In the connection's own thread: a slow handshake holds no one else.
+    def __init__(self, address, handler, limits: Limits = Limits()):
+        self.limits = limits
+        self.request_queue_size = limits.backlog
+        self.rejected = {r: 0 for r in REASONS}
+        # accept() failing with EMFILE would spin the accept loop: stay well under the limit.
+        self._max_conns = min(limits.max_connections,
+                              max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2))
+        self._sel = selectors.DefaultSelector()
+        self._conns: Dict[int, _Conn] = {}          # by fd, oldest parked first
+        self._incoming: "queue.SimpleQueue" = queue.SimpleQueue()   # parked from other threads
+        self._ready: "queue.Queue" = queue.Queue()
+        self._closing = False
+        self._sweep_at = 0.0                        # the next parked connection's deadline
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        try:
+            super().__init__(address, handler)
+        except OSError:
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            raise
+        self._threads = [threading.Thread(target=self._park_loop, name="nettap-http-park", daemon=True)]
+        self._threads += [threading.Thread(target=self._work, name=f"nettap-http-{i}", daemon=True)
+                          for i in range(limits.workers)]
+        for t in self._threads:
+            t.start()
+
+    # -- the accept loop (serve_forever's thread) hands every connection over
+    def process_request(self, request, client_address) -> None:
+        request.setblocking(False)
         ctx = self.web.current.tls if self.web else None
-        if ctx is None:
-            return super().finish_request(request, client_address)
-        timeout = request.gettimeout()
-        request.settimeout(HANDSHAKE_TIMEOUT)
+        now = time.monotonic()
+        if ctx is not None:
+            try:
+                request = ctx.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ssl.SSLError) as e:
+                log.debug("TLS with %s failed: %s", client_address[0], e)
+                request.close()
+                return
+            self._park(_Conn(request, client_address, now + HANDSHAKE_TIMEOUT, True))
+        else:
+            self._park(_Conn(request, client_address, now + self.limits.header_timeout, False))
+
+    def _park(self, c: _Conn) -> None:
+        self._incoming.put(c)
+        self._wake()
+
+    def _wake(self) -> None:
         try:
-            conn = ctx.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as e:        # plain HTTP, a refused certificate, a timeout
-            log.debug("TLS handshake with %s failed: %s", client_address[0], e)
+            self._wake_w.send(b"x")
+        except OSError:                      # full (already woken) or closed
+            pass
+
+    # -- the parking thread: connections waiting for a whole request
+    def _park_loop(self) -> None:
+        while not self._closing:
+            for key, mask in self._sel.select(max(0.0, min(1.0, self._sweep_at - time.monotonic()))):
+                if key.data is None:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except OSError:
+                        pass
+                else:
+                    self._progress(key.data)
+            while True:
+                try:
+                    c = self._incoming.get_nowait()
+                except queue.Empty:
+                    break
+                self._admit(c)
+            now = time.monotonic()
+            if now < self._sweep_at:
+                continue
+            # The sweep walks every parked connection: only when a deadline is due.
+            self._sweep_at = now + 1.0
+            for c in list(self._conns.values()):
+                if c.deadline > now:
+                    self._sweep_at = min(self._sweep_at, c.deadline)
+                elif c.buf or c.handshaking or c.served == 0:
+                    self._reject(c, "header_timeout")
+                else:
+                    self._drop(c)                    # an idle keep-alive connection: normal
+        for c in list(self._conns.values()):
+            self._drop(c)
+
+    def _admit(self, c: _Conn) -> None:
+        if len(self._conns) >= self._max_conns:
+            self._reject(next(iter(self._conns.values())), "overload")
+        self._conns[c.sock.fileno()] = c
+        self._sweep_at = min(self._sweep_at, c.deadline)
+        self._watch(c, selectors.EVENT_READ)
+        # Bytes already read (a pipelined request) or held inside TLS need no wait.
+        if c.buf or (c.served and isinstance(c.sock, ssl.SSLSocket) and c.sock.pending()):
+            self._progress(c)
+
+    def _watch(self, c: _Conn, events: int) -> None:
+        if c.events == events:
             return
+        if c.events:
+            self._sel.modify(c.sock, events, c)
+        else:
+            self._sel.register(c.sock, events, c)
+        c.events = events
+
+    def _forget(self, c: _Conn) -> None:
+        if c.events:
+            try:
+                self._sel.unregister(c.sock)
+            except (KeyError, ValueError):
+                pass
+            c.events = 0
+        self._conns.pop(c.sock.fileno(), None)
+
+    def _drop(self, c: _Conn) -> None:
+        self._forget(c)
         try:
-            conn.settimeout(timeout)
-            super().finish_request(conn, client_address)
-        finally:
-            conn.close()
+            c.sock.close()
+        except OSError:
+            pass
+
+    def _reject(self, c: _Conn, reason: str, answer: bytes = b"") -> None:
+        self.rejected[reason] += 1
+        if answer:
+            try:
+                c.sock.send(answer)         # best effort: never wait on this client
+            except (OSError, ssl.SSLError):
+                pass
+        self._drop(c)
+
+    def _progress(self, c: _Conn) -> None:
+        try:
+            if c.handshaking:
+                try:
+                    c.sock.do_handshake()
+                except ssl.SSLWantReadError:
+                    return self._watch(c, selectors.EVENT_READ)
+                except ssl.SSLWantWriteError:
+                    return self._watch(c, selectors.EVENT_WRITE)
+                c.handshaking = False
+                c.deadline = time.monotonic() + self.limits.header_timeout
+                self._watch(c, selectors.EVENT_READ)
+            while not _END.search(c.buf):
+                try:
+                    data = c.sock.recv(65536)
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    return
+                if not data:
+                    return self._drop(c)
+                if not c.buf and c.served:           # a keep-alive's next request begins
+                    c.deadline = time.monotonic() + self.limits.header_timeout
+                    self._sweep_at = min(self._sweep_at, c.deadline)
+                c.buf += data
+                if _HTTP09.match(c.buf):
+                    return self._reject(c, "http09")
+                if len(c.buf) > self.limits.max_header_bytes:
+                    return self._reject(c, "too_large", b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                        b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+        except (OSError, ssl.SSLError) as e:         # reset, plain HTTP on TLS, a refused certificate
+            log.debug("connection from %s failed: %s", c.addr[0], e)
+            return self._drop(c)
+        self._forget(c)
+        if self._ready.qsize() >= self.limits.max_queued:
+            return self._reject(c, "overload", b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\nRetry-After: 1\r\n\r\n")
+        self._ready.put(c)
+
+    # -- the workers: one whole request each, then the connection goes back
+    def _work(self) -> None:
+        while True:
+            c = self._ready.get()
+            if c is None:
+                return
+            end = _END.search(c.buf).end()
+            head, c.buf = bytes(c.buf[:end]), c.buf[end:]
+            c.served += 1
+            try:
+                c.sock.settimeout(self.limits.write_timeout)
+                h = self.RequestHandlerClass(c, c.addr, self, head)
+                keep = not h.close_connection and not self._closing
+            except Exception as e:               # a client gone mid-answer, a write timeout
+                log.debug("answering %s failed: %s", c.addr[0], e)
+                keep = False
+            if not keep:
+                c.sock.close()
+                continue
+            c.sock.setblocking(False)
+            c.deadline = time.monotonic() + (self.limits.header_timeout if c.buf else self.limits.idle_timeout)
+            self._park(c)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._closing = True
+        self._wake()
+        for _ in range(self.limits.workers):
+            self._ready.put(None)
+        for t in self._threads:
+            t.join(5)
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One request whose line and headers the parking thread has read."""
+    protocol_version = "HTTP/1.1"
+
+    def __init__(self, conn: _Conn, client_address, server: _Server, head: bytes):
+        self.conn, self.head = conn, head
+        super().__init__(conn.sock, client_address, server)
+
+    def setup(self) -> None:
+        self.connection = self.request
+        self.rfile = io.BytesIO(self.head)
+        self.wfile = _Writer(self.request)
+
+    def handle(self) -> None:
+        self.close_connection = True
+        self.handle_one_request()
+
+    def finish(self) -> None:
+        pass
+
+    def end_headers(self) -> None:
+        if self.conn.served >= self.server.limits.max_requests and not self.close_connection:
+            self.send_header("Connection", "close")
+        super().end_headers()
 
 
 class _Server6(_Server):
@@ -67,7 +362,7 @@ class _Server6(_Server):
 def serve(addr: str, registry, stats: Callable[[], dict],
           readiness: Callable[[], Optional[str]], web=None,
           landing: Optional[Callable[[], dict]] = None, telemetry_path: str = "/metrics",
-          start: bool = True) -> _Server:
+          start: bool = True, limits: Limits = Limits()) -> _Server:
     """Start serving in a background thread; readiness() returns None when
     ready, else the reason it is not. web: a webconfig.Web (TLS, basic
     auth, headers), read anew for each connection and request. landing():
@@ -78,8 +373,7 @@ def serve(addr: str, registry, stats: Callable[[], dict],
     landing = landing or (lambda: {"version": __version__})
     host, port = parse_listen(addr)
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(_Handler):
         extra = ()
 
         def _send(self, code: int, body: bytes, ctype: str, headers=()) -> None:
@@ -134,15 +428,21 @@ def serve(addr: str, registry, stats: Callable[[], dict],
             log.debug("%s " + fmt, self.address_string(), *args)
 
     if ":" in host:
-        srv = _Server6((host, port), Handler)
+        srv = _Server6((host, port), Handler, limits)
     elif host == "" and socket.has_ipv6:
         try:
-            srv = _Server6(("::", port), Handler)
+            srv = _Server6(("::", port), Handler, limits)
         except OSError:                      # no IPv6 on this host
-            srv = _Server(("", port), Handler)
+            srv = _Server(("", port), Handler, limits)
     else:
-        srv = _Server((host, port), Handler)
+        srv = _Server((host, port), Handler, limits)
     srv.web = web
+    # One collector per registry, summing its servers (tests serve one registry many times).
+    coll = _COLLECTORS.get(registry)
+    if coll is None:
+        coll = _COLLECTORS[registry] = HttpCollector()
+        registry.register(coll)
+    coll.servers.add(srv)
     if start:
         threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
     return srv

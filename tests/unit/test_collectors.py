@@ -26,6 +26,7 @@ from exporter.collectors import (BuildInfoCollector, Guarded, MapCollector, Pipe
                                  ProbeCollector, ReloadCollector)
 from exporter.features import Feature
 from exporter.loader import ProbeState
+from exporter.server import HttpCollector
 from exporter.targets import TargetsCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,9 +140,17 @@ def fixture_collectors():
     }
 
 
+class FakeHttpServer:
+    rejected = {"header_timeout": 12, "overload": 1, "http09": 2, "too_large": 0}
+
+
+HTTP_SERVER = FakeHttpServer()          # the collector holds its servers weakly
+
+
 def render(colls) -> str:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(Guarded(colls))
+    reg.register(HttpCollector([HTTP_SERVER]))     # serve() registers it beside the app's
     text = generate_latest(reg).decode()
     return re.sub(rf"^({DURATION}\{{[^}}]*\}}) \S+$", rf"\1 {TOKEN}", text, flags=re.M)
 
@@ -211,6 +220,8 @@ def test_golden_label_values_match_docs():
     assert src <= {"fd", "sysctl", "external"}
     results = {s.labels["result"] for s in fams["nettap_config_reloads"].samples}
     assert results == {"success", "failure"}
+    reasons = {s.labels["reason"] for s in fams["nettap_http_connections_rejected"].samples}
+    assert reasons == {"header_timeout", "overload", "http09", "too_large"}
 
 
 def test_golden_node_aggregation():

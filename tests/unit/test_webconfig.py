@@ -5,8 +5,10 @@ one."""
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import subprocess
+import time
 from pathlib import Path
 
 import bcrypt
@@ -16,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from exporter import webconfig
 from exporter.config import ConfigError
-from exporter.server import serve
+from exporter.server import Limits, serve
 from exporter.webconfig import Web
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()     # cost 4: fast tests
@@ -287,3 +289,39 @@ def test_readme_example_is_accepted(tmp_path, pki):
     cfg = webconfig.load(write(tmp_path, example))
     assert cfg.describe() == "TLS on, client certificates required; basic auth on (1 user)"
     assert cfg.headers == (("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "deny"))
+
+
+def test_tls_keep_alive_and_pipelining(tmp_path, pki, endpoint):
+    """Over TLS a connection goes back to waiting between requests: bytes
+    already decrypted (pipelined requests) are answered without new ones."""
+    port = endpoint(Web(webconfig.load(tls_file(tmp_path, pki))))
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    req = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                         server_hostname="localhost") as s:
+        f = s.makefile("rb")
+
+        def answer() -> bytes:
+            status = f.readline()
+            while f.readline() != b"\r\n":
+                pass
+            return status + f.read(3)
+        s.sendall(req * 3)
+        assert [answer() for _ in range(3)] == [b"HTTP/1.1 200 OK\r\nok\n"] * 3
+        time.sleep(0.2)                  # waiting again, then one more
+        s.sendall(req)
+        assert answer() == b"HTTP/1.1 200 OK\r\nok\n"
+
+
+def test_tls_clients_that_never_handshake_hold_no_worker(tmp_path, pki):
+    web = Web(webconfig.load(tls_file(tmp_path, pki)))
+    srv = serve("127.0.0.1:0", App.registry, App.stats, App.not_ready, web, limits=Limits(workers=1))
+    mute = [socket.create_connection(srv.server_address, timeout=10) for _ in range(20)]
+    try:
+        r = get(f"https://localhost:{srv.server_address[1]}/healthz", verify=str(pki / "ca.crt"))
+        assert r.text == "ok\n"
+    finally:
+        for s in mute:
+            s.close()
+        srv.shutdown()
+        srv.server_close()
