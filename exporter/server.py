@@ -134,13 +134,10 @@ class _Server(TCPServer):
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        try:
-            super().__init__(address, handler)
-        except OSError:
-            self._sel.close()
-            self._wake_r.close()
-            self._wake_w.close()
-            raise
+        self._threads: list = []
+        # A failed bind (address in use) calls server_close(), which closes
+        # the selector and the wake pair too.
+        super().__init__(address, handler)
         self._threads = [threading.Thread(target=self._park_loop, name="nettap-http-park", daemon=True)]
         self._threads += [threading.Thread(target=self._work, name=f"nettap-http-{i}", daemon=True)
                           for i in range(limits.workers)]
