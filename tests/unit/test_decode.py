@@ -5,27 +5,18 @@ offset and the rest still decoded, and the exit status says whether all of
 the input was records."""
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from exporter import records as R
 from exporter.decode import GARBAGE_MAX, Decoder
 
-ROOT = Path(__file__).resolve().parents[2]
-FIX = Path(__file__).parent / "fixtures" / "records"
-
-_spec = importlib.util.spec_from_file_location("make_fixture", FIX / "make_fixture.py")
-mf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mf)
-
-RINGS = list(mf.FILES)
+from .record_fixtures import FIX, RINGS, ROOT, mf
 
 
 def _slots(ring: str) -> list:

@@ -8,7 +8,6 @@ specs without using exporter.records' formatting."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import socket
@@ -21,14 +20,7 @@ import pytest
 from exporter import records as R
 from exporter.ringbuf import walk
 
-ROOT = Path(__file__).resolve().parents[2]
-FIX = Path(__file__).parent / "fixtures" / "records"
-
-_spec = importlib.util.spec_from_file_location("make_fixture", FIX / "make_fixture.py")
-mf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mf)
-
-RINGS = list(mf.FILES)
+from .record_fixtures import FIX, RINGS, ROOT, mf
 TYPES = {"capture_chunks": "chunk", "capture_eof": "eof", "logs": "log"}
 
 # Written out from include/net/tcp_states.h and bpf/tcp.h, not taken from exporter.records.
