@@ -60,9 +60,26 @@ static __always_inline struct inflight *inflight_find(const bool fast)
 	if (in && in->valid && in->task_start != task_start_time()) {
 		/* Left by a dead thread whose id this one reuses. */
 		bpf_map_delete_elem(&inflight_compat, &id);
+		__sync_fetch_and_add(inflight_slot(id), -1);
 		return NULL;
 	}
 	return in;
+}
+
+/* A call kept by its entry: valid, and counted in its thread's slot (both
+ * only ever changed by the thread itself). */
+static __always_inline void inflight_hold(struct inflight *in)
+{
+	if (!in->valid)
+		__sync_fetch_and_add(inflight_slot(bpf_get_current_pid_tgid()), 1);
+	in->valid = 1;
+}
+
+static __always_inline void inflight_release(struct inflight *in)
+{
+	if (in->valid)
+		__sync_fetch_and_add(inflight_slot(bpf_get_current_pid_tgid()), -1);
+	in->valid = 0;
 }
 
 /* A kernel-function entry the filter rejected: a state left valid by a
@@ -70,10 +87,13 @@ static __always_inline struct inflight *inflight_find(const bool fast)
  * taken for this call's at its return. */
 static __always_inline void inflight_forget(const bool fast)
 {
-	struct inflight *in = inflight_find(fast);
+	struct inflight *in;
 
-	if (in && in->valid)
-		in->valid = 0;
+	if (!*inflight_slot(bpf_get_current_pid_tgid()))
+		return;
+	in = inflight_find(fast);
+	if (in)
+		inflight_release(in);
 }
 
 /* The call returned: task storage keeps its slot (cleared), the hash drops it. */
@@ -81,7 +101,7 @@ static __always_inline void inflight_end(struct inflight *in, const bool fast)
 {
 	__u64 id;
 
-	in->valid = 0;
+	inflight_release(in);
 	if (!fast) {
 		id = bpf_get_current_pid_tgid();
 		bpf_map_delete_elem(&inflight_compat, &id);
@@ -124,7 +144,7 @@ static __always_inline int enter_sock(__u32 probe, struct sock *sk, struct call_
 	in->iter_type = d->iter_type;
 	in->task_start = fast ? 0 : task_start_time();
 	in->probe = probe;
-	in->valid = 1;
+	inflight_hold(in);
 	return 0;
 }
 
@@ -223,8 +243,8 @@ static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct inflight *in = inflight_find(fast);
 	struct nettap_capture_config *cfg;
+	struct inflight *in;
 	struct nettap_probe_counters *c;
 	struct nettap_chunk *hdr;
 	struct emit_state *st;
@@ -232,6 +252,11 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	struct sock *sk;
 	__u32 zero = 0;
 
+	/* Every return on the node runs this: leave on one load when the
+	 * thread's slot holds no call (the common case, a call not kept). */
+	if (!*inflight_slot(id))
+		return 0;
+	in = inflight_find(fast);
 	if (!in || !in->valid || in->probe != probe)
 		return 0;
 	c = counters(probe);

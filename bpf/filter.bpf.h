@@ -101,30 +101,32 @@ static __always_inline bool sock_is_tcp(struct sock *sk, const bool btf)
 	       BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP;
 }
 
-/* fd of the current task -> its TCP sock, or NULL. With btf, a BTF pointer:
- * one helper call (the fd array is indexed by a variable, which direct loads
- * cannot do) and bpf_rdonly_cast for the untyped pointers. */
-static __always_inline struct sock *fd_to_tcp_sock(unsigned long fd, const bool btf)
+/* fd of the current task -> its socket's sock (any kind), or NULL. With
+ * btf, a BTF pointer and no helper call: the fd array is indexed by a
+ * variable, which direct loads cannot do, so its slot is read as element 0
+ * of a files_struct.fd_array cast at that address (bpf_rdonly_cast: an
+ * exception-handled load, where bpf_probe_read_kernel cost a helper call). */
+static __always_inline struct sock *fd_to_sock(unsigned long fd, const bool btf)
 {
 	struct file *file = NULL;
 	struct socket *sock;
 	struct file **fds;
-	struct sock *sk;
 
 	if (btf) {
 		struct task_struct *task = bpf_get_current_task_btf();
 		struct fdtable *fdt = task->files->fdt;
+		struct files_struct *slot;
 
 		if (!fdt || fd >= fdt->max_fds)
 			return NULL;
 		fds = fdt->fd;
-		if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
-			return NULL;
-		file = KCAST(struct file, file);
-		if ((file->f_inode->i_mode & S_IFMT) != S_IFSOCK)
+		slot = KCAST(struct files_struct, (void *)&fds[fd] -
+			     bpf_core_field_offset(struct files_struct, fd_array));
+		file = slot->fd_array[0];
+		if (!file || (file->f_inode->i_mode & S_IFMT) != S_IFSOCK)
 			return NULL;
 		sock = KCAST(struct socket, file->private_data);
-		sk = sock->sk;
+		return sock->sk;
 	} else {
 		struct task_struct *task = (void *)bpf_get_current_task();
 		struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
@@ -137,7 +139,28 @@ static __always_inline struct sock *fd_to_tcp_sock(unsigned long fd, const bool 
 		if ((BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
 			return NULL;
 		sock = BPF_CORE_READ(file, private_data);
-		sk = BPF_CORE_READ(sock, sk);
+		return BPF_CORE_READ(sock, sk);
+	}
+}
+
+/* The TCP sock of an fd of the current task when the call is captured,
+ * else NULL: the cheapest test first. A task target decides without the
+ * socket's ports; a socket target is tested on the ports (or netns) of
+ * whatever socket the fd holds (every sock starts with sock_common), and
+ * only a match pays for the TCP test. */
+static __always_inline struct sock *captured_fd_sock(struct nettap_capture_config *cfg,
+						     unsigned long fd, const bool btf)
+{
+	struct sock *sk;
+
+	if (task_matches(cfg)) {
+		sk = fd_to_sock(fd, btf);
+	} else {
+		if (!(cfg->flags & (NETTAP_TARGET_NETNS | NETTAP_TARGET_PORT)))
+			return NULL;
+		sk = fd_to_sock(fd, btf);
+		if (!sk || !sock_matches(cfg, sk, btf))
+			return NULL;
 	}
 	if (!sk || !sock_is_tcp(sk, btf))
 		return NULL;

@@ -123,6 +123,7 @@ struct fdtable {
 
 struct files_struct {
 	struct fdtable *fdt;
+	struct file *fd_array[1];	/* NR_OPEN_DEFAULT entries; only its offset is used */
 };
 
 /* Linux 5.14+ (commit 8cd54c1c8480 "iov_iter: separate direction from
