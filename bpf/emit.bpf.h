@@ -226,6 +226,12 @@ static long emit_chunk_cb(__u32 i, void *ctx)
 
 static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 {
+	/* One buffer that fits one chunk (most calls): one step, without the
+	 * loop's helper call and callbacks. */
+	if (in->st.seg_left >= in->st.want && in->st.want <= NETTAP_CHUNK_DATA) {
+		emit_step(in);
+		return;
+	}
 	if (fast) {
 		bpf_loop(EMIT_STEPS, emit_chunk_cb, &in, 0);
 		return;
