@@ -48,14 +48,12 @@ static __always_inline __u64 task_start_time(void)
 	return BPF_CORE_READ(task, start_time);
 }
 
-static __always_inline struct inflight *inflight_find(const bool fast)
+static __always_inline struct inflight *inflight_find(__u64 id, const bool fast)
 {
 	struct inflight *in;
-	__u64 id;
 
 	if (fast)
 		return bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
-	id = bpf_get_current_pid_tgid();
 	in = bpf_map_lookup_elem(&inflight_compat, &id);
 	if (in && in->valid && in->task_start != task_start_time()) {
 		/* Left by a dead thread whose id this one reuses. */
@@ -75,10 +73,10 @@ static __always_inline void inflight_hold(struct inflight *in)
 	in->valid = 1;
 }
 
-static __always_inline void inflight_release(struct inflight *in)
+static __always_inline void inflight_release(struct inflight *in, __u64 pid_tgid)
 {
 	if (in->valid)
-		__sync_fetch_and_add(inflight_slot(bpf_get_current_pid_tgid()), -1);
+		__sync_fetch_and_add(inflight_slot(pid_tgid), -1);
 	in->valid = 0;
 }
 
@@ -87,25 +85,22 @@ static __always_inline void inflight_release(struct inflight *in)
  * taken for this call's at its return. */
 static __always_inline void inflight_forget(const bool fast)
 {
+	__u64 id = bpf_get_current_pid_tgid();
 	struct inflight *in;
 
-	if (!*inflight_slot(bpf_get_current_pid_tgid()))
+	if (!*inflight_slot(id))
 		return;
-	in = inflight_find(fast);
+	in = inflight_find(id, fast);
 	if (in)
-		inflight_release(in);
+		inflight_release(in, id);
 }
 
 /* The call returned: task storage keeps its slot (cleared), the hash drops it. */
-static __always_inline void inflight_end(struct inflight *in, const bool fast)
+static __always_inline void inflight_end(struct inflight *in, __u64 id, const bool fast)
 {
-	__u64 id;
-
-	inflight_release(in);
-	if (!fast) {
-		id = bpf_get_current_pid_tgid();
+	inflight_release(in, id);
+	if (!fast)
 		bpf_map_delete_elem(&inflight_compat, &id);
-	}
 }
 
 /* ---- entry --------------------------------------------------------------- */
@@ -262,7 +257,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	 * thread's slot holds no call (the common case, a call not kept). */
 	if (!*inflight_slot(id))
 		return 0;
-	in = inflight_find(fast);
+	in = inflight_find(id, fast);
 	if (!in || !in->valid || in->probe != probe)
 		return 0;
 	c = counters(probe);
@@ -326,7 +321,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	if (st->dropped)
 		count_drop(NETTAP_RING_CAPTURE_CHUNKS, st->dropped);
 out:
-	inflight_end(in, fast);
+	inflight_end(in, id, fast);
 	return 0;
 }
 

@@ -158,11 +158,12 @@ struct {
  * one load and no lookup, that their task has no call to finish. A thread
  * killed inside a captured call leaves its slot counted (the fast variant's
  * task storage dies without a return): the threads sharing that slot only
- * pay the lookup again, nothing is lost or mistaken. A plain global (.bss),
- * not a map lookup: programs index it directly.
+ * pay the lookup again, nothing is lost or mistaken. A plain global, not a
+ * map lookup: programs index it directly (its own section, so user space
+ * and the tests find it as one array map).
  */
 #define NETTAP_INFLIGHT_SLOTS	1024
-__u32 inflight_slots[NETTAP_INFLIGHT_SLOTS];
+__u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
 
 static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
 {

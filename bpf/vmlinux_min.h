@@ -111,6 +111,12 @@ struct inode {
 	umode_t i_mode;
 };
 
+/* A socket's inode follows its struct socket (net/socket.c, sock_alloc_inode). */
+struct socket_alloc {
+	struct socket socket;
+	struct inode vfs_inode;
+};
+
 struct file {
 	struct inode *f_inode;
 	void *private_data;
