@@ -54,18 +54,25 @@ def build_empty(tmp: str) -> str:
     return obj_path
 
 
-def empty_programs(obj_path: str, mechanism: str):
-    """Load and attach the empty pair of one mechanism; returns (obj, links, fds)."""
+def empty_programs(obj_path: str, mechanism: str, nettap_names: dict):
+    """Load and attach the empty pair of one mechanism; returns (obj, links, fds).
+    nettap_names: role (enter, exit) -> the nettap program measured beside it:
+    a tracepoint pair is attached to every tracepoint that program serves
+    (write and sendto, say), so both average over the same calls."""
     obj = libbpf.call_ptr("bpf_object__open_file", obj_path.encode(), None)
-    want = {f"{EMPTY_PREFIX[mechanism]}_{s}" for s in ("enter", "exit")}
+    want = {f"{EMPTY_PREFIX[mechanism]}_{s}": s for s in ("enter", "exit")}
     for name, prog in loader.object_programs(obj):
         libbpf.call("bpf_program__set_autoload", prog, name in want)
     libbpf.call("bpf_object__load", obj)
     links, fds = [], {}
-    for name in sorted(want):
+    for name, role in want.items():
         p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, name.encode())
-        links.append(libbpf.call_ptr("bpf_program__attach", p))
-        fds[name.rsplit("_", 1)[1]] = libbpf.call("bpf_program__fd", p)
+        if mechanism == "tracepoint":
+            for cat, tp in loader._TRACEPOINTS[nettap_names[role].removesuffix("_compat")]:
+                links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", p, cat.encode(), tp.encode()))
+        else:
+            links.append(libbpf.call_ptr("bpf_program__attach", p))
+        fds[role] = libbpf.call("bpf_program__fd", p)
     return obj, links, fds
 
 
@@ -78,7 +85,7 @@ def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list) -
         app.close()
         raise RuntimeError(f"tcp_sendmsg not attached by {mechanism}")
     exit_name, enter_name = loader.programs_for("tcp_sendmsg", mechanism, variant)[:2]
-    obj, links, efds = empty_programs(empty_obj, mechanism)
+    obj, links, efds = empty_programs(empty_obj, mechanism, {"enter": enter_name, "exit": exit_name})
     fds = {"nettap enter": app.probes.prog_fds[enter_name], "nettap exit": app.probes.prog_fds[exit_name],
            "empty enter": efds["enter"], "empty exit": efds["exit"]}
     rows = {}
@@ -137,7 +144,9 @@ def main() -> None:
             print(f"{case:24s} {e_in:7.0f} {e_out:7.0f} {n_in:9.0f} {n_out:9.0f} {n_in + n_out:10.0f} {over:+9.0f}")
     for s in skipped:
         print(f"\n{s}")
-    print("\n(empty program: the same attach points with programs that return at once; "
+    print("\n(empty program: programs that return at once, attached where the nettap program beside them is: "
+          "for tracepoints, every syscall that program serves (write and sendto; 4 exits), so both count "
+          "the node's other calls there too; "
           "goals: filtered out <= empty + 20 ns per run, captured 64 B <= 400 ns enter+exit)")
 
 
