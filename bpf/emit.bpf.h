@@ -221,14 +221,14 @@ static long emit_chunk_cb(__u32 i, void *ctx)
 
 static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 {
-	/* One buffer that fits one chunk (most calls): one step, without the
-	 * loop's helper call and callbacks. */
-	if (in->st.seg_left >= in->st.want && in->st.want <= NETTAP_CHUNK_DATA) {
-		emit_step(in);
-		return;
-	}
 	if (fast) {
-		bpf_loop(EMIT_STEPS, emit_chunk_cb, &in, 0);
+		/* One buffer that fits one chunk (most calls): one step, without
+		 * bpf_loop's helper call and callbacks. (The compat loop is
+		 * open-coded already: its first step is as direct.) */
+		if (in->st.seg_left >= in->st.want && in->st.want <= NETTAP_CHUNK_DATA)
+			emit_step(in);
+		else
+			bpf_loop(EMIT_STEPS, emit_chunk_cb, &in, 0);
 		return;
 	}
 	/* Bounded loop (Linux 5.3): the verifier walks each iteration, which
