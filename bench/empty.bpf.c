@@ -1,14 +1,29 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /* The baseline of bench/probe_cost.py: programs that do nothing, on the
- * tracepoints nettap's send probe uses, so the table shows what any BPF
- * program costs there on this machine. */
+ * attach points nettap's send probe uses in each mechanism, so the table
+ * shows what any BPF program costs there on this machine. The benchmark
+ * loads only the pair of the mechanism it measures. */
 #include "../bpf/vmlinux_min.h"
 #include <bpf/bpf_helpers.h>
 
+/* Tracepoint pair: attached by bench/probe_cost.py to every syscall the
+ * nettap program it is measured beside serves; the SEC names one of them. */
 SEC("tracepoint/syscalls/sys_enter_sendto")
-int empty_enter(void *ctx) { return 0; }
+int empty_tp_enter(void *ctx) { return 0; }
 
 SEC("tracepoint/syscalls/sys_exit_sendto")
-int empty_exit(void *ctx) { return 0; }
+int empty_tp_exit(void *ctx) { return 0; }
+
+SEC("fentry/tcp_sendmsg")
+int empty_fentry_enter(void *ctx) { return 0; }
+
+SEC("fexit/tcp_sendmsg")
+int empty_fentry_exit(void *ctx) { return 0; }
+
+SEC("kprobe/tcp_sendmsg")
+int empty_kprobe_enter(void *ctx) { return 0; }
+
+SEC("kretprobe/tcp_sendmsg")
+int empty_kprobe_exit(void *ctx) { return 0; }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

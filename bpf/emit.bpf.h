@@ -48,21 +48,36 @@ static __always_inline __u64 task_start_time(void)
 	return BPF_CORE_READ(task, start_time);
 }
 
-static __always_inline struct inflight *inflight_find(const bool fast)
+static __always_inline struct inflight *inflight_find(__u64 id, const bool fast)
 {
 	struct inflight *in;
-	__u64 id;
 
 	if (fast)
 		return bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
-	id = bpf_get_current_pid_tgid();
 	in = bpf_map_lookup_elem(&inflight_compat, &id);
 	if (in && in->valid && in->task_start != task_start_time()) {
 		/* Left by a dead thread whose id this one reuses. */
 		bpf_map_delete_elem(&inflight_compat, &id);
+		__sync_fetch_and_add(inflight_slot(id), -1);
 		return NULL;
 	}
 	return in;
+}
+
+/* A call kept by its entry: valid, and counted in its thread's slot (both
+ * only ever changed by the thread itself). */
+static __always_inline void inflight_hold(struct inflight *in)
+{
+	if (!in->valid)
+		__sync_fetch_and_add(inflight_slot(bpf_get_current_pid_tgid()), 1);
+	in->valid = 1;
+}
+
+static __always_inline void inflight_release(struct inflight *in, __u64 pid_tgid)
+{
+	if (in->valid)
+		__sync_fetch_and_add(inflight_slot(pid_tgid), -1);
+	in->valid = 0;
 }
 
 /* A kernel-function entry the filter rejected: a state left valid by a
@@ -70,22 +85,22 @@ static __always_inline struct inflight *inflight_find(const bool fast)
  * taken for this call's at its return. */
 static __always_inline void inflight_forget(const bool fast)
 {
-	struct inflight *in = inflight_find(fast);
+	__u64 id = bpf_get_current_pid_tgid();
+	struct inflight *in;
 
-	if (in && in->valid)
-		in->valid = 0;
+	if (!*inflight_slot(id))
+		return;
+	in = inflight_find(id, fast);
+	if (in)
+		inflight_release(in, id);
 }
 
 /* The call returned: task storage keeps its slot (cleared), the hash drops it. */
-static __always_inline void inflight_end(struct inflight *in, const bool fast)
+static __always_inline void inflight_end(struct inflight *in, __u64 id, const bool fast)
 {
-	__u64 id;
-
-	in->valid = 0;
-	if (!fast) {
-		id = bpf_get_current_pid_tgid();
+	inflight_release(in, id);
+	if (!fast)
 		bpf_map_delete_elem(&inflight_compat, &id);
-	}
 }
 
 /* ---- entry --------------------------------------------------------------- */
@@ -124,7 +139,7 @@ static __always_inline int enter_sock(__u32 probe, struct sock *sk, struct call_
 	in->iter_type = d->iter_type;
 	in->task_start = fast ? 0 : task_start_time();
 	in->probe = probe;
-	in->valid = 1;
+	inflight_hold(in);
 	return 0;
 }
 
@@ -207,7 +222,13 @@ static long emit_chunk_cb(__u32 i, void *ctx)
 static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 {
 	if (fast) {
-		bpf_loop(EMIT_STEPS, emit_chunk_cb, &in, 0);
+		/* One buffer that fits one chunk (most calls): one step, without
+		 * bpf_loop's helper call and callbacks. (The compat loop is
+		 * open-coded already: its first step is as direct.) */
+		if (in->st.seg_left >= in->st.want && in->st.want <= NETTAP_CHUNK_DATA)
+			emit_step(in);
+		else
+			bpf_loop(EMIT_STEPS, emit_chunk_cb, &in, 0);
 		return;
 	}
 	/* Bounded loop (Linux 5.3): the verifier walks each iteration, which
@@ -223,8 +244,8 @@ static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct inflight *in = inflight_find(fast);
 	struct nettap_capture_config *cfg;
+	struct inflight *in;
 	struct nettap_probe_counters *c;
 	struct nettap_chunk *hdr;
 	struct emit_state *st;
@@ -232,6 +253,11 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	struct sock *sk;
 	__u32 zero = 0;
 
+	/* Every return on the node runs this: leave on one load when the
+	 * thread's slot holds no call (the common case, a call not kept). */
+	if (!*inflight_slot(id))
+		return 0;
+	in = inflight_find(id, fast);
 	if (!in || !in->valid || in->probe != probe)
 		return 0;
 	c = counters(probe);
@@ -295,7 +321,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	if (st->dropped)
 		count_drop(NETTAP_RING_CAPTURE_CHUNKS, st->dropped);
 out:
-	inflight_end(in, fast);
+	inflight_end(in, id, fast);
 	return 0;
 }
 

@@ -17,18 +17,12 @@ static __always_inline int enter_call(__u32 probe, unsigned long fd, __u64 buf,
 {
 	struct nettap_capture_config *cfg = active_config();
 	struct call_data d = {};
-	bool task_ok;
 	struct sock *sk;
 
 	if (!cfg)
 		return 0;
-	task_ok = task_matches(cfg);
-	if (!task_ok && !(cfg->flags & (NETTAP_TARGET_NETNS | NETTAP_TARGET_PORT)))
-		return 0;
-	sk = fd_to_tcp_sock(fd, fast);
+	sk = captured_fd_sock(cfg, fd, fast);
 	if (!sk)
-		return 0;
-	if (!task_ok && !sock_matches(cfg, sk, fast))
 		return 0;
 	d.buf = buf;
 	d.iovcnt = iovcnt;

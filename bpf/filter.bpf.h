@@ -101,30 +101,37 @@ static __always_inline bool sock_is_tcp(struct sock *sk, const bool btf)
 	       BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP;
 }
 
-/* fd of the current task -> its TCP sock, or NULL. With btf, a BTF pointer:
- * one helper call (the fd array is indexed by a variable, which direct loads
- * cannot do) and bpf_rdonly_cast for the untyped pointers. */
-static __always_inline struct sock *fd_to_tcp_sock(unsigned long fd, const bool btf)
+/*
+ * fd of the current task -> its socket's sock, or NULL. A file is taken
+ * for a socket when its inode sits where a socket's does, right after the
+ * struct socket its private_data names (every socket file is made so, by
+ * sock_alloc_file): a test on two fields of the file, where reading the
+ * inode's mode costs a cache line the send path never touches. It is a
+ * test, not a proof: file_is_socket() confirms the mode before a call is
+ * kept (captured_fd_sock), and anything read before that goes through
+ * exception-handled loads or bpf_probe_read_kernel.
+ *
+ * With btf, BTF pointers and no helper call: the fd array is indexed by a
+ * variable, which direct loads cannot do, so its slot is read as element 0
+ * of a files_struct.fd_array cast at that address (bpf_rdonly_cast: an
+ * exception-handled load, where bpf_probe_read_kernel cost a helper call).
+ */
+static __always_inline struct file *fd_to_file(unsigned long fd, const bool btf)
 {
 	struct file *file = NULL;
-	struct socket *sock;
 	struct file **fds;
-	struct sock *sk;
 
 	if (btf) {
 		struct task_struct *task = bpf_get_current_task_btf();
 		struct fdtable *fdt = task->files->fdt;
+		struct files_struct *slot;
 
 		if (!fdt || fd >= fdt->max_fds)
 			return NULL;
 		fds = fdt->fd;
-		if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
-			return NULL;
-		file = KCAST(struct file, file);
-		if ((file->f_inode->i_mode & S_IFMT) != S_IFSOCK)
-			return NULL;
-		sock = KCAST(struct socket, file->private_data);
-		sk = sock->sk;
+		slot = KCAST(struct files_struct, (void *)&fds[fd] -
+			     bpf_core_field_offset(struct files_struct, fd_array));
+		return slot->fd_array[0];
 	} else {
 		struct task_struct *task = (void *)bpf_get_current_task();
 		struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
@@ -132,14 +139,63 @@ static __always_inline struct sock *fd_to_tcp_sock(unsigned long fd, const bool 
 		if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
 			return NULL;
 		fds = BPF_CORE_READ(fdt, fd);
-		if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]))
 			return NULL;
-		if ((BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
-			return NULL;
-		sock = BPF_CORE_READ(file, private_data);
-		sk = BPF_CORE_READ(sock, sk);
+		return file;
 	}
-	if (!sk || !sock_is_tcp(sk, btf))
+}
+
+static __always_inline struct sock *file_to_sock(struct file *file, const bool btf)
+{
+	__u64 sock, inode;
+
+	if (!file)
+		return NULL;
+	if (btf) {
+		sock = (__u64)file->private_data;
+		inode = (__u64)file->f_inode;
+	} else {
+		sock = (__u64)BPF_CORE_READ(file, private_data);
+		inode = (__u64)BPF_CORE_READ(file, f_inode);
+	}
+	if (!sock || inode != sock + bpf_core_field_offset(struct socket_alloc, vfs_inode))
+		return NULL;
+	if (btf)
+		return KCAST(struct socket, sock)->sk;
+	return BPF_CORE_READ((struct socket *)sock, sk);
+}
+
+/* The proof behind file_to_sock's test: the inode's mode. */
+static __always_inline bool file_is_socket(struct file *file, const bool btf)
+{
+	umode_t mode = btf ? file->f_inode->i_mode : BPF_CORE_READ(file, f_inode, i_mode);
+
+	return (mode & S_IFMT) == S_IFSOCK;
+}
+
+/* The TCP sock of an fd of the current task when the call is captured,
+ * else NULL: the cheapest test first. A task target decides without the
+ * socket's ports; a socket target is tested on the ports (or netns) of
+ * whatever socket the fd holds (every sock starts with sock_common), and
+ * only a match pays for the TCP test. */
+static __always_inline struct sock *captured_fd_sock(struct nettap_capture_config *cfg,
+						     unsigned long fd, const bool btf)
+{
+	struct file *file;
+	struct sock *sk;
+
+	if (task_matches(cfg)) {
+		file = fd_to_file(fd, btf);
+		sk = file_to_sock(file, btf);
+	} else {
+		if (!(cfg->flags & (NETTAP_TARGET_NETNS | NETTAP_TARGET_PORT)))
+			return NULL;
+		file = fd_to_file(fd, btf);
+		sk = file_to_sock(file, btf);
+		if (!sk || !sock_matches(cfg, sk, btf))
+			return NULL;
+	}
+	if (!sk || !file_is_socket(file, btf) || !sock_is_tcp(sk, btf))
 		return NULL;
 	return sk;
 }

@@ -151,6 +151,25 @@ struct {
 	__type(value, struct inflight);
 } inflight_compat SEC(".maps");
 
+/*
+ * Calls in flight, counted per slot of the thread id (tid & mask): set at
+ * an entry the filter kept, cleared at its return. The return programs run
+ * at every write/sendto/read exit on the node; a zero slot tells them, with
+ * one load and no lookup, that their task has no call to finish. A thread
+ * killed inside a captured call leaves its slot counted (the fast variant's
+ * task storage dies without a return): the threads sharing that slot only
+ * pay the lookup again, nothing is lost or mistaken. A plain global, not a
+ * map lookup: programs index it directly (its own section, so user space
+ * and the tests find it as one array map).
+ */
+#define NETTAP_INFLIGHT_SLOTS	1024
+__u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
+
+static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
+{
+	return &inflight_slots[(__u32)pid_tgid & (NETTAP_INFLIGHT_SLOTS - 1)];
+}
+
 /* A zeroed struct inflight to insert from: too big for the BPF stack. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -116,6 +116,12 @@ struct inode {
 	umode_t i_mode;
 };
 
+/* A socket's inode follows its struct socket (net/socket.c, sock_alloc_inode). */
+struct socket_alloc {
+	struct socket socket;
+	struct inode vfs_inode;
+};
+
 struct file {
 	struct inode *f_inode;
 	void *private_data;
@@ -128,6 +134,7 @@ struct fdtable {
 
 struct files_struct {
 	struct fdtable *fdt;
+	struct file *fd_array[1];	/* NR_OPEN_DEFAULT entries; only its offset is used */
 };
 
 /* Linux 5.14+ (commit 8cd54c1c8480 "iov_iter: separate direction from

@@ -2,6 +2,7 @@
 traffic, counted exactly."""
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import socket
 import threading
 
 from conftest import kernel_modes, streams
+from exporter import maps
 from exporter.bpfstats import own_program_misses
 from traffic import ClientProcess, Server, payload, send_messages
 
@@ -66,6 +68,77 @@ def test_uncaptured_traffic_adds_exactly_zero(nettap_run, mode):
     send_messages(srv.port, N, S)
     srv.wait_received(1)
     assert all(v == 0 for c in run.counters().values() for v in c.values())
+    lines, _ = run.finish()
+    assert lines == []
+
+
+def inflight_slots(run):
+    """The per-thread-slot count of calls in flight (bpf/maps.bpf.h:
+    inflight_slots, alone in its section .bss.inflight)."""
+    probes = run.app.probes
+    name = next(n for n in probes.map_fds if n.endswith(".bss.inflight"))
+    size = probes.map_info[name][2]
+    assert size == 4 * 1024
+    return struct.unpack(f"<{size // 4}I", maps.lookup(probes.map_fds[name], bytes(4), size))
+
+
+def test_a_call_is_in_flight_from_its_kept_entry_to_its_return(nettap_run, mode):
+    """The return programs leave at once when their thread's slot counts no
+    call: a kept entry must count itself there until its return, and
+    filtered-out calls must count nothing."""
+    other = Server()
+    lsn = socket.create_server(("127.0.0.1", 0))
+    run = nettap_run({"captures": [{"port": lsn.getsockname()[1]}]})
+    send_messages(other.port, 5, 100)                  # filtered out
+    other.wait_received(1)
+    assert sum(inflight_slots(run)) == 0
+    cli = socket.create_connection(lsn.getsockname())
+    srv, _ = lsn.accept()
+    got = []
+    reader = threading.Thread(target=lambda: got.append(srv.recv(100)))
+    reader.start()                                     # blocks inside a captured recv
+    deadline = time.time() + 10
+    while sum(inflight_slots(run)) != 1 and time.time() < deadline:
+        time.sleep(0.01)
+    assert sum(inflight_slots(run)) == 1
+    cli.sendall(b"x" * 10)
+    reader.join(10)
+    assert got == [b"x" * 10]
+    assert sum(inflight_slots(run)) == 0
+    c = run.counters()
+    assert c["tcp_recvmsg"]["calls"] == c["tcp_recvmsg"]["returns"] == 1
+    assert c["tcp_recvmsg"]["bytes"] == c["tcp_sendmsg"]["bytes"] == 10
+    for s in (cli, srv, lsn):
+        s.close()
+
+
+def test_other_sockets_and_files_on_a_captured_port_add_exactly_zero(nettap_run, mode):
+    """The filter tests a socket's ports before its protocol: a UDP socket
+    on the captured port, a Unix socket pair and a pipe of a process that
+    also holds a captured TCP socket must still be left out."""
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    port = udp.getsockname()[1]
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    run = nettap_run({"captures": [{"port": port}]})
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    for _ in range(20):
+        udp.sendto(b"u" * 64, peer.getsockname())
+        peer.recvfrom(100)
+        peer.sendto(b"v" * 64, ("127.0.0.1", port))
+        udp.recvfrom(100)
+        a.send(b"s" * 64)
+        b.recv(100)
+        os.write(w, b"p" * 64)
+        os.read(r, 100)
+    assert all(v == 0 for c in run.counters().values() for v in c.values())
+    assert sum(inflight_slots(run)) == 0
+    for s in (udp, peer, a, b):
+        s.close()
+    os.close(r)
+    os.close(w)
     lines, _ = run.finish()
     assert lines == []
 
