@@ -102,14 +102,31 @@ static __always_inline void emit_log(__u32 code, __u32 probe, __u64 a0, __u64 a1
 	bpf_ringbuf_submit(l, 0);
 }
 
-static __always_inline __u64 wakeup_flags(void *ring, __u32 threshold)
+/* Per ring, the reader's consumer position (plus one, so 0 means none) when
+ * a program last forced a wakeup. */
+__u64 ring_woken_cons[NETTAP_RING_COUNT] SEC(".data") = {};
+
+static __always_inline __u64 wakeup_flags(void *ring, __u32 ring_idx, __u32 threshold)
 {
+	__u64 cons, *woken;
+
 	/* No wakeup per record: the reader polls on a short timer, and is
 	 * woken only once enough is pending that waiting could overflow.
 	 * threshold: that ring's own (capture_config.*wakeup_bytes). */
-	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) >= threshold)
+	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) < threshold)
+		return BPF_RB_NO_WAKEUP;
+	/* Once woken, the reader drains everything there is: until it has
+	 * consumed something, another wakeup only costs this CPU an
+	 * interrupt (a self-IPI, a VM exit on a guest) per submit. A racing
+	 * write here costs at most one extra wakeup. */
+	if (ring_idx >= NETTAP_RING_COUNT)
 		return BPF_RB_FORCE_WAKEUP;
-	return BPF_RB_NO_WAKEUP;
+	woken = &ring_woken_cons[ring_idx];
+	cons = bpf_ringbuf_query(ring, BPF_RB_CONS_POS) + 1;
+	if (*woken == cons)
+		return BPF_RB_NO_WAKEUP;
+	*woken = cons;
+	return BPF_RB_FORCE_WAKEUP;
 }
 
 /* Addresses and ports of a socket, as both record kinds carry them. With

@@ -300,7 +300,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	st->probe = probe;
 	/* One ring query per call, not per chunk: a call's chunks land
 	 * together, and the reader only needs waking once the ring fills. */
-	st->submit_flags = wakeup_flags(&capture_chunks, cfg->wakeup_bytes);
+	st->submit_flags = wakeup_flags(&capture_chunks, NETTAP_RING_CAPTURE_CHUNKS, cfg->wakeup_bytes);
 	st->want = ret;
 	if (st->want > cfg->max_payload_bytes)
 		st->want = cfg->max_payload_bytes;
