@@ -152,7 +152,7 @@ struct {
 } inflight_compat SEC(".maps");
 
 /*
- * Calls in flight, counted per slot of the thread id (tid & mask): set at
+ * Calls in flight, counted per slot of the thread id (inflight_slot): set at
  * an entry the filter kept, cleared at its return. The return programs run
  * at every write/sendto/read exit on the node; a zero slot tells them, with
  * one load and no lookup, that their task has no call to finish. A thread
@@ -165,9 +165,16 @@ struct {
 #define NETTAP_INFLIGHT_SLOTS	1024
 __u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
 
+/* Slot of a thread: the tid's low 10 bits, permuted so that neighbouring
+ * tids (a server's and its client's, threads started together) sit on
+ * different cache lines. With tid & mask they shared one (16 slots a line),
+ * and every captured call's locked add bounced it between their CPUs: the
+ * hottest instruction of the captured entry. */
 static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
 {
-	return &inflight_slots[(__u32)pid_tgid & (NETTAP_INFLIGHT_SLOTS - 1)];
+	__u32 tid = (__u32)pid_tgid;
+
+	return &inflight_slots[((tid & 63) << 4 | ((tid >> 6) & 15)) & (NETTAP_INFLIGHT_SLOTS - 1)];
 }
 
 /* A zeroed struct inflight to insert from: too big for the BPF stack. */
