@@ -129,6 +129,24 @@ static __always_inline __u64 wakeup_flags(void *ring, __u32 ring_idx, __u32 thre
 	return BPF_RB_FORCE_WAKEUP;
 }
 
+/* wakeup_flags, with the fill looked at only once this CPU has published
+ * check_bytes since its last look (user space bounds how late that makes
+ * the wakeup), not at every call: the look is a helper call that reads the
+ * producer's and the reader's positions, lines other CPUs write. */
+static __always_inline __u64 wakeup_flags_every(void *ring, __u32 ring_idx, __u32 threshold,
+						__u64 bytes, __u32 check_bytes)
+{
+	__u64 *unchecked = check_bytes ? bpf_map_lookup_elem(&ring_unchecked, &ring_idx) : NULL;
+
+	if (unchecked) {
+		*unchecked += bytes;
+		if (*unchecked < check_bytes)
+			return BPF_RB_NO_WAKEUP;
+		*unchecked = 0;
+	}
+	return wakeup_flags(ring, ring_idx, threshold);
+}
+
 /* Addresses and ports of a socket, as both record kinds carry them. With
  * btf, sk is a BTF pointer read by direct loads; otherwise any kernel
  * address, read by bpf_probe_read_kernel (CO-RE relocated either way). */

@@ -16,6 +16,9 @@
 
 #include "filter.bpf.h"
 
+/* Ring bytes one chunk takes: the record and its 8-byte ring header. */
+#define CHUNK_STRIDE	(sizeof(struct nettap_chunk) + 8)
+
 #define FAST	true
 #define COMPAT	false
 
@@ -298,12 +301,14 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	}
 	__builtin_memset(st, 0, sizeof(*st));
 	st->probe = probe;
-	/* One ring query per call, not per chunk: a call's chunks land
+	/* One wakeup decision per call, not per chunk: a call's chunks land
 	 * together, and the reader only needs waking once the ring fills. */
-	st->submit_flags = wakeup_flags(&capture_chunks, NETTAP_RING_CAPTURE_CHUNKS, cfg->wakeup_bytes);
 	st->want = ret;
 	if (st->want > cfg->max_payload_bytes)
 		st->want = cfg->max_payload_bytes;
+	st->submit_flags = wakeup_flags_every(&capture_chunks, NETTAP_RING_CAPTURE_CHUNKS,
+					      cfg->wakeup_bytes, (st->want / NETTAP_CHUNK_DATA + 1) * CHUNK_STRIDE,
+					      cfg->wakeup_check_bytes);
 	if (in->iovcnt == 0) {
 		st->seg_base = in->buf;
 		st->seg_left = ret;

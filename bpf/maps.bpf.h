@@ -43,6 +43,16 @@ struct {
 	__type(value, __u8);
 } capture_netns SEC(".maps");
 
+/* Per CPU and ring: bytes published since this CPU last looked at the
+ * ring's fill (wakeup_flags). Read and written without atomics: a lost
+ * add only moves the next look. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NETTAP_RING_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} ring_unchecked SEC(".maps");
+
 /* 65536-bit port bitmap: bit (port & 63) of word (port >> 6). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

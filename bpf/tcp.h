@@ -63,7 +63,9 @@ struct nettap_capture_config {
 	__u32 wakeup_bytes;		/* capture_chunks: wake the reader once this much is pending */
 	__u32 eof_wakeup_bytes;		/* capture_eof: the same, for its own ring (a fraction
 					 * of each ring's size: one threshold cannot fit both) */
-	__u32 pad0;			/* explicit padding: the size stays a multiple of 8 */
+	__u32 wakeup_check_bytes;	/* capture_chunks: look at the ring's fill once a CPU
+					 * has published this much since its last look (0: at
+					 * every call) */
 };
 
 /* What user space found out about the kernel before load (section

@@ -43,7 +43,7 @@ RB_HDR = 8
 
 CAPTURE_CONFIG = np.dtype([("flags", "<u4"), ("cgroup_levels", "<u4"),
                            ("max_payload_bytes", "<u4"), ("wakeup_bytes", "<u4"),
-                           ("eof_wakeup_bytes", "<u4"), ("pad0", "<u4")])
+                           ("eof_wakeup_bytes", "<u4"), ("wakeup_check_bytes", "<u4")])
 PROBE_COUNTERS = np.dtype([("calls", "<u8"), ("returns", "<u8"), ("bytes", "<u8"), ("chunks", "<u8")])
 
 _CONN = [("family", "<u2"), ("sport", "<u2"), ("dport", "<u2")]

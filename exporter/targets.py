@@ -307,6 +307,17 @@ def wakeup_thresholds(ring_bytes: dict) -> dict:
     return {r: ring_bytes[r] // WAKEUP_FRACTION for r in ("capture_chunks", "capture_eof")}
 
 
+def wakeup_check_bytes(threshold: int, cpus: int | None = None) -> int:
+    """Ring bytes a CPU publishes on capture_chunks between two looks at the
+    ring's fill (each look is a helper call reading two cache lines the
+    reader and the other CPUs write: a tenth of a captured call's cost). The
+    reader is woken at most this much per CPU late, so together the CPUs
+    overshoot the threshold by at most a quarter of it, out of the three
+    quarters of the ring left above it."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(4096, threshold // (4 * cpus))
+
+
 class TargetMaps:
     """The filter maps of one loaded object. Not thread-safe: one writer
     (the caller holds a lock shared with :class:`TargetWatch`)."""
@@ -351,9 +362,10 @@ class TargetMaps:
         for p in new.ports:
             bitmap[p >> 6] |= 1 << (p & 63)
         # struct nettap_capture_config: flags, cgroup_levels, max_payload_bytes,
-        # wakeup_bytes (capture_chunks), eof_wakeup_bytes (capture_eof), pad0
+        # wakeup_bytes (capture_chunks), eof_wakeup_bytes (capture_eof), wakeup_check_bytes
         cfg = struct.pack("<IIIIII", new.flags, new.cgroup_levels, max_payload_bytes,
-                          wakeup_bytes["capture_chunks"], wakeup_bytes["capture_eof"], 0)
+                          wakeup_bytes["capture_chunks"], wakeup_bytes["capture_eof"],
+                          wakeup_check_bytes(wakeup_bytes["capture_chunks"]))
         try:
             if not fits:
                 self._remove_stale(old, new, undo)

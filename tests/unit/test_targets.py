@@ -15,7 +15,7 @@ from exporter import maps, targets
 from exporter.config import ConfigError, Target
 from exporter.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
                               TARGET_PORT)
-from exporter.targets import Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve
+from exporter.targets import Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve, wakeup_check_bytes
 
 MISSING_PID = 2**22 - 1          # the largest pid config accepts; no process has it here
 
@@ -386,12 +386,22 @@ def config_index(log):
 
 
 def decode_config(value):
-    """struct nettap_capture_config (bpf/tcp.h): six u32, the last padding."""
+    """struct nettap_capture_config (bpf/tcp.h): six u32; the last, how often
+    a CPU looks at capture_chunks' fill, follows from its threshold."""
     assert len(value) == 24
-    d = dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes", "eof_wakeup_bytes", "pad0"),
-                 struct.unpack("<IIIIII", value)))
-    assert d.pop("pad0") == 0
+    d = dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes", "eof_wakeup_bytes",
+                  "wakeup_check_bytes"), struct.unpack("<IIIIII", value)))
+    assert d.pop("wakeup_check_bytes") == wakeup_check_bytes(d["wakeup_bytes"])
     return d
+
+
+def test_wakeup_check_bytes_bound_the_overshoot():
+    # all CPUs late together overshoot the threshold by at most a quarter of it
+    for cpus in (1, 2, 64, 512):
+        check = wakeup_check_bytes(2 << 20, cpus)
+        assert check * cpus <= (2 << 20) // 4 or check == 4096
+    assert wakeup_check_bytes(2 << 20, 2) == 256 << 10
+    assert wakeup_check_bytes(4096, 64) == 4096            # never a look per record
 
 
 def port_word(value):
