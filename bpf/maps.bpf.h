@@ -182,9 +182,13 @@ __u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
  * hottest instruction of the captured entry. */
 static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
 {
-	__u32 tid = (__u32)pid_tgid;
+	__u32 tid = (__u32)pid_tgid, line = (tid & 63) << 4, slot = (tid >> 6) & 15;
 
-	return &inflight_slots[((tid & 63) << 4 | ((tid >> 6) & 15)) & (NETTAP_INFLIGHT_SLOTS - 1)];
+	/* An add, then the mask: Linux 5.10's verifier loses the bounds of an
+	 * or ("unbounded min value"), and clang writes an add of disjoint bits
+	 * as one unless it cannot see the bits. */
+	barrier_var(slot);
+	return &inflight_slots[(line + slot) & (NETTAP_INFLIGHT_SLOTS - 1)];
 }
 
 /* A zeroed struct inflight to insert from: too big for the BPF stack. */
