@@ -311,11 +311,13 @@ def wakeup_check_bytes(threshold: int, cpus: int | None = None) -> int:
     """Ring bytes a CPU publishes on capture_chunks between two looks at the
     ring's fill (each look is a helper call reading two cache lines the
     reader and the other CPUs write: a tenth of a captured call's cost). The
-    reader is woken at most this much per CPU late, so together the CPUs
-    overshoot the threshold by at most a quarter of it, out of the three
-    quarters of the ring left above it."""
+    reader is woken at most this much per CPU later than a look at every call
+    would wake it, so together the CPUs overshoot the threshold by at most a
+    quarter of it more, out of the three quarters of the ring left above it."""
     cpus = cpus or os.cpu_count() or 1
-    return max(4096, threshold // (4 * cpus))
+    # No floor above one byte: a floor would break the bound on a small ring
+    # with many CPUs; there the look is made at every call, as without this.
+    return max(1, threshold // (4 * cpus))
 
 
 class TargetMaps:

@@ -399,9 +399,11 @@ def test_wakeup_check_bytes_bound_the_overshoot():
     # all CPUs late together overshoot the threshold by at most a quarter of it
     for cpus in (1, 2, 64, 512):
         check = wakeup_check_bytes(2 << 20, cpus)
-        assert check * cpus <= (2 << 20) // 4 or check == 4096
+        assert check * cpus <= (2 << 20) // 4
     assert wakeup_check_bytes(2 << 20, 2) == 256 << 10
-    assert wakeup_check_bytes(4096, 64) == 4096            # never a look per record
+    # a small ring on many CPUs: the bound holds (a look at nearly every call)
+    assert wakeup_check_bytes(16 << 10, 64) * 64 <= (16 << 10) // 4
+    assert wakeup_check_bytes(100, 512) == 1
 
 
 def port_word(value):
