@@ -320,6 +320,29 @@ def configure(obj: int, feats: list, variant: str, want, ring_sizes: dict) -> No
             libbpf.call("bpf_map__set_max_entries", m, ring_sizes[name])
 
 
+def destroy_links(links) -> None:
+    """Destroy libbpf links, all at once.
+
+    Detaching waits for the kernel: a tracepoint's perf event waits out an
+    RCU grace period as it unregisters (kernel/trace/trace_event_perf.c:
+    perf_trace_event_unreg -> tracepoint_synchronize_unregister), a
+    kprobe's and a trampoline's alike. One after another, 18 links took
+    0.6 s here (~10x that in an emulated guest); destroyed from a thread
+    each, the waits overlap: 0.065 s. ctypes releases the interpreter lock
+    around each call, and each link is its own (libbpf shares no state
+    between them)."""
+    destroy = libbpf.lib().bpf_link__destroy
+    if len(links) < 2:
+        for link in links:
+            destroy(link)
+        return
+    threads = [threading.Thread(target=destroy, args=(link,), name="nettap-detach") for link in links]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 class Probes:
     """The loaded object, its maps and links. Not thread-safe: open and
     close from one thread; the map fds it hands out may be used anywhere."""
@@ -393,8 +416,7 @@ class Probes:
 
     def _detach_from(self, first: int) -> None:
         """Destroy the links made since self.links had `first` of them."""
-        for link in self.links[first:]:
-            libbpf.lib().bpf_link__destroy(link)
+        destroy_links(self.links[first:])
         del self.links[first:]
 
     def _attach(self) -> None:
@@ -430,9 +452,7 @@ class Probes:
     def detach(self) -> None:
         """Destroy every link: no program runs, so nothing is published, after
         this; the maps stay until close(). Safe to call twice."""
-        lb = libbpf.lib()
-        for link in self.links:
-            lb.bpf_link__destroy(link)
+        destroy_links(self.links)
         self.links = []
 
     def close(self) -> None:
