@@ -40,6 +40,10 @@ KERNELS = [
     ("6.1-rt", r"^linux-image-6\.1\.0-[0-9]+-rt-amd64-unsigned$", None),
     ("6.12", r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$", None),  # bookworm-security or -backports
 ]
+# What each guest runs: every test under tests/kernel (tests/kernel/conftest.py marks them all
+# kernel; tests/unit/test_kernel_selection.py holds this equal to that directory's collection).
+GUEST_SELECTION = ["-m", "kernel", "tests/kernel"]
+SLOWEST = 15                           # the slowest tests printed per guest (where the time goes)
 MECHANISMS = ("fentry", "kprobe", "tracepoint")
 VARIANTS = ("fast", "compat")           # BPF program variants (exporter/features.py)
 GUEST_OUT = "/tmp/nettap-matrix-out"   # where --out is mounted in the guest (guest /tmp is writable)
@@ -190,8 +194,7 @@ def boot(name, release, out, timeout, pytest_args, deadline):
             os.remove(f"{out}/{name}.{ext}")
     g = f"{GUEST_OUT}/{name}"
     # -v: the log names each test as it ends, so a killed guest still shows where it was
-    pytest = ["-m", "kernel", "tests/kernel", "-v", "--durations=15", "-p", "no:cacheprovider", f"--junitxml={g}.xml",
-              *pytest_args]
+    pytest = [*GUEST_SELECTION, "-v", "-p", "no:cacheprovider", f"--junitxml={g}.xml", *pytest_args]
     stop = ["timeout", "-s", "INT", "-k", "60", str(int(timeout - PYTEST_GRACE))]
     with open(f"{out}/{name}.sh", "w") as f:
         f.write(f"cd {shlex.quote(REPO)}\n"
@@ -257,6 +260,14 @@ def count(junit):
     return counts
 
 
+def slowest(junit, n=SLOWEST):
+    """[(seconds, test id)] of the n slowest tests in a junit file, setup and
+    teardown included (junit's time is the three together)."""
+    cases = [(float(c.get("time") or 0), f"{c.get('classname', '')}::{c.get('name', '')}")
+             for c in ET.parse(junit).iter("testcase")]
+    return sorted(cases, reverse=True)[:n]
+
+
 def verdict(name, release, out):
     """(counts, note) of a finished guest; a note means the kernel failed."""
     booted, rc = read(f"{out}/{name}.release"), read(f"{out}/{name}.rc")
@@ -301,6 +312,8 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` cleans up
 
     rows = {}                          # name -> (release, counts, note, seconds)
+    if os.path.exists(f"{out}/guests.tsv"):
+        os.remove(f"{out}/guests.tsv")
     ready, created, updated = [], [], [False]
     had_modules_dir = os.path.isdir("/lib/modules")   # this host's own kernel ships none
     try:
@@ -339,8 +352,18 @@ def main():
             up = read(f"{out}/{name}.boot")
             t = f"{took[name]:.0f} s" + (f" (boot {float(up):.0f} s)" if up else "")
             rows[name] = (release, counts, note, t)
-            if os.path.exists(f"{out}/{name}.log"):
+            with open(f"{out}/guests.tsv", "a") as f:   # scripts/stages.py's table
+                f.write(f"{name}\t{float(up) if up else ''}\t{took[name]:.1f}\n")
+            if note and os.path.exists(f"{out}/{name}.log"):    # a failure: all it said
                 print(f"--- {name} ({release}): pytest in the guest\n{read(f'{out}/{name}.log')}")
+            if os.path.exists(f"{out}/{name}.xml"):
+                try:
+                    top = slowest(f"{out}/{name}.xml")
+                except ET.ParseError:
+                    top = []
+                print(f"--- {name} ({release}): the {len(top)} slowest tests (setup + call + teardown)")
+                for sec, test in top:
+                    print(f"{sec:8.1f} s  {test}")
     finally:
         for p in GUESTS:               # interrupted: stop the guests before their modules go
             kill(p)

@@ -2,20 +2,46 @@
 # The README's second command (and CI's): set up what testing needs, then check
 # the committed BPF objects and rendered mixin are fresh, run every test on this
 # machine's kernel, then the kernel tests on Debian's stock kernels in qemu guests
-# (scripts/kernel_matrix.py; its table and logs land in $NETTAP_MATRIX_OUT).
-# Extra arguments go to the host's pytest, e.g. scripts/test.sh -m "not kernel and not e2e";
+# (scripts/kernel_matrix.py; its table and logs land in $NETTAP_MATRIX_OUT), and
+# end with a table of how long each stage took (scripts/stages.py).
+#   scripts/test.sh                  everything (CI)
+#   scripts/test.sh --kernel 6.1     set-up, checks, and that guest's kernel tests only
+#                                    (a developer's loop: 5.10, 6.1, 6.1-rt or 6.12)
+#   scripts/test.sh -m "not e2e"     extra arguments go to the host's pytest
 # NETTAP_KERNEL_MATRIX=0 leaves the guests out (a quicker local run, never CI's).
 set -eu
 cd "$(dirname "$0")/.."
-scripts/setup.sh test
-make -s -C bpf check
-.venv/bin/python alerts/render.py --check
 out=${NETTAP_MATRIX_OUT:-/tmp/nettap-kernel-matrix}
 mkdir -p "$out"
-rm -f "$out/host.xml"
-rc=0
-.venv/bin/python -m pytest --junitxml="$out/host.xml" "$@" || rc=$?
-if [ "${NETTAP_KERNEL_MATRIX:-1}" != 0 ]; then
-  /usr/bin/python3 scripts/kernel_matrix.py --out "$out" --host-junit "$out/host.xml" || rc=1
+rm -f "$out/host.xml" "$out/guests.tsv"
+stages="$out/stages.tsv"
+mark() { printf '%s\t%s\n' "$1" "$(date +%s.%N)" >> "$stages"; }
+: > "$stages"
+mark start
+host=1
+if [ "${1:-}" = --kernel ]; then
+  [ $# -ge 2 ] || { echo "usage: $0 --kernel 5.10|6.1|6.1-rt|6.12" >&2; exit 2; }
+  export NETTAP_MATRIX_KERNELS="$2"
+  host=0
+  shift 2
 fi
+scripts/setup.sh test
+mark set-up
+make -s -C bpf check
+.venv/bin/python alerts/render.py --check
+mark checks
+rc=0
+if [ $host = 1 ]; then
+  .venv/bin/python -m pytest --junitxml="$out/host.xml" "$@" || rc=$?
+  mark host
+fi
+if [ "${NETTAP_KERNEL_MATRIX:-1}" != 0 ]; then
+  if [ $host = 1 ]; then
+    /usr/bin/python3 scripts/kernel_matrix.py --out "$out" --host-junit "$out/host.xml" || rc=1
+  else
+    /usr/bin/python3 scripts/kernel_matrix.py --out "$out" || rc=1
+  fi
+  mark matrix
+fi
+/usr/bin/python3 scripts/stages.py "$out" || true
 exit $rc

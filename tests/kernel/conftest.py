@@ -1,4 +1,6 @@
-"""Kernel-test fixtures. Tests that take `mode` run once per attach
+"""Kernel-test fixtures. Every test under tests/kernel/ is a kernel test
+(marked here, from the directory: a module cannot forget its mark and so
+escape the matrix's guests). Tests that take `mode` run once per attach
 mechanism and program variant that this kernel accepts, as the loader's own
 probing finds them (never a list of what some kernel is known to do)."""
 import base64
@@ -6,6 +8,7 @@ import functools
 import json
 import os
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import pyroute2.config
@@ -55,6 +58,16 @@ def _variant_ok(variant: str) -> bool:
         return True
     except features.Unsupported:
         return False
+
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)      # before -m selects, and before the root conftest's skip
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.kernel)
 
 
 def pytest_generate_tests(metafunc):

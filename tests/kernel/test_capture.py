@@ -19,7 +19,6 @@ from exporter import maps
 from exporter.bpfstats import own_program_misses
 from traffic import ClientProcess, Server, payload, send_messages
 
-pytestmark = pytest.mark.kernel
 
 N, S = 50, 1000          # messages, bytes each: 3 chunks per message (400+400+200)
 

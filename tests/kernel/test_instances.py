@@ -4,7 +4,6 @@ import pytest
 
 from procs import Nettap, stats_held_elsewhere, wait_for
 
-pytestmark = pytest.mark.kernel
 
 
 def test_the_instance_not_holding_stats_reports_them_on(tmp_path):

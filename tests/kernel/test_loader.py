@@ -7,7 +7,6 @@ import pytest
 from conftest import kernel_modes
 from exporter import features, libbpf, loader
 
-pytestmark = pytest.mark.kernel
 
 
 def _load_only(names, variant) -> None:

@@ -9,7 +9,6 @@ import pytest
 
 from exporter import bpfstats, libbpf, loader
 
-pytestmark = pytest.mark.kernel
 
 BPF_PROG_TYPE_SOCKET_FILTER = 1
 

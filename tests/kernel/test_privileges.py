@@ -15,7 +15,6 @@ from exporter import privileges
 from procs import Nettap, wait_for
 from traffic import Server, payload, send_messages
 
-pytestmark = pytest.mark.kernel
 
 N, S = 20, 1000
 

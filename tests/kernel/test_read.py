@@ -13,7 +13,6 @@ import pytest
 
 from traffic import payload
 
-pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS, REQ, REP = 20, 1000, 700

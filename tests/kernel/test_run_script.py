@@ -9,7 +9,6 @@ import requests
 
 from procs import ROOT, free_port, wait_for
 
-pytestmark = pytest.mark.kernel
 
 
 def test_run_script_reaches_ready():

@@ -17,7 +17,6 @@ from exporter.records import PROBE_COUNTERS, PROBES
 from traffic import Server, send_messages
 from procs import wait_for
 
-pytestmark = pytest.mark.kernel
 
 
 def sample(app, name, **labels):

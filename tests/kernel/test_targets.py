@@ -16,7 +16,6 @@ from exporter import maps
 from exporter.config import ConfigError
 from traffic import ClientProcess, Server, payload, send_messages
 
-pytestmark = pytest.mark.kernel
 
 N, S = 20, 1000
 

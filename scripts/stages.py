@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""The test command's time, stage by stage: scripts/stages.py OUT
+
+Reads what scripts/test.sh and scripts/kernel_matrix.py left in OUT: stages.tsv (a
+stage's name and the wall clock when it ended, from `mark` in test.sh), host.xml
+(the host's pytest; its time split by tier: tests/unit, tests/kernel, tests/e2e)
+and guests.tsv (per guest: seconds to boot, seconds in all). Prints a markdown
+table of the stages and the total."""
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+
+def tiers(junit):
+    """{tier: seconds} of the host's tests, by the directory under tests/."""
+    out = {}
+    for case in ET.parse(junit).iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+        out[tier] = out.get(tier, 0.0) + float(case.get("time") or 0)
+    return out
+
+
+def rows(out):
+    marks = []
+    with open(os.path.join(out, "stages.tsv")) as f:
+        for line in f:
+            name, _, t = line.rstrip("\n").partition("\t")
+            marks.append((name, float(t)))
+    guests = []
+    if os.path.exists(os.path.join(out, "guests.tsv")):
+        with open(os.path.join(out, "guests.tsv")) as f:
+            guests = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    table = []
+    for (_, t0), (name, t1) in zip(marks, marks[1:]):
+        took = t1 - t0
+        if name == "set-up":
+            table.append(("set-up (Debian packages, virtualenv)", took))
+        elif name == "checks":
+            table.append(("BPF objects and rendered mixin fresh", took))
+        elif name == "host":
+            junit = os.path.join(out, "host.xml")
+            split = tiers(junit) if os.path.exists(junit) else {}
+            for tier in ("unit", "kernel", "e2e"):
+                if tier in split:
+                    table.append((f"host: {tier} tests", split[tier]))
+            table.append(("host: pytest start, collection, the rest", took - sum(split.values())))
+        elif name == "matrix":
+            spent = 0.0
+            for g, boot, total in guests:
+                total = float(total)
+                spent += total
+                if boot:
+                    table.append((f"guest {g}: boot", float(boot)))
+                    table.append((f"guest {g}: tests", total - float(boot)))
+                else:
+                    table.append((f"guest {g}: did not report its boot", total))
+            table.append(("kernel matrix: fetch, install, report", took - spent))
+        else:
+            table.append((name, took))
+    return table, marks[-1][1] - marks[0][1]
+
+
+def main():
+    table, total = rows(sys.argv[1])
+    print("| stage | seconds |\n|---|---:|")
+    for name, sec in table:
+        print(f"| {name} | {sec:.0f} |")
+    print(f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The test command itself: the guests run every test under tests/kernel
+(scripts/kernel_matrix.py's selection against the directory's collection),
+and scripts/stages.py's table adds up what test.sh and the matrix recorded."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _collect(*args):
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return {l for l in p.stdout.splitlines() if "::" in l}
+
+
+def test_the_guests_select_every_test_under_tests_kernel():
+    selection = _script("kernel_matrix").GUEST_SELECTION
+    everything = _collect("tests/kernel")
+    assert everything and all(t.startswith("tests/kernel/") for t in everything)
+    assert _collect(*selection) == everything
+
+
+def test_stage_table_splits_the_host_run_by_tier_and_each_guest_into_boot_and_tests(tmp_path):
+    (tmp_path / "stages.tsv").write_text(
+        "start\t1000.0\nset-up\t1010.0\nchecks\t1012.5\nhost\t1100.0\nmatrix\t1500.0\n")
+    (tmp_path / "host.xml").write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.unit.test_a" name="t1" time="20.0"/>'
+        '<testcase classname="tests.kernel.test_b" name="t2[tracepoint-fast]" time="30.0"/>'
+        '<testcase classname="tests.e2e.test_c" name="t3" time="33.0"/>'
+        '</testsuite></testsuites>')
+    (tmp_path / "guests.tsv").write_text("6.1\t9.5\t200.0\n5.10\t\t150.0\n")
+    table, total = _script("stages").rows(str(tmp_path))
+    assert [(n, round(s, 1)) for n, s in table] == [
+        ("set-up (Debian packages, virtualenv)", 10.0),
+        ("BPF objects and rendered mixin fresh", 2.5),
+        ("host: unit tests", 20.0), ("host: kernel tests", 30.0), ("host: e2e tests", 33.0),
+        ("host: pytest start, collection, the rest", 4.5),
+        ("guest 6.1: boot", 9.5), ("guest 6.1: tests", 190.5),
+        ("guest 5.10: did not report its boot", 150.0),
+        ("kernel matrix: fetch, install, report", 50.0),
+    ]
+    assert total == 500.0
