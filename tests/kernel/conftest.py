@@ -7,6 +7,7 @@ import base64
 import functools
 import json
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -75,7 +76,9 @@ def pytest_generate_tests(metafunc):
         modes = kernel_modes()
         if not modes and os.geteuid() == 0:
             raise RuntimeError("the loader found no mechanism this kernel accepts")
-        metafunc.parametrize("mode", modes or [("unprobed", "not root")],
+        # module scope: a module's tests are grouped by mode, so one shared
+        # nettap per module x mode serves them (shared_nettap)
+        metafunc.parametrize("mode", modes or [("unprobed", "not root")], scope="module",
                              ids=[f"{m}-{v}" for m, v in modes] or ["not-root"])
 
 
@@ -132,13 +135,106 @@ def streams(lines, direction):
     return out
 
 
+class Shared:
+    """One Run per test module x (mechanism, variant), retargeted between
+    tests by the live reload (Nettap.apply: the target maps and capture
+    settings rewritten, no program reloaded), as a config edit does in
+    production. Loading and attaching cost little; detaching waits for the
+    kernel, and ~10x that in the emulated guests. Each test gets a
+    :class:`Window` of its own."""
+
+    def __init__(self, tmp_path, mode):
+        self.run = Run(tmp_path, {"captures": []}, mode)
+        self.app = self.run.app
+        self.seen = set()                  # conn_ids of the windows before
+
+    def quiet(self, timeout=None):
+        """Wait until every record published so far is written (or counted
+        lost): each ring empty, and the sink has what the drain took."""
+        app = self.app
+        end = time.monotonic() + (timeout or emulated(30, 120))
+        settled = 0
+        while time.monotonic() < end:
+            pipe, totals = app.pipeline, app.sink_totals
+            done = sum(totals.written.values()) + totals.lost + pipe.lost["queue"] + pipe.lost["decode"]
+            empty = all(r.pending_bytes() == 0 for r in app.rings.values())
+            # twice in a row: the drain releases a ring a moment before it counts what it took
+            settled = settled + 1 if empty and done >= sum(r.drained for r in app.rings.values()) else 0
+            if settled == 2:
+                return
+            time.sleep(0.005)
+        raise AssertionError("the shared nettap's rings and sink did not settle")
+
+    def close(self):
+        self.app.close()
+
+
+class Window:
+    """A test's part of a Shared Run, with the Run's interface: retargeted to
+    the test's doc; counters, drops and drained records counted from the
+    test's start; the lines written since, less those of earlier tests'
+    connections (a socket an earlier test left open may close now)."""
+
+    def __init__(self, shared, doc):
+        self.shared, self.app, self.out = shared, shared.app, shared.run.out
+        # the previous test's sockets gone (bounded: one left open must not hang the next)
+        end = time.monotonic() + emulated(2, 10)
+        while self.app.known_map_entries()["capture_conns"] and time.monotonic() < end:
+            time.sleep(0.01)
+        self.apply(doc)
+        shared.quiet()
+        self.offset = self.out.stat().st_size if self.out.exists() else 0
+        self._counters, self._drops = self.app.counters(), self.app.drops()
+        self._drained = {n: r.drained for n, r in self.app.rings.items()}
+
+    def counters(self):
+        return {p: {k: v - self._counters[p][k] for k, v in c.items()} for p, c in self.app.counters().items()}
+
+    def drops(self):
+        return {r: v - self._drops[r] for r, v in self.app.drops().items()}
+
+    def apply(self, doc):
+        self.shared.run.apply(doc)
+
+    def finish(self):
+        """Everything published so far written, then this test's lines;
+        targets emptied, so nothing more is captured for it."""
+        self.shared.quiet()
+        with open(self.out, "rb") as f:
+            f.seek(self.offset)
+            lines = [json.loads(l) for l in f.read().splitlines()]
+        drained = {n: r.drained - self._drained[n] for n, r in self.app.rings.items()}
+        self.apply({"captures": []})
+        mine = [l for l in lines if l.get("conn_id") not in self.shared.seen]
+        self.shared.seen |= {l["conn_id"] for l in lines if "conn_id" in l}
+        return mine, drained
+
+
+@pytest.fixture(scope="module")
+def shared_nettap(request, tmp_path_factory, mode):
+    """The module's Shared Run in this mode (made at its first use)."""
+    runs = []
+
+    def get():
+        if not runs:
+            runs.append(Shared(tmp_path_factory.mktemp("shared"), mode))
+        return runs[0]
+    yield get
+    for r in runs:
+        r.close()
+
+
 @pytest.fixture
 def nettap_run(tmp_path, request):
-    """make(doc): a Run in the test's mode (when the test takes one)."""
+    """make(doc): a Run in the test's mode (when the test takes one): the
+    module's shared one retargeted (a Window), unless the doc sizes rings
+    (a restart's change) or the test takes no mode."""
     runs = []
     mode = request.getfixturevalue("mode") if "mode" in request.fixturenames else None
 
     def make(doc):
+        if mode and "rings" not in doc and "output" not in doc:
+            return Window(request.getfixturevalue("shared_nettap")(), doc)
         r = Run(tmp_path, doc, mode)
         runs.append(r)
         return r
