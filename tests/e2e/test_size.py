@@ -20,7 +20,7 @@ from traffic import Server, send_messages
 
 pytestmark = pytest.mark.e2e
 MiB = 1 << 20
-RANGE, WINDOW = 60, 5
+RANGE, WINDOW = 20, 5      # s: enough samples for p50-p99 at 1 s steps, and a window of 5 scrapes
 
 
 def size(prom, *extra):
