@@ -25,9 +25,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(pred: Callable[[], object], timeout: float = 60, step: float = 0.2, what: str = "condition"):
+def wait_for(pred: Callable[[], object], timeout: float = 60, step: float = 0.1, what: str = "condition"):
+    """pred()'s first true value, polled from every 10 ms (most conditions
+    hold within a few) backing off to every `step` s; TimeoutError after timeout."""
     end = time.time() + timeout
-    last = None
+    last, pause = None, min(0.01, step)
     while time.time() < end:
         try:
             last = pred()
@@ -35,7 +37,8 @@ def wait_for(pred: Callable[[], object], timeout: float = 60, step: float = 0.2,
                 return last
         except (requests.RequestException, OSError, KeyError, ValueError) as e:
             last = e
-        time.sleep(step)
+        time.sleep(pause)
+        pause = min(pause * 1.5, step)
     raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
 
 
