@@ -20,6 +20,7 @@ it while the process has one thread, before the pipeline and server start.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import threading
@@ -96,13 +97,29 @@ def current() -> tuple:
                  for f in ("effective", "permitted", "inheritable"))
 
 
+def threads(pid="self") -> dict:
+    """{tid: (CapEff, NoNewPrivs)} of every thread of a process, as the kernel
+    has them (/proc/PID/task/TID/status): Python's thread list misses threads
+    that C code started."""
+    out = {}
+    base = f"/proc/{pid}/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/status") as f:
+                st = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        except FileNotFoundError:                   # the thread ended meanwhile
+            continue
+        out[int(tid)] = (int(st["CapEff"], 16), int(st.get("NoNewPrivs", "0")))
+    return out
+
+
 def drop_after_attach() -> int:
     """Keep only :func:`kept` capabilities, set no_new_privs; returns the
     mask kept. Raises OSError if the kernel refuses (nothing is half-done:
-    capset is one call)."""
-    if threading.active_count() != 1:
-        log.warning("privileges: %d threads running; only this one drops its capabilities",
-                    threading.active_count())
+    capset is one call), or if another thread of the process still holds
+    more afterwards: capset and prctl change the calling thread only, so
+    the drop must come before any other thread starts (every later thread
+    inherits the dropped set from the thread that starts it)."""
     libc = _libc()
     _, permitted, _ = current()
     keep = kept(permitted)
@@ -112,6 +129,12 @@ def drop_after_attach() -> int:
     _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
     _check(libc.capset(ctypes.byref(hdr), data), "capset")
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    more = {tid: eff for tid, (eff, nnp) in threads().items() if eff & ~keep or not nnp}
+    if more:
+        names_ = {t.native_id: t.name for t in threading.enumerate()}
+        raise OSError(errno.EPERM, "threads started before the drop keep their capabilities: " + ", ".join(
+            f"{tid} ({names_.get(tid, 'not a Python thread')}: {', '.join(names(eff & ~keep)) or 'no_new_privs unset'})"
+            for tid, eff in sorted(more.items())))
     log.info("privileges: after attach keeping %s; no_new_privs set",
              ", ".join(names(keep)) or "no capability")
     return keep

@@ -141,8 +141,17 @@ class _Server(TCPServer):
         self._threads = [threading.Thread(target=self._park_loop, name="nettap-http-park", daemon=True)]
         self._threads += [threading.Thread(target=self._work, name=f"nettap-http-{i}", daemon=True)
                           for i in range(limits.workers)]
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        # The parking and worker threads start here, not when the socket is
+        # bound: the daemon binds before loading and drops its capabilities
+        # after, and capabilities belong to each thread (kernel/capability.c:
+        # capset changes the caller's only). A thread started before the drop
+        # would keep them all, and these parse what clients send.
         for t in self._threads:
-            t.start()
+            if t.ident is None:
+                t.start()
+        super().serve_forever(poll_interval)
 
     # -- the accept loop (serve_forever's thread) hands every connection over
     def process_request(self, request, client_address) -> None:
@@ -314,7 +323,8 @@ class _Server(TCPServer):
         for _ in range(self.limits.workers):
             self._ready.put(None)
         for t in self._threads:
-            t.join(5)
+            if t.ident is not None:
+                t.join(5)
         self._sel.close()
         self._wake_r.close()
         self._wake_w.close()

@@ -92,11 +92,14 @@ def test_as_root_only_what_reloads_use_is_kept(tmp_path):
     the rest go; switching statistics on by a reload still works."""
     n = Nettap(tmp_path, {"output": {"type": "none"}})
     try:
-        st = status(n.p.pid)
-        assert privileges.names(int(st["CapEff"], 16)) == sorted(
-            ["CAP_DAC_READ_SEARCH", "CAP_NET_BIND_SERVICE", "CAP_SYS_PTRACE", "CAP_SYS_ADMIN"],
-            key=privileges.CAPS.get)
-        assert st["NoNewPrivs"] == "1"
+        want = privileges.mask_of(["CAP_DAC_READ_SEARCH", "CAP_NET_BIND_SERVICE", "CAP_SYS_PTRACE", "CAP_SYS_ADMIN"])
+        # Every thread: capabilities are per thread, and the HTTP server's
+        # (which parse what clients send) once started before the drop.
+        n.metrics_text()                             # a request served: the workers are up
+        tasks = privileges.threads(n.p.pid)
+        assert len(tasks) > 5                        # the drain, the sink, the server's parking and workers
+        assert {tid: (privileges.names(eff), nnp) for tid, (eff, nnp) in tasks.items()} == \
+            {tid: (privileges.names(want), 1) for tid in tasks}
         n.write_config({"output": {"type": "none"}, "diagnostics": {"bpfStats": {"enabled": True}}})
         wait_for(lambda: n.sample("nettap_bpf_stats_source", source="fd") == 1, what="stats on by reload")
     finally:
@@ -125,3 +128,31 @@ def test_without_cap_dac_read_search_the_error_names_it():
             "not read it (mode 0700): nettap needs root, or CAP_DAC_READ_SEARCH, to read tracepoint ids")
     else:                                            # a tracefs anyone may read: not needed
         assert p.returncode == 0, p.stderr
+
+
+DROP_WITH_A_THREAD = """
+import threading
+from exporter import privileges
+gate = threading.Event()
+t = threading.Thread(target=gate.wait, name="early")
+t.start()
+try:
+    privileges.drop_after_attach()
+except OSError as e:
+    print(e)
+finally:
+    gate.set()
+"""
+
+
+def test_a_thread_started_before_the_drop_fails_it():
+    """capset changes the calling thread only: a drop with another thread
+    already running must fail, naming the thread, not log success."""
+    import subprocess
+    import sys
+    from exporter import loader
+    p = subprocess.run([sys.executable, "-c", DROP_WITH_A_THREAD], cwd=os.path.dirname(loader.BPF_DIR),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("[Errno 1] threads started before the drop keep their capabilities: "), p.stdout
+    assert "(early: CAP_" in p.stdout
