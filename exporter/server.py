@@ -66,7 +66,7 @@ class Limits:
     max_header_bytes: int = 65536
 
 
-REASONS = ("header_timeout", "overload", "http09", "too_large")
+REASONS = ("header_timeout", "overload", "http09", "too_large", "unauthorized", "auth_throttled")
 _END = re.compile(rb"\r?\n\r?\n")
 _HTTP09 = re.compile(rb"^[A-Z]+ +[^ \r\n]+\r?\n")       # a request line without a version
 
@@ -400,9 +400,19 @@ def serve(addr: str, registry, stats: Callable[[], dict],
                 # users configured, every path needs one (/healthz too).
                 cfg = web.current
                 self.extra = cfg.headers
-                if not web.authorized(cfg, self.headers.get("Authorization")):
-                    self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
-                               (("WWW-Authenticate", "Basic"),))
+                verdict = web.check(cfg, self.headers.get("Authorization"))
+                if verdict != web.OK:
+                    # The connection ends with the answer: requests pipelined
+                    # behind a refused one get no check of their own.
+                    self.close_connection = True
+                    if verdict == web.THROTTLED:
+                        self.server.rejected["auth_throttled"] += 1
+                        self._send(429, b"Too Many Requests: failed password checks used their share of CPU\n",
+                                   "text/plain; charset=utf-8", (("Retry-After", "1"), ("Connection", "close")))
+                    else:
+                        self.server.rejected["unauthorized"] += 1
+                        self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
+                                   (("WWW-Authenticate", "Basic"), ("Connection", "close")))
                     return
             try:
                 if path == telemetry_path:

@@ -7,8 +7,15 @@ What the toolkit does, nettap does: relative paths are relative to the
 file's directory; a CA without a client auth policy is refused; with
 ``basic_auth_users`` every path (``/healthz`` and ``/readyz`` included)
 needs a user, an unknown user costs the same bcrypt check as a known one
-(no user enumeration by timing), results are cached, and one check runs at
-a time (bcrypt is CPU-heavy by design); ``http_server_config.headers``
+(no user enumeration by timing; nettap checks unknown users against a hash
+of the configured users' cost, where the toolkit's fixed one is cost 10),
+results are cached, and one check runs at a time (bcrypt is CPU-heavy by
+design). Beyond the toolkit: checks that fail may use at most a quarter of
+a core (:data:`FAILED_CPU_SHARE`); past it an uncached credential is answered
+429 without hashing, so a flood of wrong passwords costs the attacker
+as much as nettap and credentials verified before still pass at once
+(they are cached apart from failures, which cannot evict them);
+``http_server_config.headers``
 takes only the toolkit's five headers. What Python's ssl cannot do the
 same way (Go cipher-suite and curve names, requesting a client certificate
 without verifying it, inline PEM, SAN allow-lists, rate limits) is refused
@@ -28,6 +35,7 @@ import os
 import re
 import ssl
 import threading
+import time
 from collections import namedtuple
 from typing import Optional
 
@@ -56,6 +64,21 @@ TLS_UNSUPPORTED = {
 FAKE_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
 _BCRYPT = re.compile(r"^\$2[abxy]?\$[0-9]{2}\$[./A-Za-z0-9]{53}$")
 CACHE_ENTRIES = 1024
+# CPU for failed checks: a token bucket of thread CPU seconds, refilled at
+# FAILED_CPU_SHARE of a core, holding at most FAILED_CPU_BURST.
+FAILED_CPU_SHARE = 0.25
+FAILED_CPU_BURST = 1.0
+OK, DENIED, THROTTLED = "ok", "denied", "throttled"
+
+
+def _cost(hashed: bytes) -> int:
+    return int(hashed.split(b"$")[2])
+
+
+def _usual_cost(users) -> int:
+    """The cost most configured hashes have (the higher on a tie)."""
+    costs = [_cost(h) for _, h in users]
+    return max(set(costs), key=lambda c: (costs.count(c), c))
 
 
 class WebConfig(namedtuple("WebConfig", "tls users headers", defaults=(None, (), ()))):
@@ -189,12 +212,16 @@ def load_apart(path: str) -> WebConfig:
 class Web:
     """The web config in force, swapped whole by reload(); checks requests'
     credentials against it. Thread-safe."""
+    OK, DENIED, THROTTLED = OK, DENIED, THROTTLED       # check()'s answers
 
     def __init__(self, current: WebConfig = PLAIN, path: Optional[str] = None):
         self.current = current
         self.path = path
-        self._cache: dict = {}
+        self._good: dict = {}                      # digests of verified credentials, oldest first
+        self._bad: dict = {}                       # digests of refused ones, apart: cannot evict the good
+        self._fake: dict = {}                      # cost -> a hash of that cost, for unknown users
         self._bcrypt_lock = threading.Lock()
+        self._budget, self._budget_at = FAILED_CPU_BURST, time.monotonic()
 
     def reload(self) -> bool:
         try:
@@ -210,36 +237,63 @@ class Web:
         return True
 
     def authorized(self, cfg: WebConfig, header: Optional[str]) -> bool:
-        """Whether an Authorization header passes cfg's basic auth (always,
-        when cfg has no users)."""
+        return self.check(cfg, header) == OK
+
+    def check(self, cfg: WebConfig, header: Optional[str]) -> str:
+        """OK when an Authorization header passes cfg's basic auth (always,
+        when cfg has no users), DENIED when it does not, THROTTLED when it
+        would need a bcrypt check and failed checks have used their share of
+        CPU (the caller answers 429)."""
         if not cfg.users:
-            return True
+            return OK
         if not header or header[:6].lower() != "basic ":
-            return False
+            return DENIED
         try:
             user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return False
+            return DENIED
         if not sep:
-            return False
+            return DENIED
         hashed = dict(cfg.users).get(user)
         known = hashed is not None
-        if not known:
-            hashed = FAKE_HASH                      # the same cost: no user enumeration by timing
         # The cache keys on a digest: no password is kept in memory.
-        key = hashlib.sha256(b"\0".join((user.encode(), hashed, password.encode()))).digest()
-        ok = self._cache.get(key)
-        if ok is None:
-            import bcrypt                           # only with basic auth configured
-            with self._bcrypt_lock:                 # one CPU-heavy check at a time
-                try:
-                    ok = bcrypt.checkpw(password.encode(), hashed)
-                except ValueError:                  # e.g. a password past bcrypt's 72 bytes
-                    ok = False
-            if len(self._cache) >= CACHE_ENTRIES:
-                self._cache.clear()
-            self._cache[key] = ok
-        return ok and known
+        key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"", password.encode()))).digest()
+        if key in self._good:
+            return OK if known else DENIED
+        if key in self._bad:
+            return DENIED
+        import bcrypt                               # only with basic auth configured
+        if not known:                               # the same cost: no user enumeration by timing
+            hashed = self._fake_hash(bcrypt, _usual_cost(cfg.users))
+        with self._bcrypt_lock:                     # one CPU-heavy check at a time
+            if self._refill() <= 0:
+                return THROTTLED
+            t0 = time.thread_time()
+            try:
+                ok = bcrypt.checkpw(password.encode(), hashed)
+            except ValueError:                      # e.g. a password past bcrypt's 72 bytes
+                ok = False
+            if not (ok and known):
+                self._budget -= time.thread_time() - t0
+        cache = self._good if ok and known else self._bad
+        if len(cache) >= CACHE_ENTRIES:
+            cache.pop(next(iter(cache)))            # the oldest
+        cache[key] = True
+        return OK if ok and known else DENIED
+
+    def _refill(self) -> float:
+        now = time.monotonic()
+        self._budget = min(FAILED_CPU_BURST, self._budget + (now - self._budget_at) * FAILED_CPU_SHARE)
+        self._budget_at = now
+        return self._budget
+
+    def _fake_hash(self, bcrypt, cost: int) -> bytes:
+        h = self._fake.get(cost)
+        if h is None:
+            h = FAKE_HASH if cost == _cost(FAKE_HASH) else bcrypt.hashpw(b"nettap: no such user",
+                                                                        bcrypt.gensalt(cost))
+            self._fake[cost] = h
+        return h
 
 
 __all__ = ["Web", "WebConfig", "PLAIN", "load", "load_apart", "parse"]

@@ -273,3 +273,54 @@ def test_connections_stay_under_half_the_file_limit(start):
     finally:
         for s in conns:
             s.close()
+
+
+def test_a_wrong_password_flood_is_throttled_and_scrapes_go_on(monkeypatch):
+    """300 connections each pipelining 50 requests with wrong passwords,
+    never reading: bcrypt runs for at most the failed checks' CPU share (each
+    refused connection ends with its answer), the rest is answered 429
+    unhashed and counted, and a scraper whose password was checked before
+    is answered throughout."""
+    import base64
+    import bcrypt
+    from exporter import webconfig
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(10)).decode()       # the toolkit's usual cost
+    web = webconfig.Web(webconfig.parse({"basic_auth_users": {"p": hashed}}))
+    calls, real = [0], bcrypt.checkpw
+
+    def checkpw(pw, h):
+        calls[0] += 1
+        return real(pw, h)
+    monkeypatch.setattr(bcrypt, "checkpw", checkpw)
+    app = App()
+    srv = serve("127.0.0.1:0", app.registry, app.stats, app.not_ready, web)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+        assert requests.get(url, auth=("p", "s3cret"), timeout=10).status_code == 200     # checked, cached
+        t0 = time.monotonic()
+        flood = []
+        for i in range(300):
+            s = connect(srv)
+            auth = base64.b64encode(f"p:wrong-{i}".encode()).decode()
+            s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\n\r\n".encode() * 50)
+            flood.append(s)
+        slowest = 0.0
+        for _ in range(20):
+            t = time.monotonic()
+            assert requests.get(url, auth=("p", "s3cret"), timeout=10).status_code == 200
+            slowest = max(slowest, time.monotonic() - t)
+        deadline = time.monotonic() + 30
+        while sum(srv.rejected[r] for r in ("unauthorized", "auth_throttled")) < 300:
+            assert time.monotonic() < deadline, srv.rejected
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        for s in flood:
+            s.close()
+        assert srv.rejected["auth_throttled"] > 0
+        assert srv.rejected["unauthorized"] + srv.rejected["auth_throttled"] == 300     # one answer each
+        # at most the burst plus the share of the time taken, at >= 10 ms a cost-10 check
+        assert calls[0] - 1 <= (webconfig.FAILED_CPU_BURST + webconfig.FAILED_CPU_SHARE * took) / 0.01 + 1
+        assert slowest < 5, slowest          # each scrape answered (the figure: bench/http_load.py)
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -244,8 +244,82 @@ def test_checks_are_cached(tmp_path):
     web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{HASH}'}}\n")))
     hdr = "Basic " + __import__("base64").b64encode(b"p:s3cret").decode()
     assert web.authorized(web.current, hdr)
-    assert len(web._cache) == 1 and b"s3cret" not in b"".join(web._cache)
-    assert web.authorized(web.current, hdr) and len(web._cache) == 1
+    assert len(web._good) == 1 and b"s3cret" not in b"".join(web._good)
+    assert web.authorized(web.current, hdr) and len(web._good) == 1
+
+
+def _basic(user, password):
+    return "Basic " + __import__("base64").b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """The hashes bcrypt.checkpw was asked to check against, in order."""
+    seen, real = [], bcrypt.checkpw
+
+    def checkpw(pw, hashed):
+        seen.append(hashed)
+        return real(pw, hashed)
+    monkeypatch.setattr(bcrypt, "checkpw", checkpw)
+    return seen
+
+
+def test_failed_checks_beyond_their_cpu_share_are_throttled_without_hashing(tmp_path, checks, monkeypatch):
+    """A flood of wrong passwords spends at most the burst, then a share of
+    a core, on bcrypt; beyond it: THROTTLED, no hash computed. A credential
+    verified before the flood still passes at once, and no number of
+    failures evicts it."""
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(8)).decode()      # ~15 ms a check
+    web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{hashed}'}}\n")))
+    good = _basic("p", "s3cret")
+    assert web.check(web.current, good) == Web.OK
+    monkeypatch.setattr(webconfig, "FAILED_CPU_SHARE", 0.0)            # no refill: the burst only
+    web._budget = 0.05
+    verdicts = [web.check(web.current, _basic(user, f"wrong{i}")) for i in range(2000) for user in ("p", "x")]
+    hashed_checks = len(checks) - 1
+    assert 1 <= hashed_checks <= 20                                   # 0.05 s of ~15 ms checks, and one over
+    assert verdicts[:hashed_checks] == [Web.DENIED] * hashed_checks
+    assert set(verdicts[hashed_checks:]) == {Web.THROTTLED}
+    assert len(web._bad) == hashed_checks and len(checks) == hashed_checks + 1
+    assert web.check(web.current, good) == Web.OK and len(checks) == hashed_checks + 1   # cached, unhashed
+    monkeypatch.setattr(webconfig, "FAILED_CPU_SHARE", 1000.0)         # refilled: checked again
+    assert web.check(web.current, _basic("p", "wrong-again")) == Web.DENIED
+
+
+@pytest.mark.parametrize("cost", [5, 12])
+def test_an_unknown_user_costs_what_the_configured_users_cost(tmp_path, checks, cost):
+    """Timing must not tell an unknown user from a known one whatever the
+    configured cost (a fixed cost-10 hash did: cost 5, 2 vs 63 ms)."""
+    # the hash of cost 12 is not computed here: only its cost is read before a check
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(cost)).decode() if cost < 12 else \
+        "$2b$12$" + "a" * 53
+    web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{hashed}', q: '{hashed}'}}\n")))
+    if cost == 12:                      # a cost-12 check takes ~0.25 s: count it, do not run it
+        checks.clear()
+    assert web.check(web.current, _basic("nobody", "x")) == Web.DENIED
+    assert webconfig._cost(checks[-1]) == cost and checks[-1] != hashed.encode()
+
+
+def test_a_refused_or_throttled_request_ends_its_connection_and_is_counted(tmp_path, endpoint):
+    """Requests pipelined behind a refused one get no check of their own:
+    the answer carries Connection: close and the connection ends."""
+    web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{HASH}'}}\n")))
+    port = endpoint(web)
+    req = f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('p', 'wrong')}\r\n\r\n".encode()
+    for budget, code in ((1.0, b"401"), (-1.0, b"429")):
+        web._budget, web._bad = budget, {}
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            c.sendall(req * 20)
+            got = b""
+            while chunk := c.recv(65536):
+                got += chunk
+        assert got.count(b"HTTP/1.1 ") == 1 and got.startswith(b"HTTP/1.1 " + code), got
+        assert b"Connection: close" in got
+        if code == b"429":
+            assert b"Retry-After: 1" in got
+    from exporter.server import _COLLECTORS
+    srv, = (s for s in _COLLECTORS[App.registry].servers if s.server_address[1] == port)
+    assert srv.rejected["unauthorized"] == 1 and srv.rejected["auth_throttled"] == 1
 
 
 def test_reload_applies_and_a_bad_file_keeps_the_old(tmp_path, endpoint, caplog):
