@@ -48,9 +48,11 @@ class Limits:
     cost a file descriptor and a buffer, never a worker. (Per-connection
     socket timeouts in a fixed pool would not do: N idle connections would
     hold N workers for a timeout each, and 2,000 of them would hold a
-    scrape for minutes.) A worker's request is answered in bounded time
-    (rendering, then write_timeout), so the queue in front of the workers
-    moves; when it is long anyway, a 503 now is better for a scraper than
+    scrape for minutes.) A worker renders an answer into memory and sends
+    what the socket takes at once; the rest goes out from the selector as
+    the client reads, within write_timeout, so a client that does not read
+    holds no worker either, and the queue in front of the workers moves;
+    when it is long anyway, a 503 now is better for a scraper than
     an answer after its scrape_timeout. Past max_connections (or half the
     file descriptor limit) the connection waiting longest is closed rather
     than the new one: under a flood of idle connections a scraper's new
@@ -61,12 +63,13 @@ class Limits:
     max_queued: int = 512        # complete requests waiting for a worker; past it: 503
     header_timeout: float = 10.0  # from the first byte (or the connection) to the end of the headers
     idle_timeout: float = 120.0  # keep-alive wait for the next request (Prometheus' 1m interval fits)
-    write_timeout: float = 10.0  # a worker's wait on a client that does not read its answer
+    write_timeout: float = 10.0  # for a client to read a whole answer; then closed, counted write_timeout
+    max_unsent_bytes: int = 64 << 20   # answers waiting for their clients to read, all together
     max_requests: int = 1000     # per keep-alive connection (nginx's keepalive_requests)
     max_header_bytes: int = 65536
 
 
-REASONS = ("header_timeout", "overload", "http09", "too_large", "unauthorized", "auth_throttled")
+REASONS = ("header_timeout", "write_timeout", "overload", "http09", "too_large", "unauthorized", "auth_throttled")
 _END = re.compile(rb"\r?\n\r?\n")
 _HTTP09 = re.compile(rb"^[A-Z]+ +[^ \r\n]+\r?\n")       # a request line without a version
 
@@ -94,23 +97,13 @@ _COLLECTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class _Conn:
-    __slots__ = ("sock", "addr", "buf", "deadline", "handshaking", "served", "events")
+    __slots__ = ("sock", "addr", "buf", "deadline", "handshaking", "served", "events", "out", "keep")
 
     def __init__(self, sock, addr, deadline: float, handshaking: bool):
         self.sock, self.addr, self.buf = sock, addr, bytearray()
         self.deadline, self.handshaking, self.served, self.events = deadline, handshaking, 0, 0
-
-
-class _Writer:
-    def __init__(self, sock):
-        self.sock = sock
-
-    def write(self, b) -> int:
-        self.sock.sendall(b)
-        return len(b)
-
-    def flush(self) -> None:
-        pass
+        self.out: Optional[memoryview] = None   # an answer's unsent rest: the selector sends it
+        self.keep = False                       # after it: the next request (else close)
 
 
 class _Server(TCPServer):
@@ -127,6 +120,8 @@ class _Server(TCPServer):
         self._sel = selectors.DefaultSelector()
         self._conns: Dict[int, _Conn] = {}          # by fd, oldest parked first
         self._incoming: "queue.SimpleQueue" = queue.SimpleQueue()   # parked from other threads
+        self._unsent = 0                            # bytes of answers the selector still sends
+        self._unsent_lock = threading.Lock()
         self._ready: "queue.Queue" = queue.Queue()
         self._closing = False
         self._sweep_at = 0.0                        # the next parked connection's deadline
@@ -189,6 +184,8 @@ class _Server(TCPServer):
                             pass
                     except OSError:
                         pass
+                elif key.data.out is not None:
+                    self._flush(key.data)
                 else:
                     self._progress(key.data)
             while True:
@@ -205,6 +202,8 @@ class _Server(TCPServer):
             for c in list(self._conns.values()):
                 if c.deadline > now:
                     self._sweep_at = min(self._sweep_at, c.deadline)
+                elif c.out is not None:              # a client that does not read its answer
+                    self._reject(c, "write_timeout")
                 elif c.buf or c.handshaking or c.served == 0:
                     self._reject(c, "header_timeout")
                 else:
@@ -217,6 +216,8 @@ class _Server(TCPServer):
             self._reject(next(iter(self._conns.values())), "overload")
         self._conns[c.sock.fileno()] = c
         self._sweep_at = min(self._sweep_at, c.deadline)
+        if c.out is not None:                   # an answer to send first
+            return self._watch(c, selectors.EVENT_WRITE)
         self._watch(c, selectors.EVENT_READ)
         # Bytes already read (a pipelined request) or held inside TLS need no wait.
         if c.buf or (c.served and isinstance(c.sock, ssl.SSLSocket) and c.sock.pending()):
@@ -242,6 +243,10 @@ class _Server(TCPServer):
 
     def _drop(self, c: _Conn) -> None:
         self._forget(c)
+        if c.out is not None:                   # an answer it never read
+            with self._unsent_lock:
+                self._unsent -= len(c.out)
+            c.out = None
         try:
             c.sock.close()
         except OSError:
@@ -303,18 +308,69 @@ class _Server(TCPServer):
             head, c.buf = bytes(c.buf[:end]), c.buf[end:]
             c.served += 1
             try:
-                c.sock.settimeout(self.limits.write_timeout)
                 h = self.RequestHandlerClass(c, c.addr, self, head)
-                keep = not h.close_connection and not self._closing
-            except Exception as e:               # a client gone mid-answer, a write timeout
+                c.keep = not h.close_connection and not self._closing
+                answer = h.wfile.getvalue()
+            except Exception as e:               # never lose a worker to one request
                 log.debug("answering %s failed: %s", c.addr[0], e)
-                keep = False
-            if not keep:
                 c.sock.close()
                 continue
-            c.sock.setblocking(False)
-            c.deadline = time.monotonic() + (self.limits.header_timeout if c.buf else self.limits.idle_timeout)
-            self._park(c)
+            c.out = memoryview(answer)
+            if self._send_some(c) == "failed":
+                c.sock.close()
+                continue
+            if c.out is not None:                # the client has not taken it all: the selector sends the rest
+                with self._unsent_lock:
+                    full = self._unsent + len(c.out) > self.limits.max_unsent_bytes
+                    if not full:
+                        self._unsent += len(c.out)
+                if full:
+                    self.rejected["overload"] += 1
+                    c.sock.close()
+                    continue
+                c.deadline = time.monotonic() + self.limits.write_timeout
+                self._park(c)
+            elif c.keep:
+                c.deadline = time.monotonic() + (self.limits.header_timeout if c.buf else self.limits.idle_timeout)
+                self._park(c)
+            else:
+                c.sock.close()
+
+    def _send_some(self, c: _Conn) -> str:
+        """Send what c's socket takes now of c.out (None once all is sent).
+        Returns "done", "write" or "read" (what to wait for: TLS may need to
+        read first), or "failed"."""
+        try:
+            while c.out is not None:
+                n = c.sock.send(c.out)
+                c.out = c.out[n:] if n < len(c.out) else None
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            return "write"
+        except ssl.SSLWantReadError:
+            return "read"
+        except (OSError, ssl.SSLError) as e:     # reset, gone
+            log.debug("answering %s failed: %s", c.addr[0], e)
+            return "failed"
+        return "done"
+
+    def _flush(self, c: _Conn) -> None:
+        """The parking thread's part of an answer: send more; once all is
+        out, the connection waits for its next request (or ends)."""
+        before = len(c.out)
+        wait = self._send_some(c)
+        if wait == "failed":
+            return self._drop(c)
+        with self._unsent_lock:
+            self._unsent -= before - (len(c.out) if c.out is not None else 0)
+        if wait != "done":
+            return self._watch(c, selectors.EVENT_READ if wait == "read" else selectors.EVENT_WRITE)
+        if not c.keep:
+            return self._drop(c)
+        c.deadline = time.monotonic() + (self.limits.header_timeout if c.buf else self.limits.idle_timeout)
+        self._sweep_at = min(self._sweep_at, c.deadline)
+        self._watch(c, selectors.EVENT_READ)
+        if c.buf or (isinstance(c.sock, ssl.SSLSocket) and c.sock.pending()):
+            self._progress(c)
 
     def server_close(self) -> None:
         super().server_close()
@@ -341,7 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.connection = self.request
         self.rfile = io.BytesIO(self.head)
-        self.wfile = _Writer(self.request)
+        self.wfile = io.BytesIO()              # sent by the worker, the rest by the selector
 
     def handle(self) -> None:
         self.close_connection = True

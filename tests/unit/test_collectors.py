@@ -221,7 +221,8 @@ def test_golden_label_values_match_docs():
     results = {s.labels["result"] for s in fams["nettap_config_reloads"].samples}
     assert results == {"success", "failure"}
     reasons = {s.labels["reason"] for s in fams["nettap_http_connections_rejected"].samples}
-    assert reasons == {"header_timeout", "overload", "http09", "too_large", "unauthorized", "auth_throttled"}
+    assert reasons == {"header_timeout", "write_timeout", "overload", "http09", "too_large", "unauthorized",
+                       "auth_throttled"}
 
 
 def test_golden_node_aggregation():

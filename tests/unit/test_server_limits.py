@@ -324,3 +324,43 @@ def test_a_wrong_password_flood_is_throttled_and_scrapes_go_on(monkeypatch):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_clients_that_do_not_read_hold_no_worker_and_are_closed_at_the_write_timeout(start):
+    """16 connections with a 1 KiB receive buffer pipelining requests for a
+    1 MiB answer and never reading: with 2 workers, scrapes beside them are
+    answered at once; each stalled connection is closed at the write
+    timeout and counted, and nothing is written to it after (no 500)."""
+    srv, app = start(workers=2, write_timeout=1.0)
+    from prometheus_client import Gauge
+    g = Gauge("nettap_test_wide", "Many series.", ["i"], registry=app.registry)
+    for i in range(2000):                      # ~1 MiB in long values: cheap to render
+        g.labels(f"{i:0500d}").set(i)
+    stalled = []
+    for _ in range(16):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        s.connect(srv.server_address)
+        s.sendall(request("/metrics") * 5)
+        stalled.append(s)
+    url = f"http://127.0.0.1:{srv.server_address[1]}/healthz"
+    t0 = time.monotonic()
+    for _ in range(10):
+        assert requests.get(url, timeout=10).status_code == 200
+    took = time.monotonic() - t0
+    deadline = time.monotonic() + 20
+    while srv.rejected["write_timeout"] < 16:
+        assert time.monotonic() < deadline, srv.rejected
+        time.sleep(0.05)
+    assert took < 5, took                      # 10 scrapes, no wait on the stalled clients (~1 s each before)
+    for s in stalled:                          # what each got: answers (what the buffers held), then the end
+        s.settimeout(10)
+        got = b""
+        try:
+            while chunk := s.recv(1 << 20):
+                got += chunk
+        except ConnectionResetError:
+            pass
+        assert got.count(b"HTTP/1.1 ") == got.count(b"HTTP/1.1 200 OK\r\n") < 5
+        s.close()
+    assert srv._unsent == 0
