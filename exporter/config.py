@@ -18,6 +18,7 @@ from collections import namedtuple
 
 import yaml
 
+from . import outpath
 from .tcp_h import CHUNK_DATA, MAX_PAYLOAD_BYTES, RINGS, STRIDES
 
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
@@ -325,23 +326,19 @@ def loads(text: str, source: str = "<config>") -> Config:
     return parse(load_yaml(text, source))
 
 
-def read(path: str) -> str:
-    """The text of a config file: a regular file of at most MAX_FILE_BYTES,
-    in UTF-8 (ConfigError otherwise)."""
+def read_bytes(path: str, limit: int = MAX_FILE_BYTES, what: str = "a config is a few KiB") -> bytes:
+    """The bytes of a regular file of at most limit bytes, read without
+    blocking on a FIFO (ConfigError otherwise, naming path and why)."""
     try:
-        # O_NONBLOCK: a FIFO put in the file's place must not hang the reload.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = outpath.open_regular(path)
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+        raise ConfigError(f"{path}: {e.strerror}" if e.errno == errno.EINVAL
+                          else f"{path}: cannot read: {e.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"{path}: cannot read: {os.strerror(errno.EISDIR)}")
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{path}: not a regular file")
+        size = os.fstat(fd).st_size
         data = b""
-        while len(data) <= MAX_FILE_BYTES:
-            part = os.read(fd, MAX_FILE_BYTES + 1 - len(data))
+        while len(data) <= limit:
+            part = os.read(fd, limit + 1 - len(data))
             if not part:
                 break
             data += part
@@ -349,9 +346,15 @@ def read(path: str) -> str:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     finally:
         os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes ({max(st.st_size, len(data))} bytes); "
-                          "a config is a few KiB")
+    if len(data) > limit:
+        raise ConfigError(f"{path}: larger than {limit} bytes ({max(size, len(data))} bytes); {what}")
+    return data
+
+
+def read(path: str) -> str:
+    """The text of a config file: a regular file of at most MAX_FILE_BYTES,
+    in UTF-8 (ConfigError otherwise)."""
+    data = read_bytes(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

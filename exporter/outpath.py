@@ -1,4 +1,7 @@
-"""Opening nettap's output file without trusting its path.
+"""Opening nettap's files without trusting their paths: the output file
+(:func:`open_dir`, :func:`open_file`), a file given to read
+(:func:`open_regular`: config, web config, certificates, captures) and a file
+given to write (:func:`create_for_writing`: `nettap read --pcap`).
 
 nettap runs as root and writes captured traffic, so nothing in the output
 path that another user could have put there is trusted: the directory is
@@ -117,6 +120,55 @@ def open_file(dir_fd: int, name: str, shown: str, mode: int, uid: int) -> Tuple[
             os.fchmod(fd, mode)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str) -> int:
+    """A read-only fd of path, which must be a regular file (OSError
+    otherwise). O_NONBLOCK: a FIFO put where a file is expected must not
+    hang the open, and is refused by the fstat after it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+                          os.strerror(errno.EISDIR) if stat.S_ISDIR(mode) else "not a regular file")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def create_for_writing(path: str) -> int:
+    """A write fd of path, emptied: a regular file owned by this user with
+    one link, never a link followed at the last component (`nettap read
+    --pcap` runs as root, and `--pcap /tmp/x` may meet a link another user planted
+    there) and never a FIFO waited on. OSError otherwise."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                     | os.O_NOCTTY, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, "it is a symbolic link: nettap does not follow links for what it writes") from None
+        if e.errno == errno.ENXIO:                  # a FIFO nobody reads
+            raise OSError(e.errno, "not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "not a regular file"
+        elif st.st_uid != os.geteuid():
+            why = f"owned by uid {st.st_uid}, not this user's {os.geteuid()}"
+        elif st.st_nlink != 1:
+            why = f"it has {st.st_nlink} hard links: it may be another file under a second name"
+        if why:
+            raise OSError(errno.EPERM, why)
+        os.ftruncate(fd, 0)                         # only now: what was refused stays whole
+        os.set_blocking(fd, True)
+        return fd
     except BaseException:
         os.close(fd)
         raise

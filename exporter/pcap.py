@@ -5,12 +5,14 @@ are made by dpkt (see pyproject.toml for why dpkt)."""
 from __future__ import annotations
 
 import heapq
+import os
 import socket
 from decimal import Decimal
 from typing import Iterator, List, Optional, Tuple
 
 import dpkt
 
+from . import outpath
 from .read import DIRECTIONS, Conn, Stream
 
 # The socket state before TCP_CLOSE says which side sent the first FIN.
@@ -117,7 +119,7 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, List[str]]:
         seen[(c.family, c.saddr, c.sport, c.daddr, c.dport)] = c
         chosen.append(c)
     n = 0
-    with open(path, "wb") as f:
+    with os.fdopen(outpath.create_for_writing(path), "wb") as f:
         w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
         for ts, p in heapq.merge(*[packets(c) for c in chosen], key=lambda x: x[0]):
             # exact: a float's rounding could make the nanoseconds 10^9

@@ -24,6 +24,8 @@ import sys
 from bisect import bisect_right
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from .outpath import open_regular
+
 DIRECTIONS = ("egress", "ingress")          # records.DIRECTIONS, without importing numpy
 _ROTATED = re.compile(r"^(.*)\.(\d+)$")
 # Fields a record must have, with their JSON types, for this reader to use it.
@@ -407,7 +409,7 @@ def _run(args: argparse.Namespace) -> int:
     files, rc = [], 0
     for name in ordered(args.files):
         try:
-            f = open(name, "rb")
+            f = os.fdopen(open_regular(name), "rb")      # a FIFO is refused, never waited on
             files.append((name, f, os.fstat(f.fileno()).st_size))
         except OSError as e:
             print(f"nettap read: cannot read {name}: {e.strerror}", file=sys.stderr)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import logging
 import os
@@ -39,7 +40,7 @@ import time
 from collections import namedtuple
 from typing import Optional
 
-from . import config
+from . import config, outpath
 from .config import ConfigError, quote
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,36 @@ def _path(v, key: str, directory: str) -> str:
     return os.path.join(directory, v)
 
 
+PEM_MAX_BYTES = 1 << 20
+
+
+def _pem(path: str, key: str) -> bytes:
+    """A PEM file's bytes: a regular file (never blocks on a FIFO), at most
+    PEM_MAX_BYTES; ConfigError naming key and path otherwise."""
+    try:
+        fd = outpath.open_regular(path)
+        try:
+            data = os.read(fd, PEM_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot read {quote(path)}: {e.strerror}") from None
+    if len(data) > PEM_MAX_BYTES:
+        raise ConfigError(f"{key}: {quote(path)} is larger than {PEM_MAX_BYTES} bytes (a PEM file is a few KiB)")
+    return data
+
+
+@contextlib.contextmanager
+def _in_memory(data: bytes):
+    """A path OpenSSL can open that holds data (a memfd: never on disk)."""
+    fd = os.memfd_create("nettap-pem", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
 def _tls(t: dict, directory: str) -> Optional[ssl.SSLContext]:
     key = "tls_server_config"
     if not any(t.get(k) for k in ("cert_file", "key_file", "client_ca_file", "client_auth_type")):
@@ -148,15 +179,22 @@ def _tls(t: dict, directory: str) -> Optional[ssl.SSLContext]:
         ctx.minimum_version, ctx.maximum_version = versions
     except ValueError as e:
         raise ConfigError(f"{key}: this OpenSSL refuses the TLS versions: {e}") from None
+    # Read here, as regular files of bounded size that never block (a FIFO
+    # in a cert's place hung the start and the reload watcher in OpenSSL's
+    # open), then handed to OpenSSL from memory: the bytes checked are the
+    # bytes loaded.
+    pem = {name: _pem(path, f"{key}.{name}") for name, path in (("cert_file", cert), ("key_file", keyf))}
     try:
-        ctx.load_cert_chain(cert, keyf)
+        with _in_memory(pem["cert_file"]) as cert_path, _in_memory(pem["key_file"]) as key_path:
+            ctx.load_cert_chain(cert_path, key_path)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"{key}: cannot load cert_file {quote(cert)} with key_file {quote(keyf)}: "
                           f"{getattr(e, 'strerror', None) or getattr(e, 'reason', None) or e}") from None
     if ca:
         ca = _path(ca, f"{key}.client_ca_file", directory)
+        data = _pem(ca, f"{key}.client_ca_file")
         try:
-            ctx.load_verify_locations(cafile=ca)
+            ctx.load_verify_locations(cadata=data.decode("ascii", "replace"))
         except (OSError, ssl.SSLError) as e:
             raise ConfigError(f"{key}.client_ca_file: cannot load {quote(ca)}: "
                               f"{getattr(e, 'strerror', None) or getattr(e, 'reason', None) or e}") from None

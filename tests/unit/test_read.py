@@ -261,6 +261,33 @@ def test_pcap_keeps_one_end_of_a_connection_captured_at_both(tmp_path, capsys):
     assert _follow(tmp_path / "loop.pcap", 0) == {0: ("127.0.0.1:41000", b"ping"), 1: ("127.0.0.1:6000", b"pong")}
 
 
+def test_a_fifo_to_read_is_refused_without_blocking(tmp_path, capsys):
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    rc, out, err = run(capsys, str(tmp_path / "fifo.jsonl"))
+    assert rc == 1 and err.splitlines()[0] == f"nettap read: cannot read {tmp_path / 'fifo.jsonl'}: not a regular file"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "hardlink"])
+def test_pcap_output_never_follows_a_link_or_waits_on_a_fifo(tmp_path, capsys, kind):
+    """--pcap OUT as root: a link another user planted at OUT (a sticky
+    world-writable directory, fs.protected_symlinks 0) must not make nettap
+    overwrite its target; a FIFO must not hang it."""
+    victim, out = tmp_path / "victim", tmp_path / "out.pcap"
+    victim.write_bytes(b"keep me")
+    if kind == "symlink":
+        out.symlink_to(victim)
+    elif kind == "hardlink":
+        os.link(victim, out)
+    else:
+        os.mkfifo(out)
+    rc, _, err = run(capsys, *NEWEST_FIRST, "--pcap", str(out))
+    why = {"symlink": "it is a symbolic link: nettap does not follow links for what it writes",
+           "fifo": "not a regular file",
+           "hardlink": "it has 2 hard links: it may be another file under a second name"}[kind]
+    assert rc == 1 and err.splitlines()[-1] == f"nettap read: cannot write {out}: {why}"
+    assert victim.read_bytes() == b"keep me"
+
+
 def test_help_names_the_command():
     rc, out, _ = nettap("--help", cwd=ROOT)
     assert rc == 0 and "nettap read FILE..." in out and "--pcap OUT" in out

@@ -5,6 +5,7 @@ one."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
 import subprocess
@@ -121,8 +122,30 @@ def test_refused(tmp_path, text, msg):
 
 def test_missing_cert_file_refused(tmp_path):
     msg = refused(tmp_path, "tls_server_config: {cert_file: nope.crt, key_file: nope.key}\n")
-    assert msg == (f"tls_server_config: cannot load cert_file '{tmp_path}/nope.crt' with key_file "
-                   f"'{tmp_path}/nope.key': No such file or directory")
+    assert msg == f"tls_server_config.cert_file: cannot read '{tmp_path}/nope.crt': No such file or directory"
+
+
+@pytest.mark.parametrize("which", ["cert_file", "key_file", "client_ca_file"])
+def test_a_fifo_in_place_of_a_pem_file_is_refused_without_blocking(tmp_path, pki, which):
+    """A FIFO where a certificate, key or CA is expected hung the start and,
+    live, the web config watcher inside OpenSSL's open."""
+    os.mkfifo(tmp_path / "fifo")
+    files = {"cert_file": f"{pki}/server.crt", "key_file": f"{pki}/server.key", "client_ca_file": f"{pki}/ca.crt",
+             which: str(tmp_path / "fifo")}
+    t = time.monotonic()
+    msg = refused(tmp_path, "tls_server_config: {client_auth_type: RequireAndVerifyClientCert, "
+                  + ", ".join(f"{k}: {v}" for k, v in files.items()) + "}\n")
+    assert time.monotonic() - t < 5
+    assert msg == f"tls_server_config.{which}: cannot read '{tmp_path}/fifo': not a regular file", msg
+
+
+def test_pem_files_are_loaded_from_what_was_read(tmp_path, pki, endpoint):
+    """The certificate served is the one read: loaded from memory, not the
+    path again."""
+    web = Web(webconfig.load(write(tmp_path, f"tls_server_config: {{cert_file: {pki}/server.crt, "
+                                             f"key_file: {pki}/server.key}}\n")))
+    port = endpoint(web)
+    assert get(f"https://127.0.0.1:{port}/healthz", verify=str(pki / "ca.crt")).status_code == 200
 
 
 def test_key_not_matching_the_cert_refused(tmp_path, pki):
