@@ -362,7 +362,8 @@ def main(argv: list | None = None) -> int:
     if args.config:
         watchers.append(ConfigWatcher(args.config, lambda: app.reload(args.config)).start())
     if web:
-        watchers.append(ConfigWatcher(args.web_config, web.reload).start())
+        # its certificates too: rotated in place (cert-manager) they are served without SIGHUP
+        watchers.append(ConfigWatcher(args.web_config, web.reload, also=lambda: web.current.files).start())
     if watchers:
         signal.signal(signal.SIGHUP, lambda *_: [w.trigger() for w in watchers])
         if early_hup.pending:

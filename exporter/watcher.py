@@ -12,9 +12,13 @@ import logging
 import os
 import select
 import threading
-from typing import Callable, Optional, Tuple
+from typing import Callable, Iterable, Optional, Tuple
 
 log = logging.getLogger(__name__)
+
+
+def _fingerprints(paths) -> tuple:
+    return tuple((p, _fingerprint(p)) for p in paths)
 
 
 def _fingerprint(path: str) -> Optional[Tuple[int, int, int, int]]:
@@ -30,14 +34,18 @@ _UNSEEN = ("unseen",)
 
 class ConfigWatcher:
     """Calls on_change() from its own thread when path changes (appears,
-    disappears, becomes unreadable), and when trigger() is called (SIGHUP).
-    stop() ends the thread."""
+    disappears, becomes unreadable), or one of the files it names does
+    (also(): the paths the config in force was read from, e.g. a web
+    config's certificates), and when trigger() is called (SIGHUP). stop()
+    ends the thread."""
 
-    def __init__(self, path: str, on_change: Callable[[], None], interval: float = 0.5):
+    def __init__(self, path: str, on_change: Callable[[], None], interval: float = 0.5,
+                 also: Callable[[], Iterable[str]] = tuple):
         self.path = path
         self.on_change = on_change
         self.interval = interval
-        self._last = _fingerprint(path)
+        self.also = also
+        self._last = self._look()
         # A pipe, not a threading.Event: trigger() runs in a signal handler,
         # which Python may enter again between any two bytecodes of the
         # first; Event.set() takes a lock, so a burst of SIGHUPs nested the
@@ -72,7 +80,7 @@ class ConfigWatcher:
                 os.read(self._wake_r, 4096)     # every wake-up so far: one look at the file
             if self._stop:
                 return
-            fp = _fingerprint(self.path)
+            fp = self._look()
             if fp == self._last:
                 continue
             self._last = fp
@@ -82,6 +90,12 @@ class ConfigWatcher:
                 self.on_change()
             except Exception:
                 log.exception("applying %s failed", self.path)
+            now = self._look()
+            if [p for p, _ in now] != [p for p, _ in fp]:   # the config in force names other files now
+                self._last = now
+
+    def _look(self) -> tuple:
+        return _fingerprints((self.path, *self.also()))
 
     def stop(self) -> None:
         self._stop = True

@@ -38,7 +38,7 @@ import ssl
 import threading
 import time
 from collections import namedtuple
-from typing import Optional
+from typing import Optional, Tuple
 
 from . import config, outpath
 from .config import ConfigError, quote
@@ -82,9 +82,11 @@ def _usual_cost(users) -> int:
     return max(set(costs), key=lambda c: (costs.count(c), c))
 
 
-class WebConfig(namedtuple("WebConfig", "tls users headers", defaults=(None, (), ()))):
+class WebConfig(namedtuple("WebConfig", "tls users headers files", defaults=(None, (), (), ()))):
     """tls: an ssl.SSLContext or None (plain HTTP); users: ((name, bcrypt
-    hash), ...); headers: ((name, value), ...) added to every response."""
+    hash), ...); headers: ((name, value), ...) added to every response;
+    files: the certificate, key and CA paths it was loaded from (watched:
+    a rotated certificate is loaded without SIGHUP)."""
 
     __slots__ = ()
 
@@ -148,10 +150,10 @@ def _in_memory(data: bytes):
         os.close(fd)
 
 
-def _tls(t: dict, directory: str) -> Optional[ssl.SSLContext]:
+def _tls(t: dict, directory: str) -> Tuple[Optional[ssl.SSLContext], Tuple[str, ...]]:
     key = "tls_server_config"
     if not any(t.get(k) for k in ("cert_file", "key_file", "client_ca_file", "client_auth_type")):
-        return None                                        # the toolkit's IsEnabled(): plain HTTP
+        return None, ()                                    # the toolkit's IsEnabled(): plain HTTP
     cert = _path(t.get("cert_file"), f"{key}.cert_file", directory)
     keyf = _path(t.get("key_file"), f"{key}.key_file", directory)
     auth = t.get("client_auth_type") or "NoClientCert"
@@ -199,7 +201,7 @@ def _tls(t: dict, directory: str) -> Optional[ssl.SSLContext]:
             raise ConfigError(f"{key}.client_ca_file: cannot load {quote(ca)}: "
                               f"{getattr(e, 'strerror', None) or getattr(e, 'reason', None) or e}") from None
     ctx.verify_mode = CLIENT_AUTH[auth]
-    return ctx
+    return ctx, (cert, keyf) + ((ca,) if ca else ())
 
 
 def parse(doc, directory: str = ".") -> WebConfig:
@@ -207,7 +209,7 @@ def parse(doc, directory: str = ".") -> WebConfig:
     from directory (the file's, as the toolkit does)."""
     top = _mapping(doc, "web config", ("tls_server_config", "http_server_config", "basic_auth_users"),
                    {"rate_limit": "put a proxy in front for rate limits"})
-    tls = _tls(_mapping(top.get("tls_server_config"), "tls_server_config", TLS_KEYS, TLS_UNSUPPORTED), directory)
+    tls, files = _tls(_mapping(top.get("tls_server_config"), "tls_server_config", TLS_KEYS, TLS_UNSUPPORTED), directory)
     http = _mapping(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
     if not isinstance(http.get("http2", True), bool):
         raise ConfigError(f"http_server_config.http2: must be true or false, got {quote(http['http2'])}")
@@ -233,7 +235,7 @@ def parse(doc, directory: str = ".") -> WebConfig:
             # The value is a secret: named, never quoted.
             raise ConfigError(f"basic_auth_users.{config._name(name)}: not a bcrypt hash "
                               "(e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n')")
-    return WebConfig(tls, tuple((n, h.encode()) for n, h in users.items()), tuple(headers))
+    return WebConfig(tls, tuple((n, h.encode()) for n, h in users.items()), tuple(headers), files)
 
 
 def load(path: str) -> WebConfig:

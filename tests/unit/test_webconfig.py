@@ -422,3 +422,45 @@ def test_tls_clients_that_never_handshake_hold_no_worker(tmp_path, pki):
             s.close()
         srv.shutdown()
         srv.server_close()
+
+
+def _served_cn(port, ca):
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        return dict(x[0] for x in s.getpeercert()["subject"])["commonName"]
+
+
+def test_a_certificate_rotated_in_place_is_served_without_sighup(tmp_path, pki, endpoint, caplog):
+    """cert-manager style: the certificate and key replaced where they are;
+    the watcher sees the files the web config in force names, and a bad
+    pair keeps the old one in force."""
+    import shutil
+    from exporter.watcher import ConfigWatcher
+    _leaf(pki, "ca", "rotated", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
+    d = tmp_path / "tls"
+    d.mkdir()
+    shutil.copy(pki / "server.crt", d / "tls.crt")
+    shutil.copy(pki / "server.key", d / "tls.key")
+    path = write(tmp_path, "tls_server_config: {cert_file: tls/tls.crt, key_file: tls/tls.key}\n")
+    web = Web(webconfig.load(path), path)
+    w = ConfigWatcher(path, web.reload, interval=0.05, also=lambda: web.current.files).start()
+    try:
+        port = endpoint(web)
+        assert _served_cn(port, pki / "ca.crt") == "server"
+        for name in ("tls.key", "tls.crt"):               # as a Secret volume swaps them: by rename
+            shutil.copy(pki / name.replace("tls", "rotated"), d / (name + ".new"))
+            os.replace(d / (name + ".new"), d / name)
+        end = time.monotonic() + 10
+        while _served_cn(port, pki / "ca.crt") != "rotated":
+            assert time.monotonic() < end, "the rotated certificate was not served"
+            time.sleep(0.05)
+        with caplog.at_level(logging.INFO, logger="exporter.webconfig"):
+            (d / "tls.key").write_text("not a key\n")        # a bad pair: the rotated one stays
+            end = time.monotonic() + 10
+            while not any("reload refused" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < end, "the bad key was not noticed"
+                time.sleep(0.05)
+        assert _served_cn(port, pki / "ca.crt") == "rotated"
+    finally:
+        w.stop()
