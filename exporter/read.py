@@ -24,6 +24,7 @@ import sys
 from bisect import bisect_right
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from .logsafe import escape
 from .outpath import open_regular
 
 DIRECTIONS = ("egress", "ingress")          # records.DIRECTIONS, without importing numpy
@@ -38,6 +39,13 @@ _EOF = {"conn_id": _INT, "ts_ns": _INT, "start_ns": _INT, "tx_bytes": _INT, "rx_
         "comm": _STR, "oldstate": _STR}
 _LOG = {"code": _STR}
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG}
+# The largest value each integer field can hold in the kernel's record
+# (bpf/tcp.h); a larger one is not nettap's and would break the pcap.
+_U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
+_MAX = {"sport": _U16, "dport": _U16, "pid": _U32, "len": _U32, "call_len": _U64}
+# A line longer than this is no record (a chunk's is ~1 KiB): skipped, and
+# never read into memory whole.
+MAX_LINE = 1 << 20
 
 
 def ordered(paths: List[str]) -> List[str]:
@@ -84,7 +92,7 @@ def _check(rec, where: str, problems: Problems) -> Optional[dict]:
         return None
     for f, t in schema.items():
         v = rec.get(f)
-        if not isinstance(v, t) or isinstance(v, bool) or (t is int and v < 0):
+        if not isinstance(v, t) or isinstance(v, bool) or (t is int and not 0 <= v <= _MAX.get(f, _U64)):
             problems.add(f"{kind} record(s) with a missing or bad {f}", where)
             return None
     if kind == "chunk":
@@ -109,13 +117,18 @@ def records(files, problems: Optional[Problems], want=None) -> Iterator[dict]:
     for name, f, size in files:
         f.seek(0)
         left = size
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(_lines(f), 1):
             if left <= 0:
                 break
-            left -= len(raw)
+            left -= len(raw) if raw is not None else 0
+            if raw is None:                     # over MAX_LINE: skipped unread
+                if problems is not None:
+                    problems.add(f"longer than {MAX_LINE} bytes", f"{name}:{lineno}")
+                left = size - f.tell()
+                continue
             try:
                 rec = json.loads(raw)
-            except ValueError:                  # UnicodeDecodeError included
+            except (ValueError, RecursionError):  # UnicodeDecodeError included; nesting past the stack
                 if problems is not None:
                     cut = not raw.endswith(b"\n") and left <= 0
                     problems.add("cut last line" if cut else "not JSON", f"{name}:{lineno}")
@@ -125,6 +138,21 @@ def records(files, problems: Optional[Problems], want=None) -> Iterator[dict]:
             rec = _check(rec, f"{name}:{lineno}", problems if problems is not None else Problems())
             if rec is not None:
                 yield rec
+
+
+def _lines(f) -> Iterator[Optional[bytes]]:
+    """f's lines, each read whole only up to MAX_LINE bytes: a longer one is
+    None, its rest read past in pieces (bounded memory for any file)."""
+    while True:
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        if len(raw) <= MAX_LINE or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(MAX_LINE)
+        yield None
 
 
 # ---- connections ---------------------------------------------------------
@@ -172,14 +200,23 @@ class Stream:
         return sorted(out)
 
     def _why(self, a: int, b: int, starts: List[int]) -> List[Tuple[int, int, str]]:
-        i = bisect_right(starts, a) - 1
-        if i >= 0:
+        """[a, b) split into the truncated tails of calls and what was lost
+        (a loop: thousands of truncated calls in a row recursed past the stack)."""
+        out = []
+        while a < b:
+            i = bisect_right(starts, a) - 1
+            if i < 0:
+                break
             co = starts[i]
             call_len, got = self.calls[co]
-            if got < call_len and a < co + call_len:
-                cut = min(b, co + call_len)
-                return [(a, cut - a, "truncated")] + (self._why(cut, b, starts) if cut < b else [])
-        return [(a, b - a, "lost")]
+            if not (got < call_len and a < co + call_len):
+                break
+            cut = min(b, co + call_len)
+            out.append((a, cut - a, "truncated"))
+            a = cut
+        if a < b:
+            out.append((a, b - a, "lost"))
+        return out
 
     def runs(self) -> List[Tuple[int, bytes]]:
         """The captured bytes as (offset, bytes) runs in stream order,
@@ -240,6 +277,7 @@ class Conn:
 
 
 def _endpoint(family: str, addr: str, port: int) -> str:
+    addr = escape(addr)                         # any string a file holds: shown, never obeyed
     return f"[{addr}]:{port}" if family == "ipv6" else f"{addr}:{port}"
 
 
@@ -301,7 +339,7 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
                     gaps, gap_bytes = gaps + 1, gap_bytes + n
         pid = str(c.pid) + (f"+{len(c.pids) - 1}" if len(c.pids) > 1 else "")
         rows.append((str(c.conn_id), _endpoint(c.family, c.saddr, c.sport), _endpoint(c.family, c.daddr, c.dport),
-                     pid, c.comm, str(c.streams["egress"].end(c.total("egress"))),
+                     pid, escape(c.comm), str(c.streams["egress"].end(c.total("egress"))),
                      str(c.streams["ingress"].end(c.total("ingress"))),
                      f"{trunc_calls} call{'s' * (trunc_calls > 1)}, {trunc_bytes} B" if trunc_calls else "-",
                      f"{gaps}, {gap_bytes} B" if gaps else "-", "yes" if c.eof else "no"))
@@ -315,7 +353,7 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
         out.write(f"{cap.no_conn} chunk(s) without a connection (conn_id 0: nettap's connection table "
                   f"was full): in no stream\n")
     if cap.logs:
-        out.write("log records: " + ", ".join(f"{k} {v}" for k, v in sorted(cap.logs.items())) + "\n")
+        out.write("log records: " + ", ".join(f"{escape(k)} {v}" for k, v in sorted(cap.logs.items())) + "\n")
 
 
 def _hole_text(off: int, n: int, why: str, s: Stream) -> str:
@@ -348,8 +386,8 @@ def _hexdump(off: int, data: bytes) -> Iterator[str]:
 
 def streams(c: Conn, out, hexdump: bool) -> None:
     pids = ", ".join(map(str, sorted(c.pids)))
-    out.write(f"conn {c.conn_id}: {c.family} {_endpoint(c.family, c.saddr, c.sport)} -> "
-              f"{_endpoint(c.family, c.daddr, c.dport)}, pid {pids} ({c.comm})"
+    out.write(f"conn {c.conn_id}: {escape(c.family)} {_endpoint(c.family, c.saddr, c.sport)} -> "
+              f"{_endpoint(c.family, c.daddr, c.dport)}, pid {pids} ({escape(c.comm)})"
               f"{', closed' if c.eof else ''}\n")
     for d, s in c.streams.items():
         end = s.end(c.total(d))
@@ -412,7 +450,7 @@ def _run(args: argparse.Namespace) -> int:
             f = os.fdopen(open_regular(name), "rb")      # a FIFO is refused, never waited on
             files.append((name, f, os.fstat(f.fileno()).st_size))
         except OSError as e:
-            print(f"nettap read: cannot read {name}: {e.strerror}", file=sys.stderr)
+            print(f"nettap read: cannot read {escape(name)}: {e.strerror}", file=sys.stderr)
             rc = 1
     problems = Problems()
     cap = Capture()
@@ -420,7 +458,7 @@ def _run(args: argparse.Namespace) -> int:
         cap.add(rec)
     line = problems.line()
     if line:
-        print(line, file=sys.stderr)
+        print(escape(line), file=sys.stderr)
     conns = select(cap.conns.values(), args.port, args.pid, args.conn)
     out = sys.stdout
     if hasattr(out, "reconfigure"):             # payload and task names are UTF-8, whatever the locale
@@ -442,10 +480,10 @@ def _run(args: argparse.Namespace) -> int:
         try:
             n, notes = write_pcap(conns, args.pcap)
         except OSError as e:
-            print(f"nettap read: cannot write {args.pcap}: {e.strerror}", file=sys.stderr)
+            print(f"nettap read: cannot write {escape(args.pcap)}: {e.strerror}", file=sys.stderr)
             return 1
         for note in notes:
-            print(f"nettap read: {note}", file=sys.stderr)
+            print(f"nettap read: {escape(note)}", file=sys.stderr)
         print(f"nettap read: wrote {n} packets of {len(conns) - len(notes)} connection(s) to {args.pcap}",
               file=sys.stderr)
         return rc

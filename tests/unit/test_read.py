@@ -261,6 +261,43 @@ def test_pcap_keeps_one_end_of_a_connection_captured_at_both(tmp_path, capsys):
     assert _follow(tmp_path / "loop.pcap", 0) == {0: ("127.0.0.1:41000", b"ping"), 1: ("127.0.0.1:6000", b"pong")}
 
 
+def _chunk(**kw):
+    import json as _json
+    rec = {"call_len": 4, "call_offset": 0, "comm": "curl", "conn_id": 9, "daddr": "192.0.2.2", "data": "cGluZw==",
+           "direction": "egress", "dport": 80, "family": "ipv4", "flags": [], "len": 4, "offset": 0, "pid": 1,
+           "saddr": "192.0.2.1", "sport": 40000, "tid": 1, "ts_ns": 1000, "type": "chunk"}
+    rec.update(kw)
+    return (_json.dumps(rec, sort_keys=True) + "\n").encode()
+
+
+def test_hostile_files_are_read_in_bounded_memory_and_stack(tmp_path, capsys):
+    """What crashed nettap read: 5,000 truncated calls in a row (a recursion
+    per call), 100,000 nested brackets, a line past the limit (read whole
+    before), a port of 70,000 (dpkt refused the pcap), offsets of 2^40, and
+    a task name with terminal escapes (printed raw)."""
+    f = tmp_path / "hostile.jsonl"
+    with open(f, "wb") as out:
+        out.write(_chunk(comm="evil\x1b]0;owned\x07\x1b[2J"))
+        for i in range(5000):                        # empty truncated calls, back to back
+            out.write(_chunk(call_offset=4 + 10 * i, call_len=10, offset=4 + 10 * i, len=0, data="", ts_ns=2000 + i))
+        out.write(b"[" * 100_000 + b"\n")
+        out.write(b'{"type": "chunk", "comm": "' + b"x" * (read.MAX_LINE + 10) + b'"}\n')
+        out.write(_chunk(conn_id=10, sport=70000))
+        out.write(_chunk(conn_id=11, offset=1 << 40, call_offset=1 << 40, sport=40001))
+    rc, out_, err = run(capsys, str(f))
+    assert rc == 0, err
+    assert "Traceback" not in err and "\x1b" not in out_ and "\\x1b]0;owned\\x07" in out_
+    assert err.startswith("nettap read: skipped 3 line(s): ")
+    for reason in ("1 not JSON", f"1 longer than {read.MAX_LINE} bytes", "1 chunk record(s) with a missing or bad sport"):
+        assert reason in err, err
+    rows = out_.splitlines()
+    assert rows[1].split()[7:9] == ["5000", "calls,"]          # truncated calls counted, none recursed
+    rc, out_, err = run(capsys, str(f), "--conn", "9")
+    assert rc == 0 and "evil\\x1b]0;owned\\x07\\x1b[2J" in out_.splitlines()[0]
+    rc, _, err = run(capsys, str(f), "--pcap", str(tmp_path / "h.pcap"))
+    assert rc == 0 and "wrote" in err.splitlines()[-1], err
+
+
 def test_a_fifo_to_read_is_refused_without_blocking(tmp_path, capsys):
     os.mkfifo(tmp_path / "fifo.jsonl")
     rc, out, err = run(capsys, str(tmp_path / "fifo.jsonl"))
