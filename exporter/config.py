@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import reprlib
-import stat
 from collections import namedtuple
 
 import yaml

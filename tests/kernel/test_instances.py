@@ -1,7 +1,5 @@
 """Two nettap instances on one node (the real CLI, twice): each reports the
 kernel's BPF statistics state, and which of them holds it on."""
-import pytest
-
 from procs import Nettap, stats_held_elsewhere, wait_for
 
 

@@ -5,7 +5,6 @@ the own-scope series (libbpf's names) do."""
 import ctypes
 import os
 
-import pytest
 
 from exporter import bpfstats, libbpf, loader
 

@@ -5,16 +5,15 @@ gives back exactly the bytes each side sent."""
 import glob
 import socket
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
+from conftest import emulated
+from exporter import cli
 from traffic import payload
 
 
-ROOT = Path(__file__).resolve().parents[2]
 ROUNDS, REQ, REP = 20, 1000, 700
 
 
@@ -71,14 +70,49 @@ class Exchange:
         return b"".join(self.client), b"".join(self.server)
 
 
-def nettap_read(*args):
-    p = subprocess.run([sys.executable, "-m", "exporter", "read", *args], cwd=ROOT, capture_output=True,
-                       timeout=120)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
+def nettap_read(capsys, *args):
+    """`nettap read` in this process (tests/unit/test_read.py runs the CLI as
+    a process; an interpreter start costs ~10 s in the emulated guests)."""
+    capsys.readouterr()
+    rc = cli.main(["read", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
 def follow(pcap, stream):
-    """tshark's Follow TCP stream (raw): {"addr:port": bytes that end sent}."""
+    """tshark's Follow TCP stream (raw): {"addr:port": bytes that end sent};
+    in the emulated guests, where tshark takes ~30 s to start, the same
+    reassembled from the pcap with dpkt (what the pcap holds does not
+    depend on the kernel: the capture it is made from does)."""
+    if emulated(True, False):
+        return _follow_tshark(pcap, stream)
+    return _follow_dpkt(pcap)
+
+
+def _follow_dpkt(pcap):
+    import dpkt
+    sent = {}
+    with open(pcap, "rb") as f:
+        for _, pkt in dpkt.pcap.Reader(f):
+            ip = dpkt.ip6.IP6(pkt) if pkt[0] >> 4 == 6 else dpkt.ip.IP(pkt)
+            tcp = ip.data
+            if not tcp.data:
+                continue
+            af = socket.AF_INET6 if pkt[0] >> 4 == 6 else socket.AF_INET
+            addr = socket.inet_ntop(af, ip.src)
+            src = f"[{addr}]:{tcp.sport}" if af == socket.AF_INET6 else f"{addr}:{tcp.sport}"
+            sent.setdefault(src, []).append((tcp.seq, bytes(tcp.data)))
+    out = {}
+    for src, segs in sent.items():
+        buf = b""
+        for seq, data in sorted(segs):
+            assert seq - 1 == len(buf), f"{src}: a gap or overlap at {seq - 1}"
+            buf += data
+        out[src] = buf
+    return out
+
+
+def _follow_tshark(pcap, stream):
     p = subprocess.run(["tshark", "-r", str(pcap), "-q", "-z", f"follow,tcp,raw,{stream}"],
                        capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -94,7 +128,7 @@ def follow(pcap, stream):
 
 @pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")],
                          ids=["ipv4", "ipv6"])
-def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_path, family, host):
+def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_path, capsys, family, host):
     """With the mechanism nettap picks here: each mechanism's bytes are
     checked by test_capture's byte-exact tests; this one checks the reader."""
     ex = Exchange(family, host)
@@ -107,7 +141,7 @@ def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_p
     files = sorted(glob.glob(str(tmp_path / "capture.jsonl*")))   # the shell's order: newest first
     assert len(files) >= 3, files
 
-    rc, out, err = nettap_read(*files)
+    rc, out, err = nettap_read(capsys, *files)
     assert (rc, err) == (0, ""), err
     ep = (lambda p: f"[{host}]:{p}") if family == socket.AF_INET6 else (lambda p: f"{host}:{p}")
     # both ends are captured, the client's socket and the server's, each with every byte
@@ -118,11 +152,11 @@ def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_p
     assert out.splitlines()[3].startswith("2 connection(s) of 2; ")
 
     pcap = tmp_path / "out.pcap"
-    rc, _, err = nettap_read(*files, "--pcap", str(pcap))
+    rc, _, err = nettap_read(capsys, *files, "--pcap", str(pcap))
     assert rc == 0, err
     assert "is the other end of conn" in err        # one TCP connection, captured at both ends: once
     assert follow(pcap, 0) == {ep(ex.cport): client_bytes, ep(ex.port): server_bytes}
     for conn in {r[0] for r in rows}:                # and each end alone
-        rc, _, err = nettap_read(*files, "--conn", conn, "--pcap", str(pcap))
+        rc, _, err = nettap_read(capsys, *files, "--conn", conn, "--pcap", str(pcap))
         assert rc == 0 and "other end" not in err, err
         assert follow(pcap, 0) == {ep(ex.cport): client_bytes, ep(ex.port): server_bytes}

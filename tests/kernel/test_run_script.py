@@ -4,7 +4,6 @@ are attached. The kernel matrix runs this in every guest kernel."""
 import signal
 import subprocess
 
-import pytest
 import requests
 
 from procs import ROOT, free_port, wait_for

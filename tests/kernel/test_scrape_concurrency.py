@@ -28,7 +28,8 @@ def counters(text):
     return {m[1] + (m[2] or ""): float(m[3]) for m in COUNTERS.finditer(text)}
 
 
-ROUNDS = emulated(150, 25)      # scrapes per thread (16 threads)
+ROUNDS = emulated(150, 8)       # scrapes per thread (16 threads)
+READS = emulated(2000, 300)     # per-CPU reads per thread (16 threads)
 
 
 def test_sixteen_concurrent_scrapes_agree(tmp_path):
@@ -83,7 +84,7 @@ def test_percpu_array_read_by_sixteen_threads():
 
         def read(i):
             start.wait()
-            for _ in range(2000):
+            for _ in range(READS):
                 got = a.sum(i)
                 if got != {f: (i + 1) * a.ncpus for f in dt.names}:
                     wrong.append((i, got))
