@@ -96,19 +96,30 @@ class Prometheus:
         self.session = requests.Session()
 
     def vector(self, expr: str) -> Dict[str, float]:
-        """{instance: value} of an instant query at self.at."""
-        import requests
+        """{instance: value} of an instant query at self.at. SizeError, in
+        one short line, for anything but Prometheus's answer to it."""
+        import json
+        from .httpget import FetchError, get, shown
         try:
-            r = self.session.get(self.url + "/api/v1/query", params={"query": expr, "time": self.at},
-                                 timeout=self.timeout)
-            body = r.json()
-        except requests.RequestException as e:
-            raise SizeError(f"cannot query Prometheus at {self.url} ({type(e).__name__})") from None
-        except ValueError:
-            raise SizeError(f"{self.url} did not answer with Prometheus's API (HTTP {r.status_code})") from None
+            raw = get(self.url + "/api/v1/query", {"query": expr, "time": self.at}, deadline=self.timeout,
+                      session=self.session)
+        except FetchError as e:
+            raise SizeError(str(e)) from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise SizeError(f"{self.url} did not answer with Prometheus's API (not JSON: "
+                            f"{shown(raw[:400].decode('utf-8', 'replace'))})") from None
+        if not isinstance(body, dict):
+            raise SizeError(f"{self.url} did not answer with Prometheus's API (a JSON {type(body).__name__})")
         if body.get("status") != "success":
-            raise SizeError(f"Prometheus refused {expr!r}: {body.get('error', body)}")
-        return {s["metric"].get("instance", ""): float(s["value"][1]) for s in body["data"]["result"]}
+            raise SizeError(f"Prometheus refused {shown(expr)}: {shown(str(body.get('error', 'no error given')))}")
+        try:
+            return {str(r["metric"].get("instance", "")): float(r["value"][1])
+                    for r in body["data"]["result"]}
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError):
+            raise SizeError(f"{self.url} did not answer with Prometheus's API (an instant vector's "
+                            "data.result: [{metric: {...}, value: [time, \"number\"]}, ...])") from None
 
 
 def measure(prom: Prometheus, rng: str, window: str, step: str, selector: str = "") -> List[Node]:

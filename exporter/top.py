@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import bpfstats, fdinfo, libbpf
+from .logsafe import escape
 
 DEFAULT_URL = "http://127.0.0.1:42424/metrics"
 
@@ -133,21 +134,29 @@ def nettap_view(url: str, prev: Optional[Scrape], cur: Optional[Scrape], dt: flo
 
 def fetch(url: str, timeout: float = 0.5) -> Tuple[Optional[Scrape], Optional[str]]:
     """(samples, None), or (None, why not) when nothing answers or it is not Prometheus text."""
-    import requests
+    from .httpget import FetchError, get, shown
     try:
-        r = requests.get(url, timeout=timeout)
-        r.raise_for_status()
-        return parse_metrics(r.text), None
-    except requests.RequestException as e:
-        return None, f"no nettap at {url} ({type(e).__name__})"
-    except ValueError as e:
-        return None, f"{url} is not a Prometheus endpoint ({e})"
+        body = get(url, deadline=timeout, max_bytes=16 << 20)
+    except FetchError as e:
+        return None, f"no nettap at {url}: {e}"
+    try:
+        return parse_metrics(body.decode("utf-8", "replace")), None
+    except (ValueError, TypeError, IndexError, RecursionError) as e:
+        return None, f"{url} is not a Prometheus endpoint ({shown(str(e))})"
 
 
 # ---- rendering
 
 def _fmt(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def _cell(value: str):
+    """A value from elsewhere (a label value, a process name) as rich Text:
+    control characters escaped (a terminal would obey them) and never read
+    as rich markup."""
+    from rich.text import Text
+    return Text(escape(value))
 
 
 def render(rs: List[Row], nt: Optional[NettapView], key: str, reverse: bool, status: str, live: bool = True):
@@ -162,7 +171,7 @@ def render(rs: List[Row], nt: Optional[NettapView], key: str, reverse: bool, sta
         t.add_column(f"{i + 1}:{head[k]}" if live else head[k], justify="right" if right else "left",
                      no_wrap=True, overflow="ellipsis", max_width=48 if k == "name" else None)
     for r in sort_rows(rs, key, reverse):
-        t.add_row(str(r.id), r.name, r.type, r.owner, _fmt(r.runs, ",.0f"), _fmt(r.ns, ",.0f"),
+        t.add_row(str(r.id), _cell(r.name), _cell(r.type), _cell(r.owner), _fmt(r.runs, ",.0f"), _fmt(r.ns, ",.0f"),
                   _fmt(r.cpu, ".2f"))
     runs = sum(r.runs or 0 for r in rs)
     cpu = sum(r.cpu or 0 for r in rs)
@@ -172,19 +181,19 @@ def render(rs: List[Row], nt: Optional[NettapView], key: str, reverse: bool, sta
     if nt is None:
         pass
     elif nt.error:
-        parts.append(Text(f"nettap: {nt.error}"))
+        parts.append(_cell(f"nettap: {nt.error}"))
     else:
-        parts.append(Text(f"nettap {nt.version} at {nt.url}"))
+        parts.append(_cell(f"nettap {nt.version} at {nt.url}"))
         rt = Table(box=None, pad_edge=False, header_style="bold")
         for h, right in (("RING", False), ("FILL %", True), ("DROPS/S", True)):
             rt.add_column(h, justify="right" if right else "left", no_wrap=True)
         for ring, fill, drops in nt.rings:
-            rt.add_row(ring, _fmt(None if fill is None else fill * 100, ".1f"), _fmt(drops, ",.1f"))
+            rt.add_row(_cell(ring), _fmt(None if fill is None else fill * 100, ".1f"), _fmt(drops, ",.1f"))
         pt = Table(box=None, pad_edge=False, header_style="bold")
         for h, right in (("PROBE", False), ("CALLS/S", True)):
             pt.add_column(h, justify="right" if right else "left", no_wrap=True)
         for probe, calls in nt.probes:
-            pt.add_row(probe, _fmt(calls, ",.1f"))
+            pt.add_row(_cell(probe), _fmt(calls, ",.1f"))
         parts += [rt, Text(""), pt]
     return Group(*parts)
 
