@@ -277,6 +277,12 @@ def main(argv: list | None = None) -> int:
         from .targets import resolve
         try:
             resolve(cfg.captures)               # as the daemon: each pid, cgroup, netns must exist now
+            if cfg.output.type == "jsonl":      # as the daemon opens it (made and removed if missing)
+                from .outpath import OutputRefused, check
+                try:
+                    check(cfg.output.path, cfg.output.mode, os.geteuid())
+                except OutputRefused as e:
+                    raise config.ConfigError(f"output.path: {e}") from None
         except config.ConfigError as e:
             return _refused(e)
         print(f"{args.config}: ok" if args.config else "no --config, the built-in default config: ok")

@@ -172,3 +172,55 @@ def create_for_writing(path: str) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+def check(path: str, mode: int, uid: int) -> None:
+    """What opening ``path`` as the output would meet, without leaving a
+    trace (``--check-config``): the directory walked and checked as
+    open_dir does, missing directories and the file made as the daemon
+    would make them, then removed again; an existing file checked as
+    open_file checks it, and left as it was. OutputRefused otherwise."""
+    dirpath, name = os.path.split(os.path.abspath(path))
+    made = []
+    real = os.path.realpath(dirpath)
+    probe = real
+    while probe != "/" and not os.path.lexists(probe):
+        made.append(probe)
+        probe = os.path.dirname(probe)
+    fd = None
+    try:
+        fd = open_dir(dirpath, True, uid)
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is None:                               # as the daemon would: made, then removed
+            nfd, _ = open_file(fd, name, path, mode, uid)
+            os.close(nfd)
+            os.unlink(name, dir_fd=fd)
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise OutputRefused(f"{path} is a symbolic link: nettap does not follow links for its output",
+                                errno.ELOOP)
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_uid != uid:
+            why = f"is owned by uid {st.st_uid}, not nettap's uid {uid}: its owner could read the captured traffic"
+        elif st.st_mode & 0o022:
+            why = (f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}): others could alter "
+                   "the capture")
+        elif st.st_nlink != 1:
+            why = f"has {st.st_nlink} hard links: it may be another file under a second name"
+        elif not os.access(name, os.W_OK, dir_fd=fd) or os.statvfs(real).f_flag & os.ST_RDONLY:
+            why = "cannot be written (a read-only file system?)"
+        if why:
+            raise OutputRefused(f"{path} {why}")
+    finally:
+        if fd is not None:
+            os.close(fd)
+        for d in made:                               # deepest first
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass

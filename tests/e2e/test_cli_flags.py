@@ -122,6 +122,28 @@ def test_check_config_refuses_what_the_daemon_refuses(tmp_path):
         started = run(["--config", str(p), "--web.listen-address", f"127.0.0.1:{free_port()}"])
         assert checked.returncode == started.returncode == 2, (checked, started)
         assert checked.stderr == started.stderr and checked.stderr.startswith(f"nettap: config refused: {why}"), checked.stderr
+    # the output path, as the daemon opens it: what it cannot create, a read-only file system, a link
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)], check=True)
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "victim")
+    try:
+        for path, why in (("/proc/1/nope/x.jsonl", "cannot create directory /proc/1/nope: No such file or directory"),
+                          (f"{ro}/sub/x.jsonl", f"cannot create directory {ro}/sub: Read-only file system"),
+                          (f"{ro}/x.jsonl", f"cannot open {ro}/x.jsonl: Read-only file system"),
+                          (f"{tmp_path}/link.jsonl", f"{tmp_path}/link.jsonl is a symbolic link")):
+            p.write_text(f"output: {{type: jsonl, path: '{path}'}}\n")
+            checked = run(["--check-config", "--config", str(p)])
+            started = run(["--config", str(p), "--web.listen-address", f"127.0.0.1:{free_port()}"])
+            assert checked.returncode == started.returncode == 2, (checked, started)
+            assert checked.stderr.startswith(f"nettap: config refused: output.path: {why}"), checked.stderr
+            assert started.stderr.splitlines()[-1] == checked.stderr.strip(), (checked, started)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert not (tmp_path / "victim").exists()
+    p.write_text(f"output: {{type: jsonl, path: '{tmp_path}/new/dirs/x.jsonl'}}\n")
+    assert run(["--check-config", "--config", str(p)]).stdout == f"{p}: ok\n"
+    assert not (tmp_path / "new").exists()                      # made to see, and removed
     p.write_text(f"captures: [{{pid: {os.getpid()}}}, {{port: 80}}]\n")
     assert run(["--check-config", "--config", str(p)]).stdout == f"{p}: ok\n"
     assert run(["--check-config"]).stdout == "no --config, the built-in default config: ok\n"
