@@ -182,14 +182,55 @@ def install_modules(tree, release):
     return dst
 
 
-def boot(name, release, out, timeout, pytest_args, deadline):
+# What Python reads in a guest, packed once on the host and unpacked into the guest's memory
+# (scripts/kernel_matrix.py pack): over the guest's 9p root every import is a dozen emulated
+# file-system round trips, and `import pytest` alone took 25 s in the 5.10 guest. Left out: what
+# no kernel test imports (the static libpython, pip, setuptools, virtme-ng, jsonnet, tests of
+# the libraries).
+TREE = "guest-tree.tar"
+STDLIB = f"/usr/lib/python{sys.version_info[0]}.{sys.version_info[1]}"
+TREE_EXCLUDE = ["config-*-linux-gnu", "lib2to3", "pydoc_data", "idlelib", "tkinter", "ensurepip",
+                "turtledemo", "site-packages/pip", "site-packages/setuptools", "site-packages/pkg_resources",
+                "site-packages/virtme", "site-packages/virtme_ng", "site-packages/_jsonnet*.so",
+                "site-packages/wheel", "site-packages/numpy/*/tests", ".git"]
+
+
+def pack(out):
+    """out/TREE: the stdlib, the checkout with its .venv and compiled bytecode.
+    Returns the path, or None (the guests then import over 9p: slower, still right)."""
+    venv_py = os.path.join(REPO, ".venv/bin/python")
+    try:
+        # bytecode for the checkout's own modules, so the guest compiles nothing
+        run([venv_py, "-m", "compileall", "-q", "-j0", "exporter", "tests", "scripts"], cwd=REPO,
+            stdout=subprocess.DEVNULL)
+        dst = os.path.join(out, TREE)
+        run(["tar", "-cf", dst, *[f"--exclude={x}" for x in TREE_EXCLUDE], "-C", "/",
+             STDLIB.lstrip("/"), REPO.lstrip("/")])
+        log(f"packed {os.path.getsize(dst) >> 20} MiB of Python for the guests")
+        return dst
+    except (OSError, subprocess.CalledProcessError) as e:
+        log(f"not packed ({e}): the guests import over 9p")
+        return None
+
+
+def unpack_lines(tree):
+    """Guest shell lines: tmpfs over the stdlib and the checkout, the packed tree into them."""
+    if not tree:
+        return ""
+    g = f"{GUEST_OUT}/{TREE}"
+    return (f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(STDLIB)} && "
+            f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(REPO)} && "
+            f"tar -C / -xf {g} || echo 'kernel-matrix: unpacking {g} failed' >&2\n")
+
+
+def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
     """Run the kernel tests in a guest; its results land in out/<name>.{release,log,rc,xml}.
     The guest gets timeout seconds, boot included, and never runs past deadline."""
     timeout = min(timeout, deadline - time.monotonic())
     if timeout < 2 * PYTEST_GRACE:
         log(f"{name}: not booted: the matrix's budget (--budget) is spent")
         return 0.0
-    for ext in ("release", "boot", "log", "rc", "xml", "console.log"):   # stale results must not count
+    for ext in ("release", "boot", "unpacked", "log", "rc", "xml", "console.log"):   # stale results must not count
         if os.path.exists(f"{out}/{name}.{ext}"):
             os.remove(f"{out}/{name}.{ext}")
     g = f"{GUEST_OUT}/{name}"
@@ -200,6 +241,9 @@ def boot(name, release, out, timeout, pytest_args, deadline):
         f.write(f"cd {shlex.quote(REPO)}\n"
                 f"uname -r > {g}.release\n"
                 f"cut -d' ' -f1 /proc/uptime > {g}.boot\n"                # seconds to boot
+                + unpack_lines(tree) +
+                f"cd {shlex.quote(REPO)}\n"                             # the tmpfs now there
+                f"cut -d' ' -f1 /proc/uptime > {g}.unpacked\n"
                 # only the variant nettap would pick here: each test costs ~10x under TCG
                 "export PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp NETTAP_TEST_VARIANTS=default\n"
                 f"{shlex.join(stop)} .venv/bin/python -m pytest {shlex.join(pytest)} > {g}.log 2>&1\n"
@@ -344,9 +388,10 @@ def main():
             except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
                 rows[name] = (name, {}, f"fetch/install failed: {e}", "")
         ready.sort(key=lambda k: k[0] != "6.1-rt")   # the slowest guest first
+        tree = pack(out) if ready else None
         pool = ThreadPoolExecutor(max(1, a.jobs))
         took = dict(zip((n for n, _ in ready), pool.map(
-            lambda k: boot(*k, out, a.timeout, pytest_args, deadline), ready)))
+            lambda k: boot(*k, out, a.timeout, pytest_args, deadline, tree), ready)))
         for name, release in ready:
             counts, note = verdict(name, release, out)
             up = read(f"{out}/{name}.boot")
