@@ -36,7 +36,7 @@ from typing import Deque, Dict, Optional, Tuple
 
 from . import records
 from .ringbuf import Batch, RingMemory, RingPoller
-from .sinks import Sink
+from .sinks import Sink, mark_line
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,8 @@ class Pipeline:
         return {name: r.drained for name, r in self.rings.items()}
 
     def start(self) -> None:
+        if self.sink:                               # before any record: the first line of this run
+            self._enqueue(mark_line("start"), 0)
         self._drain_t.start()
         if self.sink:
             records.announce_writer()
@@ -236,6 +238,10 @@ class Pipeline:
                 data, count = self._queue.popleft()
                 self.queued_bytes -= len(data)
                 self._cv.notify_all()               # room for the drain
+            if not count:                           # a start or stop line (sinks.mark_line)
+                with self._sink_lock:
+                    self.sink.write_mark(data)
+                continue
             try:
                 with self._sink_lock:
                     self.sink.write_data(data, count)     # counts its own failures
@@ -269,6 +275,8 @@ class Pipeline:
         self._stop_deadline = time.monotonic() + SINK_STOP_TIMEOUT
         self.poller.close()
         self._drain_t.join()
+        if self.sink:                               # after everything drained: the last line
+            self._enqueue(mark_line("stop"), 0)
         with self._cv:
             self._stopping = True
             self._cv.notify_all()

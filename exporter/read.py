@@ -38,7 +38,8 @@ _EOF = {"conn_id": _INT, "ts_ns": _INT, "start_ns": _INT, "tx_bytes": _INT, "rx_
         "pid": _INT, "sport": _INT, "dport": _INT, "family": _STR, "saddr": _STR, "daddr": _STR,
         "comm": _STR, "oldstate": _STR}
 _LOG = {"code": _STR}
-SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG}
+_MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
+SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "start": _MARK, "stop": _MARK}
 # The largest value each integer field can hold in the kernel's record
 # (bpf/tcp.h); a larger one is not nettap's and would break the pcap.
 _U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
@@ -290,8 +291,9 @@ class Capture:
 
     def __init__(self) -> None:
         self.conns: Dict[tuple, Conn] = {}
-        self.counts = {"chunk": 0, "eof": 0, "log": 0}
+        self.counts = {"chunk": 0, "eof": 0, "log": 0, "start": 0, "stop": 0}
         self.logs: Dict[str, int] = {}
+        self.marks: List[Tuple[str, str, int]] = []   # (start or stop, time, pid) in file order
         self.no_conn = 0                        # chunks of connections nettap had no room for
         self._portless: Dict[tuple, tuple] = {}  # key without the local port -> key
 
@@ -300,6 +302,9 @@ class Capture:
         self.counts[kind] += 1
         if kind == "log":
             self.logs[rec["code"]] = self.logs.get(rec["code"], 0) + 1
+            return
+        if kind in ("start", "stop"):
+            self.marks.append((kind, rec["time"], rec["pid"]))
             return
         if rec["conn_id"] == 0:                 # no connection state: offsets unknown
             self.no_conn += kind == "chunk"
@@ -315,6 +320,27 @@ class Capture:
             c = self.conns[key] = Conn(key, rec, keep)
             self._portless[key[:3] + key[4:]] = key
         c.add(rec)
+
+
+def capture_gaps(marks: List[Tuple[str, str, int]]) -> List[str]:
+    """What no nettap captured, from the runs' start and stop lines in file
+    order: a stop, or a run that ended without one (killed, crashed, out of
+    memory), up to the next start."""
+    out, running, last = [], None, None        # running: the start of the run in progress
+    for kind, when, pid in marks:
+        if kind == "start":
+            if running is not None:
+                out.append(f"the run started {running[0]} (pid {running[1]}) has no stop line: it ended "
+                           f"uncleanly; nothing was captured from its last record until {when}")
+            elif last is not None:
+                out.append(f"nothing was captured from the stop at {last} until the start at {when}")
+            running, last = (when, pid), None
+        else:
+            running, last = None, when
+    if running is not None and marks and len([m for m in marks if m[0] == "start"]) > 1:
+        out.append(f"the run started {running[0]} (pid {running[1]}) has no stop line yet (still running, "
+                   "or it ended uncleanly)")
+    return out
 
 
 def select(conns, ports=(), pids=(), ids=()) -> List[Conn]:
@@ -354,6 +380,8 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
                   f"was full): in no stream\n")
     if cap.logs:
         out.write("log records: " + ", ".join(f"{escape(k)} {v}" for k, v in sorted(cap.logs.items())) + "\n")
+    for gap in capture_gaps(cap.marks):
+        out.write(f"capture gap: {escape(gap)}\n")
 
 
 def _hole_text(off: int, n: int, why: str, s: Stream) -> str:

@@ -133,11 +133,32 @@ class Sink:
             self.totals.lost += n
         return n
 
+    def write_mark(self, data: bytes) -> None:
+        """Write a start or stop line (:func:`mark_line`): not a captured
+        record, so counted in no metric; a failure is logged, not counted."""
+        try:
+            self._write(data)
+        except (OSError, ValueError) as e:
+            log.warning("sink %s: a start or stop line was not written: %s", self.name, e)
+
     def _write(self, data: bytes) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+def mark_line(kind: str) -> bytes:
+    """The ``start`` or ``stop`` line of this process's run: when (UTC, and
+    CLOCK_MONOTONIC ns as the records' ts_ns), pid and version. `nettap
+    read` reports the gap between a stop, or a file that ends without one,
+    and the next start: what no nettap captured."""
+    import json
+    from datetime import datetime, timezone
+    from . import __version__
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return (json.dumps({"pid": os.getpid(), "time": now, "ts_ns": time.monotonic_ns(), "type": kind,
+                        "version": __version__}, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
 def _write_all(fd: int, data) -> None:

@@ -57,3 +57,34 @@ def test_sigterm_with_a_stalled_stdout_reader_ends_in_bounded_time(tmp_path):
     m = re.search(rf"sink stdout still blocked after {SINK_STOP_TIMEOUT:g} s at stop \(a reader that stopped "
                   r"reading\?\): (\d+) records counted lost", log)
     assert m and int(m[1]) > 0, log
+
+
+def test_a_restart_and_a_kill_are_gaps_nettap_read_reports(tmp_path):
+    """The first line of a run is a start record and the last, at a clean
+    stop, a stop record; `nettap read` reports what no nettap captured: from
+    a stop to the next start, and from a run that ended without one."""
+    import json
+    from procs import Nettap
+    srv = Server()
+    out = tmp_path / "capture.jsonl"
+    cfg = {"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": str(out)}}
+    for i, how in enumerate((signal.SIGTERM, signal.SIGKILL, signal.SIGTERM)):
+        n = Nettap(tmp_path, cfg)
+        send_messages(srv.port, 3, 100)
+        srv.wait_received(i + 1)
+        wait_for(lambda: (n.sample("nettap_sink_records_written_total", sink="jsonl") or 0) >= 6, what="written")
+        n.stop(how)
+    recs = [json.loads(l) for l in out.read_text().splitlines()]
+    kinds = [r["type"] for r in recs]
+    assert [k for k in kinds if k in ("start", "stop")] == ["start", "stop", "start", "start", "stop"]
+    assert kinds[0] == "start" and kinds[-1] == "stop"
+    starts = [r for r in recs if r["type"] == "start"]
+    stops = [r for r in recs if r["type"] == "stop"]
+    r = subprocess.run([sys.executable, "-m", "exporter", "read", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    gaps = [l for l in r.stdout.splitlines() if l.startswith("capture gap: ")]
+    assert gaps == [
+        f"capture gap: nothing was captured from the stop at {stops[0]['time']} until the start at {starts[1]['time']}",
+        f"capture gap: the run started {starts[1]['time']} (pid {starts[1]['pid']}) has no stop line: it ended "
+        f"uncleanly; nothing was captured from its last record until {starts[2]['time']}"]

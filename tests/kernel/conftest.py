@@ -123,7 +123,13 @@ class Run:
         self.app.close()
         drained = {name: r.drained for name, r in rings.items()}
         lines = [json.loads(l) for l in self.out.read_text().splitlines()] if self.out.exists() else []
-        return lines, drained
+        return records_only(lines), drained
+
+
+def records_only(lines):
+    """The captured records of lines: without the runs' start and stop lines
+    (exporter/sinks.py mark_line; tests/e2e/test_sink_stop.py checks those)."""
+    return [l for l in lines if l["type"] not in ("start", "stop")]
 
 
 def streams(lines, direction):
@@ -222,7 +228,7 @@ class Window:
         self.shared.quiet()
         with open(self.out, "rb") as f:
             f.seek(self.offset)
-            lines = [json.loads(l) for l in f.read().splitlines()]
+            lines = records_only([json.loads(l) for l in f.read().splitlines()])
         drained = {n: r.drained - self._drained[n] for n, r in self.app.rings.items()}
         self.apply({"captures": []})
         mine = [l for l in lines if l.get("conn_id") not in self.shared.seen]

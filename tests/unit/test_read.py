@@ -330,3 +330,16 @@ def test_help_names_the_command():
     assert rc == 0 and "nettap read FILE..." in out and "--pcap OUT" in out
     rc, out, _ = nettap("read", "--help", cwd=ROOT)
     assert rc == 0 and out.startswith("usage: nettap read [-h] [--conn ID]")
+
+
+def test_capture_gaps_from_the_runs_start_and_stop_lines():
+    marks = [("start", "T1", 10), ("stop", "T2", 10), ("start", "T3", 11), ("start", "T4", 12),
+             ("stop", "T5", 12), ("start", "T6", 13)]
+    assert read.capture_gaps(marks) == [
+        "nothing was captured from the stop at T2 until the start at T3",
+        "the run started T3 (pid 11) has no stop line: it ended uncleanly; nothing was captured from its "
+        "last record until T4",
+        "nothing was captured from the stop at T5 until the start at T6",
+        "the run started T6 (pid 13) has no stop line yet (still running, or it ended uncleanly)"]
+    assert read.capture_gaps([("start", "T1", 10)]) == []            # one run going on: no gap
+    assert read.capture_gaps([]) == []
