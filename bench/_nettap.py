@@ -39,16 +39,19 @@ def nettap_cmd() -> list:
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "exporter"]
 
 
-def start_nettap(cfg: str, mport: int, log=None) -> subprocess.Popen:
-    """nettap --config cfg on 127.0.0.1:mport, returned once /readyz says 200."""
+def start_nettap(cfg: str, mport: int, log=None, extra=(), auth=None) -> subprocess.Popen:
+    """nettap --config cfg on 127.0.0.1:mport (and extra arguments), returned
+    once /readyz says 200 (asked with the Authorization header auth, if given)."""
     p = subprocess.Popen(nettap_cmd() + ["--config", cfg, "--web.listen-address", f"127.0.0.1:{mport}",
-                                         "--log.level", "warning"], cwd=ROOT, stderr=log)
+                                         "--log.level", "warning", *extra], cwd=ROOT, stderr=log)
     deadline = time.time() + 30
     while time.time() < deadline:
         if p.poll() is not None:
             raise SystemExit(f"nettap exited with {p.returncode} before it was ready")
         try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{mport}/readyz", timeout=1).status == 200:
+            req = urllib.request.Request(f"http://127.0.0.1:{mport}/readyz",
+                                         headers={"Authorization": auth} if auth else {})
+            if urllib.request.urlopen(req, timeout=1).status == 200:
                 return p
         except OSError:
             time.sleep(0.05)

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The HTTP endpoint under abuse, with basic auth on (a bcrypt hash of cost
+10, as `htpasswd -nBC 10` makes): one legitimate scraper's latency (connect
+to last byte, a new connection each) alone (the baseline, same run), while
+300 connections each pipeline 50 requests with wrong passwords and never
+read, and while 16 connections with a 1 KiB receive buffer pipeline
+/metrics and never read; nettap's CPU (user + system, /proc/PID/stat) over
+each phase.
+
+Run as root:  .venv/bin/python bench/http_abuse.py [--scrapes 200]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _nettap import free_port, start_nettap, stop  # noqa: E402
+from http_load import pct  # noqa: E402
+
+AUTH = "Basic " + base64.b64encode(b"prometheus:s3cret").decode()
+
+
+def scrape(port: int, timeout: float = 30.0):
+    t = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(f"GET /metrics HTTP/1.1\r\nHost: bench\r\nAuthorization: {AUTH}\r\n"
+                      "Connection: close\r\n\r\n".encode())
+            first = s.recv(65536)
+            while s.recv(65536):
+                pass
+    except OSError as e:
+        return type(e).__name__
+    if not first.startswith(b"HTTP/1.1 200 "):
+        return first.split(b"\r\n", 1)[0].decode()
+    return time.perf_counter() - t
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def phase(name, port, pid, scrapes, abuse=None):
+    """(name, results, CPU share of nettap) of scrapes taken while abuse() runs."""
+    held = abuse() if abuse else []
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    results = [scrape(port) for _ in range(scrapes)]
+    share = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
+    for s in held:
+        s.close()
+    return name, results, share
+
+
+def password_flood(port):
+    socks = []
+    for i in range(300):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        auth = base64.b64encode(f"prometheus:wrong-{i}".encode()).decode()
+        s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\n\r\n".encode() * 50)
+        socks.append(s)
+    return socks
+
+
+def slow_readers(port):
+    socks = []
+    for _ in range(16):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n\r\n".encode() * 20)
+        socks.append(s)
+    return socks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scrapes", type=int, default=200)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: nettap loads BPF programs")
+    import bcrypt
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, web = os.path.join(tmp, "nettap.yaml"), os.path.join(tmp, "web.yml")
+        with open(cfg, "w") as f:
+            f.write("captures: [{port: 1}]\noutput: {type: none}\n")
+        with open(web, "w") as f:
+            f.write(f"basic_auth_users: {{prometheus: '{bcrypt.hashpw(b's3cret', bcrypt.gensalt(10)).decode()}'}}\n")
+        p = start_nettap(cfg, port, extra=["--web.config.file", web], auth=AUTH)
+        try:
+            scrape(port)                               # the password checked once, then cached
+            rows = [phase("one scraper (baseline)", port, p.pid, a.scrapes),
+                    phase("beside 300 x 50 wrong passwords", port, p.pid, a.scrapes, lambda: password_flood(port)),
+                    phase("beside 16 clients that do not read", port, p.pid, a.scrapes, lambda: slow_readers(port))]
+        finally:
+            stop(p)
+    print("\nnettap HTTP endpoint under abuse (basic auth, bcrypt cost 10; a new connection per scrape)\n")
+    print(f"{'':<36} {'p50':>9} {'p99':>10} {'nettap CPU':>11}")
+    for name, results, share in rows:
+        ok = [r for r in results if isinstance(r, float)]
+        print(f"{name:<36} {pct(ok, 50) * 1e3:6.1f} ms {pct(ok, 99) * 1e3:7.1f} ms {share * 100:9.0f} %   "
+              f"{len(results)} scrapes, {len(results) - len(ok)} failed")
+
+
+if __name__ == "__main__":
+    main()
