@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The HTTP endpoint under abuse, with basic auth on (a bcrypt hash of cost
 10, as `htpasswd -nBC 10` makes): one legitimate scraper's latency (connect
-to last byte, a new connection each) alone (the baseline, same run), while
-300 connections each pipeline 50 requests with wrong passwords and never
-read, and while 16 connections with a 1 KiB receive buffer pipeline
-/metrics and never read; nettap's CPU (user + system, /proc/PID/stat) over
-each phase.
+to last byte, a new connection each, every 50 ms) alone (the baseline, same
+run), while 300 connections pipeline 50 requests each with wrong passwords
+and never read, and
+while 16 connections with a 1 KiB receive buffer pipeline /metrics and never
+read; nettap's CPU (user + system, /proc/PID/stat) over each phase.
 
-Run as root:  .venv/bin/python bench/http_abuse.py [--scrapes 200]
+Run as root:  .venv/bin/python bench/http_abuse.py [--seconds 10]
 """
 from __future__ import annotations
 
@@ -50,41 +50,70 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def phase(name, port, pid, scrapes, abuse=None):
-    """(name, results, CPU share of nettap) of scrapes taken while abuse() runs."""
-    held = abuse() if abuse else []
+def phase(name, port, pid, seconds, abuse=None):
+    """(name, scrape results, nettap's CPU share) over seconds in which one
+    scraper asks every 50 ms while abuse(stop) runs in a thread."""
+    stop = threading.Event()
+    t = threading.Thread(target=abuse, args=(port, stop), daemon=True) if abuse else None
+    if t:
+        t.start()
     c0, t0 = cpu_seconds(pid), time.perf_counter()
-    results = [scrape(port) for _ in range(scrapes)]
+    results = []
+    while time.perf_counter() - t0 < seconds:
+        results.append(scrape(port))
+        time.sleep(0.05)
     share = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
-    for s in held:
-        s.close()
+    stop.set()
+    if t:
+        t.join(30)
     return name, results, share
 
 
-def password_flood(port):
+def password_flood(port, stop):
+    """300 connections, each pipelining 50 requests with wrong passwords
+    (each connection its own, so no cache helps), never read: held open
+    until stop."""
     socks = []
     for i in range(300):
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
         auth = base64.b64encode(f"prometheus:wrong-{i}".encode()).decode()
         s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\n\r\n".encode() * 50)
         socks.append(s)
-    return socks
+    stop.wait()
+    for s in socks:
+        s.close()
 
 
-def slow_readers(port):
+def slow_readers(port, stop):
+    """16 connections with a 1 KiB receive buffer pipelining /metrics, never
+    read; each one nettap closes is opened again, until stop."""
     socks = []
-    for _ in range(16):
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-        s.connect(("127.0.0.1", port))
-        s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n\r\n".encode() * 20)
-        socks.append(s)
-    return socks
+    while not stop.is_set():
+        while len(socks) < 16:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            s.connect(("127.0.0.1", port))
+            s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n\r\n".encode() * 20)
+            socks.append(s)
+        stop.wait(0.5)
+        for s in list(socks):                       # closed by nettap (write timeout): replaced
+            try:
+                s.setblocking(False)
+                if s.recv(1, socket.MSG_PEEK) == b"":
+                    socks.remove(s)
+                    s.close()
+            except BlockingIOError:
+                pass
+            except OSError:
+                socks.remove(s)
+                s.close()
+    for s in socks:
+        s.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scrapes", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=10.0, help="each phase")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
@@ -99,17 +128,19 @@ def main() -> None:
         p = start_nettap(cfg, port, extra=["--web.config.file", web], auth=AUTH)
         try:
             scrape(port)                               # the password checked once, then cached
-            rows = [phase("one scraper (baseline)", port, p.pid, a.scrapes),
-                    phase("beside 300 x 50 wrong passwords", port, p.pid, a.scrapes, lambda: password_flood(port)),
-                    phase("beside 16 clients that do not read", port, p.pid, a.scrapes, lambda: slow_readers(port))]
+            rows = [phase("one scraper (baseline)", port, p.pid, a.seconds),
+                    phase("beside a wrong-password flood", port, p.pid, a.seconds, password_flood),
+                    phase("beside 16 clients that do not read", port, p.pid, a.seconds, slow_readers)]
         finally:
             stop(p)
     print("\nnettap HTTP endpoint under abuse (basic auth, bcrypt cost 10; a new connection per scrape)\n")
     print(f"{'':<36} {'p50':>9} {'p99':>10} {'nettap CPU':>11}")
     for name, results, share in rows:
         ok = [r for r in results if isinstance(r, float)]
-        print(f"{name:<36} {pct(ok, 50) * 1e3:6.1f} ms {pct(ok, 99) * 1e3:7.1f} ms {share * 100:9.0f} %   "
-              f"{len(results)} scrapes, {len(results) - len(ok)} failed")
+        bad = sorted({r for r in results if not isinstance(r, float)})
+        p50, p99 = (f"{pct(ok, 50) * 1e3:6.1f} ms", f"{pct(ok, 99) * 1e3:7.1f} ms") if ok else ("     -   ", "      -   ")
+        print(f"{name:<36} {p50} {p99} {share * 100:9.0f} %   "
+              f"{len(results)} scrapes, {len(results) - len(ok)} failed" + (f" ({', '.join(bad)})" if bad else ""))
 
 
 if __name__ == "__main__":

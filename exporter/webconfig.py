@@ -305,7 +305,13 @@ class Web:
         import bcrypt                               # only with basic auth configured
         if not known:                               # the same cost: no user enumeration by timing
             hashed = self._fake_hash(bcrypt, _usual_cost(cfg.users))
-        with self._bcrypt_lock:                     # one CPU-heavy check at a time
+        # One CPU-heavy check at a time, and no worker waits for it: with the
+        # share spent, or a check already running, the answer is 429 at once
+        # (a flood must not park every worker here; a scraper asks again at
+        # its next interval, and one verified before never gets here).
+        if self._refill() <= 0 or not self._bcrypt_lock.acquire(blocking=False):
+            return THROTTLED
+        try:
             if self._refill() <= 0:
                 return THROTTLED
             t0 = time.thread_time()
@@ -315,6 +321,8 @@ class Web:
                 ok = False
             if not (ok and known):
                 self._budget -= time.thread_time() - t0
+        finally:
+            self._bcrypt_lock.release()
         cache = self._good if ok and known else self._bad
         if len(cache) >= CACHE_ENTRIES:
             cache.pop(next(iter(cache)))            # the oldest
