@@ -41,7 +41,7 @@ KERNELS = [
     ("6.12", r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$", None),  # bookworm-security or -backports
 ]
 # What each guest runs: every test under tests/kernel (tests/kernel/conftest.py marks them all
-# kernel; tests/unit/test_kernel_selection.py holds this equal to that directory's collection).
+# kernel; tests/unit/test_test_command.py holds this equal to that directory's collection).
 GUEST_SELECTION = ["-m", "kernel", "tests/kernel"]
 SLOWEST = 15                           # the slowest tests printed per guest (where the time goes)
 MECHANISMS = ("fentry", "kprobe", "tracepoint")
@@ -231,7 +231,7 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
     if timeout < 2 * PYTEST_GRACE:
         log(f"{name}: not booted: the matrix's budget (--budget) is spent")
         return 0.0
-    for ext in ("release", "boot", "unpacked", "log", "rc", "xml", "console.log", "console.1.log"):   # stale results must not count
+    for ext in ("release", "boot", "unpacked", "hold", "log", "rc", "xml", "console.log", "console.1.log"):   # stale results must not count
         if os.path.exists(f"{out}/{name}.{ext}"):
             os.remove(f"{out}/{name}.{ext}")
     g = f"{GUEST_OUT}/{name}"
@@ -247,8 +247,12 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
                 f"cut -d' ' -f1 /proc/uptime > {g}.unpacked\n"
                 # only the variant nettap would pick here: each test costs ~10x under TCG
                 "export PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp NETTAP_TEST_VARIANTS=default\n"
+                # the jump labels the tests' tracepoints switch stay switched on (see the script)
+                "mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing\n"
+                f"/usr/bin/python3 scripts/hold_syscall_tracepoints.py 2> {g}.hold & hold=$!\n"
                 f"{shlex.join(stop)} .venv/bin/python -m pytest {shlex.join(pytest)} > {g}.log 2>&1\n"
-                f"echo $? > {g}.rc\n")
+                f"echo $? > {g}.rc\n"
+                "kill $hold\n")
     # --verbose: the guest has no udev, so no /dev/virtio-ports links for vng's script I/O;
     # virtme-ng-init then runs the command on the serial console, which only --verbose shows.
     cmd = ["vng", "--verbose", "--disable-kvm", "--force-9p", "--cpus", "2", "--memory", "2G",
