@@ -32,6 +32,7 @@ def get(url: str, params: Optional[dict] = None, deadline: float = 30.0, max_byt
     and max_bytes; FetchError otherwise (naming HTTP status and a short,
     escaped part of the server's text where there is one)."""
     import requests
+    import urllib3
     end = time.monotonic() + deadline
     s = session or requests
     try:
@@ -55,5 +56,6 @@ def get(url: str, params: Optional[dict] = None, deadline: float = 30.0, max_byt
                 raise FetchError(f"{url}: HTTP {r.status_code}: "
                                  f"{shown(bytes(body[:4 * SHOWN]).decode('utf-8', 'replace'))}")
             return bytes(body)
-    except requests.RequestException as e:
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+        # reading r.raw raises urllib3's own errors (a read timeout, a cut body), not requests'
         raise FetchError(f"cannot reach {url} ({type(e).__name__})") from None

@@ -325,7 +325,10 @@ class Web:
             self._bcrypt_lock.release()
         cache = self._good if ok and known else self._bad
         if len(cache) >= CACHE_ENTRIES:
-            cache.pop(next(iter(cache)))            # the oldest
+            try:
+                cache.pop(next(iter(cache)), None)  # the oldest (another worker may evict at once)
+            except (StopIteration, RuntimeError):
+                pass
         cache[key] = True
         return OK if ok and known else DENIED
 

@@ -21,13 +21,17 @@ def server():
     every GET so (trickle: a byte every 0.1 s, forever)."""
     servers = []
 
-    def serve(status=200, body=b"", trickle=False):
+    def serve(status=200, body=b"", trickle=False, stall=False):
         class H(BaseHTTPRequestHandler):
             def do_GET(self):
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body) if not trickle else 1 << 30))
                 self.end_headers()
                 try:
+                    if stall:                      # headers, then nothing
+                        self.wfile.flush()
+                        time.sleep(30)
+                        return
                     if trickle:
                         while True:
                             self.wfile.write(b"x")
@@ -59,6 +63,14 @@ def test_a_trickling_answer_ends_at_the_deadline(server):
     t = time.monotonic()
     view, why = top.fetch(url + "/metrics", timeout=0.5)
     assert view is None and "no whole answer within 0.5 s" in why and time.monotonic() - t < 2
+
+
+def test_a_body_that_never_comes_is_one_short_error(server):
+    url = server(body=b"x" * 100, stall=True)
+    t = time.monotonic()
+    with pytest.raises(FetchError, match=r"^cannot reach .* \(\w+\)$"):
+        get(url, deadline=1.0)
+    assert time.monotonic() - t < 5
 
 
 def test_an_answer_past_the_size_cap_is_refused(server):
