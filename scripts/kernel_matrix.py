@@ -184,8 +184,8 @@ def install_modules(tree, release):
 
 
 # What Python reads in a guest, packed once on the host and unpacked into the guest's memory
-# (scripts/kernel_matrix.py pack): over the guest's 9p root every import is a dozen emulated
-# file-system round trips, and `import pytest` alone took 25 s in the 5.10 guest. Left out: what
+# (scripts/kernel_matrix.py pack): over the guest's 9p root every file lookup of an import is
+# emulated, and `import pytest` alone took 25 s in the 5.10 guest. Left out: what
 # no kernel test imports (the static libpython, pip, setuptools, virtme-ng, jsonnet, tests of
 # the libraries).
 TREE = "guest-tree.tar"
