@@ -23,25 +23,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _nettap import free_port, start_nettap, stop  # noqa: E402
+import http_load  # noqa: E402
 from http_load import pct  # noqa: E402
 
 AUTH = "Basic " + base64.b64encode(b"prometheus:s3cret").decode()
 
 
-def scrape(port: int, timeout: float = 30.0):
-    t = time.perf_counter()
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(f"GET /metrics HTTP/1.1\r\nHost: bench\r\nAuthorization: {AUTH}\r\n"
-                      "Connection: close\r\n\r\n".encode())
-            first = s.recv(65536)
-            while s.recv(65536):
-                pass
-    except OSError as e:
-        return type(e).__name__
-    if not first.startswith(b"HTTP/1.1 200 "):
-        return first.split(b"\r\n", 1)[0].decode()
-    return time.perf_counter() - t
+def scrape(port: int):
+    return http_load.scrape(port, headers=f"Authorization: {AUTH}\r\n")
 
 
 def cpu_seconds(pid: int) -> float:

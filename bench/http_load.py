@@ -27,12 +27,13 @@ CONFIG = ("captures: [{port: 1}]\noutput: {type: none}\n"
           "diagnostics: {bpfStats: {enabled: true, scope: node}}\n")
 
 
-def scrape(port: int, timeout: float = 30.0):
-    """Seconds for one GET /metrics on a new connection, or the error."""
+def scrape(port: int, timeout: float = 30.0, headers: str = ""):
+    """Seconds for one GET /metrics on a new connection (with extra header
+    lines, each ending in CRLF), or the error."""
     t = time.perf_counter()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            s.sendall(f"GET /metrics HTTP/1.1\r\nHost: bench\r\n{headers}Connection: close\r\n\r\n".encode())
             first = s.recv(65536)
             while s.recv(65536):
                 pass

@@ -325,9 +325,10 @@ def loads(text: str, source: str = "<config>") -> Config:
     return parse(load_yaml(text, source))
 
 
-def read_bytes(path: str, limit: int = MAX_FILE_BYTES, what: str = "a config is a few KiB") -> bytes:
-    """The bytes of a regular file of at most limit bytes, read without
-    blocking on a FIFO (ConfigError otherwise, naming path and why)."""
+def read(path: str) -> str:
+    """The text of a config file: a regular file of at most MAX_FILE_BYTES,
+    in UTF-8 (ConfigError otherwise); a FIFO in its place is refused, never
+    waited on (outpath.open_regular)."""
     try:
         fd = outpath.open_regular(path)
     except OSError as e:
@@ -336,8 +337,8 @@ def read_bytes(path: str, limit: int = MAX_FILE_BYTES, what: str = "a config is 
     try:
         size = os.fstat(fd).st_size
         data = b""
-        while len(data) <= limit:
-            part = os.read(fd, limit + 1 - len(data))
+        while len(data) <= MAX_FILE_BYTES:
+            part = os.read(fd, MAX_FILE_BYTES + 1 - len(data))
             if not part:
                 break
             data += part
@@ -345,15 +346,9 @@ def read_bytes(path: str, limit: int = MAX_FILE_BYTES, what: str = "a config is 
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     finally:
         os.close(fd)
-    if len(data) > limit:
-        raise ConfigError(f"{path}: larger than {limit} bytes ({max(size, len(data))} bytes); {what}")
-    return data
-
-
-def read(path: str) -> str:
-    """The text of a config file: a regular file of at most MAX_FILE_BYTES,
-    in UTF-8 (ConfigError otherwise)."""
-    data = read_bytes(path)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes ({max(size, len(data))} bytes); "
+                          "a config is a few KiB")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

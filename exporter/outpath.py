@@ -90,6 +90,20 @@ def open_dir(path: str, create: bool, uid: int) -> int:
         raise
 
 
+def _refused(st: os.stat_result, uid: int) -> str:
+    """Why an output file that stat describes is refused ("" when it is not)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != uid:
+        return f"is owned by uid {st.st_uid}, not nettap's uid {uid}: its owner could read the captured traffic"
+    if st.st_mode & 0o022:
+        return (f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}): others could alter "
+                "the capture")
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links: it may be another file under a second name"
+    return ""
+
+
 def open_file(dir_fd: int, name: str, shown: str, mode: int, uid: int) -> Tuple[int, os.stat_result]:
     """Open (create with ``mode``) ``name`` in the checked directory for
     appending, without following a link; refuse what another user could
@@ -103,17 +117,7 @@ def open_file(dir_fd: int, name: str, shown: str, mode: int, uid: int) -> Tuple[
         raise OutputRefused(f"cannot open {shown}: {e.strerror}", e.errno) from None
     try:
         st = os.fstat(fd)
-        why = None
-        if not stat.S_ISREG(st.st_mode):
-            why = "is not a regular file"
-        elif st.st_uid != uid:
-            why = (f"is owned by uid {st.st_uid}, not nettap's uid {uid}: its owner could read the "
-                   "captured traffic")
-        elif st.st_mode & 0o022:
-            why = (f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}): others could alter "
-                   "the capture")
-        elif st.st_nlink != 1:
-            why = f"has {st.st_nlink} hard links: it may be another file under a second name"
+        why = _refused(st, uid)
         if why:
             raise OutputRefused(f"{shown} {why}")
         if stat.S_IMODE(st.st_mode) != mode:        # also undoes the umask on a new file
@@ -202,17 +206,8 @@ def check(path: str, mode: int, uid: int) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise OutputRefused(f"{path} is a symbolic link: nettap does not follow links for its output",
                                 errno.ELOOP)
-        why = None
-        if not stat.S_ISREG(st.st_mode):
-            why = "is not a regular file"
-        elif st.st_uid != uid:
-            why = f"is owned by uid {st.st_uid}, not nettap's uid {uid}: its owner could read the captured traffic"
-        elif st.st_mode & 0o022:
-            why = (f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}): others could alter "
-                   "the capture")
-        elif st.st_nlink != 1:
-            why = f"has {st.st_nlink} hard links: it may be another file under a second name"
-        elif not os.access(name, os.W_OK, dir_fd=fd) or os.statvfs(real).f_flag & os.ST_RDONLY:
+        why = _refused(st, uid)
+        if not why and (not os.access(name, os.W_OK, dir_fd=fd) or os.statvfs(real).f_flag & os.ST_RDONLY):
             why = "cannot be written (a read-only file system?)"
         if why:
             raise OutputRefused(f"{path} {why}")

@@ -337,7 +337,7 @@ def capture_gaps(marks: List[Tuple[str, str, int]]) -> List[str]:
             running, last = (when, pid), None
         else:
             running, last = None, when
-    if running is not None and marks and len([m for m in marks if m[0] == "start"]) > 1:
+    if running is not None and sum(kind == "start" for kind, _, _ in marks) > 1:
         out.append(f"the run started {running[0]} (pid {running[1]}) has no stop line yet (still running, "
                    "or it ended uncleanly)")
     return out
