@@ -36,7 +36,7 @@ def get(url: str, params: Optional[dict] = None, deadline: float = 30.0, max_byt
     end = time.monotonic() + deadline
     s = session or requests
     try:
-        # each read may take what is left of the deadline, never more
+        # a silent server is cut by the read timeout, a trickling one by the check per read
         with s.get(url, params=params, timeout=max(0.05, deadline), stream=True) as r:
             body = bytearray()
             while True:
