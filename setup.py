@@ -1,7 +1,7 @@
-"""The compiled JSON-lines writer (exporter/_jsonl.c), built by `pip install`
-(scripts/setup.sh) next to the pure-Python reference in exporter/records.py.
-Optional: without a C compiler and Python's headers the install still
-succeeds and nettap uses the reference writer (and logs so).
+"""The compiled ring scan and JSON-lines writer (exporter/capture/_jsonl.c),
+built by `pip install` (scripts/setup.sh). Required: it is nettap's only ring
+reader and writer (the pure-Python ones are test oracles, tests/oracles.py),
+so an install without a C compiler and Python's headers fails here.
 
 A built (non-editable) package also gets the BPF objects (bpf/*.bpf.o, as
 exporter/bpf/) and exporter/_revision.py, the git revision it was built from
@@ -49,5 +49,5 @@ class BuildPy(build_py):
 
 
 setup(cmdclass={"build_py": BuildPy},
-      ext_modules=[Extension("exporter._jsonl", ["exporter/_jsonl.c"], optional=True,
+      ext_modules=[Extension("exporter.capture._jsonl", ["exporter/capture/_jsonl.c"],
                              extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"])])

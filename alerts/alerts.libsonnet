@@ -90,7 +90,7 @@
         },
         {
           // A probe that no mechanism attached is reported as mechanism="none" (value 0 in
-          // exporter/collectors.py). Match that series whatever its value, unless the same
+          // exporter/metrics/collectors.py). Match that series whatever its value, unless the same
           // probe is also attached by a real mechanism.
           alert: 'NettapProbeAttachFailed',
           expr: |||

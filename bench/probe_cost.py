@@ -24,9 +24,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from exporter import config, features, libbpf, loader  # noqa: E402
-from exporter.app import Nettap  # noqa: E402
-from exporter.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
+from exporter import config  # noqa: E402
+from exporter.kernel import features, libbpf, loader
+from exporter.commands.daemon import Nettap  # noqa: E402
+from exporter.kernel.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
 from traffic import Server  # noqa: E402
 
 EMPTY_PREFIX = {"tracepoint": "empty_tp", "fentry": "empty_fentry", "kprobe": "empty_kprobe"}

@@ -18,8 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from exporter import config, libbpf  # noqa: E402
-from exporter.app import Nettap  # noqa: E402
+from exporter import config  # noqa: E402
+from exporter.kernel import libbpf
+from exporter.commands.daemon import Nettap  # noqa: E402
 
 BPF_PROG_TYPE_SOCKET_FILTER = 1
 

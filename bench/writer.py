@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """JSON-lines writer benchmark: lines/s of the compiled writer
-(exporter/_jsonl.c, records.jsonl) against the pure-Python reference
-(records.reference_jsonl: records.lines joined and encoded as a sink writes
-them), in the same run, on one core.
+(exporter/capture/_jsonl.c, records.jsonl) against the pure-Python reference
+it is tested against (tests/oracles.py's reference_jsonl: its lines joined and
+encoded as a sink writes them), in the same run, on one core.
 
 Record sets, as a storm on loopback produces them: lifecycle (eof)
 records, and chunk records carrying 64 and 400 payload bytes; batches of
@@ -24,7 +24,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")      # no idle BLAS threads o
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from exporter import records as R  # noqa: E402
+from exporter.capture import records as R  # noqa: E402
+from tests.oracles import reference_jsonl  # noqa: E402
 
 
 def _loopback(recs: np.ndarray, rng) -> None:
@@ -88,9 +89,6 @@ def main() -> int:
     a = ap.parse_args()
     cpu = a.cpu if a.cpu is not None else max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
-    if R.WRITER != "compiled":
-        print(f"compiled writer not available: {R.WRITER_PROBLEM}", file=sys.stderr)
-        return 1
     rng = np.random.default_rng(1)
     sets = [
         ("eof", "capture_eof", eof_records(a.batch, rng)),
@@ -101,10 +99,10 @@ def main() -> int:
     print(f"{'records':<12} {'reference lines/s':>18} {'compiled lines/s':>17} {'ratio':>7} {'bytes/line':>11}")
     for label, ring, recs in sets:
         out = R.jsonl(ring, recs)
-        assert out == R.reference_jsonl(ring, recs), f"{label}: the writers disagree"
+        assert out == reference_jsonl(ring, recs), f"{label}: the writers disagree"
         ref = comp = 0.0
         for _ in range(a.rounds):                               # alternated: the same noise for both
-            ref = max(ref, best_rate(R.reference_jsonl, ring, recs))
+            ref = max(ref, best_rate(reference_jsonl, ring, recs))
             comp = max(comp, best_rate(R.jsonl, ring, recs))
         print(f"{label:<12} {ref / 1e6:>16.3f} M {comp / 1e6:>15.2f} M {comp / ref:>6.1f}x {len(out) / len(recs):>11.0f}")
     return 0

@@ -2,7 +2,7 @@
 /*
  * core_fixes.bpf.h: every kernel-version difference the programs meet, one
  * block per kernel change, citing the commit. Nothing else in bpf/ tests a
- * kernel version; user space (exporter/features.py) decides which program
+ * kernel version; user space (exporter/kernel/features.py) decides which program
  * variant loads.
  */
 #ifndef NETTAP_CORE_FIXES_BPF_H

@@ -9,7 +9,7 @@
  *     (5.11), bpf_loop (5.17), bpf_rdonly_cast (6.2), fetching atomics (5.12);
  *   compat (Linux 5.8+): a pid_tgid hash, bpf_get_current_task, an
  *     open-coded bounded loop, bpf_probe_read_kernel, plain atomic adds.
- * User space (exporter/features.py) loads one variant per program.
+ * User space (exporter/kernel/features.py) loads one variant per program.
  */
 #ifndef NETTAP_EMIT_BPF_H
 #define NETTAP_EMIT_BPF_H

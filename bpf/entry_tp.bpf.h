@@ -3,7 +3,7 @@
  * entry_tp.bpf.h: the syscall-tracepoint mechanism. The syscall's own
  * arguments give the fd and the user buffers; the socket is found from the
  * fd. Each program exists twice, NAME (fast) and NAME_compat (see emit.bpf.h);
- * exporter/loader.py attaches one program to several tracepoints.
+ * exporter/kernel/loader.py attaches one program to several tracepoints.
  */
 #ifndef NETTAP_ENTRY_TP_BPF_H
 #define NETTAP_ENTRY_TP_BPF_H

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * maps.bpf.h: every map of tcp.bpf.o, and the per-call state they hold.
- * User space finds them by these names (exporter/loader.py, collectors).
+ * User space finds them by these names (exporter/kernel/loader.py, collectors).
  */
 #ifndef NETTAP_MAPS_BPF_H
 #define NETTAP_MAPS_BPF_H

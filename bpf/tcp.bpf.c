@@ -5,7 +5,7 @@
  * Two probes, tcp_sendmsg and tcp_recvmsg, each in three attach mechanisms
  * (fentry/fexit, kprobe/kretprobe, syscall tracepoints) and two variants
  * (fast for Linux 6.2+, compat for 5.8+; see emit.bpf.h). Every mechanism
- * captures the payload. User space (exporter/loader.py) decides per probe,
+ * captures the payload. User space (exporter/kernel/loader.py) decides per probe,
  * before load, which mechanism and variant the kernel accepts and switches
  * every other program's autoload off.
  *
@@ -25,7 +25,7 @@
 #include "entry_func.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
- * tests/unit/test_layout.py compares them with exporter/records.py. */
+ * tests/unit/test_layout.py compares them with exporter/capture/records.py. */
 struct nettap_chunk btf_nettap_chunk __attribute__((unused));
 struct nettap_eof btf_nettap_eof __attribute__((unused));
 struct nettap_log btf_nettap_log __attribute__((unused));

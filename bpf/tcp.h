@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * tcp.h: every constant and struct that crosses between bpf/tcp.bpf.c and
- * user space (exporter/records.py mirrors these; tests/unit/test_layout.py
+ * user space (exporter/capture/records.py mirrors these; tests/unit/test_layout.py
  * checks the Python layout against the BTF compiled into bpf/tcp.bpf.o).
  *
  * No includes: plain __u8/__u16/__u32/__u64 fields, padding written out.

@@ -4,7 +4,7 @@ Every error names the key and says why, e.g.
 ``captures[1].port: must be an integer from 1 to 65535, got 'http'``.
 Unknown keys are errors too: a typo must not be silently ignored.
 
-Capture targets are checked here for form only; :mod:`exporter.targets`
+Capture targets are checked here for form only; :mod:`exporter.capture.targets`
 checks that they exist (a cgroup path, a netns, a pid) when it resolves them.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections import namedtuple
 
 import yaml
 
-from . import outpath
-from .tcp_h import CHUNK_DATA, MAX_PAYLOAD_BYTES, RINGS, STRIDES
+from exporter.util import outpath
+from exporter.kernel.tcp_h import CHUNK_DATA, MAX_PAYLOAD_BYTES, RINGS, STRIDES
 
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
@@ -29,9 +29,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # capture_eof: 16384 eof records (128 bytes each in the ring), sized for a
 # node's connection-rate burst: 50,000 captured connections/s with both ends
 # captured is 100,000 records/s. The ring wakes the drain once a quarter of
-# it is pending (4,096 records, 41 ms at that rate: exporter.targets.
+# it is pending (4,096 records, 41 ms at that rate: exporter.capture.targets.
 # wakeup_thresholds), and the drain may leave records in it while the sink
-# catches up until it is half full (exporter.pipeline): that leaves a late
+# catches up until it is half full (exporter.capture.pipeline): that leaves a late
 # drain (a busy node schedules it late) 123 ms of ring to run in. The
 # prober's storm (20,000 connections x 3 rounds, 2 records a connection)
 # reached about 10,000 connections/s here from Python clients; 256 KiB

@@ -45,7 +45,7 @@ KERNELS = [
 GUEST_SELECTION = ["-m", "kernel", "tests/kernel"]
 SLOWEST = 15                           # the slowest tests printed per guest (where the time goes)
 MECHANISMS = ("fentry", "kprobe", "tracepoint")
-VARIANTS = ("fast", "compat")           # BPF program variants (exporter/features.py)
+VARIANTS = ("fast", "compat")           # BPF program variants (exporter/kernel/features.py)
 GUEST_OUT = "/tmp/nettap-matrix-out"   # where --out is mounted in the guest (guest /tmp is writable)
 # Guests at once. One at a time: three at once (each ~1.8x slower than alone when the suite
 # was small) did not finish the grown suite in 2,400 s each, and timing-bound tests (the storm,

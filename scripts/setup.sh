@@ -9,8 +9,8 @@ set -eu
 profile=${1:-run}
 cd "$(dirname "$0")/.."
 
-# gcc, libc6-dev and python3-dev build the compiled JSON-lines writer (exporter/_jsonl.c)
-# when pip installs nettap; without them nettap runs the 20-50x slower pure-Python writer.
+# gcc, libc6-dev and python3-dev build the compiled ring scan and JSON-lines writer
+# (exporter/capture/_jsonl.c) when pip installs nettap: nettap has no other.
 RUN_PKGS="libbpf1 python3 python3-venv gcc libc6-dev python3-dev"
 TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 prometheus prometheus-alertmanager jsonnet"
 # tshark: tests/kernel/test_read.py follows the TCP streams of `nettap read --pcap` with it
@@ -55,9 +55,9 @@ extras=""
 [ "$profile" = bench ] && extras="[test,bench]"
 # The stamp covers what pip builds from (the compiled writer's C source too), and the
 # writer's module must be there: a changed source or a cleaned tree rebuilds it.
-hash=$(cat pyproject.toml setup.py exporter/_jsonl.c | sha1sum | cut -c1-12)
+hash=$(cat pyproject.toml setup.py exporter/capture/_jsonl.c | sha1sum | cut -c1-12)
 stamp=".venv/.nettap-$profile-$hash"
-built() { ls exporter/_jsonl.*.so >/dev/null 2>&1; }
+built() { ls exporter/capture/_jsonl.*.so >/dev/null 2>&1; }
 if [ ! -f "$stamp" ] || ! built; then
   [ -x .venv/bin/python ] || $PY -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
@@ -65,7 +65,7 @@ if [ ! -f "$stamp" ] || ! built; then
   touch "$stamp"
   [ "$profile" != run ] && touch ".venv/.nettap-run-$hash"
   [ "$profile" = bench ] && touch ".venv/.nettap-test-$hash"
-  built || echo "setup: the compiled JSON-lines writer (exporter/_jsonl.c) did not build: nettap will use the pure-Python writer" >&2
+  built || { echo "setup: the compiled ring scan and writer (exporter/capture/_jsonl.c) did not build" >&2; exit 1; }
 fi
 [ "$profile" = bench ] && make -s -C bench
 exit 0

@@ -166,7 +166,7 @@ class Alertmanager:
 
 def held_programs(pid: int) -> set:
     """Ids of the BPF programs process pid holds (from its fdinfo)."""
-    from exporter import fdinfo
+    from exporter.kernel import fdinfo
     return {fdinfo.read_prog_fdinfo(path).prog_id for _, _, path in fdinfo.iter_bpf_fds("/proc", pid)}
 
 

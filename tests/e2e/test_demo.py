@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "scripts" / "demo.py"
 DURATION = 25
-# nettap's probes, and the program that asks whether BPF statistics are on (exporter/bpfstats.py)
+# nettap's probes, and the program that asks whether BPF statistics are on (exporter/kernel/bpfstats.py)
 NETTAP_PROGRAM = re.compile(r"^(tcp_sendmsg_\w*|tcp_recvmsg_\w*|tcp_state|tcp_destroy|nettap_stats_on)$")
 
 

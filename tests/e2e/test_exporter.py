@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from exporter import loader
+from exporter.kernel import loader
 from procs import Nettap, Prometheus, held_programs, loaded_programs, stats_held_elsewhere, wait_for
 from traffic import Server, send_messages
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def expected_programs() -> int:
     """Programs a default nettap holds on this kernel, as the loader's own
     probing decides: the lifecycle programs, each probe's programs, and the
-    probe program that asks whether BPF statistics are on (exporter/bpfstats.py)."""
+    probe program that asks whether BPF statistics are on (exporter/kernel/bpfstats.py)."""
     kp = loader.plan()
     return len(loader.LIFECYCLE) + 1 + sum(len(loader.programs_for(p, st.mechanism, kp.variant))
                    for p, st in kp.states.items() if st.mechanism != "none")

@@ -10,7 +10,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.pipeline import SINK_STOP_TIMEOUT
+from exporter.capture.pipeline import SINK_STOP_TIMEOUT
 from procs import ROOT, free_port, wait_for
 from traffic import Server, send_messages
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from exporter.bpfstats import KernelStatsProbe
+from exporter.kernel.bpfstats import KernelStatsProbe
 from procs import ROOT, Nettap, free_port, held_programs, stats_held_elsewhere, wait_for
 from traffic import Server, send_messages
 

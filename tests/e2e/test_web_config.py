@@ -4,7 +4,6 @@ file keeping the one in force."""
 import signal
 import subprocess
 import sys
-import time
 
 import bcrypt
 import pytest

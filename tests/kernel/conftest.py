@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import pyroute2.config
 
-from exporter import config, features, loader, maps
+from exporter import config
+from exporter.kernel import features, loader, maps
 
 # pyroute2 gives the child process that creates a network namespace 2 s to
 # answer; under emulation (the kernel matrix's guests) forking takes longer.
 pyroute2.config.default_communicate_timeout = 120
-from exporter.app import Nettap
+from exporter.commands.daemon import Nettap
 
 
 def emulated(host: int, guest: int) -> int:
@@ -128,7 +129,7 @@ class Run:
 
 def records_only(lines):
     """The captured records of lines: without the runs' start and stop lines
-    (exporter/sinks.py mark_line; tests/e2e/test_sink_stop.py checks those)."""
+    (exporter/capture/sinks.py mark_line; tests/e2e/test_sink_stop.py checks those)."""
     return [l for l in lines if l["type"] not in ("start", "stop")]
 
 

@@ -15,8 +15,8 @@ import socket
 import threading
 
 from conftest import kernel_modes, streams
-from exporter import maps
-from exporter.bpfstats import own_program_misses
+from exporter.kernel import maps
+from exporter.kernel.bpfstats import own_program_misses
 from traffic import ClientProcess, Server, payload, send_messages
 
 
@@ -229,7 +229,7 @@ def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
     # and the compat programs read the cgroup's ancestor ids themselves. Tell the
     # loader the helper is missing, so every kernel runs that path (5.10 reads
     # ancestor_ids[], 6.1+ ancestors[]).
-    from exporter import features, loader
+    from exporter.kernel import features, loader
     from conftest import Run
     kp = loader.plan("tracepoint", "compat")
     for f in kp.features:
@@ -453,7 +453,7 @@ def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
     # preallocates them. Tell the loader bpf_mem_alloc is missing, so every
     # kernel captures through preallocated maps.
     from conftest import Run
-    from exporter import libbpf, loader
+    from exporter.kernel import libbpf, loader
     kp = loader.plan("tracepoint", "compat")
     for f in kp.features:
         if f.name == "bpf_mem_alloc":

@@ -5,7 +5,7 @@ the kernel is asked."""
 import pytest
 
 from conftest import kernel_modes
-from exporter import features, libbpf, loader
+from exporter.kernel import features, libbpf, loader
 
 
 

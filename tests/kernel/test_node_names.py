@@ -6,7 +6,7 @@ import ctypes
 import os
 
 
-from exporter import bpfstats, libbpf, loader
+from exporter.kernel import bpfstats, libbpf, loader
 
 
 BPF_PROG_TYPE_SOCKET_FILTER = 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter import privileges
+from exporter.kernel import privileges
 from procs import Nettap, wait_for
 from traffic import Server, payload, send_messages
 
@@ -20,7 +20,7 @@ N, S = 20, 1000
 
 
 def documented_caps() -> list:
-    """The README's list (exporter/privileges.py keeps it), for this kernel."""
+    """The README's list (exporter/kernel/privileges.py keeps it), for this kernel."""
     major, minor = (int(x) for x in os.uname().release.split(".")[:2])
     return (list(privileges.REQUIRED) + (list(privileges.REQUIRED_BEFORE_5_11) if (major, minor) < (5, 11) else [])
             + (list(privileges.REQUIRED_BEFORE_6_2) if (major, minor) < (6, 2) else []))
@@ -111,7 +111,7 @@ def test_without_cap_dac_read_search_the_error_names_it():
     missing (it blamed CAP_SYS_ADMIN and a failed mount before)."""
     import subprocess
     import sys
-    from exporter import loader
+    from exporter.kernel import loader
     caps = ",".join("+" + c.removeprefix("CAP_").lower() for c in documented_caps() if c != "CAP_DAC_READ_SEARCH")
     p = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                         f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}", "--",
@@ -132,7 +132,7 @@ def test_without_cap_dac_read_search_the_error_names_it():
 
 DROP_WITH_A_THREAD = """
 import threading
-from exporter import privileges
+from exporter.kernel import privileges
 gate = threading.Event()
 t = threading.Thread(target=gate.wait, name="early")
 t.start()
@@ -150,7 +150,7 @@ def test_a_thread_started_before_the_drop_fails_it():
     already running must fail, naming the thread, not log success."""
     import subprocess
     import sys
-    from exporter import loader
+    from exporter.kernel import loader
     p = subprocess.run([sys.executable, "-c", DROP_WITH_A_THREAD], cwd=os.path.dirname(loader.BPF_DIR),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from conftest import emulated
-from exporter import cli
+from exporter.commands import cli
 from traffic import payload
 
 

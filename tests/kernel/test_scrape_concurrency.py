@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import requests
 
-from exporter import libbpf, maps
+from exporter.kernel import libbpf, maps
 from exporter.config import ConfigError, Target
-from exporter.records import PROBE_COUNTERS
-from exporter.targets import resolve
+from exporter.capture.records import PROBE_COUNTERS
+from exporter.capture.targets import resolve
 from conftest import emulated
 from procs import Nettap, wait_for
 from traffic import Server, send_messages

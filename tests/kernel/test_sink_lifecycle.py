@@ -4,7 +4,6 @@ swap, and stop accounts for every record the programs published."""
 import logging
 import os
 import threading
-import time
 
 import pytest
 import yaml
@@ -12,8 +11,8 @@ from prometheus_client import generate_latest
 
 from conftest import Run
 from exporter.config import ConfigError
-from exporter.maps import PerCpuArray
-from exporter.records import PROBE_COUNTERS, PROBES
+from exporter.kernel.maps import PerCpuArray
+from exporter.capture.records import PROBE_COUNTERS, PROBES
 from traffic import Server, send_messages
 from procs import wait_for
 

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from conftest import streams
-from exporter import maps
+from exporter.kernel import maps
 from exporter.config import ConfigError
 from traffic import ClientProcess, Server, payload, send_messages
 

@@ -1,4 +1,4 @@
-"""exporter.bpfstats without root: StatsSwitch against a temp file standing in
+"""exporter.kernel.bpfstats without root: StatsSwitch against a temp file standing in
 for kernel.bpf_stats_enabled and a fake BPF_ENABLE_STATS; ProgramStatsCollector
 with the kernel reads monkeypatched."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from exporter import bpfstats, fdinfo
-from exporter.bpfstats import ProgramStatsCollector, StatsSwitch
+from exporter.kernel import bpfstats, fdinfo
+from exporter.kernel.bpfstats import ProgramStatsCollector, StatsSwitch
 
 
 class FakeEnable:
@@ -501,7 +501,7 @@ class FakeBpf:
         return [fd for fd in self.fds if is_open(fd)]
 
 
-# Recorded from nettap's object loaded by exporter.loader.Probes (tracepoints,
+# Recorded from nettap's object loaded by exporter.kernel.loader.Probes (tracepoints,
 # kernel 6.18): program ids, BTF id, func_info[0].type_id, nr_func_info (the
 # exit programs have a subprogram); then the shapes other loaders leave.
 NODE = {

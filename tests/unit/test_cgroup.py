@@ -1,4 +1,4 @@
-"""exporter.cgroup against fake cgroup trees (tests/unit/fixtures/cgroup_*); no root."""
+"""exporter.metrics.cgroup against fake cgroup trees (tests/unit/fixtures/cgroup_*); no root."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,8 @@ from typing import Dict, Tuple
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter import cgroup
-from exporter.cgroup import CgroupCollector, locate_cgroup, read_cgroup_stats
+from exporter.metrics import cgroup
+from exporter.metrics.cgroup import CgroupCollector, locate_cgroup, read_cgroup_stats
 
 FIXTURES = Path(__file__).parent / "fixtures"
 P = "nettap_cgroup_"

@@ -1,4 +1,4 @@
-"""exporter.collectors (and the program-stats and cgroup collectors) rendered
+"""exporter.metrics.collectors (and the program-stats and cgroup collectors) rendered
 as /metrics for a fixed fixture state, compared byte for byte with
 tests/unit/fixtures/metrics/golden.prom. No root, no BPF: every kernel read
 is a fake or a monkeypatch.
@@ -18,16 +18,17 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import bpfstats, collectors, fdinfo
-from exporter.app import ReloadState
-from exporter.bpfstats import ProgramStatsCollector
-from exporter.cgroup import CgroupCollector
-from exporter.collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
+from exporter.kernel import bpfstats, fdinfo
+from exporter.metrics import collectors
+from exporter.commands.daemon import ReloadState
+from exporter.kernel.bpfstats import ProgramStatsCollector
+from exporter.metrics.cgroup import CgroupCollector
+from exporter.metrics.collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
                                  ProbeCollector, ReloadCollector)
-from exporter.features import Feature
-from exporter.loader import ProbeState
-from exporter.server import HttpCollector
-from exporter.targets import TargetsCollector
+from exporter.kernel.features import Feature
+from exporter.kernel.loader import ProbeState
+from exporter.web.server import HttpCollector
+from exporter.capture.targets import TargetsCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from exporter import records as R
-from exporter.decode import GARBAGE_MAX, Decoder
+from exporter.capture import records as R
+from exporter.capture.decode import GARBAGE_MAX, Decoder
+from tests.oracles import reference_jsonl
 
 from .record_fixtures import FIX, RINGS, ROOT, mf
 
@@ -31,7 +32,7 @@ def decode(data: bytes, ring: str, read_size: int = 1 << 20, garbage_max: int = 
     problems = []
     dec = Decoder(ring, lambda off, msg: problems.append((off, msg)), read_size=read_size,
                   garbage_max=garbage_max)
-    out = b"".join(R.reference_jsonl(ring, recs) for recs in dec.records(io.BytesIO(data)))
+    out = b"".join(reference_jsonl(ring, recs) for recs in dec.records(io.BytesIO(data)))
     return out, problems, dec.result
 
 

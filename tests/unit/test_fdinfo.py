@@ -1,4 +1,4 @@
-"""exporter.fdinfo against a fake /proc (tests/unit/fixtures/proc_bpf) and real fdinfo samples."""
+"""exporter.kernel.fdinfo against a fake /proc (tests/unit/fixtures/proc_bpf) and real fdinfo samples."""
 from __future__ import annotations
 
 import builtins
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import fdinfo
-from exporter.fdinfo import (
+from exporter.kernel import fdinfo
+from exporter.kernel.fdinfo import (
     PROG_TYPE_NAMES,
     Holder,
     ProgFdinfo,

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from rich.console import Console
 
-from exporter import size, top
-from exporter.httpget import FetchError, get
+from exporter.commands import size, top
+from exporter.util.httpget import FetchError, get
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The compiled JSON-lines writer (exporter/_jsonl.c) writes exactly the bytes
-of the pure-Python reference (exporter/records.py): on the committed
+"""The compiled JSON-lines writer (exporter/capture/_jsonl.c) writes exactly the bytes
+of the pure-Python reference (exporter/capture/records.py): on the committed
 fixtures, on every UTF-8 case a task name can hold, on IPv6 zero runs and
 mapped forms, and on tens of thousands of random records with every field
 at its extremes. It must be built: `pip install -e .` (scripts/setup.sh,
@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporter import records as R
-from exporter.ringbuf import walk
+from exporter.capture import records as R
+from tests import oracles
+from tests.oracles import walk
 
 FIX = Path(__file__).parent / "fixtures" / "records"
 _spec = importlib.util.spec_from_file_location("make_fixture", FIX / "make_fixture.py")
@@ -30,15 +31,10 @@ U64, U32, U16, U8 = 2**64 - 1, 2**32 - 1, 2**16 - 1, 2**8 - 1
 SEED = 20240609
 
 
-def compiled(ring: str, recs: np.ndarray) -> bytes:
-    assert R.WRITER == "compiled", R.WRITER_PROBLEM
-    return R.jsonl(ring, recs)
-
-
 def assert_same(ring: str, recs: np.ndarray) -> None:
     """Both writers, the same bytes; on a difference, show the first line that differs."""
-    want = R.reference_jsonl(ring, recs)
-    got = compiled(ring, recs)
+    want = oracles.reference_jsonl(ring, recs)
+    got = R.jsonl(ring, recs)
     if got != want:
         for i, (g, w) in enumerate(zip(got.split(b"\n"), want.split(b"\n"))):
             assert g == w, f"record {i}: {recs[i]!r}"
@@ -47,21 +43,20 @@ def assert_same(ring: str, recs: np.ndarray) -> None:
 
 
 def test_compiled_writer_is_built_and_used():
-    assert R.WRITER == "compiled", R.WRITER_PROBLEM
-    assert R.WRITER_PROBLEM is None
+    assert R.compiled.__name__ == "exporter.capture._jsonl"
 
 
 @pytest.mark.parametrize("ring", RINGS)
 def test_fixtures(ring):
     recs, _, _ = walk((FIX / f"{mf.FILES[ring]}.bin").read_bytes(), R.RECORDS[ring])
     golden = (FIX / f"{mf.FILES[ring]}.jsonl").read_bytes()
-    assert R.reference_jsonl(ring, recs) == golden
-    assert compiled(ring, recs) == golden
+    assert oracles.reference_jsonl(ring, recs) == golden
+    assert R.jsonl(ring, recs) == golden
 
 
 @pytest.mark.parametrize("ring", RINGS)
 def test_empty_batch(ring):
-    assert compiled(ring, np.empty(0, R.RECORDS[ring])) == b""
+    assert R.jsonl(ring, np.empty(0, R.RECORDS[ring])) == b""
 
 
 # ---- random records -------------------------------------------------------
@@ -162,9 +157,9 @@ def test_line_bounds_hold(ring):
     no line of the randomised extremes is longer, and the compiled writer's
     own worst case (what it reserves per record) is within it too."""
     recs = random_records(ring, 20000, SEED + 11)
-    longest = max(len(line.encode("utf-8", "surrogateescape")) + 1 for line in R.lines(ring, recs))
+    longest = max(len(line.encode("utf-8", "surrogateescape")) + 1 for line in oracles.lines(ring, recs))
     assert longest <= R.LINE_MAX[ring]
-    assert R._compiled.line_max(R.KINDS[ring]) <= R.LINE_MAX[ring]
+    assert R.compiled.line_max(R.KINDS[ring]) <= R.LINE_MAX[ring]
 
 
 @pytest.mark.parametrize("ring", RINGS)
@@ -175,9 +170,9 @@ def test_strided_and_reversed_views(ring):
     slots["rec"] = recs
     view = slots["rec"]
     assert view.strides[0] == R.SLOTS[ring].itemsize
-    assert compiled(ring, view) == R.reference_jsonl(ring, recs)
-    assert compiled(ring, recs[::-1]) == R.reference_jsonl(ring, recs[::-1].copy())
-    assert compiled(ring, recs[::3]) == R.reference_jsonl(ring, recs[::3].copy())
+    assert R.jsonl(ring, view) == oracles.reference_jsonl(ring, recs)
+    assert R.jsonl(ring, recs[::-1]) == oracles.reference_jsonl(ring, recs[::-1].copy())
+    assert R.jsonl(ring, recs[::3]) == oracles.reference_jsonl(ring, recs[::3].copy())
 
 
 # ---- task names: every UTF-8 case, exhaustively where it is cheap ---------
@@ -219,7 +214,7 @@ def test_name_output_is_pythons_replace_decoding():
     import json
     comms = [b"a\xed\xa0\x80b", b"\xf0\x9f\x98", b"\xe0\x80\xaf", b"a\x00\xff", b"\x01\x1f\x7f\"\\",
              b"\xf4\x90\x80\x80", b"\xc3\xa9\xe2\x82", b"0123456789abcdef"]
-    out = compiled("capture_eof", _eofs_with_comms(comms)).decode("utf-8").splitlines()
+    out = R.jsonl("capture_eof", _eofs_with_comms(comms)).decode("utf-8").splitlines()
     for c, line in zip(comms, out):
         want = json.dumps(c.split(b"\0")[0].decode("utf-8", "replace"), ensure_ascii=False)
         assert line.startswith('{"comm":' + want + ',"conn_id":')
@@ -250,7 +245,7 @@ def test_every_ipv6_zero_run_and_mapped_form():
     assert_same("capture_eof", recs)
     # and independently of the reference: socket.inet_ntop itself
     import json
-    for a, line in zip(addrs, compiled("capture_eof", recs).decode().splitlines()):
+    for a, line in zip(addrs, R.jsonl("capture_eof", recs).decode().splitlines()):
         assert json.loads(line)["saddr"] == socket.inet_ntop(socket.AF_INET6, a)
 
 
@@ -283,7 +278,7 @@ def test_formatting_releases_the_interpreter_lock():
         for _ in range(5):                                      # a noisy machine may not schedule it once
             time.sleep(0.01)
             t0 = time.perf_counter()
-            compiled("capture_chunks", recs)
+            R.jsonl("capture_chunks", recs)
             t1 = time.perf_counter()
             lo, hi = t0 + 0.2 * (t1 - t0), t0 + 0.8 * (t1 - t0)
             if any(lo < x < hi for x in ticks[-100000:]):

@@ -1,9 +1,9 @@
-"""exporter.landing: the page at / from a plain document; every value escaped."""
+"""exporter.web.landing: the page at / from a plain document; every value escaped."""
 from __future__ import annotations
 
 import re
 
-from exporter import landing
+from exporter.web import landing
 
 HOSTILE = '</code><script>alert("x")</script>\'\n<img src=x onerror=alert(1)>'
 

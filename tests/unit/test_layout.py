@@ -1,4 +1,4 @@
-"""exporter/records.py mirrors bpf/tcp.h: the numpy layouts against the BTF
+"""exporter/capture/records.py mirrors bpf/tcp.h: the numpy layouts against the BTF
 compiled into bpf/tcp.bpf.o (via ``bpftool -j btf dump file``), and the
 constants against the #defines of the header text."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import records as R
+from exporter.capture import records as R
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJ = ROOT / "bpf" / "tcp.bpf.o"
@@ -124,7 +124,7 @@ def test_chunk_sizes():
     assert DEFINES["NETTAP_CHUNK_DATA"] == R.CHUNK_DATA == R.CHUNK["data"].itemsize
     assert DEFINES["NETTAP_MAX_CHUNKS_PER_CALL"] * DEFINES["NETTAP_CHUNK_DATA"] == R.MAX_PAYLOAD_BYTES
     assert DEFINES["NETTAP_MAX_CGROUP_LEVEL"] == R.MAX_CGROUP_LEVEL
-    from exporter.tcp_h import MAX_CGROUP_LEVELS
+    from exporter.kernel.tcp_h import MAX_CGROUP_LEVELS
     assert DEFINES["NETTAP_MAX_CGROUP_LEVELS"] == MAX_CGROUP_LEVELS
 
 

@@ -1,4 +1,4 @@
-"""exporter.logsafe: a value in a log message cannot forge a log line."""
+"""exporter.util.logsafe: a value in a log message cannot forge a log line."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from exporter import config, logsafe
+from exporter import config
+from exporter.util import logsafe
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"     # the CLI's
 

@@ -1,4 +1,4 @@
-"""exporter.maps.PerCpuArray read from many threads at once (scrapes run
+"""exporter.kernel.maps.PerCpuArray read from many threads at once (scrapes run
 in parallel). The kernel's copy is played by a lookup that writes the row
 the way bpf_percpu_array_copy does and then lets another thread run, as the
 real call does when ctypes releases the GIL around the syscall."""
@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from exporter import libbpf, maps
-from exporter.records import PROBE_COUNTERS
+from exporter.kernel import libbpf, maps
+from exporter.capture.records import PROBE_COUNTERS
 
 NCPUS = 4
 

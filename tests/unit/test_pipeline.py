@@ -1,4 +1,4 @@
-"""exporter.pipeline over a real RingMemory (the ring's memory emulated in a
+"""exporter.capture.pipeline over a real RingMemory (the ring's memory emulated in a
 memfd, records written as the kernel lays them out): lines are formatted
 in place, the queue is bounded in bytes, a full queue leaves records in
 their ring, and only a sink slower for long loses records, in whole
@@ -17,13 +17,14 @@ import time
 import numpy as np
 import pytest
 
-from exporter import pipeline as pipeline_mod
-from exporter import records as R
-from exporter.pipeline import QUEUE_PARTS, Pipeline
-from exporter.ringbuf import RingMemory
-from exporter.sinks import Sink, StdoutSink
-from exporter.tcp_h import STRIDES
+from exporter.capture import pipeline as pipeline_mod
+from exporter.capture import records as R
+from exporter.capture.pipeline import QUEUE_PARTS, Pipeline
+from exporter.capture.ringbuf import RingMemory
+from exporter.capture.sinks import Sink, StdoutSink
+from exporter.kernel.tcp_h import STRIDES
 from tests.unit.test_jsonl import random_records
+from tests import oracles
 from tests.procs import wait_for
 
 PAGE = mmap.PAGESIZE
@@ -137,17 +138,7 @@ LOSS = re.compile(r"output queue full \(output\.queue_bytes: (\d+)\) and a ring 
 
 def losses_logged(caplog):
     return [tuple(int(x) for x in LOSS.fullmatch(r.getMessage()).groups())
-            for r in caplog.records if r.name == "exporter.pipeline" and LOSS.fullmatch(r.getMessage())]
-
-
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
-def reader(request, monkeypatch):
-    """Every test once with the compiled ring scan, once with numpy's
-    (what runs where exporter._jsonl is not built)."""
-    assert R.compiled() is not None
-    if request.param == "numpy":
-        monkeypatch.setattr(R, "compiled", lambda: None)
-    return request.param
+            for r in caplog.records if r.name == "exporter.capture.pipeline" and LOSS.fullmatch(r.getMessage())]
 
 
 @pytest.fixture
@@ -186,7 +177,7 @@ def test_lines_are_formatted_in_place_and_equal_the_reference():
         start, *middle, stop = sink.data                 # this run's first and last lines
         assert json.loads(start)["type"] == "start" and json.loads(stop)["type"] == "stop"
         assert json.loads(start)["ts_ns"] <= json.loads(stop)["ts_ns"]
-        assert b"".join(middle) == R.reference_jsonl(RING, kept)
+        assert b"".join(middle) == oracles.reference_jsonl(RING, kept)
         assert sink.written == 39 and p.lost == {"queue": 0, "decode": 0}        # the marks not counted
     finally:
         mem.close()
@@ -204,7 +195,7 @@ def test_full_queue_leaves_records_in_the_ring_and_loses_none(mem, caplog):
     """The sink blocked: the queue fills to its bound, then the drain
     stops reading; the rest waits in the ring (under half of it), and is
     written in order once the sink moves."""
-    caplog.set_level("WARNING", logger="exporter.pipeline")
+    caplog.set_level("WARNING", logger="exporter.capture.pipeline")
     gate = threading.Event()
     sink = SlowSink(gate=gate)
     p = started(mem, sink)
@@ -231,7 +222,7 @@ def test_sink_slower_for_long_loses_whole_batches_counted_and_logged(mem, caplog
     """The sink blocked while the ring passes half full: the drain drops
     whole batches from the ring (never letting the kernel drop), counts and
     logs them; everything else is written, in order."""
-    caplog.set_level("WARNING", logger="exporter.pipeline")
+    caplog.set_level("WARNING", logger="exporter.capture.pipeline")
     gate = threading.Event()
     sink = SlowSink(gate=gate)
     p = started(mem, sink)
@@ -359,7 +350,7 @@ def test_stop_does_not_wait_for_a_reader_that_stopped_reading(mem, monkeypatch, 
     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
     sink = StdoutSink(w)
     p = Pipeline({mem.name: mem.ring}, sink, queue_bytes=QUEUE, poll_interval=0.01)
-    caplog.set_level("ERROR", logger="exporter.pipeline")
+    caplog.set_level("ERROR", logger="exporter.capture.pipeline")
     p.start()
     try:
         mem.publish(n=6 * p.batch_records(RING))     # far more than 4 KiB of JSON lines

@@ -1,10 +1,10 @@
-"""exporter.privileges without privileges: what is kept after attach, and the
+"""exporter.kernel.privileges without privileges: what is kept after attach, and the
 README's list of capabilities equals the code's."""
 import re
 from pathlib import Path
 
-from exporter import privileges
-from exporter.privileges import CAPS, kept, mask_of, names
+from exporter.kernel import privileges
+from exporter.kernel.privileges import CAPS, kept, mask_of, names
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import dpkt
 import pytest
 
-from exporter import cli, pcap, read
+from exporter.commands import cli, pcap, streams
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = Path(__file__).resolve().parent / "fixtures" / "read"
@@ -42,10 +42,10 @@ def test_fixture_files_are_the_writers_lines():
 
 
 def test_rotated_sets_are_ordered_oldest_first():
-    assert read.ordered(["c.jsonl", "c.jsonl.1", "c.jsonl.10", "c.jsonl.2"]) == \
+    assert streams.ordered(["c.jsonl", "c.jsonl.1", "c.jsonl.10", "c.jsonl.2"]) == \
         ["c.jsonl.10", "c.jsonl.2", "c.jsonl.1", "c.jsonl"]
     # two sets, each in its own order, in the order their first file was named; duplicates once
-    assert read.ordered(["b/x.1", "a/x", "b/x", "a/x.2", "b/x.1", "a/x.1"]) == \
+    assert streams.ordered(["b/x.1", "a/x", "b/x", "a/x.2", "b/x.1", "a/x.1"]) == \
         ["b/x.1", "b/x", "a/x.2", "a/x.1", "a/x"]
 
 
@@ -281,14 +281,14 @@ def test_hostile_files_are_read_in_bounded_memory_and_stack(tmp_path, capsys):
         for i in range(5000):                        # empty truncated calls, back to back
             out.write(_chunk(call_offset=4 + 10 * i, call_len=10, offset=4 + 10 * i, len=0, data="", ts_ns=2000 + i))
         out.write(b"[" * 100_000 + b"\n")
-        out.write(b'{"type": "chunk", "comm": "' + b"x" * (read.MAX_LINE + 10) + b'"}\n')
+        out.write(b'{"type": "chunk", "comm": "' + b"x" * (streams.MAX_LINE + 10) + b'"}\n')
         out.write(_chunk(conn_id=10, sport=70000))
         out.write(_chunk(conn_id=11, offset=1 << 40, call_offset=1 << 40, sport=40001))
     rc, out_, err = run(capsys, str(f))
     assert rc == 0, err
     assert "Traceback" not in err and "\x1b" not in out_ and "\\x1b]0;owned\\x07" in out_
     assert err.startswith("nettap read: skipped 3 line(s): ")
-    for reason in ("1 not JSON", f"1 longer than {read.MAX_LINE} bytes", "1 chunk record(s) with a missing or bad sport"):
+    for reason in ("1 not JSON", f"1 longer than {streams.MAX_LINE} bytes", "1 chunk record(s) with a missing or bad sport"):
         assert reason in err, err
     rows = out_.splitlines()
     assert rows[1].split()[7:9] == ["5000", "calls,"]          # truncated calls counted, none recursed
@@ -335,11 +335,11 @@ def test_help_names_the_command():
 def test_capture_gaps_from_the_runs_start_and_stop_lines():
     marks = [("start", "T1", 10), ("stop", "T2", 10), ("start", "T3", 11), ("start", "T4", 12),
              ("stop", "T5", 12), ("start", "T6", 13)]
-    assert read.capture_gaps(marks) == [
+    assert streams.capture_gaps(marks) == [
         "nothing was captured from the stop at T2 until the start at T3",
         "the run started T3 (pid 11) has no stop line: it ended uncleanly; nothing was captured from its "
         "last record until T4",
         "nothing was captured from the stop at T5 until the start at T6",
         "the run started T6 (pid 13) has no stop line yet (still running, or it ended uncleanly)"]
-    assert read.capture_gaps([("start", "T1", 10)]) == []            # one run going on: no gap
-    assert read.capture_gaps([]) == []
+    assert streams.capture_gaps([("start", "T1", 10)]) == []            # one run going on: no gap
+    assert streams.capture_gaps([]) == []

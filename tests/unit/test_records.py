@@ -4,7 +4,7 @@ and through ``nettap --decode``.
 
 The *.jsonl files were generated once from the decoder, then read by hand;
 test_golden_independent re-derives what it can from the generator's record
-specs without using exporter.records' formatting."""
+specs without using exporter.capture.records' formatting."""
 from __future__ import annotations
 
 import base64
@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter import records as R
-from exporter.ringbuf import walk
+from exporter.capture import records as R
+from tests import oracles
+from tests.oracles import walk
 
 from .record_fixtures import FIX, RINGS, ROOT, mf
 TYPES = {"capture_chunks": "chunk", "capture_eof": "eof", "logs": "log"}
 
-# Written out from include/net/tcp_states.h and bpf/tcp.h, not taken from exporter.records.
+# Written out from include/net/tcp_states.h and bpf/tcp.h, not taken from exporter.capture.records.
 TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
                    6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
                    11: "CLOSING", 12: "NEW_SYN_RECV", 13: "BOUND_INACTIVE"}
@@ -57,7 +58,7 @@ def test_walk_counts(ring):
 @pytest.mark.parametrize("ring", RINGS)
 def test_decode_matches_golden(ring):
     recs, _, _ = walk(_bin(ring).read_bytes(), R.RECORDS[ring])
-    out = "".join(line + "\n" for line in R.lines(ring, recs)).encode("utf-8")
+    out = "".join(line + "\n" for line in oracles.lines(ring, recs)).encode("utf-8")
     assert out == _golden(ring)
 
 
@@ -130,7 +131,7 @@ def test_golden_escapes_are_json_escapes():
 def test_cli_decode(ring):
     path = str(_bin(ring))
     # PYTHONIOENCODING pins stdout to UTF-8: the CLI writes through the
-    # locale's text stream (see the report on exporter/cli.py).
+    # locale's text stream (see the report on exporter/commands/cli.py).
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     p = subprocess.run([sys.executable, "-m", "exporter", "--decode", path, "--ring", ring],
                        cwd=ROOT, env=env, capture_output=True, timeout=60)

@@ -1,5 +1,7 @@
-"""exporter.ringbuf.walk: the record-by-record decoder over ring-format bytes
-never raises, skips what it must and counts what is bad."""
+"""The ring reader's walk over ring-format bytes (exporter/capture/_jsonl.c's
+scan, what RingMemory.read runs) never fails on garbage, skips what it must
+and counts what is bad, and agrees on every case with the plain Python
+walk in tests/oracles.py."""
 from __future__ import annotations
 
 import random
@@ -8,8 +10,9 @@ import struct
 import numpy as np
 import pytest
 
-from exporter.records import LOG, RB_BUSY, RB_DISCARD, RECORDS
-from exporter.ringbuf import walk
+from exporter.capture import records as R
+from exporter.capture.records import LOG, RB_BUSY, RB_DISCARD, RECORDS
+from tests.oracles import walk
 
 SIZE = LOG.itemsize          # 56: one log record
 STRIDE = 64                  # 8-byte header + 56
@@ -32,8 +35,35 @@ def good(pid: int) -> bytes:
     return slot(rec(pid))
 
 
+COPY = 2                     # _jsonl.scan's mode that copies the records out
+
+
+def scan(buf, record=LOG, start=0, end=None):
+    """The compiled walk over buf[start:end], as RingMemory.read runs it on
+    ring memory (a power-of-two area; here buf at its start, zeros after)."""
+    end = len(buf) if end is None else end
+    size = 64
+    while size < max(len(buf), record.itemsize + 8):
+        size *= 2
+    area = bytearray(size)
+    area[:len(buf)] = bytes(buf)
+    ring = next(r for r, d in RECORDS.items() if d == record)
+    out, consumed, kept, bad, _ = R.compiled.scan(R.KINDS[ring], area, start, end - start, 1 << 20, COPY)
+    recs = np.frombuffer(out, dtype=record)
+    assert len(recs) == kept
+    return recs, bad, start + consumed
+
+
+def both(buf, record=LOG, **kw):
+    """The oracle's walk and the compiled one, which must agree."""
+    want = walk(buf, record, **kw)
+    got = scan(buf, record, **kw)
+    assert (got[0].tobytes(), got[1], got[2]) == (want[0].tobytes(), want[1], want[2])
+    return got
+
+
 def result(buf, **kw):
-    recs, bad, pos = walk(buf, LOG, **kw)
+    recs, bad, pos = both(buf, LOG, **kw)
     return [int(p) for p in recs["pid"]], bad, pos
 
 
@@ -42,7 +72,7 @@ def test_empty():
 
 
 def test_good_records():
-    recs, bad, pos = walk(good(1) + good(2), LOG)
+    recs, bad, pos = both(good(1) + good(2), LOG)
     assert (recs["pid"].tolist(), recs["comm"].tolist(), bad, pos) == ([1, 2], [b"t1", b"t2"], 0, 128)
     assert recs.dtype == LOG
 
@@ -99,7 +129,7 @@ def test_huge_length_is_cut_short():
 
 def test_trailing_partial_header_ends_walk():
     buf = good(1) + b"\x38\x00\x00"          # 3 bytes: not even a header
-    recs, _, pos = walk(buf, LOG)
+    recs, _, pos = both(buf, LOG)
     assert (recs["pid"].tolist(), pos) == ([1], STRIDE)
 
 
@@ -120,7 +150,7 @@ def test_memoryview_input():
 
 def test_records_are_copies():
     buf = bytearray(good(7))
-    recs, _, _ = walk(memoryview(buf), LOG)
+    recs, _, _ = both(memoryview(buf), LOG)
     buf[:] = bytes(len(buf))
     assert recs["pid"].tolist() == [7]
 
@@ -131,7 +161,7 @@ def test_random_garbage_never_raises(ring):
     for _ in range(2000):
         n = rnd.choice([0, 1, 7, 8, 9, 63, 64, 65, 511, 512, 4096])
         buf = bytes(rnd.getrandbits(8) for _ in range(n))
-        recs, bad, pos = walk(buf, RECORDS[ring])
+        recs, bad, pos = both(buf, RECORDS[ring])
         assert recs.dtype == RECORDS[ring]
         assert bad >= 0 and 0 <= pos <= n
 
@@ -154,5 +184,35 @@ def test_random_garbage_with_small_lengths_is_counted():
                 want_bad += n != SIZE
                 want_good += n == SIZE
         buf = b"".join(slots)
-        recs, bad, pos = walk(buf, LOG)
+        recs, bad, pos = both(buf, LOG)
         assert (len(recs), bad, pos) == (want_good, want_bad, len(buf))
+
+
+def test_a_record_crossing_the_end_of_the_area_is_read_whole():
+    """After a record of a foreign size the walk is off the stride, and a
+    record's body may cross the end of the (once-mapped) area: it is read
+    whole, its start from the end and its rest from the start."""
+    body = rec(9)
+    area = bytearray(128)
+    area[80:88] = struct.pack("<II", SIZE, 0)      # the header at 80, the body 88..143 -> 88..127 + 0..15
+    area[88:128] = body[:40]
+    area[0:16] = body[40:]
+    out, consumed, kept, bad, _ = R.compiled.scan(R.KINDS["logs"], area, 80, STRIDE, 100, COPY)
+    assert (kept, bad, consumed) == (1, 0, STRIDE)
+    assert out == body
+
+
+def test_max_records_and_a_busy_record_stop_the_scan():
+    buf = good(1) + good(2) + good(3) + slot(rec(4), flags=RB_BUSY)
+    area = bytearray(512)
+    area[:len(buf)] = buf
+    assert R.compiled.scan(R.KINDS["logs"], area, 0, len(buf), 2, COPY)[1:] == (2 * STRIDE, 2, 0, 2)
+    assert R.compiled.scan(R.KINDS["logs"], area, 0, len(buf), 9, COPY)[1:] == (3 * STRIDE, 3, 0, 1)
+
+
+@pytest.mark.parametrize("start,size", [(4, 128), (0, 96), (0, 32)])
+def test_bad_geometry_is_refused(start, size):
+    """A start off the 8-byte grid, an area not a power of two or smaller than
+    one record: refused, never read past."""
+    with pytest.raises(ValueError, match="bad geometry"):
+        R.compiled.scan(R.KINDS["logs"], bytearray(size), start, 8, 1, COPY)

@@ -1,4 +1,4 @@
-"""exporter.server: parse_listen, and the HTTP endpoints served from a
+"""exporter.web.server: parse_listen, and the HTTP endpoints served from a
 background thread on a free loopback port."""
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, Counter
 
-from exporter import __version__, server
-from exporter.server import parse_listen, serve
+from exporter import __version__
+from exporter.web import server
+from exporter.web.server import parse_listen, serve
 
 
 @pytest.mark.parametrize("addr, want", [

@@ -1,4 +1,4 @@
-"""exporter.server under load and abuse, with real sockets on loopback:
+"""exporter.web.server under load and abuse, with real sockets on loopback:
 idle, half-sent and HTTP/0.9 connections hold no worker and are closed on
 their timeouts; many scrapers at once are all answered; keep-alive is
 limited; a full queue is answered 503 and counted."""
@@ -14,7 +14,7 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, Counter
 
-from exporter.server import Limits, serve
+from exporter.web.server import Limits, serve
 
 
 class App:
@@ -283,7 +283,7 @@ def test_a_wrong_password_flood_is_throttled_and_scrapes_go_on(monkeypatch):
     is answered throughout."""
     import base64
     import bcrypt
-    from exporter import webconfig
+    from exporter.web import webconfig
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(10)).decode()       # the toolkit's usual cost
     web = webconfig.Web(webconfig.parse({"basic_auth_users": {"p": hashed}}))
     calls, real = [0], bcrypt.checkpw

@@ -1,4 +1,4 @@
-"""exporter.sinks: size rotation keeps whole lines and N backups; a failed
+"""exporter.capture.sinks: size rotation keeps whole lines and N backups; a failed
 write is counted (errors, lost) and never raises."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import sinks
+from exporter.capture import sinks
 from exporter.config import Output
-from exporter.sinks import JsonlFileSink, Sink, StdoutSink
+from exporter.capture.sinks import JsonlFileSink, Sink, StdoutSink
 
 
 def line(i: int) -> str:
@@ -168,7 +168,7 @@ def test_a_write_failing_midway_leaves_whole_lines_and_counts_exactly(tmp_path):
 
 def test_failure_logged_at_most_every_10s(tmp_path, caplog):
     s = JsonlFileSink(str(tmp_path), max_bytes=4096, backups=1)
-    with caplog.at_level(logging.ERROR, logger="exporter.sinks"):
+    with caplog.at_level(logging.ERROR, logger="exporter.capture.sinks"):
         for _ in range(3):
             s.write([line(1)])
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["sink jsonl"]
@@ -238,7 +238,7 @@ def test_a_link_at_the_path_is_refused_and_its_target_untouched(tmp_path, caplog
     path.symlink_to(victim)
     s = JsonlFileSink(str(path), max_bytes=4096, backups=1)
     assert refusal(s) == f"{path} is a symbolic link: nettap does not follow links for its output"
-    with caplog.at_level(logging.ERROR, logger="exporter.sinks"):
+    with caplog.at_level(logging.ERROR, logger="exporter.capture.sinks"):
         s.write([line(1)])
     assert victim.read_bytes() == b"secret\n"
     assert (s.written, s.errors, s.lost) == (0, 1, 1)
@@ -384,7 +384,7 @@ def test_a_deleted_file_is_created_again(tmp_path, caplog):
     s = JsonlFileSink(str(path), max_bytes=4096, backups=1)
     s.write([line(1)])
     path.unlink()
-    with caplog.at_level(logging.WARNING, logger="exporter.sinks"):
+    with caplog.at_level(logging.WARNING, logger="exporter.capture.sinks"):
         s.write([line(2), line(3)])
     s.close()
     assert read_lines(path) == [2, 3]
@@ -411,7 +411,7 @@ def test_a_deleted_directory_counts_records_lost_until_it_is_back(tmp_path, capl
     s.write([line(1)])
     path.unlink()
     d.rmdir()
-    with caplog.at_level(logging.WARNING, logger="exporter.sinks"):
+    with caplog.at_level(logging.WARNING, logger="exporter.capture.sinks"):
         s.write([line(2), line(3)])
         s.write([line(4)])
         assert not d.exists()            # the directory is the admin's: not made again
@@ -433,7 +433,7 @@ def test_a_cut_last_line_is_ended_and_counted_lost(tmp_path, caplog):
     path.write_bytes(b'{"n":900}\n{"n":9')
     os.chmod(path, 0o600)
     s = JsonlFileSink(str(path), max_bytes=4096, backups=1)
-    with caplog.at_level(logging.WARNING, logger="exporter.sinks"):
+    with caplog.at_level(logging.WARNING, logger="exporter.capture.sinks"):
         s.write([line(1)])
     s.close()
     assert path.read_bytes() == b'{"n":900}\n{"n":9\n{"n":001}\n'

@@ -3,8 +3,8 @@ are checked against a real Prometheus in tests/e2e/test_size.py)."""
 import pytest
 import yaml
 
-from exporter import size
-from exporter.size import MiB, Node
+from exporter.commands import size
+from exporter.commands.size import MiB, Node
 
 
 def node(**kw):

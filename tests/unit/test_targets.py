@@ -1,4 +1,4 @@
-"""exporter.targets without root or BPF: resolve() against this process, temp
+"""exporter.capture.targets without root or BPF: resolve() against this process, temp
 directories with fake mountinfo files, and TargetMaps.apply with the map
 writes recorded instead of made."""
 from __future__ import annotations
@@ -11,11 +11,12 @@ import struct
 
 import pytest
 
-from exporter import maps, targets
+from exporter.kernel import maps
+from exporter.capture import targets
 from exporter.config import ConfigError, Target
-from exporter.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
+from exporter.capture.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
                               TARGET_PORT)
-from exporter.targets import Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve, wakeup_check_bytes
+from exporter.capture.targets import Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve, wakeup_check_bytes
 
 MISSING_PID = 2**22 - 1          # the largest pid config accepts; no process has it here
 
@@ -514,7 +515,7 @@ def test_apply_failure_keeps_previous_state(calls, monkeypatch):
 
 def test_more_cgroup_levels_than_the_kernel_matches_refused(tmp_path):
     # The programs match at most MAX_CGROUP_LEVELS distinct levels at once.
-    from exporter.tcp_h import MAX_CGROUP_LEVELS
+    from exporter.kernel.tcp_h import MAX_CGROUP_LEVELS
     mnt = tmp_path / "cg2"
     path = mnt
     targets = []
@@ -524,7 +525,7 @@ def test_more_cgroup_levels_than_the_kernel_matches_refused(tmp_path):
         targets.append(Target("cgroup", str(path)))
     mi = tmp_path / "mountinfo"
     mi.write_text(f"30 1 0:26 / {mnt} rw - cgroup2 cgroup2 rw\n")
-    import exporter.targets as T
+    import exporter.capture.targets as T
     orig = T.cgroup_id_level
     T.cgroup_id_level = lambda p: orig(p, str(mi))
     try:

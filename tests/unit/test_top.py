@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from exporter import top
-from exporter.fdinfo import Holder
+from exporter.commands import top
+from exporter.kernel.fdinfo import Holder
 
 # The golden exposition with its placeholder durations filled in, as a nettap serves it.
 GOLDEN = (Path(__file__).parent / "fixtures/metrics/golden.prom").read_text().replace("<DURATION>", "0.001")

@@ -1,9 +1,8 @@
-"""exporter.watcher.ConfigWatcher on temp files: every way a config file
+"""exporter.util.watcher.ConfigWatcher on temp files: every way a config file
 changes (edit in place, rename over, Kubernetes' ConfigMap symlink swap),
 trigger() (SIGHUP), a deleted file or a symlink loop, and stop()."""
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.watcher import ConfigWatcher
+from exporter.util.watcher import ConfigWatcher
 
 INTERVAL = 0.05
 SETTLE = 8 * INTERVAL            # long enough for several polls

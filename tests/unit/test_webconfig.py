@@ -1,4 +1,4 @@
-"""exporter.webconfig and the endpoint under it, with real clients: TLS
+"""exporter.web.webconfig and the endpoint under it, with real clients: TLS
 with a CA made here by openssl, client certificates (mTLS), basic auth with
 bcrypt hashes, the toolkit's headers, reloads keeping the old file on a bad
 one."""
@@ -17,10 +17,10 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from exporter import webconfig
+from exporter.web import webconfig
 from exporter.config import ConfigError
-from exporter.server import Limits, serve
-from exporter.webconfig import Web
+from exporter.web.server import Limits, serve
+from exporter.web.webconfig import Web
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()     # cost 4: fast tests
 
@@ -340,7 +340,7 @@ def test_a_refused_or_throttled_request_ends_its_connection_and_is_counted(tmp_p
         assert b"Connection: close" in got
         if code == b"429":
             assert b"Retry-After: 1" in got
-    from exporter.server import _COLLECTORS
+    from exporter.web.server import _COLLECTORS
     srv, = (s for s in _COLLECTORS[App.registry].servers if s.server_address[1] == port)
     assert srv.rejected["unauthorized"] == 1 and srv.rejected["auth_throttled"] == 1
 
@@ -352,14 +352,14 @@ def test_reload_applies_and_a_bad_file_keeps_the_old(tmp_path, endpoint, caplog)
     url = f"http://127.0.0.1:{port}/metrics"
     assert get(url).status_code == 401
     write(tmp_path, "basic_auth_users: {p: not-a-hash}\n")
-    with caplog.at_level(logging.INFO, logger="exporter.webconfig"):
+    with caplog.at_level(logging.INFO, logger="exporter.web.webconfig"):
         assert not web.reload()
     assert caplog.records[-1].getMessage() == (
         "web config reload refused, previous web config stays in force: basic_auth_users.p: not a bcrypt hash "
         "(e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n')")
     assert get(url).status_code == 401 and get(url, auth=("p", "s3cret")).status_code == 200
     write(tmp_path, "{}\n")
-    with caplog.at_level(logging.INFO, logger="exporter.webconfig"):
+    with caplog.at_level(logging.INFO, logger="exporter.web.webconfig"):
         assert web.reload()
     assert caplog.records[-1].getMessage() == f"web config loaded from {path}: TLS off; basic auth off"
     assert get(url).status_code == 200
@@ -436,7 +436,7 @@ def test_a_certificate_rotated_in_place_is_served_without_sighup(tmp_path, pki, 
     the watcher sees the files the web config in force names, and a bad
     pair keeps the old one in force."""
     import shutil
-    from exporter.watcher import ConfigWatcher
+    from exporter.util.watcher import ConfigWatcher
     _leaf(pki, "ca", "rotated", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
     d = tmp_path / "tls"
     d.mkdir()
@@ -455,7 +455,7 @@ def test_a_certificate_rotated_in_place_is_served_without_sighup(tmp_path, pki, 
         while _served_cn(port, pki / "ca.crt") != "rotated":
             assert time.monotonic() < end, "the rotated certificate was not served"
             time.sleep(0.05)
-        with caplog.at_level(logging.INFO, logger="exporter.webconfig"):
+        with caplog.at_level(logging.INFO, logger="exporter.web.webconfig"):
             (d / "tls.key").write_text("not a key\n")        # a bad pair: the rotated one stays
             end = time.monotonic() + 10
             while not any("reload refused" in r.getMessage() for r in caplog.records):

@@ -20,14 +20,14 @@ import errno
 import fcntl
 import logging
 import os
-import re
 import select
 import struct
 import threading
 
-from . import maps
-from .config import ConfigError
-from .tcp_h import MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
+from exporter.kernel import maps
+from exporter.util.mounts import read as read_mountinfo
+from exporter.config import ConfigError
+from exporter.kernel.tcp_h import MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +85,9 @@ class Resolved:
         return m
 
 
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as \\ooo octal."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list:
     """(mount point, root within the hierarchy) of every cgroup2 mount."""
-    out = []
-    with open(mountinfo) as f:
-        for line in f:
-            pre, _, post = line.partition(" - ")
-            fields = pre.split()
-            if post.split()[:1] == ["cgroup2"]:
-                out.append((_unescape(fields[4]), _unescape(fields[3])))
-    return out
+    return [(m.mountpoint, m.root) for m in read_mountinfo(mountinfo) if m.fstype == "cgroup2"]
 
 
 # PROC_CGROUP_INIT_INO (include/linux/proc_ns.h): the inode of the initial
@@ -175,12 +163,8 @@ def _netns_held(ino: int, proc: str) -> bool:
     netns add's /run/netns/NAME, a runtime's own) has network namespace ino."""
     want = f"net:[{ino}]"
     try:
-        with open(f"{proc}/self/mountinfo") as f:
-            for line in f:
-                pre, _, post = line.partition(" - ")
-                fields = pre.split()
-                if post.split()[:1] == ["nsfs"] and len(fields) > 3 and fields[3] == want:
-                    return True
+        if any(m.fstype == "nsfs" and m.root == want for m in read_mountinfo(f"{proc}/self/mountinfo")):
+            return True
     except OSError:
         pass
     for pid in os.listdir(proc):

@@ -20,7 +20,7 @@ ringbuf_drops map, bad records in ``lost['decode']``, failed writes in
 ``lost['sink']``.
 
 Each ring is drained when its producer wakes the reader (a quarter of the
-ring pending: exporter.targets.wakeup_thresholds) or every
+ring pending: exporter.capture.targets.wakeup_thresholds) or every
 ``poll_interval`` (the latency of a quiet ring's records), whichever comes
 first.
 """
@@ -34,9 +34,9 @@ import time
 import traceback
 from typing import Deque, Dict, Optional, Tuple
 
-from . import records
-from .ringbuf import Batch, RingMemory, RingPoller
-from .sinks import Sink, mark_line
+from exporter.capture import records
+from exporter.capture.ringbuf import Batch, RingMemory, RingPoller
+from exporter.capture.sinks import Sink, mark_line
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,6 @@ class Pipeline:
             self._enqueue(mark_line("start"), 0)
         self._drain_t.start()
         if self.sink:
-            records.announce_writer()
             self._sink_t.start()
         self.running = True
 

@@ -22,7 +22,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__, landing as landing_page
+from exporter import __version__
+from exporter.web import landing as landing_page
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +430,7 @@ def serve(addr: str, registry, stats: Callable[[], dict],
     """Start serving in a background thread; readiness() returns None when
     ready, else the reason it is not. web: a webconfig.Web (TLS, basic
     auth, headers), read anew for each connection and request. landing():
-    the document of the page at / (exporter/landing.py); without it the
+    the document of the page at / (exporter/web/landing.py); without it the
     page has the version and the links. telemetry_path: where the
     metrics are (--web.telemetry-path). start=False: bound and listening,
     served once the caller runs srv.serve_forever."""

@@ -17,7 +17,8 @@ from typing import Callable, Dict, Iterable, List
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__, libbpf
+from exporter import __version__
+from exporter.kernel import libbpf
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class BuildInfoCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         if self._rev is None:       # at the first scrape: from a checkout it runs git (~2 ms), off the start path
-            from .revision import revision
+            from exporter.util.revision import revision
             self._rev = (self._revision or revision)()
         g = self._family()
         g.add_metric([self._info[0], self._rev, *self._info[1:]], 1)
@@ -191,7 +192,7 @@ class MapCollector(Collector):
     def _memlock(self, fd: int, mtype: int) -> int:
         if fd in self._static_mem:
             return self._static_mem[fd]
-        from .fdinfo import parse_fdinfo
+        from exporter.kernel.fdinfo import parse_fdinfo
         with open(f"/proc/self/fdinfo/{fd}") as f:
             mem = int(parse_fdinfo(f.read()).get("memlock", 0))
         if mtype not in self.GROWING_TYPES:

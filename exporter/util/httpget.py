@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from .logsafe import escape
+from exporter.util.logsafe import escape
 
 SHOWN = 200              # characters of a server's own text put into a message
 

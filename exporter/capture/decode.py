@@ -26,7 +26,7 @@ from typing import BinaryIO, Callable, Iterator, List, Optional
 
 import numpy as np
 
-from .records import RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, stride
+from exporter.capture.records import RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, stride
 
 READ_SIZE = 1 << 20          # bytes read at a time
 # Longest length a header of a wrong-length record may claim. nettap's

@@ -12,8 +12,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import dpkt
 
-from . import outpath
-from .read import DIRECTIONS, Conn, Stream
+from exporter.util import outpath
+from exporter.commands.streams import DIRECTIONS, Conn, Stream
 
 # The socket state before TCP_CLOSE says which side sent the first FIN.
 _ACTIVE_CLOSE = {"FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT", "CLOSING"}

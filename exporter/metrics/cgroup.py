@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.util.mounts import parse as parse_mountinfo
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +115,6 @@ def _keyed(text: str) -> Dict[str, str]:
     return out
 
 
-def _unescape(field: str) -> str:
-    # mountinfo octal-escapes space, tab, newline and backslash (fs/proc_namespace.c).
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def _rebase(mountpoint: str, cgroup_root: str) -> Optional[str]:
     if cgroup_root == DEFAULT_CGROUP_ROOT:
         return mountpoint
@@ -128,19 +124,14 @@ def _rebase(mountpoint: str, cgroup_root: str) -> Optional[str]:
 
 
 def _parse_mountinfo(text: str, cgroup_root: str) -> List[_Mount]:
-    mounts = []
-    for line in text.splitlines():
-        fields = line.split()
-        if "-" not in fields:
+    out = []
+    for m in parse_mountinfo(text):
+        if m.fstype not in ("cgroup", "cgroup2"):
             continue
-        sep = fields.index("-")
-        if len(fields) < sep + 4 or fields[sep + 1] not in ("cgroup", "cgroup2"):
-            continue
-        mountpoint = _rebase(_unescape(fields[4]), cgroup_root)
+        mountpoint = _rebase(m.mountpoint, cgroup_root)
         if mountpoint is not None:
-            mounts.append(_Mount(fields[sep + 1], _unescape(fields[3]), mountpoint,
-                                 frozenset(fields[sep + 3].split(","))))
-    return mounts
+            out.append(_Mount(m.fstype, m.root, mountpoint, frozenset(m.super_options.split(","))))
+    return out
 
 
 def _join(mount: _Mount, path: str) -> str:

@@ -40,8 +40,9 @@ import time
 from collections import namedtuple
 from typing import Optional, Tuple
 
-from . import config, outpath
-from .config import ConfigError, quote
+from exporter import config
+from exporter.util import outpath
+from exporter.config import ConfigError, quote
 
 log = logging.getLogger(__name__)
 

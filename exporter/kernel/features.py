@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from . import libbpf
+from exporter.kernel import libbpf
 
 # uapi/linux/bpf.h
 BPF_PROG_TYPE_SOCKET_FILTER = 1

@@ -7,9 +7,9 @@ import os
 import subprocess
 
 
-def revision(package_dir: str = os.path.dirname(os.path.abspath(__file__))) -> str:
+def revision(package_dir: str = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) -> str:
     try:
-        from ._revision import REVISION
+        from exporter._revision import REVISION
         return REVISION
     except ImportError:
         pass

@@ -37,7 +37,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import fdinfo, libbpf
+from exporter.kernel import fdinfo, libbpf
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class KernelStatsProbe:
         """Load the probe program (r0 = 0; exit) once; False if refused."""
         with self._lock:
             if self.fd is None:
-                from .features import _insn
+                from exporter.kernel.features import _insn
                 insns = (ctypes.c_uint64 * 2)(_insn(0xB7), _insn(0x95))
                 fd = libbpf.lib().bpf_prog_load(libbpf.BPF_PROG_TYPE_SOCKET_FILTER, b"nettap_stats_on",
                                                 b"GPL", insns, 2, None)

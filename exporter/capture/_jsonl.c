@@ -1,9 +1,9 @@
-/* exporter._jsonl: the JSON lines of a whole batch of ring records in one call.
+/* exporter.capture._jsonl: the JSON lines of a whole batch of ring records in one call.
  *
- * The compiled twin of the pure-Python writer in exporter/records.py
- * (chunk_lines, eof_lines, log_lines), which stays the reference: the same
- * bytes, line for line (tests/unit/test_jsonl.py checks the committed fixtures
- * and thousands of random records). format(kind, records) takes a 1-D numpy
+ * nettap's only writer and ring reader (scan, below). The pure-Python writer
+ * in tests/oracles.py (chunk_lines, eof_lines, log_lines) is the reference it
+ * is tested against: the same bytes, line for line (tests/unit/test_jsonl.py
+ * checks the committed fixtures and thousands of random records). format(kind, records) takes a 1-D numpy
  * array of the ring's record dtype (contiguous or strided, e.g. a field view
  * of ring slots) and returns bytes: every line, each ended by "\n". The loop
  * runs without the interpreter lock, so the ring-drain thread is never
@@ -23,7 +23,7 @@
 #include <string.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the record layouts are little-endian (bpf/tcp.h as exporter/records.py reads it)"
+#error "the record layouts are little-endian (bpf/tcp.h as exporter/capture/records.py reads it)"
 #endif
 
 #define CHUNK_DATA 400
@@ -622,30 +622,37 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
     return out;
 }
 
-/* scan(kind, data, start, avail, stride, max_slots, lines) -> (bytes or None, consumed, kept, stop)
+/* scan(kind, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop)
  *
- * The ring reader's fast path: one pass over the committed slots of a BPF
- * ring buffer's data area (`data`, the mapped pages; its size a power of
- * two), from byte offset `start` (consumer_pos & mask) over at most `avail`
- * bytes (producer_pos - consumer_pos) and `max_slots` slots of `stride`
- * bytes: each slot's 8-byte header (length | BUSY | DISCARD), then its
- * record. Stops at the first BUSY slot (not committed yet) and at a slot
- * whose length is not the kind's record size (the caller then walks the
- * ring record by record: exporter.ringbuf.walk). Discarded slots are
- * consumed and skipped. With `lines`, the kept records' JSON lines, formatted
- * in place: nothing is copied but the lines. Runs without the interpreter
- * lock. The caller releases `consumed` bytes to the producer afterwards.
- * stop: 0 avail or max_slots reached, 1 a BUSY slot, 2 a length mismatch. */
+ * nettap's ring reader: one pass over the committed records of a BPF ring
+ * buffer's data area (`data`, the mapped pages, mapped once; its size a power
+ * of two), from byte offset `start` (consumer_pos & mask, 8-aligned) over at
+ * most `avail` bytes (producer_pos - consumer_pos) and `max_records` records.
+ * Each record is an 8-byte header (length | BUSY | DISCARD, kernel/bpf/
+ * ringbuf.c) and its body, the next header at the 8-byte boundary after it.
+ * Stops at the first BUSY record (not committed yet). Discarded records are
+ * consumed and skipped; a record whose length is not the kind's record size
+ * (a stale object, or garbage) is consumed by its own length and counted bad,
+ * as is a length that runs past `avail` (the rest is consumed). Runs without
+ * the interpreter lock; the caller releases `consumed` bytes afterwards.
+ * mode 0: count the kept records; 1: their JSON lines, formatted in place;
+ * 2: a copy of their bodies, back to back.
+ * stop: 0 avail reached, 1 a BUSY record, 2 max_records reached, 3 cut short.
+ * A record whose body crosses the end of the area (only after a record of
+ * a foreign size moved the walk off the stride) is copied whole first. */
 #define RB_BUSY_ (1u << 31)
 #define RB_DISCARD_ (1u << 30)
 #define RB_HDR_ 8
+#define RECORD_MAX 4096
+
+enum { SCAN_COUNT, SCAN_LINES, SCAN_COPY };
 
 static PyObject *jsonl_scan(PyObject *self, PyObject *args)
 {
-    int kind, want_lines;
+    int kind, mode;
     PyObject *obj;
-    Py_ssize_t start, avail, stride, max_slots;
-    if (!PyArg_ParseTuple(args, "iOnnnnp:scan", &kind, &obj, &start, &avail, &stride, &max_slots, &want_lines))
+    Py_ssize_t start, avail, max_records;
+    if (!PyArg_ParseTuple(args, "iOnnni:scan", &kind, &obj, &start, &avail, &max_records, &mode))
         return NULL;
     if (!kind_ready(kind))
         return NULL;
@@ -654,68 +661,102 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t size = view.len;
     size_t rsize = record_size[kind];
-    if (size <= 0 || (size & (size - 1)) || stride < (Py_ssize_t)(RB_HDR_ + rsize) || stride % 8 ||
-        size % stride || start < 0 || start >= size || start % stride || avail < 0 || max_slots < 0) {
-        PyErr_Format(PyExc_ValueError, "scan: bad geometry (size %zd, start %zd, avail %zd, stride %zd, max %zd)",
-                     size, start, avail, stride, max_slots);
+    size_t step_good = (RB_HDR_ + rsize + 7) & ~(size_t)7;
+    if (size < (Py_ssize_t)step_good || (size & (size - 1)) || start < 0 || start >= size || start % 8 ||
+        avail < 0 || max_records < 0 || mode < SCAN_COUNT || mode > SCAN_COPY || rsize > RECORD_MAX) {
+        PyErr_Format(PyExc_ValueError, "scan: bad geometry (size %zd, start %zd, avail %zd, max %zd, mode %d)",
+                     size, start, avail, max_records, mode);
         PyBuffer_Release(&view);
         return NULL;
     }
-    Py_ssize_t slots = avail / stride;
-    if (slots > size / stride)
-        slots = size / stride;
-    if (slots > max_slots)
-        slots = max_slots;
-    size_t lmax = line_max(kind);
+    if (avail > size)
+        avail = size;
+    /* The output's bound: each kept record consumed step_good bytes of avail. */
+    Py_ssize_t most = avail / (Py_ssize_t)step_good;
+    if (most > max_records)
+        most = max_records;
+    size_t each = mode == SCAN_LINES ? line_max(kind) : mode == SCAN_COPY ? rsize : 0;
     struct scratch *buf = NULL;
-    Py_ssize_t consumed = 0, kept = 0;
+    Py_ssize_t consumed = 0, kept = 0, bad = 0, seen = 0;
     int stop = 0, nomem = 0;
     const char *data = view.buf;
     size_t mask = (size_t)size - 1;
     char *p = NULL;
+    char whole[RECORD_MAX];
     Py_BEGIN_ALLOW_THREADS
-    if (want_lines) {
-        buf = scratch_take((size_t)slots * lmax);
+    if (each && most) {
+        buf = scratch_take((size_t)most * each);
         if (buf == NULL)
             nomem = 1;
         else
             p = buf->data;
     }
-    for (Py_ssize_t i = 0; i < slots && !nomem; i++) {
-        const char *slot = data + (((size_t)start + (size_t)consumed) & mask);
+    while (!nomem) {
+        if (seen == max_records) {
+            stop = 2;
+            break;
+        }
+        if (consumed + RB_HDR_ > avail)
+            break;
+        size_t off = ((size_t)start + (size_t)consumed) & mask;
         /* The header before the record it guards (an acquire load: x86-64
          * keeps loads in order, this keeps the compiler from moving them). */
-        uint32_t hdr = __atomic_load_n((const uint32_t *)slot, __ATOMIC_ACQUIRE);
+        uint32_t hdr = __atomic_load_n((const uint32_t *)(data + off), __ATOMIC_ACQUIRE);
         if (hdr & RB_BUSY_) {
             stop = 1;
             break;
         }
-        if (!(hdr & RB_DISCARD_)) {
-            if ((hdr & ~(RB_BUSY_ | RB_DISCARD_)) != rsize) {
-                stop = 2;
-                break;
-            }
-            if (p != NULL)
-                p = format_one(kind, p, slot + RB_HDR_);
-            kept++;
+        size_t len = hdr & ~(RB_BUSY_ | RB_DISCARD_);
+        Py_ssize_t step = (Py_ssize_t)((RB_HDR_ + len + 7) & ~(size_t)7);
+        seen++;
+        if (consumed + step > avail) {                  /* longer than what was committed */
+            bad++;
+            consumed = avail;
+            stop = 3;
+            break;
         }
-        consumed += stride;
+        consumed += step;
+        if (len == 0) {                                 /* no record is empty: garbage, discarded or not */
+            bad++;
+            continue;
+        }
+        if (hdr & RB_DISCARD_)
+            continue;
+        if (len != rsize) {
+            bad++;
+            continue;
+        }
+        size_t body = (off + RB_HDR_) & mask;
+        const char *rec = data + body;
+        if (body + rsize > (size_t)size) {              /* crosses the end: copy it whole */
+            size_t first = (size_t)size - body;
+            memcpy(whole, data + body, first);
+            memcpy(whole + first, data, rsize - first);
+            rec = whole;
+        }
+        if (mode == SCAN_LINES)
+            p = format_one(kind, p, rec);
+        else if (mode == SCAN_COPY) {
+            memcpy(p, rec, rsize);
+            p += rsize;
+        }
+        kept++;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (nomem)
         return PyErr_NoMemory();
-    PyObject *lines = Py_None;
+    PyObject *out = Py_None;
     Py_INCREF(Py_None);
-    if (buf != NULL) {
-        size_t used = (size_t)(p - buf->data);
+    if (each) {
         Py_DECREF(Py_None);
-        lines = PyBytes_FromStringAndSize(buf->data, (Py_ssize_t)used);
-        scratch_give(buf);
-        if (lines == NULL)
+        out = PyBytes_FromStringAndSize(buf != NULL ? buf->data : "", buf != NULL ? (Py_ssize_t)(p - buf->data) : 0);
+        if (buf != NULL)
+            scratch_give(buf);
+        if (out == NULL)
             return NULL;
     }
-    return Py_BuildValue("(Nnni)", lines, consumed, kept, stop);
+    return Py_BuildValue("(Nnnni)", out, consumed, kept, bad, stop);
 }
 
 /* One table: a sequence whose item i is bytes (the quoted name of value i) or None. */
@@ -841,8 +882,8 @@ static PyMethodDef methods[] = {
      "init(directions, flags, states, codes, probes): the name tables (quoted bytes or None per value; "
      "flags as (bit, quoted name))."},
     {"scan", jsonl_scan, METH_VARARGS,
-     "scan(kind, data, start, avail, stride, max_slots, lines) -> (bytes or None, consumed, kept, stop): "
-     "one pass over a ring's committed slots, formatting in place; runs without the GIL."},
+     "scan(kind, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop): "
+     "one pass over a ring's committed records (mode 0 count, 1 JSON lines, 2 copies); runs without the GIL."},
     {"line_max", jsonl_line_max, METH_VARARGS,
      "line_max(kind) -> the longest line (newline included) a record of that kind can give."},
     {"layout", jsonl_layout, METH_NOARGS, "layout() -> {ring: (itemsize, {field: offset})}"},

@@ -5,7 +5,7 @@ everything it made.
 Before load, from what this kernel accepts (:func:`plan`): per probe the
 mechanism, in the order the design card gives (fentry/fexit, then
 kprobe/kretprobe, then syscall tracepoints), and for the whole object the
-variant, fast (Linux 6.2+) or compat (5.8+), from exporter/features.py. The
+variant, fast (Linux 6.2+) or compat (5.8+), from exporter/kernel/features.py. The
 programs not chosen get autoload switched off (libbpf-tools' way: fallbacks
 are decided in user space, not with #ifdefs). A probe whose attach fails is
 reported with mechanism ``none``; the others keep running.
@@ -21,7 +21,8 @@ import errno
 import logging
 import os
 import threading
-from . import features, libbpf
+from exporter.kernel import features, libbpf
+from exporter.util.mounts import read as read_mountinfo
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,11 @@ OBJECT = "tcp.bpf.o"
 def _bpf_dir() -> str:
     """$NETTAP_BPF_DIR, else the objects shipped inside the installed package
     (pip install . copies bpf/*.bpf.o to exporter/bpf), else the checkout's bpf/."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    packaged = os.path.join(here, "bpf")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # exporter/
+    packaged = os.path.join(package, "bpf")
     if os.path.exists(os.path.join(packaged, OBJECT)):
         return packaged
-    return os.path.join(os.path.dirname(here), "bpf")
+    return os.path.join(os.path.dirname(package), "bpf")
 
 
 BPF_DIR = os.environ.get("NETTAP_BPF_DIR") or _bpf_dir()
@@ -178,14 +179,9 @@ def tracefs_mounted(mountinfo: str = "/proc/self/mountinfo") -> bool:
     """Is tracefs mounted at TRACEFS? (Asked of mountinfo: a user without
     CAP_DAC_READ_SEARCH cannot look inside it, mode 0700.)"""
     try:
-        with open(mountinfo) as f:
-            for line in f:
-                pre, _, post = line.partition(" - ")
-                if pre.split()[4:5] == [TRACEFS] and post.split()[:1] == ["tracefs"]:
-                    return True
+        return any(m.mountpoint == TRACEFS and m.fstype == "tracefs" for m in read_mountinfo(mountinfo))
     except OSError:
-        pass
-    return False
+        return False
 
 
 def ensure_tracefs() -> None:

@@ -7,7 +7,7 @@ The counters live in a :class:`Totals` that successive sinks share (a config
 reload replaces the sink): they grow for the process's life, so Prometheus
 never sees them reset.
 
-The file sink opens its files through :mod:`exporter.outpath` (no link
+The file sink opens its files through :mod:`exporter.util.outpath` (no link
 followed, ownership and mode checked); rotation renames and creates through
 the same checked directory fd.
 """
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .outpath import OutputRefused, open_dir, open_file
+from exporter.util.outpath import OutputRefused, open_dir, open_file
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def mark_line(kind: str) -> bytes:
     and the next start: what no nettap captured."""
     import json
     from datetime import datetime, timezone
-    from . import __version__
+    from exporter import __version__
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return (json.dumps({"pid": os.getpid(), "time": now, "ts_ns": time.monotonic_ns(), "type": kind,
                         "version": __version__}, sort_keys=True, separators=(",", ":")) + "\n").encode()

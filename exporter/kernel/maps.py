@@ -5,7 +5,7 @@ import ctypes
 import errno
 import threading
 
-from . import libbpf
+from exporter.kernel import libbpf
 
 
 def update(fd: int, key: bytes, value: bytes, flags: int = libbpf.BPF_ANY) -> None:

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import bpfstats, fdinfo, libbpf
-from .logsafe import escape
+from exporter.kernel import bpfstats, fdinfo, libbpf
+from exporter.util.logsafe import escape
 
 DEFAULT_URL = "http://127.0.0.1:42424/metrics"
 
@@ -134,7 +134,7 @@ def nettap_view(url: str, prev: Optional[Scrape], cur: Optional[Scrape], dt: flo
 
 def fetch(url: str, timeout: float = 0.5) -> Tuple[Optional[Scrape], Optional[str]]:
     """(samples, None), or (None, why not) when nothing answers or it is not Prometheus text."""
-    from .httpget import FetchError, get, shown
+    from exporter.util.httpget import FetchError, get, shown
     try:
         body = get(url, deadline=timeout, max_bytes=16 << 20)
     except FetchError as e:

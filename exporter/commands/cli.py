@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from . import __version__
+from exporter import __version__
 
 log = logging.getLogger("nettap")
 
@@ -69,9 +69,9 @@ def _args(argv: list | None) -> argparse.Namespace:
 
 
 def _decode(path: str, ring: str) -> int:
-    from . import records
-    from .decode import Decoder
-    from .logsafe import escape
+    from exporter.capture import records
+    from exporter.capture.decode import Decoder
+    from exporter.util.logsafe import escape
     if ring not in records.RECORDS:
         print(f"nettap: --ring must be one of {', '.join(records.RECORDS)}", file=sys.stderr)
         return 2
@@ -87,7 +87,7 @@ def _decode(path: str, ring: str) -> int:
     try:
         with open(path, "rb") as f:          # streamed: the input may be a device that never ends
             for recs in dec.records(f):
-                out.write(records.reference_jsonl(ring, recs))
+                out.write(records.jsonl(ring, recs))
     except OSError as e:
         print(f"nettap: cannot read {escape(path)}: {e.strerror}", file=sys.stderr)
         return 1
@@ -125,7 +125,7 @@ class _Background(threading.Thread):
 
 
 def _refused(e, what: str = "config") -> int:
-    from .logsafe import escape
+    from exporter.util.logsafe import escape
     print(f"nettap: {what} refused: {escape(str(e))}", file=sys.stderr)
     return 2
 
@@ -157,7 +157,7 @@ def _probe_kernel_meanwhile(mechanism, variant):
     """Start finding what the kernel accepts (parsing vmlinux BTF, feature
     probes, trying an fexit program: ~25 ms, mostly in libbpf and the kernel,
     outside the GIL) while the main thread imports PyYAML and reads the config."""
-    from .loader import ensure_tracefs, plan
+    from exporter.kernel.loader import ensure_tracefs, plan
     ensure_tracefs()                            # before any thread: it may unshare the mount namespace
     return _Background(plan, mechanism, variant)
 
@@ -167,29 +167,23 @@ def _load_refused(e: OSError, kernel_plan) -> str:
     only when this process lacks one, else the kernel and its missing features."""
     if isinstance(e, FileNotFoundError):        # not a privilege, not the kernel
         return str(e)
-    caps = _effective_caps()
-    need = {"CAP_BPF": 39, "CAP_PERFMON": 38}
-    missing = [n for n, bit in need.items() if not caps >> bit & 1 and not caps >> 21 & 1]
+    from exporter.kernel import privileges
+    try:
+        caps = privileges.current()[0]
+    except OSError:
+        caps = 0
+    need = ("CAP_BPF", "CAP_PERFMON")
+    missing = [] if caps & privileges.mask_of(("CAP_SYS_ADMIN",)) else \
+        [n for n in need if not caps & privileges.mask_of((n,))]
     if missing:
         return f"{e} (nettap needs root, or {'+'.join(need)}; this process lacks {', '.join(missing)})"
-    from .features import FAST_NEEDS, FLOOR
+    from exporter.kernel.features import FAST_NEEDS, FLOOR
     needed = FLOOR + (FAST_NEEDS if kernel_plan.variant == "fast" else ())
     absent = [f"{f.name} (Linux {f.since})" for f in kernel_plan.features
               if not f.present and f.name in needed]
     return (f"{e}: kernel {os.uname().release} refused the {kernel_plan.variant} programs"
             + (f"; it lacks {', '.join(absent)}" if absent else "")
             + "; libbpf's log above names the program and the verifier's reason")
-
-
-def _effective_caps() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except OSError:
-        pass
-    return 0
 
 
 def _preflight(probes) -> int:
@@ -242,7 +236,7 @@ class _Endpoint:
 
 
 # Commands beside the daemon: `nettap top ...`, `nettap size ...`, each with its own flags.
-COMMANDS = {"read": "exporter.read", "top": "exporter.top", "size": "exporter.size"}
+COMMANDS = {"read": "exporter.commands.read", "top": "exporter.commands.top", "size": "exporter.commands.size"}
 
 
 def main(argv: list | None = None) -> int:
@@ -261,24 +255,24 @@ def main(argv: list | None = None) -> int:
         except OSError as e:
             print(f"nettap: cannot prepare tracefs: {e.strerror}", file=sys.stderr)
             return 1
-    from . import config
+    from exporter import config
     try:
         cfg = config.load(args.config) if args.config else config.DEFAULT
     except config.ConfigError as e:
         return _refused(e)
     web = None
     if args.web_config:
-        from . import webconfig
+        from exporter.web import webconfig
         try:
             web = webconfig.Web(webconfig.load(args.web_config), args.web_config)
         except config.ConfigError as e:
             return _refused(e, "web config")
     if args.check_config:
-        from .targets import resolve
+        from exporter.capture.targets import resolve
         try:
             resolve(cfg.captures)               # as the daemon: each pid, cgroup, netns must exist now
             if cfg.output.type == "jsonl":      # as the daemon opens it (made and removed if missing)
-                from .outpath import OutputRefused, check
+                from exporter.util.outpath import OutputRefused, check
                 try:
                     check(cfg.output.path, cfg.output.mode, os.geteuid())
                 except OutputRefused as e:
@@ -288,7 +282,7 @@ def main(argv: list | None = None) -> int:
         print(f"{args.config}: ok" if args.config else "no --config, the built-in default config: ok")
         return 0
     level = args.log_level or cfg.log_level
-    from .logsafe import FORMATTERS, install
+    from exporter.util.logsafe import FORMATTERS, install
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(FORMATTERS[args.log_format]())
     install(handler)                            # values in messages cannot forge log lines
@@ -301,7 +295,7 @@ def main(argv: list | None = None) -> int:
         # Bind before loading anything: a port in use fails now, not after
         # the load. Served once the collector is up; until then a client
         # waits in the listen backlog.
-        from .server import serve
+        from exporter.web.server import serve
         endpoint = _Endpoint(args.config, args.telemetry_path)
         try:
             srv = serve(args.listen, endpoint, endpoint.stats, endpoint.not_ready, web, endpoint.landing,
@@ -312,10 +306,10 @@ def main(argv: list | None = None) -> int:
 
     # Attach first: what only the pipeline needs (numpy) is imported once
     # the probes are in place.
-    from .loader import Probes
-    from .targets import resolve
+    from exporter.kernel.loader import Probes
+    from exporter.capture.targets import resolve
     t0 = time.monotonic()
-    from .features import Unsupported
+    from exporter.kernel.features import Unsupported
     kernel_plan = None
     try:
         resolve(cfg.captures)                   # refuse a bad target before loading anything
@@ -334,8 +328,8 @@ def main(argv: list | None = None) -> int:
     if args.preflight:
         return _preflight(probes)
     # Loading and attaching are done: keep only the capabilities a reload
-    # may use (exporter/privileges.py), before any thread starts.
-    from . import bpfstats, privileges
+    # may use (exporter/kernel/privileges.py), before any thread starts.
+    from exporter.kernel import bpfstats, privileges
     bpfstats.STATE_PROBE.load()                 # the stats-state probe needs CAP_BPF: load it now
     try:
         privileges.drop_after_attach()
@@ -344,8 +338,8 @@ def main(argv: list | None = None) -> int:
         probes.close()
         return 1
 
-    from .app import Nettap
-    from .server import serve
+    from exporter.commands.daemon import Nettap
+    from exporter.web.server import serve
     try:
         app = Nettap(cfg, probes=probes, log_level=args.log_level)
     except config.ConfigError as e:
@@ -363,7 +357,7 @@ def main(argv: list | None = None) -> int:
     early_hup.release()                         # programs loaded: a SIGHUP cannot fail them now
 
     app.mark_loaded()
-    from .watcher import ConfigWatcher
+    from exporter.util.watcher import ConfigWatcher
     watchers = []
     if args.config:
         watchers.append(ConfigWatcher(args.config, lambda: app.reload(args.config)).start())

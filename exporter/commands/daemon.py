@@ -12,20 +12,20 @@ from typing import Dict, Optional
 from prometheus_client import CollectorRegistry
 from prometheus_client import gc_collector, platform_collector, process_collector
 
-from . import __version__
-from . import config as config_mod
-from . import sinks, targets
-from .bpfstats import (STATE_PROBE, ProgramStatsCollector, StatsSwitch, own_program_misses,
+from exporter import __version__
+from exporter import config as config_mod
+from exporter.capture import sinks, targets
+from exporter.kernel.bpfstats import (STATE_PROBE, ProgramStatsCollector, StatsSwitch, own_program_misses,
                        own_program_stats)
-from .cgroup import CgroupCollector
-from .collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
+from exporter.metrics.cgroup import CgroupCollector
+from exporter.metrics.collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
                          ProbeCollector, ReloadCollector)
-from .config import Config, ConfigError
-from .loader import Probes
-from .maps import PerCpuArray, lookup
-from .pipeline import Pipeline
-from .records import PROBE_COUNTERS, PROBES, RINGS
-from .ringbuf import RingMemory
+from exporter.config import Config, ConfigError
+from exporter.kernel.loader import Probes
+from exporter.kernel.maps import PerCpuArray, lookup
+from exporter.capture.pipeline import Pipeline
+from exporter.capture.records import PROBE_COUNTERS, PROBES, RINGS
+from exporter.capture.ringbuf import RingMemory
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class Nettap:
                 "process": process}
 
     def landing(self, config_path: Optional[str] = None) -> dict:
-        """The landing page's document (exporter/landing.py renders it)."""
+        """The landing page's document (exporter/web/landing.py renders it)."""
         r, cur, probes = self.reloads, self.target_maps.current, self.probes
         drops = self.drops()
         return {

@@ -99,7 +99,7 @@ class Prometheus:
         """{instance: value} of an instant query at self.at. SizeError, in
         one short line, for anything but Prometheus's answer to it."""
         import json
-        from .httpget import FetchError, get, shown
+        from exporter.util.httpget import FetchError, get, shown
         try:
             raw = get(self.url + "/api/v1/query", {"query": expr, "time": self.at}, deadline=self.timeout,
                       session=self.session)

@@ -1,0 +1,127 @@
+"""Ring records: the numpy layouts of bpf/tcp.h and their JSON lines.
+
+Each dtype mirrors one C struct of ``bpf/tcp.h`` (tests/unit/test_layout.py
+checks names, offsets and sizes against the BTF in ``bpf/tcp.bpf.o``).
+:data:`SLOTS` wraps each in the 8-byte ring-buffer record header
+(``struct bpf_ringbuf_hdr``: u32 len with the BUSY and DISCARD bits, u32
+pg_off) and pads it to its stride, so a run of records in ring memory is one
+numpy array.
+
+:func:`jsonl` turns a batch into JSON lines (keys in byte order, the payload
+in base64 so binary and non-UTF-8 bytes survive) with the compiled writer
+(``exporter/capture/_jsonl.c``, built by ``pip install``): one call for the
+batch, without the interpreter lock. It is the only writer nettap ships; the
+pure-Python one it is checked against is a test oracle (tests/oracles.py).
+"""
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+
+from exporter.kernel.tcp_h import (CHUNK_DATA, MAX_CGROUP_LEVEL, MAX_PAYLOAD_BYTES, PROBES, RINGS,  # noqa: F401
+                    STRIDES, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT)
+
+DIRECTIONS = ("egress", "ingress")
+CHUNK_FLAGS = ((1, "read_failed"), (2, "no_conn"))
+LOG_CODES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated",
+             5: "payload_unreadable"}
+AF_NAMES = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6"}
+TCP_STATES = ("", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
+              "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV", "BOUND_INACTIVE")
+
+# kernel/bpf/ringbuf.c: BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ
+RB_BUSY = 1 << 31
+RB_DISCARD = 1 << 30
+RB_HDR = 8
+
+CAPTURE_CONFIG = np.dtype([("flags", "<u4"), ("cgroup_levels", "<u4"),
+                           ("max_payload_bytes", "<u4"), ("wakeup_bytes", "<u4"),
+                           ("eof_wakeup_bytes", "<u4"), ("wakeup_check_bytes", "<u4")])
+PROBE_COUNTERS = np.dtype([("calls", "<u8"), ("returns", "<u8"), ("bytes", "<u8"), ("chunks", "<u8")])
+
+_CONN = [("family", "<u2"), ("sport", "<u2"), ("dport", "<u2")]
+
+CHUNK = np.dtype([
+    ("conn_id", "<u8"), ("ts_ns", "<u8"), ("offset", "<u8"), ("call_offset", "<u8"),
+    ("call_len", "<u4"), ("len", "<u4"), ("pid", "<u4"), ("tid", "<u4"),
+    *_CONN, ("direction", "u1"), ("flags", "u1"),
+    ("saddr", "S16"), ("daddr", "S16"), ("comm", "S16"), ("data", f"V{CHUNK_DATA}"),
+])
+EOF_ = np.dtype([
+    ("conn_id", "<u8"), ("ts_ns", "<u8"), ("start_ns", "<u8"), ("tx_bytes", "<u8"), ("rx_bytes", "<u8"),
+    ("pid", "<u4"), ("tid", "<u4"), *_CONN, ("oldstate", "u1"), ("pad0", "u1"),
+    ("saddr", "S16"), ("daddr", "S16"), ("comm", "S16"), ("tx_calls", "<u8"), ("rx_calls", "<u8"),
+])
+LOG = np.dtype([
+    ("ts_ns", "<u8"), ("code", "<u4"), ("probe", "<u4"), ("arg0", "<u8"), ("arg1", "<u8"),
+    ("pid", "<u4"), ("tid", "<u4"), ("comm", "S16"),
+])
+RECORDS = {"capture_chunks": CHUNK, "capture_eof": EOF_, "logs": LOG}
+C_NAMES = {"capture_chunks": "nettap_chunk", "capture_eof": "nettap_eof", "logs": "nettap_log"}
+
+
+def stride(record: np.dtype) -> int:
+    """Bytes one record takes in ring memory: header + record, 8-aligned."""
+    return (RB_HDR + record.itemsize + 7) & ~7
+
+
+def slot_dtype(record: np.dtype) -> np.dtype:
+    """Ring header + record + padding, as laid out in ring memory."""
+    return np.dtype({"names": ["rb_len", "rb_pg_off", "rec"],
+                     "formats": ["<u4", "<u4", record],
+                     "offsets": [0, 4, RB_HDR], "itemsize": stride(record)})
+
+
+SLOTS = {ring: slot_dtype(rec) for ring, rec in RECORDS.items()}
+assert {r: s.itemsize for r, s in SLOTS.items()} == STRIDES, "tcp_h.STRIDES disagrees with the dtypes"
+
+
+# ---- the compiled writer (exporter/capture/_jsonl.c) ---------------------------
+
+KINDS = {"capture_chunks": 0, "capture_eof": 1, "logs": 2}     # _jsonl.c: KIND_*
+# The longest line one record can give, newline included (every field at its
+# widest, every comm byte escaped, a full payload): the pipeline bounds its
+# queue by these before formatting. tests/unit/test_jsonl.py checks them
+# against the compiled writer's own bounds and extreme records.
+LINE_MAX = {"capture_chunks": 1536, "capture_eof": 1024, "logs": 1024}
+
+
+def _quoted(names) -> list:
+    """A name table for _jsonl.init(): item i is value i's name as a quoted
+    JSON string, or None where the writer prints the number."""
+    if isinstance(names, dict):
+        names = [names.get(i) for i in range(max(names) + 1)]
+    return [json.dumps(n).encode() if n else None for n in names]
+
+
+def _load_compiled():
+    """The compiled writer, checked against the dtypes and given the name
+    tables here. A missing or stale build is an ImportError that says so:
+    nettap has no other writer."""
+    try:
+        from exporter.capture import _jsonl
+    except ImportError as e:
+        raise ImportError(f"exporter.capture._jsonl is not built ({e}): run scripts/setup.sh, "
+                          "or pip install . with gcc and python3-dev present") from None
+    layout = _jsonl.layout()
+    for ring, rec in RECORDS.items():
+        want = (rec.itemsize, {f: rec.fields[f][1] for f in rec.names})
+        if layout[ring] != want:
+            raise ImportError(f"exporter.capture._jsonl is stale: its {ring} layout {layout[ring]} is not "
+                              f"the dtype's {want}; rebuild it (scripts/setup.sh)")
+    _jsonl.init(_quoted(DIRECTIONS), [(bit, json.dumps(n).encode()) for bit, n in CHUNK_FLAGS],
+                _quoted(TCP_STATES), _quoted(LOG_CODES), _quoted(PROBES))
+    return _jsonl
+
+
+compiled = _load_compiled()
+
+
+def jsonl(ring: str, recs: np.ndarray) -> bytes:
+    """Every record's JSON line, each ended by a newline, as UTF-8 bytes (what
+    a sink writes), in one call without the interpreter lock."""
+    if recs.dtype != RECORDS[ring]:        # the writer checks the item size only
+        raise TypeError(f"{ring}: records of dtype {recs.dtype}, not the ring's")
+    return compiled.format(KINDS[ring], recs)

@@ -1,0 +1,181 @@
+"""Reading BPF ring buffers (BPF_MAP_TYPE_RINGBUF) from user space, in batches.
+
+Two layers, after cilium/ebpf's ring reader: :class:`RingMemory` reads the
+ring's memory (positions and records, no waiting); :class:`RingPoller` waits
+for any of several rings to have data (epoll on the map fds, plus a wake-up
+fd so :meth:`RingPoller.close` unblocks a waiting :meth:`RingPoller.wait`).
+
+Ring memory (kernel/bpf/ringbuf.c, ``bpf_ringbuf_mmap_user``): page 0 holds
+``consumer_pos`` and is the only page user space may write; page 1 holds
+``producer_pos``; the data pages follow (mapped twice in a row by the kernel
+so that a record crossing the end reads contiguously; nettap maps them once,
+see :class:`RingMemory`). Each record starts
+with an 8-byte header: u32 ``len`` whose bit 31 (BUSY) is set while the
+producer still fills the record and bit 30 (DISCARD) when it was discarded,
+and u32 ``pg_off``. Records are 8-byte aligned.
+
+Every record nettap's programs write to one ring has the same size, and each
+stride divides the ring size, so no record crosses the end of the data pages.
+A batch is read by one call into the compiled scan (exporter/capture/_jsonl.c,
+``scan``), without the interpreter lock and with no Python per record: it
+counts the records, formats their JSON lines in place, or copies them out. A
+header whose length is not the record's (garbage, a stale object) is counted
+bad and skipped by its own length, so the walk resynchronises; a read stops at
+the first record still BUSY and the caller comes back on its next poll,
+rather than chasing the producer record by record. (The plain Python walk
+the scan is checked against is tests/oracles.py's.)
+
+Memory ordering: the kernel publishes a record by clearing BUSY with
+``xchg`` after writing it, and advances ``producer_pos`` with
+``smp_store_release``; it reads ``consumer_pos`` with ``smp_load_acquire``.
+On x86-64 (TSO) loads are not reordered with older loads and stores are not
+reordered with older loads, so plain loads of ``producer_pos`` then of the
+headers and data, followed by a plain store of ``consumer_pos`` after the
+copy, give the acquire/release pairing the protocol needs. On a weakly
+ordered architecture (arm64, ppc64, riscv) this reader would need a load
+acquire of ``producer_pos`` (``ldar``) and a store release of
+``consumer_pos`` (``stlr``), which plain numpy loads and stores do not give; nettap's loader therefore only runs this reader on x86-64.
+
+Thread-safety: a RingMemory is read by one thread at a time (the drain
+thread). :meth:`RingPoller.close` may be called from any thread.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import select
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple
+
+import numpy as np
+
+from exporter.capture import records
+from exporter.capture.records import RECORDS, SLOTS
+
+_EMPTY = {ring: np.empty(0, dtype=rec) for ring, rec in RECORDS.items()}
+_COUNT, _LINES, _COPY = 0, 1, 2                 # _jsonl.scan's modes
+_FULL = 2                                       # its stop: max_records reached
+
+
+@dataclass
+class Batch:
+    ring: str
+    records: np.ndarray        # structured array of the ring's record dtype (empty when not copied)
+    count: int = -1            # records read (== len(records) when copied)
+    bad: int = 0               # records whose header did not match the layout
+    full: bool = False         # max_records were read: more may be waiting
+    data: bytes = b""          # their JSON lines, from read(lines=True)
+
+
+class RingMemory:
+    """The mapped memory of one ring. Reads records; never waits."""
+
+    def __init__(self, name: str, map_fd: int, size: int, copy: bool = True):
+        if platform.machine() not in ("x86_64", "AMD64"):
+            raise OSError(f"ring reader: memory ordering is only proven on x86-64, not {platform.machine()}")
+        self.name = name
+        self.fd = map_fd
+        self.size = size
+        self.mask = size - 1
+        self.record = RECORDS[name]
+        self.slot = SLOTS[name]
+        if size % self.slot.itemsize:
+            raise ValueError(f"ring {name}: size {size} is not a multiple of its stride {self.slot.itemsize}")
+        page = mmap.PAGESIZE
+        self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        # The kernel maps the data pages twice in a row so that a record
+        # crossing the end reads contiguously; nettap's strides divide the
+        # ring, so no record crosses it and one mapping is enough (the
+        # second would only double the ring's share of nettap's RSS; the
+        # scan copies the rare record that crosses after garbage).
+        self._prod_map = mmap.mmap(map_fd, page + size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        self._cons = np.frombuffer(self._cons_map, dtype=np.uint64, count=1)
+        self._prod = np.frombuffer(self._prod_map, dtype=np.uint64, count=1)
+        self._data = memoryview(self._prod_map)[page:page + size]
+        self.kind = records.KINDS[name]
+        self.drained = 0
+        self.bad = 0
+        self.copy = copy     # False: records are counted and released, not copied out
+
+    def positions(self) -> Tuple[int, int]:
+        return int(self._cons[0]), int(self._prod[0])
+
+    def pending_bytes(self) -> int:
+        cons, prod = self.positions()
+        return prod - cons
+
+    def read(self, max_records: int = 1 << 16, lines: bool = False, discard: bool = False) -> Optional[Batch]:
+        """Take the committed records after consumer_pos (at most
+        max_records, stopping at the first record still BUSY), then release
+        them to the producer. None when there is nothing committed.
+
+        What is kept of them: with ``lines``, their JSON lines
+        (``Batch.data``), formatted in place from ring memory before the ring
+        is released; with ``discard``, nothing (they are counted); otherwise
+        a copy when the ring was made with ``copy``."""
+        cons, prod = self.positions()
+        if prod == cons:
+            return None
+        mode = _LINES if lines else _COUNT if discard or not self.copy else _COPY
+        data, consumed, kept, bad, stop = records.compiled.scan(
+            self.kind, self._data, cons & self.mask, prod - cons, max_records, mode)
+        if not consumed:                               # a BUSY record first
+            return None
+        self._cons[0] = cons + consumed                # release (x86-64: plain store)
+        self.drained += kept
+        self.bad += bad
+        recs = np.frombuffer(data, dtype=self.record) if mode == _COPY and kept else _EMPTY[self.name]
+        return Batch(self.name, recs, count=kept, bad=bad, full=stop == _FULL,
+                     data=data if mode == _LINES else b"")
+
+    def close(self) -> None:
+        # Drop numpy views before unmapping.
+        self._cons = self._prod = None
+        self._data.release()
+        self._cons_map.close()
+        self._prod_map.close()
+
+
+class RingPoller:
+    """Waits for data on several rings. :meth:`close` (any thread) wakes a
+    waiting :meth:`wait`, which then returns False."""
+
+    def __init__(self, rings: Iterable[RingMemory]):
+        self.rings: Dict[int, RingMemory] = {r.fd: r for r in rings}
+        self._ep = select.epoll()
+        self._wake_r, self._wake_w = os.pipe()
+        self._ep.register(self._wake_r, select.EPOLLIN)
+        # Edge-triggered: a ring polls readable for as long as it holds any
+        # data (kernel/bpf/ringbuf.c, ringbuf_map_poll_user), so level-
+        # triggered epoll would spin on a busy ring and drain it in crumbs.
+        # Edge-triggered, only the producer's explicit wakeups (nettap's
+        # programs force one once a quarter of that ring is pending, each
+        # ring against its own size: exporter.capture.targets.wakeup_thresholds) end a wait
+        # early; otherwise the caller's timeout paces the drain.
+        for fd in self.rings:
+            self._ep.register(fd, select.EPOLLIN | select.EPOLLET)
+        self.closed = False
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a ring signals data or timeout seconds pass; False once closed."""
+        if self.closed:
+            return False
+        try:
+            self._ep.poll(timeout)
+        except InterruptedError:
+            pass
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Free the epoll and pipe fds (after the waiting thread has left)."""
+        self._ep.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)

@@ -1,0 +1,189 @@
+"""``nettap read FILE...``: nettap's JSON-lines captures read back.
+
+Lists the captured connections, prints one connection's byte streams in
+stream order (text or hex) with what was not captured marked, and writes a
+pcap of synthesized TCP segments that Wireshark and tshark follow
+(exporter/commands/pcap.py). The files, their records and the connections
+and streams made of them are exporter/commands/streams.py's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Iterator, List
+
+from exporter.util.logsafe import escape
+from exporter.util.outpath import open_regular
+from exporter.commands.streams import (Capture, Conn, Problems, Stream, capture_gaps, endpoint,
+                                      ordered, records, select)
+
+# ---- text output ---------------------------------------------------------
+
+def listing(cap: Capture, conns: List[Conn], out) -> None:
+    rows = [("CONN", "LOCAL", "REMOTE", "PID", "COMM", "TX", "RX", "TRUNCATED", "GAPS", "CLOSED")]
+    for c in conns:
+        trunc_calls = trunc_bytes = gaps = gap_bytes = 0
+        for d, s in c.streams.items():
+            trunc_calls += sum(got < n for n, got in s.calls.values())
+            for _, n, why in s.holes(c.total(d)):
+                if why == "truncated":
+                    trunc_bytes += n
+                else:
+                    gaps, gap_bytes = gaps + 1, gap_bytes + n
+        pid = str(c.pid) + (f"+{len(c.pids) - 1}" if len(c.pids) > 1 else "")
+        rows.append((str(c.conn_id), endpoint(c.family, c.saddr, c.sport), endpoint(c.family, c.daddr, c.dport),
+                     pid, escape(c.comm), str(c.streams["egress"].end(c.total("egress"))),
+                     str(c.streams["ingress"].end(c.total("ingress"))),
+                     f"{trunc_calls} call{'s' * (trunc_calls > 1)}, {trunc_bytes} B" if trunc_calls else "-",
+                     f"{gaps}, {gap_bytes} B" if gaps else "-", "yes" if c.eof else "no"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
+    n = cap.counts
+    out.write(f"{len(conns)} connection(s) of {len(cap.conns)}; records: {n['chunk']} chunk, "
+              f"{n['eof']} eof, {n['log']} log\n")
+    if cap.no_conn:
+        out.write(f"{cap.no_conn} chunk(s) without a connection (conn_id 0: nettap's connection table "
+                  f"was full): in no stream\n")
+    if cap.logs:
+        out.write("log records: " + ", ".join(f"{escape(k)} {v}" for k, v in sorted(cap.logs.items())) + "\n")
+    for gap in capture_gaps(cap.marks):
+        out.write(f"capture gap: {escape(gap)}\n")
+
+
+def _hole_text(off: int, n: int, why: str, s: Stream) -> str:
+    if why == "truncated":
+        co = max(o for o in s.calls if o <= off)
+        return (f"[nettap: {n} bytes not captured at offset {off}: the call of {s.calls[co][0]} bytes "
+                f"at offset {co} was truncated (capture.max_payload_bytes)]")
+    if why == "unreadable":
+        return f"[nettap: {n} bytes at offset {off} unreadable (the kernel could not read the payload)]"
+    return f"[nettap: {n} bytes missing at offset {off} (records lost)]"
+
+
+_CONTROL = {b: "." for b in range(128) if not 32 <= b < 127 and b not in b"\n\t\r"}
+_LONE_CR = re.compile(r"\r(?!\n)")
+
+
+def _text(data: bytes) -> str:
+    """Bytes as text: UTF-8 (U+FFFD where it is not), control characters but
+    newline, tab and CR LF as '.', as Wireshark's ASCII view shows them."""
+    return _LONE_CR.sub(".", data.decode("utf-8", "replace").translate(_CONTROL))
+
+
+def _hexdump(off: int, data: bytes) -> Iterator[str]:
+    for i in range(0, len(data), 16):
+        row = data[i:i + 16]
+        h = " ".join(f"{b:02x}" for b in row[:8]) + "  " + " ".join(f"{b:02x}" for b in row[8:])
+        a = "".join(chr(b) if 32 <= b < 127 else "." for b in row)
+        yield f"{off + i:08x}  {h:<48}  |{a}|\n"
+
+
+def streams(c: Conn, out, hexdump: bool) -> None:
+    pids = ", ".join(map(str, sorted(c.pids)))
+    out.write(f"conn {c.conn_id}: {escape(c.family)} {endpoint(c.family, c.saddr, c.sport)} -> "
+              f"{endpoint(c.family, c.daddr, c.dport)}, pid {pids} ({escape(c.comm)})"
+              f"{', closed' if c.eof else ''}\n")
+    for d, s in c.streams.items():
+        end = s.end(c.total(d))
+        frm, to = c.ends(d)
+        runs = s.runs()
+        holes = s.holes(c.total(d))
+        out.write(f"==> {d} {frm} -> {to}: {end} bytes in {len(s.calls)} call(s), "
+                  f"{sum(len(b) for _, b in runs)} captured\n")
+        at_line_start = True
+        for off, item in sorted([(o, b) for o, b in runs] + [(o, h) for o, *h in holes],
+                                key=lambda x: x[0]):
+            if isinstance(item, bytes):
+                if hexdump:
+                    out.writelines(_hexdump(off, item))
+                else:
+                    t = _text(item)
+                    out.write(t)
+                    at_line_start = t.endswith("\n")
+            else:
+                out.write(("" if at_line_start else "\n") + _hole_text(off, *item, s) + "\n")
+                at_line_start = True
+        if not at_line_start:
+            out.write("\n")
+
+
+# ---- the command ---------------------------------------------------------
+
+def _args(argv: List[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="nettap read",
+        description="Read nettap's JSON-lines capture files (rotated ones included, taken oldest first: "
+                    "capture.jsonl.3 ... capture.jsonl.1, capture.jsonl). Without --conn or --pcap: "
+                    "list the connections.")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--conn", type=int, action="append", default=[], metavar="ID",
+                   help="print this connection's byte streams, each direction in stream order, "
+                        "with what was not captured marked (repeatable; with --pcap: only filters)")
+    p.add_argument("--hex", action="store_true", help="with --conn: a hex dump instead of text")
+    p.add_argument("--port", type=int, action="append", default=[], help="only connections with this local or remote port")
+    p.add_argument("--pid", type=int, action="append", default=[], help="only connections a call of this process moved")
+    p.add_argument("--pcap", metavar="OUT",
+                   help="write the connections as synthesized TCP segments to the pcap file OUT "
+                        "(Wireshark, tshark; times are CLOCK_MONOTONIC)")
+    return p.parse_args(argv)
+
+
+def main(argv: List[str]) -> int:
+    args = _args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:                     # the reader went away (| head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    files, rc = [], 0
+    for name in ordered(args.files):
+        try:
+            f = os.fdopen(open_regular(name), "rb")      # a FIFO is refused, never waited on
+            files.append((name, f, os.fstat(f.fileno()).st_size))
+        except OSError as e:
+            print(f"nettap read: cannot read {escape(name)}: {e.strerror}", file=sys.stderr)
+            rc = 1
+    problems = Problems()
+    cap = Capture()
+    for rec in records(files, problems):
+        cap.add(rec)
+    line = problems.line()
+    if line:
+        print(escape(line), file=sys.stderr)
+    conns = select(cap.conns.values(), args.port, args.pid, args.conn)
+    out = sys.stdout
+    if hasattr(out, "reconfigure"):             # payload and task names are UTF-8, whatever the locale
+        out.reconfigure(encoding="utf-8", errors="replace")
+    if not args.conn and not args.pcap:
+        listing(cap, conns, out)
+        return rc
+    if not conns:
+        print("nettap read: no connection matches", file=sys.stderr)
+        return 1
+    keys = {c.key for c in conns}
+    ids = {c.conn_id for c in conns}
+    full = Capture()
+    for rec in records(files, None, lambda r: r.get("conn_id") in ids):
+        full.add(rec, keep=True)
+    conns = [full.conns[k] for k in cap.conns if k in keys and k in full.conns]
+    if args.pcap:
+        from exporter.commands.pcap import write_pcap
+        try:
+            n, notes = write_pcap(conns, args.pcap)
+        except OSError as e:
+            print(f"nettap read: cannot write {escape(args.pcap)}: {e.strerror}", file=sys.stderr)
+            return 1
+        for note in notes:
+            print(f"nettap read: {escape(note)}", file=sys.stderr)
+        print(f"nettap read: wrote {n} packets of {len(conns) - len(notes)} connection(s) to {args.pcap}",
+              file=sys.stderr)
+        return rc
+    for c in conns:
+        streams(c, out, args.hex)
+    return rc

@@ -1,0 +1,124 @@
+"""The tree is the architecture (docs/architecture.md): exporter/ is layers, and
+an import goes down, never up or sideways. Every import counts, the ones inside
+functions too: a lazy import is still a dependency."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "exporter"
+
+# What each layer may import besides itself (and the package root's
+# __version__ / _revision, which every layer may read).
+ALLOWED = {
+    "util": set(),
+    "kernel": {"util"},
+    "config": {"util", "kernel"},
+    "capture": {"util", "kernel", "config"},
+    "metrics": {"util", "kernel", "config"},
+    "web": {"util", "config"},
+    "commands": {"util", "kernel", "config", "capture", "metrics", "web"},
+}
+ROOT_MODULES = {"__init__", "__main__", "config", "_revision"}
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> str | None:
+    """exporter.capture.sinks -> capture; exporter.config -> config; the
+    package root (exporter, exporter._revision) -> None."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in ("_revision",):
+        return None
+    if parts[1] == "__main__":
+        return "commands"
+    return parts[1]
+
+
+def _imports(path: Path) -> set:
+    """Every exporter module path imports, absolute or relative."""
+    mod = _module(path)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "exporter")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "exporter":
+                continue
+            for a in node.names:            # `from exporter.kernel import loader`: the module
+                sub = f"{target}.{a.name}"
+                is_module = (PKG.parent / (sub.replace(".", "/") + ".py")).exists() or \
+                    (PKG.parent / sub.replace(".", "/")).is_dir()
+                out.add(sub if is_module else target)
+    return out
+
+
+MODULES = {_module(p): p for p in sorted(PKG.rglob("*.py"))}
+GRAPH = {m: _imports(p) for m, p in MODULES.items()}
+
+
+def test_every_module_is_in_a_layer():
+    top = {m.split(".")[1] for m in MODULES if m.count(".") == 1}
+    stray = top - ROOT_MODULES - set(ALLOWED)
+    assert not stray, f"modules at exporter/'s top level outside any layer: {sorted(stray)}"
+    assert set(ALLOWED) - {"config"} <= {p.name for p in PKG.iterdir() if p.is_dir()}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down(module):
+    own = _layer(module)
+    if own is None:                                 # the package root imports nothing of its own
+        assert all(_layer(t) is None for t in GRAPH[module]), GRAPH[module]
+        return
+    wrong = sorted(t for t in GRAPH[module]
+                   if _layer(t) not in (None, own) and _layer(t) not in ALLOWED[own])
+    assert not wrong, f"{module} ({own}) imports {wrong}: only {sorted(ALLOWED[own]) or 'nothing'} may be"
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a loop (read and
+    pcap once did): a cycle is two modules that cannot be understood apart."""
+    edges = {m: {t for t in ts if t in MODULES and t != m} for m, ts in GRAPH.items()}
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == "open":
+                loop = stack[stack.index(t):] + [t]
+                pytest.fail("import cycle: " + " -> ".join(loop))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    """The walk above finds what it must: a kernel module importing capture."""
+    bad = PKG / "kernel" / "_layer_probe_tmp.py"
+    try:
+        bad.write_text("def f():\n    from exporter.capture import sinks\n")
+        assert "exporter.capture.sinks" in _imports(bad)
+        assert _layer("exporter.capture.sinks") not in ALLOWED[_layer(_module(bad))]
+    finally:
+        bad.unlink()
