@@ -375,12 +375,12 @@ def test_reload_switches_to_tls(tmp_path, pki, endpoint):
     assert get(f"https://127.0.0.1:{port}/metrics", verify=str(pki / "ca.crt")).status_code == 200
 
 
-def test_readme_example_is_accepted(tmp_path, pki):
-    """The README's example web config, with its files made here: accepted
+def test_documented_example_is_accepted(tmp_path, pki):
+    """docs/endpoint.md's example web config, with its files made here: accepted
     as written (the toolkit's format), and its hash is a real bcrypt hash."""
     import re
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    example = re.search(r"```yaml\n# /etc/nettap/web.yml\n(.*?)```", readme, re.S)[1]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "endpoint.md").read_text()
+    example = re.search(r"```yaml\n# /etc/nettap/web.yml\n(.*?)```", doc, re.S)[1]
     for name, src in (("nettap.crt", "server.crt"), ("nettap.key", "server.key"), ("scrapers-ca.crt", "ca.crt")):
         (tmp_path / name).write_bytes((pki / src).read_bytes())
     cfg = webconfig.load(write(tmp_path, example))
