@@ -43,7 +43,7 @@ DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs":
 # it; when it is full, records wait in their ring (resident already). 4 MiB
 # is ~11,000 lines of 64-byte chunks or ~2,900 of full 400-byte chunks. Peak
 # RSS is about idle RSS + the rings + this + one read's lines; measured with
-# bench/storm_c.py --bytes 4000 --chunk-ring 8388608 (README): under 64 MB.
+# bench/storm_c.py --bytes 4000 --chunk-ring 8388608 (docs/benchmarks.md): under 64 MB.
 DEFAULT_QUEUE_BYTES = 4 << 20
 # Captured payload is other processes' traffic: only nettap's user reads it
 # unless the config says otherwise (0640 for a log shipper's group).

@@ -402,7 +402,7 @@ def test_concurrent_senders_on_every_cpu(nettap_run, mode):
     run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 65600}})
     # As many senders (and blocked readers) as CPUs: a kretprobe keeps at least
     # that many returns in flight (only that many on kernels built without
-    # CONFIG_PREEMPTION, such as Debian 11's 5.10; README, Known limits).
+    # CONFIG_PREEMPTION, such as Debian 11's 5.10; docs/limits.md).
     k = os.cpu_count()
     start = threading.Barrier(k)
 
@@ -600,8 +600,8 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     lost_returns = sum(c["calls"] - c["returns"] for c in counters.values())
     if mode[0] == "kprobe" and lost_returns:
         # A kretprobe misses returns beyond its maxactive concurrent calls (the
-        # number of CPUs on kernels without CONFIG_PREEMPTION; README, Known
-        # limits): such a call is counted at entry and publishes nothing, and
+        # number of CPUs on kernels without CONFIG_PREEMPTION; docs/limits.md):
+        # such a call is counted at entry and publishes nothing, and
         # a socket whose only call lost its return never got an entry, so no
         # eof. What is lost is counted (calls - returns); nothing else may be.
         assert 2 * STORM_N - lost_returns <= len(eofs) <= 2 * STORM_N, rate
@@ -680,7 +680,7 @@ def test_peer_reset_entries_die_with_their_socket(nettap_run, mode):
         owner.setdefault(l["conn_id"], set()).add(l["sport"])
     assert {cid: p for cid, p in owner.items() if len(p) > 1} == {}
     assert {p for ps in owner.values() for p in ps} == set(ports)
-    if lost_returns:                                 # kretprobe maxactive (README, Known limits)
+    if lost_returns:                                 # kretprobe maxactive (docs/limits.md)
         assert mode[0] == "kprobe", counters
         return
     assert live == 0                                 # every entry went with its socket
