@@ -34,7 +34,8 @@ headers and data, followed by a plain store of ``consumer_pos`` after the
 copy, give the acquire/release pairing the protocol needs. On a weakly
 ordered architecture (arm64, ppc64, riscv) this reader would need a load
 acquire of ``producer_pos`` (``ldar``) and a store release of
-``consumer_pos`` (``stlr``), which plain numpy loads and stores do not give; nettap's loader therefore only runs this reader on x86-64.
+``consumer_pos`` (``stlr``), which plain numpy loads and stores do not give;
+nettap's loader therefore only runs this reader on x86-64.
 
 Thread-safety: a RingMemory is read by one thread at a time (the drain
 thread). :meth:`RingPoller.close` may be called from any thread.

@@ -27,7 +27,8 @@ import threading
 from exporter.kernel import maps
 from exporter.util.mounts import read as read_mountinfo
 from exporter.config import ConfigError
-from exporter.kernel.tcp_h import MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT
+from exporter.kernel.tcp_h import (MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
+                                   TARGET_PORT)
 
 log = logging.getLogger(__name__)
 
@@ -546,7 +547,9 @@ class TargetsCollector:
 
     def _family(self):
         from prometheus_client.core import CounterMetricFamily
-        return CounterMetricFamily("nettap_targets_gone", "Capture targets dropped from the kernel's filter because their process exited (kind pid) or their cgroup was removed (kind cgroup).", labels=["kind"])
+        return CounterMetricFamily("nettap_targets_gone",
+                                   "Capture targets dropped from the kernel's filter because their process exited "
+                                   "(kind pid) or their cgroup was removed (kind cgroup).", labels=["kind"])
 
     def describe(self):
         return [self._family()]

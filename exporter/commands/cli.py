@@ -37,7 +37,8 @@ class _Renamed(argparse.Action):
 
 
 def _args(argv: list | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nettap", description="A lean eBPF TCP collector that tells exactly what running it costs.",
+    p = argparse.ArgumentParser(prog="nettap",
+                                description="A lean eBPF TCP collector that tells exactly what running it costs.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS_HELP)
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
     p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
@@ -52,8 +53,10 @@ def _args(argv: list | None) -> argparse.Namespace:
                         "default: fast where the kernel has every feature it needs")
     p.add_argument("--check-config", action="store_true", help="validate --config and exit")
     p.add_argument("--preflight", action="store_true",
-                   help="load and attach the probes, print each probe's mechanism, release everything and exit (0 if all attached)")
-    p.add_argument("--decode", metavar="FILE", help="decode raw ring records from FILE to JSON lines on stdout, and exit")
+                   help="load and attach the probes, print each probe's mechanism, release everything and exit "
+                        "(0 if all attached)")
+    p.add_argument("--decode", metavar="FILE",
+                   help="decode raw ring records from FILE to JSON lines on stdout, and exit")
     p.add_argument("--ring", default="capture_chunks", help="with --decode: the ring the records come from")
     p.add_argument("--log.level", "--log-level", dest="log_level", action=_Renamed,
                    choices=("debug", "info", "warning", "error"), help="override the config's log_level")
@@ -97,8 +100,8 @@ def _decode(path: str, ring: str) -> int:
     if shown > 100:
         print(f"nettap: {escape(path)}: {shown - 100} more problem(s) not shown", file=sys.stderr)
     if r.bad:
-        print(f"nettap: {escape(path)}: {r.records} record(s) decoded, {r.bad} bad record(s) or stretch(es) of garbage skipped "
-              f"(in {r.offset} bytes read)", file=sys.stderr)
+        print(f"nettap: {escape(path)}: {r.records} record(s) decoded, {r.bad} bad record(s) or stretch(es) "
+              f"of garbage skipped (in {r.offset} bytes read)", file=sys.stderr)
         return 1
     return 0
 

@@ -123,7 +123,8 @@ def _args(argv: List[str]) -> argparse.Namespace:
                    help="print this connection's byte streams, each direction in stream order, "
                         "with what was not captured marked (repeatable; with --pcap: only filters)")
     p.add_argument("--hex", action="store_true", help="with --conn: a hex dump instead of text")
-    p.add_argument("--port", type=int, action="append", default=[], help="only connections with this local or remote port")
+    p.add_argument("--port", type=int, action="append", default=[],
+                   help="only connections with this local or remote port")
     p.add_argument("--pid", type=int, action="append", default=[], help="only connections a call of this process moved")
     p.add_argument("--pcap", metavar="OUT",
                    help="write the connections as synthesized TCP segments to the pcap file OUT "

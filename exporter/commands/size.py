@@ -249,9 +249,11 @@ def text(nodes: List[Node], prom_url: str, at: float, rng: str, window: str, ste
     b = busiest(nodes)
     d = daemonset(nodes)
     lines += [f"busiest node: {b.instance} (highest p95 user CPU): requests cpu {_cpu(b.cpu_request())} "
-              f"memory {_mem(b.mem_request())}; limits cpu {_cpu(b.cpu_limit())} memory {_mem(b.mem_limit_suggested())}",
-              f"DaemonSet (one spec for every node: the largest per-node figure): requests cpu {_cpu(d['cpu_request'])} "
-              f"memory {_mem(d['mem_request'])}; limits cpu {_cpu(d['cpu_limit'])} memory {_mem(d['mem_limit'])}",
+              f"memory {_mem(b.mem_request())}; limits cpu {_cpu(b.cpu_limit())} "
+              f"memory {_mem(b.mem_limit_suggested())}",
+              f"DaemonSet (one spec for every node: the largest per-node figure): "
+              f"requests cpu {_cpu(d['cpu_request'])} memory {_mem(d['mem_request'])}; "
+              f"limits cpu {_cpu(d['cpu_limit'])} memory {_mem(d['mem_limit'])}",
               "  -o yaml prints it as a patch for deploy/kubernetes/daemonset.yaml", "",
               f"memory rule: {MEM_RULE}", f"cpu rule: {CPU_RULE}"]
     return "\n".join(lines) + "\n"

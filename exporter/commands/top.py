@@ -231,9 +231,10 @@ class Top:
 
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nettap top", description="Every BPF program on the node, live: runs/s, ns per run, "
-                                "% of one CPU; and a running nettap's rings and probes. Holds the kernel's BPF "
-                                "statistics on (a BPF_ENABLE_STATS fd) while it runs, and only then.")
+    p = argparse.ArgumentParser(prog="nettap top",
+                                description="Every BPF program on the node, live: runs/s, ns per run, % of one CPU; "
+                                "and a running nettap's rings and probes. Holds the kernel's BPF statistics on "
+                                "(a BPF_ENABLE_STATS fd) while it runs, and only then.")
     p.add_argument("--sort", choices=KEYS, default="cpu", help="column to sort by (default: cpu)")
     p.add_argument("--reverse", action="store_true", help="reverse the sort order")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="between samples (default 1)")

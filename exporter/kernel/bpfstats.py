@@ -345,24 +345,43 @@ class ProgramStatsCollector(Collector):
 
     @staticmethod
     def _misses_family() -> Metric:
-        return CounterMetricFamily("nettap_bpf_program_misses", "Runs of each nettap eBPF program the kernel skipped because the program was already running on that CPU (recursion, or preemption on PREEMPT_RT): what they would have captured is lost.", labels=["program"])
+        return CounterMetricFamily(
+            "nettap_bpf_program_misses",
+            "Runs of each nettap eBPF program the kernel skipped because the program was already running "
+            "on that CPU (recursion, or preemption on PREEMPT_RT): what they would have captured is lost.",
+            labels=["program"])
 
     @staticmethod
     def _own_families() -> List[Metric]:
-        return [CounterMetricFamily("nettap_bpf_program_runs", "Executions of each nettap eBPF program (only while bpfStats is on).", labels=["program"]),
-                CounterMetricFamily("nettap_bpf_program_run_time_seconds", "Cumulative kernel run time of each nettap eBPF program (only while bpfStats is on).", labels=["program"])]
+        return [CounterMetricFamily("nettap_bpf_program_runs",
+                                    "Executions of each nettap eBPF program (only while bpfStats is on).",
+                                    labels=["program"]),
+                CounterMetricFamily("nettap_bpf_program_run_time_seconds",
+                                    "Cumulative kernel run time of each nettap eBPF program "
+                                    "(only while bpfStats is on).", labels=["program"])]
 
     @staticmethod
     def _node_families() -> List[Metric]:
         labels = ["program", "type", "owner"]
-        return [CounterMetricFamily("nettap_node_bpf_program_runs", "Executions of every eBPF program on the node, summed over programs with equal labels (bpfStats on, scope node).", labels=labels),
-                CounterMetricFamily("nettap_node_bpf_program_run_time_seconds", "Kernel run time of every eBPF program on the node (bpfStats on, scope node).", labels=labels),
-                GaugeMetricFamily("nettap_node_bpf_programs", "eBPF programs loaded on the node (scope node).", labels=["type", "owner"])]
+        return [CounterMetricFamily("nettap_node_bpf_program_runs",
+                                    "Executions of every eBPF program on the node, summed over programs with "
+                                    "equal labels (bpfStats on, scope node).", labels=labels),
+                CounterMetricFamily("nettap_node_bpf_program_run_time_seconds",
+                                    "Kernel run time of every eBPF program on the node (bpfStats on, scope node).",
+                                    labels=labels),
+                GaugeMetricFamily("nettap_node_bpf_programs", "eBPF programs loaded on the node (scope node).",
+                                  labels=["type", "owner"])]
 
     @staticmethod
     def _switch_families() -> List[Metric]:
-        return [GaugeMetricFamily("nettap_bpf_stats_enabled", "1 while the kernel's BPF run-time statistics are on, by anyone's doing (asked of the kernel: a probe program's run is counted)."),
-                GaugeMetricFamily("nettap_bpf_stats_source", "1 for who holds BPF statistics on: fd (this nettap holds BPF_ENABLE_STATS), sysctl (this nettap set kernel.bpf_stats_enabled), external (another process: its own BPF_ENABLE_STATS fd, e.g. another nettap, or the sysctl).", labels=["source"])]
+        return [GaugeMetricFamily("nettap_bpf_stats_enabled",
+                                  "1 while the kernel's BPF run-time statistics are on, by anyone's doing "
+                                  "(asked of the kernel: a probe program's run is counted)."),
+                GaugeMetricFamily("nettap_bpf_stats_source",
+                                  "1 for who holds BPF statistics on: fd (this nettap holds BPF_ENABLE_STATS), "
+                                  "sysctl (this nettap set kernel.bpf_stats_enabled), external (another process: "
+                                  "its own BPF_ENABLE_STATS fd, e.g. another nettap, or the sysctl).",
+                                  labels=["source"])]
 
     def collect(self) -> Iterable[Metric]:
         enabled, source = self._switch_families()

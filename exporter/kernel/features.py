@@ -46,8 +46,8 @@ class Unsupported(Exception):
 
 # name -> (Linux release, required by the compat floor)
 FLOOR = ("vmlinux BTF", "BPF ring buffer")
-FAST_NEEDS = ("bpf_mem_alloc", "bpf_get_current_ancestor_cgroup_id", "task storage", "bpf_get_current_task_btf", "atomic fetch-and-add", "bpf_loop",
-              "bpf_rdonly_cast")
+FAST_NEEDS = ("bpf_mem_alloc", "bpf_get_current_ancestor_cgroup_id", "task storage", "bpf_get_current_task_btf",
+              "atomic fetch-and-add", "bpf_loop", "bpf_rdonly_cast")
 
 
 def _map_type(t: int) -> tuple:

@@ -256,7 +256,7 @@ def plan(forced: str | None = None, variant: str | None = None) -> Plan:
         chosen, why = features.choose_variant(feats, variant)
         for probe in PROBES:
             st = ProbeState(probe)
-            checks = {"fentry": lambda: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
+            checks = {"fentry": lambda probe=probe: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
                       "kprobe": lambda: kp, "tracepoint": lambda: tp}
             for mech in MECHANISMS:
                 if forced and mech != forced:

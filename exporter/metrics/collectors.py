@@ -34,11 +34,16 @@ class ProbeCollector(Collector):
     ``read_drops()`` returns {ring: dropped}."""
 
     SPECS = [
-        (CounterMetricFamily, "nettap_probe_calls", "Probe entry invocations acting on enabled captures.", ["probe"]),
-        (CounterMetricFamily, "nettap_probe_returns", "Probe return invocations acting on enabled captures.", ["probe"]),
-        (CounterMetricFamily, "nettap_probe_bytes_processed", "Bytes moved by the calls the probe captured.", ["probe"]),
-        (CounterMetricFamily, "nettap_probe_chunks_published", "Capture chunks published by the probe to the capture_chunks ring.", ["probe"]),
-        (CounterMetricFamily, "nettap_ringbuf_drops", "Records dropped because a ring-buffer reserve failed.", ["ring"]),
+        (CounterMetricFamily, "nettap_probe_calls", "Probe entry invocations acting on enabled captures.",
+         ["probe"]),
+        (CounterMetricFamily, "nettap_probe_returns", "Probe return invocations acting on enabled captures.",
+         ["probe"]),
+        (CounterMetricFamily, "nettap_probe_bytes_processed", "Bytes moved by the calls the probe captured.",
+         ["probe"]),
+        (CounterMetricFamily, "nettap_probe_chunks_published",
+         "Capture chunks published by the probe to the capture_chunks ring.", ["probe"]),
+        (CounterMetricFamily, "nettap_ringbuf_drops", "Records dropped because a ring-buffer reserve failed.",
+         ["ring"]),
     ]
 
     def __init__(self, read_counters: Callable[[], Dict[str, Dict[str, int]]],
@@ -65,16 +70,23 @@ class PipelineCollector(Collector):
     """Attach state, rings seen from user space, losses after the rings."""
 
     SPECS = [
-        (GaugeMetricFamily, "nettap_probe_attached", "1 when the probe is attached by that mechanism; mechanism none when it is not attached.", ["probe", "mechanism"]),
+        (GaugeMetricFamily, "nettap_probe_attached",
+         "1 when the probe is attached by that mechanism; mechanism none when it is not attached.",
+         ["probe", "mechanism"]),
         (CounterMetricFamily, "nettap_ringbuf_records_drained", "Records read from the ring by user space.", ["ring"]),
         (GaugeMetricFamily, "nettap_ringbuf_capacity_bytes", "Data size of the ring.", ["ring"]),
-        (GaugeMetricFamily, "nettap_ringbuf_pending_bytes", "Bytes produced into the ring and not yet consumed.", ["ring"]),
-        (CounterMetricFamily, "nettap_records_lost", "Records lost after the ring, by stage (queue, decode, sink).", ["stage"]),
+        (GaugeMetricFamily, "nettap_ringbuf_pending_bytes", "Bytes produced into the ring and not yet consumed.",
+         ["ring"]),
+        (CounterMetricFamily, "nettap_records_lost", "Records lost after the ring, by stage (queue, decode, sink).",
+         ["stage"]),
         (CounterMetricFamily, "nettap_sink_records_written", "Records written by the sink.", ["sink"]),
         (CounterMetricFamily, "nettap_sink_errors", "Failed sink writes.", ["sink"]),
         (CounterMetricFamily, "nettap_sink_bytes_written", "Bytes written by the sink.", ["sink"]),
-        (GaugeMetricFamily, "nettap_bpf_variant_info", "The BPF program variant loaded: fast (Linux 6.2+ features) or compat (5.8+).", ["variant"]),
-        (GaugeMetricFamily, "nettap_kernel_feature_present", "1 when the kernel offers the BPF feature (since: the Linux release that brought it).", ["feature", "since"]),
+        (GaugeMetricFamily, "nettap_bpf_variant_info",
+         "The BPF program variant loaded: fast (Linux 6.2+ features) or compat (5.8+).", ["variant"]),
+        (GaugeMetricFamily, "nettap_kernel_feature_present",
+         "1 when the kernel offers the BPF feature (since: the Linux release that brought it).",
+         ["feature", "since"]),
     ]
 
     def __init__(self, app):
@@ -144,8 +156,10 @@ class Guarded(Collector):
 
     @staticmethod
     def _meta():
-        return [GaugeMetricFamily("nettap_scrape_collector_success", "1 if the collector succeeded this scrape.", labels=["collector"]),
-                GaugeMetricFamily("nettap_scrape_collector_duration_seconds", "How long the collector took this scrape.", labels=["collector"])]
+        return [GaugeMetricFamily("nettap_scrape_collector_success", "1 if the collector succeeded this scrape.",
+                                  labels=["collector"]),
+                GaugeMetricFamily("nettap_scrape_collector_duration_seconds",
+                                  "How long the collector took this scrape.", labels=["collector"])]
 
     def collect(self) -> Iterable[Metric]:
         ok, dur = self._meta()
@@ -172,9 +186,12 @@ class MapCollector(Collector):
     what nettap wrote, and capture_conns has a live counter in the kernel."""
 
     SPECS = [
-        (GaugeMetricFamily, "nettap_bpf_map_memory_bytes", "Kernel memory of each nettap BPF map (fdinfo memlock).", ["map"]),
-        (GaugeMetricFamily, "nettap_bpf_map_entries", "Entries in use in each nettap BPF map, where known without a walk.", ["map"]),
-        (GaugeMetricFamily, "nettap_bpf_map_max_entries", "Capacity of each nettap BPF map (for rings: bytes).", ["map"]),
+        (GaugeMetricFamily, "nettap_bpf_map_memory_bytes", "Kernel memory of each nettap BPF map (fdinfo memlock).",
+         ["map"]),
+        (GaugeMetricFamily, "nettap_bpf_map_entries",
+         "Entries in use in each nettap BPF map, where known without a walk.", ["map"]),
+        (GaugeMetricFamily, "nettap_bpf_map_max_entries", "Capacity of each nettap BPF map (for rings: bytes).",
+         ["map"]),
     ]
     ARRAY_TYPES = (2, 6)           # BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY
     GROWING_TYPES = (1, 29)        # HASH (not preallocated), TASK_STORAGE: memory changes
@@ -226,7 +243,8 @@ class ReloadCollector(Collector):
     @staticmethod
     def _families():
         return [GaugeMetricFamily("nettap_config_last_reload_successful", "1 if the last config load succeeded."),
-                GaugeMetricFamily("nettap_config_last_reload_success_timestamp_seconds", "Time of the last successful config load."),
+                GaugeMetricFamily("nettap_config_last_reload_success_timestamp_seconds",
+                                  "Time of the last successful config load."),
                 CounterMetricFamily("nettap_config_reloads", "Config loads, by result.", labels=["result"]),
                 GaugeMetricFamily("nettap_config_restart_pending",
                                   "1 while the config in force asks for a change that applies only at the next start.")]

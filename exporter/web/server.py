@@ -27,7 +27,8 @@ from exporter.web import landing as landing_page
 
 log = logging.getLogger(__name__)
 
-_LISTEN = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]*:[0-9A-Fa-f:.%\w]*)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})$", re.ASCII)
+_LISTEN = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]*:[0-9A-Fa-f:.%\w]*)\]|(?P<host>[^\[\]:]*))"
+                     r":(?P<port>[0-9]{1,5})$", re.ASCII)
 
 
 def parse_listen(addr: str) -> Tuple[str, int]:
@@ -178,7 +179,7 @@ class _Server(TCPServer):
     # -- the parking thread: connections waiting for a whole request
     def _park_loop(self) -> None:
         while not self._closing:
-            for key, mask in self._sel.select(max(0.0, min(1.0, self._sweep_at - time.monotonic()))):
+            for key, _ in self._sel.select(max(0.0, min(1.0, self._sweep_at - time.monotonic()))):
                 if key.data is None:
                     try:
                         while self._wake_r.recv(4096):

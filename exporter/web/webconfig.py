@@ -56,7 +56,8 @@ TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")
 TLS_UNSUPPORTED = {
-    "cert": "inline PEM: use cert_file", "key": "inline PEM: use key_file", "client_ca": "inline PEM: use client_ca_file",
+    "cert": "inline PEM: use cert_file", "key": "inline PEM: use key_file",
+    "client_ca": "inline PEM: use client_ca_file",
     "cipher_suites": "Go cipher suite names; OpenSSL's defaults apply (TLS 1.2+ by default)",
     "curve_preferences": "Go curve names; OpenSSL's defaults apply",
     "prefer_server_cipher_suites": "OpenSSL's default order applies",
@@ -102,7 +103,8 @@ class WebConfig(namedtuple("WebConfig", "tls users headers files", defaults=(Non
 PLAIN = WebConfig()
 
 
-def _mapping(v, key: str, allowed: tuple, unsupported: dict = {}) -> dict:
+def _mapping(v, key: str, allowed: tuple, unsupported: Optional[dict] = None) -> dict:
+    unsupported = unsupported or {}
     if v is None:
         return {}
     if not isinstance(v, dict):
