@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from exporter import config  # noqa: E402
-from exporter.kernel import features, libbpf, loader
+from exporter.kernel import features, libbpf, loader, mechanisms
 from exporter.commands.daemon import Nettap  # noqa: E402
 from exporter.kernel.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
 from traffic import Server  # noqa: E402
@@ -114,14 +114,14 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
     sizes = [int(s) for s in a.sizes.split(",") if s]
-    loader.ensure_tracefs()
+    mechanisms.ensure_tracefs()
     switch = StatsSwitch()
     switch.set(True)
     empty_obj = build_empty(tempfile.mkdtemp(prefix="nettap-bench-"))
     results, skipped = [], []
     try:
-        for mech in loader.MECHANISMS:
-            st = loader.plan(forced=mech).states["tcp_sendmsg"]
+        for mech in mechanisms.MECHANISMS:
+            st = mechanisms.plan(forced=mech).states["tcp_sendmsg"]
             if st.mechanism != mech:
                 skipped.append(f"{mech}: not offered ({st.reasons[mech]})")
                 continue

@@ -29,7 +29,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # capture_eof: 16384 eof records (128 bytes each in the ring), sized for a
 # node's connection-rate burst: 50,000 captured connections/s with both ends
 # captured is 100,000 records/s. The ring wakes the drain once a quarter of
-# it is pending (4,096 records, 41 ms at that rate: exporter.capture.targets.
+# it is pending (4,096 records, 41 ms at that rate: exporter.capture.filter.
 # wakeup_thresholds), and the drain may leave records in it while the sink
 # catches up until it is half full (exporter.capture.pipeline): that leaves a late
 # drain (a busy node schedules it late) 123 ms of ring to run in. The

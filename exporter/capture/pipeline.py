@@ -20,7 +20,7 @@ ringbuf_drops map, bad records in ``lost['decode']``, failed writes in
 ``lost['sink']``.
 
 Each ring is drained when its producer wakes the reader (a quarter of the
-ring pending: exporter.capture.targets.wakeup_thresholds) or every
+ring pending: exporter.capture.filter.wakeup_thresholds) or every
 ``poll_interval`` (the latency of a quiet ring's records), whichever comes
 first.
 """

@@ -152,7 +152,7 @@ class RingPoller:
         # triggered epoll would spin on a busy ring and drain it in crumbs.
         # Edge-triggered, only the producer's explicit wakeups (nettap's
         # programs force one once a quarter of that ring is pending, each
-        # ring against its own size: exporter.capture.targets.wakeup_thresholds) end a wait
+        # ring against its own size: exporter.capture.filter.wakeup_thresholds) end a wait
         # early; otherwise the caller's timeout paces the drain.
         for fd in self.rings:
             self._ep.register(fd, select.EPOLLIN | select.EPOLLET)

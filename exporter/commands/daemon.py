@@ -14,7 +14,7 @@ from prometheus_client import gc_collector, platform_collector, process_collecto
 
 from exporter import __version__
 from exporter import config as config_mod
-from exporter.capture import sinks, targets
+from exporter.capture import filter as capture_filter, sinks, targets
 from exporter.kernel.bpfstats import (STATE_PROBE, ProgramStatsCollector, StatsSwitch, own_program_misses,
                        own_program_stats)
 from exporter.metrics.cgroup import CgroupCollector
@@ -61,10 +61,10 @@ class Nettap:
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
-        self.target_watch: Optional[targets.TargetWatch] = None
+        self.target_watch: Optional[capture_filter.TargetWatch] = None
         try:
             fds = self.probes.map_fds
-            self.target_maps = targets.TargetMaps(fds, self.probes.map_info)
+            self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)
             self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
             # Without a sink the capture rings are counted, not copied out.
@@ -72,7 +72,7 @@ class Nettap:
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
                           for r in RINGS}
             self.apply(config)
-            self.target_watch = targets.TargetWatch(self.target_maps, self._lock).start()
+            self.target_watch = capture_filter.TargetWatch(self.target_maps, self._lock).start()
             self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes)
             self.pipeline.start()
             self.ready.set()
@@ -177,7 +177,7 @@ class Nettap:
                                 ", ".join(f"{r} {old.ring_bytes[r]}" for r in changed))
                     pending.extend(f"rings.{r}" for r in changed)
                 self.target_maps.apply(resolved, config.max_payload_bytes,
-                                       targets.wakeup_thresholds(old.ring_bytes))
+                                       capture_filter.wakeup_thresholds(old.ring_bytes))
             except BaseException:
                 if sink:
                     sink.close()
@@ -244,7 +244,7 @@ class Nettap:
             "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
                                  self.known_map_entries),
             "cgroup": CgroupCollector(),
-            "targets": targets.TargetsCollector(self.target_maps),
+            "targets": capture_filter.TargetsCollector(self.target_maps),
             "config": ReloadCollector(self.reloads),
             "build": BuildInfoCollector(),
         }))

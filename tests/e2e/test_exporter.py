@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from exporter.kernel import loader
+from exporter.kernel import loader, mechanisms
 from procs import Nettap, Prometheus, held_programs, loaded_programs, stats_held_elsewhere, wait_for
 from traffic import Server, send_messages
 
@@ -20,7 +20,7 @@ def expected_programs() -> int:
     """Programs a default nettap holds on this kernel, as the loader's own
     probing decides: the lifecycle programs, each probe's programs, and the
     probe program that asks whether BPF statistics are on (exporter/kernel/bpfstats.py)."""
-    kp = loader.plan()
+    kp = mechanisms.plan()
     return len(loader.LIFECYCLE) + 1 + sum(len(loader.programs_for(p, st.mechanism, kp.variant))
                    for p, st in kp.states.items() if st.mechanism != "none")
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"

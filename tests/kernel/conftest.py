@@ -15,7 +15,7 @@ import pytest
 import pyroute2.config
 
 from exporter import config
-from exporter.kernel import features, loader, maps
+from exporter.kernel import features, loader, maps, mechanisms
 
 # pyroute2 gives the child process that creates a network namespace 2 s to
 # answer; under emulation (the kernel matrix's guests) forking takes longer.
@@ -42,13 +42,13 @@ def kernel_modes() -> tuple:
     accepts runs."""
     if os.geteuid() != 0:
         return ()
-    loader.ensure_tracefs()
+    mechanisms.ensure_tracefs()
     variants = [v for v in features.VARIANTS if _variant_ok(v)]
     if os.environ.get("NETTAP_TEST_VARIANTS") == "default":
         variants = variants[:1]                   # VARIANTS is ordered best first
     modes = []
-    for mech in loader.MECHANISMS:
-        states = loader.plan(mech).states
+    for mech in mechanisms.MECHANISMS:
+        states = mechanisms.plan(mech).states
         if all(st.mechanism == mech for st in states.values()):
             modes += [(mech, v) for v in variants]
     return tuple(modes)
@@ -56,7 +56,7 @@ def kernel_modes() -> tuple:
 
 def _variant_ok(variant: str) -> bool:
     try:
-        loader.plan("tracepoint", variant)
+        mechanisms.plan("tracepoint", variant)
         return True
     except features.Unsupported:
         return False
@@ -77,7 +77,7 @@ def tracefs():
     """tracefs mounted, as root's nettap leaves it: a test of a nettap
     without the capability to mount it runs alone as well as after others."""
     if os.geteuid() == 0:
-        loader.ensure_tracefs()
+        mechanisms.ensure_tracefs()
 
 
 def pytest_generate_tests(metafunc):

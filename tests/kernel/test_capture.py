@@ -229,9 +229,9 @@ def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
     # and the compat programs read the cgroup's ancestor ids themselves. Tell the
     # loader the helper is missing, so every kernel runs that path (5.10 reads
     # ancestor_ids[], 6.1+ ancestors[]).
-    from exporter.kernel import features, loader
+    from exporter.kernel import features, mechanisms
     from conftest import Run
-    kp = loader.plan("tracepoint", "compat")
+    kp = mechanisms.plan("tracepoint", "compat")
     for f in kp.features:
         if f.name == "bpf_get_current_ancestor_cgroup_id":
             f.present = False
@@ -453,8 +453,8 @@ def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
     # preallocates them. Tell the loader bpf_mem_alloc is missing, so every
     # kernel captures through preallocated maps.
     from conftest import Run
-    from exporter.kernel import libbpf, loader
-    kp = loader.plan("tracepoint", "compat")
+    from exporter.kernel import libbpf, mechanisms
+    kp = mechanisms.plan("tracepoint", "compat")
     for f in kp.features:
         if f.name == "bpf_mem_alloc":
             f.present = False

@@ -5,7 +5,7 @@ the kernel is asked."""
 import pytest
 
 from conftest import kernel_modes
-from exporter.kernel import features, libbpf, loader
+from exporter.kernel import features, libbpf, loader, mechanisms
 
 
 
@@ -15,7 +15,7 @@ def _load_only(names, variant) -> None:
     lb = libbpf.lib()
     obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.OBJECT}".encode(), None)
     try:
-        loader.configure(obj, loader.plan("tracepoint").features, variant, set(names), {})
+        loader.configure(obj, mechanisms.plan("tracepoint").features, variant, set(names), {})
         libbpf.call("bpf_object__load", obj)
     finally:
         lb.bpf_object__close(obj)
@@ -42,8 +42,8 @@ def test_fentry_programs_load_exactly_where_the_loader_says_fentry_works():
         progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, "fentry", variant)]
         if accepted:
             _load_only(progs, variant)
-        elif loader.preempt_rt():         # declined on PREEMPT_RT, whether it would load or not
-            reason = loader.plan("fentry").states["tcp_sendmsg"].reasons["fentry"]
+        elif mechanisms.preempt_rt():         # declined on PREEMPT_RT, whether it would load or not
+            reason = mechanisms.plan("fentry").states["tcp_sendmsg"].reasons["fentry"]
             assert reason.startswith("PREEMPT_RT kernel")
         else:
             with pytest.raises(OSError):
@@ -51,20 +51,20 @@ def test_fentry_programs_load_exactly_where_the_loader_says_fentry_works():
 
 
 def test_the_fast_variant_is_offered_exactly_when_every_feature_is_present():
-    kp = loader.plan("tracepoint")
+    kp = mechanisms.plan("tracepoint")
     have = all(f.present for f in kp.features)
     assert kp.variant == ("fast" if have else "compat")
     if not have:
         with pytest.raises(features.Unsupported, match="cannot run the fast programs"):
-            loader.plan("tracepoint", "fast")
+            mechanisms.plan("tracepoint", "fast")
 
 
-@pytest.mark.parametrize("mechanism", loader.MECHANISMS)
+@pytest.mark.parametrize("mechanism", mechanisms.MECHANISMS)
 def test_forcing_a_mechanism_attaches_it_or_reports_the_probe_unattached(mechanism):
     accepted = mechanism in {m for m, _ in kernel_modes()}
     with loader.Probes(mechanism=mechanism) as p:
         for st in p.states.values():
-            others = [m for m in loader.MECHANISMS if m != mechanism]
+            others = [m for m in mechanisms.MECHANISMS if m != mechanism]
             # mechanisms after the chosen one are not tried at all
             assert all(st.reasons.get(m, "not requested") == "not requested" for m in others)
             if accepted:

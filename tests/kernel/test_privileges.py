@@ -111,18 +111,18 @@ def test_without_cap_dac_read_search_the_error_names_it():
     missing (it blamed CAP_SYS_ADMIN and a failed mount before)."""
     import subprocess
     import sys
-    from exporter.kernel import loader
+    from exporter.kernel import loader, mechanisms
     caps = ",".join("+" + c.removeprefix("CAP_").lower() for c in documented_caps() if c != "CAP_DAC_READ_SEARCH")
     p = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                         f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}", "--",
                         sys.executable, "-m", "exporter", "--preflight"],
                        cwd=os.path.dirname(loader.BPF_DIR), capture_output=True, text=True, timeout=60)
     last = (p.stderr.strip().splitlines() or [""])[-1]
-    if not loader.tracefs_mounted():
+    if not mechanisms.tracefs_mounted():
         assert p.returncode == 1 and last == (
             "nettap: cannot prepare tracefs: tracefs is not mounted at /sys/kernel/tracing and mounting it "
             "failed: Operation not permitted (mounting needs root, or CAP_SYS_ADMIN)")
-    elif os.stat(loader.TRACEFS).st_mode & 0o005 != 0o005:
+    elif os.stat(mechanisms.TRACEFS).st_mode & 0o005 != 0o005:
         assert p.returncode == 1 and last == (
             "nettap: cannot prepare tracefs: tracefs at /sys/kernel/tracing is mounted but this process may "
             "not read it (mode 0700): nettap needs root, or CAP_DAC_READ_SEARCH, to read tracepoint ids")

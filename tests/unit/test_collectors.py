@@ -26,9 +26,9 @@ from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
                                  ProbeCollector, ReloadCollector)
 from exporter.kernel.features import Feature
-from exporter.kernel.loader import ProbeState
+from exporter.kernel.mechanisms import ProbeState
 from exporter.web.server import HttpCollector
-from exporter.capture.targets import TargetsCollector
+from exporter.capture.filter import TargetsCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -10,7 +10,7 @@ import requests
 from prometheus_client import CollectorRegistry, Counter
 
 from exporter import __version__
-from exporter.web import server
+from exporter.web import transport
 from exporter.web.server import parse_listen, serve
 
 
@@ -184,9 +184,9 @@ def test_serve_ipv6_loopback(http, monkeypatch):
         s.close()
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    # serve() sets address_family on the shared _Server class (see report):
+    # serve() sets address_family on the shared Server class (see report):
     # monkeypatch restores it, so later IPv4 tests still work.
-    monkeypatch.setattr(server._Server, "address_family", socket.AF_INET)
+    monkeypatch.setattr(transport.Server, "address_family", socket.AF_INET)
     srv = serve("[::1]:0", app.registry, app.stats, app.not_ready)
     try:
         port = srv.server_address[1]

@@ -1,4 +1,4 @@
-"""exporter.capture.targets without root or BPF: resolve() against this process, temp
+"""exporter.capture.targets and filter without root or BPF: resolve() against this process, temp
 directories with fake mountinfo files, and TargetMaps.apply with the map
 writes recorded instead of made."""
 from __future__ import annotations
@@ -12,11 +12,12 @@ import struct
 import pytest
 
 from exporter.kernel import maps
+from exporter.capture import filter as capture_filter
 from exporter.capture import targets
+from exporter.capture.filter import TargetMaps, wakeup_check_bytes
+from exporter.capture.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT,
+                                      Resolved, cgroup2_mounts, cgroup_id_level, netns_inode, resolve)
 from exporter.config import ConfigError, Target
-from exporter.capture.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
-                              TARGET_PORT)
-from exporter.capture.targets import Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve, wakeup_check_bytes
 
 MISSING_PID = 2**22 - 1          # the largest pid config accepts; no process has it here
 
@@ -376,7 +377,7 @@ WAKE = {"capture_chunks": 1024, "capture_eof": 256}
 
 
 def test_wakeup_thresholds_are_a_quarter_of_each_ring():
-    assert targets.wakeup_thresholds({"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}) == {
+    assert capture_filter.wakeup_thresholds({"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}) == {
         "capture_chunks": 2 << 20, "capture_eof": 512 << 10}
 
 
@@ -696,7 +697,7 @@ def test_drop_gone_removes_from_the_maps_and_counts(tmp_path, cg, monkeypatch):
     assert tm.drop_gone() == [("cgroup", str(cg / "a" / "b"))]
     assert k.m["capture_cgroups"] == {} and decode_config(k.m["capture_config"][u32(0)])["flags"] == 0
     assert tm.gone_total == {"pid": 2, "cgroup": 1}
-    fam = targets.TargetsCollector(tm).collect()[0]
+    fam = capture_filter.TargetsCollector(tm).collect()[0]
     assert fam.name == "nettap_targets_gone" and fam.type == "counter"
     assert {s.labels["kind"]: s.value for s in fam.samples if s.name.endswith("_total")} == {"pid": 2, "cgroup": 1}
 
@@ -711,7 +712,7 @@ def test_watch_drops_an_exited_child_at_once(tmp_path, monkeypatch):
     tm = TargetMaps(FDS, INFO)
     lock = threading.Lock()
     tm.apply(resolve([Target("pid", child.pid)]), 4096, WAKE)
-    watch = targets.TargetWatch(tm, lock, interval=30).start()     # no periodic look: the pidfd wakes it
+    watch = capture_filter.TargetWatch(tm, lock, interval=30).start()     # no periodic look: the pidfd wakes it
     try:
         time.sleep(0.2)
         assert k.pids() == {child.pid}

@@ -1,0 +1,314 @@
+"""The kernel's capture filter: resolved targets (exporter/capture/targets.py)
+written into the filter maps of a loaded object, and watched.
+
+:class:`TargetMaps` writes a resolved set into the maps, changing only what
+differs (and undoing a change that fails half-way), so captures change at
+run time without reloading any program. :class:`TargetWatch` notices when a
+pid target's process exits (a pidfd polled for exit) or a cgroup target is
+removed, drops it from the kernel's maps (a process reusing the pid is not
+captured), logs it and counts it (``nettap_targets_gone_total``). A gone
+target that the config still lists is reported on each reload, not refused.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import struct
+import threading
+
+from exporter.capture.targets import TARGET_MAPS, Resolved, start_time
+from exporter.config import ConfigError
+from exporter.kernel import maps
+
+log = logging.getLogger(__name__)
+
+
+def _u32(v: int) -> bytes:
+    return v.to_bytes(4, "little")
+
+
+def _u64(v: int) -> bytes:
+    return v.to_bytes(8, "little")
+
+
+# Each ring wakes its reader once this fraction of its own size is pending
+# (before, capture_eof was given capture_chunks' threshold, which its small
+# ring never reached: it was drained only on the poll timeout). A quarter
+# leaves three quarters of the ring for the time the drain takes to run.
+WAKEUP_FRACTION = 4
+
+
+def wakeup_thresholds(ring_bytes: dict) -> dict:
+    """ring -> wakeup threshold in bytes, for the rings that have one."""
+    return {r: ring_bytes[r] // WAKEUP_FRACTION for r in ("capture_chunks", "capture_eof")}
+
+
+def wakeup_check_bytes(threshold: int, cpus: int | None = None) -> int:
+    """Ring bytes a CPU publishes on capture_chunks between two looks at the
+    ring's fill (each look is a helper call reading two cache lines the
+    reader and the other CPUs write: a tenth of a captured call's cost). The
+    reader is woken at most this much per CPU later than a look at every call
+    would wake it, so together the CPUs overshoot the threshold by at most a
+    quarter of it more, out of the three quarters of the ring left above it."""
+    cpus = cpus or os.cpu_count() or 1
+    # No floor above one byte: a floor would break the bound on a small ring
+    # with many CPUs; there the look is made at every call, as without this.
+    return max(1, threshold // (4 * cpus))
+
+
+class TargetMaps:
+    """The filter maps of one loaded object. Not thread-safe: one writer
+    (the caller holds a lock shared with :class:`TargetWatch`)."""
+
+    def __init__(self, map_fds: dict, map_info: dict | None = None, proc: str = "/proc"):
+        """map_info: the loaded maps' (type, key size, value size,
+        max_entries) by name, for the capacity of each target map."""
+        self.fds = map_fds
+        self.proc = proc
+        self.capacity = {name: (map_info or {})[name][3] for _, name, _ in TARGET_MAPS
+                         if name in (map_info or {})}
+        self.current = Resolved()
+        self._bitmap = [0] * 1024
+        self._config = bytes(24)             # capture_config as last written (an array map starts zeroed)
+        self._settings = None                # (max_payload_bytes, wakeup_bytes) of the last apply
+        self.gone_total = {"pid": 0, "cgroup": 0}
+        self.on_change = None                # called after each apply (TargetWatch.wake)
+
+    def check(self, new: Resolved) -> None:
+        """Refuse targets the maps cannot hold (ConfigError), before any write."""
+        for attr, name, kind in TARGET_MAPS:
+            n, cap = len(getattr(new, attr)), self.capacity.get(name)
+            if cap is not None and n > cap:
+                raise ConfigError(f"captures: {n} {kind} targets, more than the {cap} the kernel map "
+                                  f"{name} holds (its max_entries)")
+
+    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: dict) -> None:
+        """Make new the targets in force, as one transaction: on any failed
+        write every write made is undone (the maps hold the old targets
+        exactly, current is unchanged) and the error raised. Entries are
+        added, then capture_config switched, then stale entries removed, so
+        no call is missed while targets change; where a map cannot hold old
+        and new at once, the stale entries go first. wakeup_bytes: ring ->
+        its wakeup threshold (capture_chunks, capture_eof), as
+        :func:`wakeup_thresholds` gives them."""
+        self.check(new)
+        old = self.current
+        undo: list = []
+        fits = all(len(set(getattr(old, a)) | set(getattr(new, a))) <= self.capacity.get(name, 1 << 62)
+                   for a, name, _ in TARGET_MAPS)
+        bitmap = [0] * 1024
+        for p in new.ports:
+            bitmap[p >> 6] |= 1 << (p & 63)
+        # struct nettap_capture_config: flags, cgroup_levels, max_payload_bytes,
+        # wakeup_bytes (capture_chunks), eof_wakeup_bytes (capture_eof), wakeup_check_bytes
+        cfg = struct.pack("<IIIIII", new.flags, new.cgroup_levels, max_payload_bytes,
+                          wakeup_bytes["capture_chunks"], wakeup_bytes["capture_eof"],
+                          wakeup_check_bytes(wakeup_bytes["capture_chunks"]))
+        try:
+            if not fits:
+                self._remove_stale(old, new, undo)
+            for key in self._keys(new, old):
+                self._add(*key, undo)
+            for word, (bits, was) in enumerate(zip(bitmap, self._bitmap)):
+                if bits != was:
+                    self._write("capture_ports", _u32(word), _u64(bits), _u64(was), undo)
+            self._write("capture_config", _u32(0), cfg, self._config, undo)
+            if fits:
+                self._remove_stale(old, new, undo)
+        except BaseException:
+            for step in reversed(undo):
+                try:
+                    step()
+                except OSError as e:       # the kernel refused to restore: say so, loudly
+                    log.error("captures: rolling back a failed change: %s", e)
+            raise
+        self._bitmap = bitmap
+        self._config = cfg
+        self._settings = (max_payload_bytes, wakeup_bytes)
+        self.current = new
+        if self.on_change:
+            self.on_change()
+
+    # -- the transaction's steps, each recording how to undo itself --
+    @staticmethod
+    def _keys(a: Resolved, b: Resolved):
+        """(map, key) of the entries a has and b has not."""
+        yield from (("capture_pids", _u32(p)) for p in sorted(a.pids - b.pids))
+        yield from (("capture_cgroups", _u64(c)) for c in sorted(a.cgroups.keys() - b.cgroups.keys()))
+        yield from (("capture_netns", _u32(n)) for n in sorted(a.netns - b.netns))
+
+    def _add(self, name: str, key: bytes, undo: list) -> None:
+        maps.update(self.fds[name], key, b"\1")
+        undo.append(lambda: maps.delete(self.fds[name], key))
+
+    def _remove_stale(self, old: Resolved, new: Resolved, undo: list) -> None:
+        for name, key in self._keys(old, new):
+            maps.delete(self.fds[name], key)
+            undo.append(lambda name=name, key=key: maps.update(self.fds[name], key, b"\1"))
+
+    def _write(self, name: str, key: bytes, value: bytes, was: bytes, undo: list) -> None:
+        maps.update(self.fds[name], key, value)
+        undo.append(lambda: maps.update(self.fds[name], key, was))
+
+    # -- targets that went away --
+    def drop_gone(self, pids=None, exited=()) -> list:
+        """Drop from the maps the pid targets among pids (default: all)
+        whose process exited (in exited, or another start time now) and
+        the cgroup targets whose cgroup was removed; count them. Returns
+        their (kind, value), sorted."""
+        cur = self.current
+        gone = {("pid", p) for p in cur.pids & set(exited)}
+        for p in cur.pids if pids is None else cur.pids & set(pids):
+            now, then = start_time(self.proc, p), cur.pid_starts.get(p)
+            if now is None or (then is not None and now != then):
+                gone.add(("pid", p))
+        for path, cid in cur.cgroup_paths.items():
+            try:
+                same = os.stat(path).st_ino == cid
+            except OSError:
+                same = False
+            if not same:
+                gone.add(("cgroup", path))
+        if not gone or self._settings is None:
+            return []
+        self.apply(cur.without(gone), *self._settings)
+        out = sorted(gone, key=str)
+        for kind, value in out:
+            self.gone_total[kind] += 1
+            log.warning("captures: %s %s is gone (%s): dropped from the kernel's filter%s", kind, value,
+                        "the process exited" if kind == "pid" else "the cgroup was removed",
+                        "; a process that reuses the pid is not captured" if kind == "pid" else "")
+        return out
+
+
+class TargetWatch:
+    """A thread that drops gone targets from a :class:`TargetMaps` (under
+    lock, the one its writer holds) as soon as they go: each pid target's
+    process through a pidfd, which the kernel makes readable when the
+    process exits (before its pid can be reused: that waits for the parent
+    to reap it), each cgroup target by a stat of its path every interval s
+    (cgroup ids are 64-bit and never reused, so a late look is harmless)."""
+
+    def __init__(self, target_maps: TargetMaps, lock, interval: float = 1.0):
+        self.tm, self.lock, self.interval = target_maps, lock, interval
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._pidfds: dict = {}              # pid -> pidfd
+        self._unwatched: set = set()          # pids without a pidfd (fd limit): checked each interval
+        self._thread = threading.Thread(target=self._run, name="nettap-targets", daemon=True)
+        target_maps.on_change = self.wake
+
+    def start(self) -> "TargetWatch":
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wake()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self.tm.on_change = None
+        for fd in (*self._pidfds.values(), self._wake_r, self._wake_w):
+            os.close(fd)
+        self._pidfds.clear()
+
+    def _open(self, pid: int) -> int | None:
+        """A pidfd for pid, or None: exited already, or no fd left (then
+        the pid is checked every interval instead)."""
+        try:
+            return os.pidfd_open(pid)
+        except OSError as e:
+            if e.errno != errno.EMFILE:
+                return None                   # ESRCH: exited already
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:                       # a pidfd a target: up to the maps' 1,024
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            try:
+                return os.pidfd_open(pid)
+            except OSError:
+                pass
+        self._unwatched.add(pid)
+        return None
+
+    def _sync(self, poller) -> set:
+        """Watch exactly the pids in force; returns the pids new to the
+        watch, to check once their pidfd is open (their process may have
+        exited, or the pid been reused, since their start time was read)."""
+        with self.lock:
+            pids = set(self.tm.current.pids)
+        for pid in set(self._pidfds) - pids:
+            fd = self._pidfds.pop(pid)
+            poller.unregister(fd)
+            os.close(fd)
+        self._unwatched &= pids
+        new = pids - set(self._pidfds) - self._unwatched
+        for pid in new:
+            fd = self._open(pid)
+            if fd is not None:
+                self._pidfds[pid] = fd
+                poller.register(fd, select.POLLIN)
+        return new
+
+    def _drain_wake(self) -> None:
+        while True:
+            try:
+                if not os.read(self._wake_r, 4096):
+                    return
+            except BlockingIOError:
+                return
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        while not self._stop.is_set():
+            try:
+                new = self._sync(poller)
+                if new:
+                    with self.lock:
+                        self.tm.drop_gone(pids=new)
+                by_fd = {fd: pid for pid, fd in self._pidfds.items()}
+                exited = set()
+                for fd, _ in poller.poll(self.interval * 1000):
+                    if fd == self._wake_r:
+                        self._drain_wake()
+                    elif fd in by_fd:
+                        exited.add(by_fd[fd])
+                if self._stop.is_set():
+                    return
+                with self.lock:
+                    self.tm.drop_gone(pids=exited | self._unwatched, exited=exited)
+            except Exception:                # noqa: BLE001 - the watch must outlive one bad round
+                log.exception("captures: watching the targets")
+                self._stop.wait(self.interval)
+
+
+class TargetsCollector:
+    """``nettap_targets_gone_total{kind}``: pid and cgroup targets dropped
+    because their process exited or their cgroup was removed."""
+
+    def __init__(self, target_maps: TargetMaps):
+        self.tm = target_maps
+
+    def _family(self):
+        from prometheus_client.core import CounterMetricFamily
+        return CounterMetricFamily("nettap_targets_gone",
+                                   "Capture targets dropped from the kernel's filter because their process exited "
+                                   "(kind pid) or their cgroup was removed (kind cgroup).", labels=["kind"])
+
+    def describe(self):
+        return [self._family()]
+
+    def collect(self):
+        fam = self._family()
+        for kind, n in sorted(self.tm.gone_total.items()):
+            fam.add_metric([kind], n)
+        return [fam]
