@@ -15,8 +15,9 @@ from exporter.kernel import maps
 from exporter.capture import targets
 from exporter.config import ConfigError, Target
 from exporter.capture.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
-                              TARGET_PORT)
-from exporter.capture.targets import Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve, wakeup_check_bytes
+                                      TARGET_PORT)
+from exporter.capture.targets import (Resolved, TargetMaps, cgroup2_mounts, cgroup_id_level, netns_inode, resolve,
+                                      wakeup_check_bytes)
 
 MISSING_PID = 2**22 - 1          # the largest pid config accepts; no process has it here
 
@@ -68,7 +69,8 @@ def fake_proc(tmp_path, start=5000, **tgids):
     for name, tgid in tgids.items():
         d = tmp_path / name[1:]
         d.mkdir(exist_ok=True)
-        (d / "status").write_text(f"Name:\tx\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\nNgid:\t0\nPid:\t{name[1:]}\n")
+        (d / "status").write_text(f"Name:\tx\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\n"
+                                  f"Ngid:\t0\nPid:\t{name[1:]}\n")
         set_start(tmp_path, int(name[1:]), start)
     return str(tmp_path)
 
