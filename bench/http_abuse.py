@@ -127,7 +127,8 @@ def main() -> None:
     for name, results, share in rows:
         ok = [r for r in results if isinstance(r, float)]
         bad = sorted({r for r in results if not isinstance(r, float)})
-        p50, p99 = (f"{pct(ok, 50) * 1e3:6.1f} ms", f"{pct(ok, 99) * 1e3:7.1f} ms") if ok else ("     -   ", "      -   ")
+        p50, p99 = ((f"{pct(ok, 50) * 1e3:6.1f} ms", f"{pct(ok, 99) * 1e3:7.1f} ms") if ok
+                    else ("     -   ", "      -   "))
         print(f"{name:<36} {p50} {p99} {share * 100:9.0f} %   "
               f"{len(results)} scrapes, {len(results) - len(ok)} failed" + (f" ({', '.join(bad)})" if bad else ""))
 

@@ -46,7 +46,8 @@ CASES = {
     "C": "nettap capturing nginx, jsonl",
     "D": "C + bpfStats enabled",
 }
-PAGE = b"<!DOCTYPE html>\n<html><head><title>nettap bench</title></head><body>\n" + b"<p>" + b"x" * 480 + b"</p>\n</body></html>\n"
+PAGE = (b"<!DOCTYPE html>\n<html><head><title>nettap bench</title></head><body>\n"
+        + b"<p>" + b"x" * 480 + b"</p>\n</body></html>\n")
 
 NGINX_CONF = """\
 worker_processes {workers};

@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from exporter import config  # noqa: E402
-from exporter.kernel import features, libbpf, loader, mechanisms
+from exporter.kernel import features, libbpf, loader, mechanisms  # noqa: E402
 from exporter.commands.daemon import Nettap  # noqa: E402
 from exporter.kernel.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
 from traffic import Server  # noqa: E402

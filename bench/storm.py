@@ -193,7 +193,8 @@ def main() -> None:
     # 2. the storm captured, sink none (the drain alone) and sink jsonl
     for sink in ("none", "jsonl"):
         cfg = os.path.join(tmp, f"{sink}.yaml")
-        out = f"{{type: jsonl, path: {tmp}/capture.jsonl, max_bytes: 1073741824}}" if sink == "jsonl" else "{type: none}"
+        out = (f"{{type: jsonl, path: {tmp}/capture.jsonl, max_bytes: 1073741824}}" if sink == "jsonl"
+               else "{type: none}")
         with open(cfg, "w") as f:
             f.write(f"captures: [{{port: {port}}}]\noutput: {out}\n")
         p = start_nettap(cfg, mport)
@@ -207,8 +208,10 @@ def main() -> None:
             deadline = time.time() + 30                # post-load drain
             while time.time() < deadline:
                 m1 = metrics(mport)
-                calls = m1['nettap_probe_calls_total{probe="tcp_sendmsg"}'] - m0['nettap_probe_calls_total{probe="tcp_sendmsg"}']
-                if calls >= sends and sum(v for k, v in m1.items() if k.startswith("nettap_ringbuf_pending_bytes")) == 0:
+                calls = (m1['nettap_probe_calls_total{probe="tcp_sendmsg"}']
+                         - m0['nettap_probe_calls_total{probe="tcp_sendmsg"}'])
+                if calls >= sends and sum(v for k, v in m1.items()
+                                          if k.startswith("nettap_ringbuf_pending_bytes")) == 0:
                     break
                 time.sleep(0.2)
             time.sleep(1 if sink == "none" else 3)
@@ -218,7 +221,8 @@ def main() -> None:
             p.terminate()
             p.wait(30)
         recs = drained(m1) - drained(m0)
-        chunks = sum(m1[f'nettap_probe_chunks_published_total{{probe="{pr}"}}'] - m0[f'nettap_probe_chunks_published_total{{probe="{pr}"}}']
+        chunks = sum(m1[f'nettap_probe_chunks_published_total{{probe="{pr}"}}']
+                     - m0[f'nettap_probe_chunks_published_total{{probe="{pr}"}}']
                      for pr in ("tcp_sendmsg", "tcp_recvmsg"))
         drops = lost(m1) - lost(m0)
         rows.append((sink, sends / t, recs / t, recs, chunks, drops, (u2 - u1), (u1 - u0), lost_where(m1, m0)))
@@ -235,7 +239,10 @@ def main() -> None:
     p = start_nettap(cfg, mport)
     time.sleep(3)
     idle_rss, bare_rss = rss_mb(p.pid), rss_mb(bare.pid)
-    p.terminate(); p.wait(30); bare.kill(); bare.wait()
+    p.terminate()
+    p.wait(30)
+    bare.kill()
+    bare.wait()
     srv.kill()
 
     print(f"\nnettap storm benchmark ({a.senders} sender processes x {a.seconds:.0f} s, 64-byte sends, "
@@ -243,14 +250,18 @@ def main() -> None:
     print(f"baseline: the storm without nettap           {base_rate:12,.0f} sends/s")
     for sink, srate, rrate, recs, chunks, drops, ucpu, uidle, where in rows:
         print(f"\nsink={sink}")
-        print(f"  storm with nettap capturing it             {srate:12,.0f} sends/s  ({srate / base_rate:.2f}x baseline)")
+        print(f"  storm with nettap capturing it             {srate:12,.0f} sends/s  "
+              f"({srate / base_rate:.2f}x baseline)")
         print(f"  records drained                            {rrate:12,.0f} records/s ({recs:,} records)")
-        print(f"  records lost (ring drops + user space)     {drops:12,}        (published {int(chunks):,}, drained {recs:,})")
+        print(f"  records lost (ring drops + user space)     {drops:12,}        "
+              f"(published {int(chunks):,}, drained {recs:,})")
         if where:
             print(f"    where: {where}")
         per_m = ucpu / recs * 1e6 if recs else float('nan')
-        print(f"  user CPU per million records               {per_m:12.3f} s     (idle baseline: {uidle:.3f} s user over {a.seconds:.0f} s)")
-    print(f"\nstart to attached (median of 7)             {t_start:12.3f} s     (bare interpreter start: {t_bare:.3f} s, +{t_start - t_bare:.3f} s)")
+        print(f"  user CPU per million records               {per_m:12.3f} s     "
+              f"(idle baseline: {uidle:.3f} s user over {a.seconds:.0f} s)")
+    print(f"\nstart to attached (median of 7)             {t_start:12.3f} s     "
+          f"(bare interpreter start: {t_bare:.3f} s, +{t_start - t_bare:.3f} s)")
     print(f"start to /readyz 200 (median of 5)          {t_ready:12.3f} s     (probes attached, drain and endpoint up)")
     print(f"idle RSS                                   {idle_rss:12.1f} MB    (bare interpreter: {bare_rss:.1f} MB)")
 

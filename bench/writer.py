@@ -104,7 +104,8 @@ def main() -> int:
         for _ in range(a.rounds):                               # alternated: the same noise for both
             ref = max(ref, best_rate(reference_jsonl, ring, recs))
             comp = max(comp, best_rate(R.jsonl, ring, recs))
-        print(f"{label:<12} {ref / 1e6:>16.3f} M {comp / 1e6:>15.2f} M {comp / ref:>6.1f}x {len(out) / len(recs):>11.0f}")
+        print(f"{label:<12} {ref / 1e6:>16.3f} M {comp / 1e6:>15.2f} M {comp / ref:>6.1f}x "
+              f"{len(out) / len(recs):>11.0f}")
     return 0
 
 

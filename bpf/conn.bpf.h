@@ -15,17 +15,17 @@
 #include "maps.bpf.h"
 #include "core_fixes.bpf.h"
 
-#define AF_INET		2
-#define AF_INET6	10
-#define IPPROTO_TCP	6
-#define SOCK_STREAM	1
-#define TCP_CLOSE	7
+#define AF_INET	    2
+#define AF_INET6    10
+#define IPPROTO_TCP 6
+#define SOCK_STREAM 1
+#define TCP_CLOSE   7
 
 struct conn {
 	__u64 id;
 	__u64 start_ns;
-	__u64 tx_off;		/* also the bytes sent */
-	__u64 rx_off;		/* also the bytes received */
+	__u64 tx_off; /* also the bytes sent */
+	__u64 rx_off; /* also the bytes received */
 	__u64 tx_calls;
 	__u64 rx_calls;
 	__u32 pid;
@@ -34,7 +34,7 @@ struct conn {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory grows with use */
 	__uint(max_entries, 65536);
 	__type(key, __u64);
 	__type(value, struct conn);
@@ -150,8 +150,8 @@ static __always_inline __u64 wakeup_flags_every(void *ring, __u32 ring_idx, __u3
 /* Addresses and ports of a socket, as both record kinds carry them. With
  * btf, sk is a BTF pointer read by direct loads; otherwise any kernel
  * address, read by bpf_probe_read_kernel (CO-RE relocated either way). */
-static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *family,
-				       __u16 *sport, __u16 *dport, __u8 *saddr, __u8 *daddr)
+static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *family, __u16 *sport,
+				       __u16 *dport, __u8 *saddr, __u8 *daddr)
 {
 	__builtin_memset(saddr, 0, 16);
 	__builtin_memset(daddr, 0, 16);
@@ -225,8 +225,7 @@ static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool 
 /* Move a direction's stream offset past ret bytes; returns where the call's
  * bytes start. With fetch, two threads moving bytes on one socket at once
  * each get a distinct range; without (before 5.12) they may overlap. */
-static __always_inline __u64 conn_advance(struct conn *cn, __u32 probe, long ret,
-					  const bool fetch)
+static __always_inline __u64 conn_advance(struct conn *cn, __u32 probe, long ret, const bool fetch)
 {
 	__u64 off;
 

@@ -34,7 +34,7 @@ struct iov_iter___old {
 	unsigned int type;
 } __attribute__((preserve_access_index));
 
-#define OLD_ITER_IOVEC	4
+#define OLD_ITER_IOVEC 4
 
 /*
  * Linux 6.4 (commit de4f5fed3f23 "iov_iter: add iter_iovec() helper")
@@ -46,9 +46,9 @@ struct iov_iter___new {
 
 /* What a kernel-function probe can read of a call's data iterator. */
 enum nettap_iter {
-	NETTAP_ITER_UBUF,	/* one user buffer: ubuf */
-	NETTAP_ITER_IOVEC,	/* user buffers: a kernel array of struct iovec */
-	NETTAP_ITER_OTHER,	/* kernel pages or buffers: no user payload */
+	NETTAP_ITER_UBUF,  /* one user buffer: ubuf */
+	NETTAP_ITER_IOVEC, /* user buffers: a kernel array of struct iovec */
+	NETTAP_ITER_OTHER, /* kernel pages or buffers: no user payload */
 };
 
 /* The flavour of msg->msg_iter, and the kernel's own number for it (logged
@@ -132,11 +132,13 @@ static __always_inline __u64 current_ancestor_cgroup_id(__u32 level)
 		return 0;
 	level &= 31;
 	if (bpf_core_field_exists(old->ancestor_ids)) {
-		bpf_probe_read_kernel(&id, sizeof(id), cg + bpf_core_field_offset(old->ancestor_ids) +
-				      level * sizeof(__u64));
+		bpf_probe_read_kernel(&id, sizeof(id),
+				      cg + bpf_core_field_offset(old->ancestor_ids) +
+					      level * sizeof(__u64));
 	} else if (bpf_core_field_exists(new->ancestors)) {
-		bpf_probe_read_kernel(&new, sizeof(new), cg + bpf_core_field_offset(new->ancestors) +
-				      level * sizeof(void *));
+		bpf_probe_read_kernel(&new, sizeof(new),
+				      cg + bpf_core_field_offset(new->ancestors) +
+					      level * sizeof(void *));
 		id = BPF_CORE_READ(new, kn, id);
 	}
 	return id;

@@ -17,10 +17,10 @@
 #include "filter.bpf.h"
 
 /* Ring bytes one chunk takes: the record and its 8-byte ring header. */
-#define CHUNK_STRIDE	(sizeof(struct nettap_chunk) + 8)
+#define CHUNK_STRIDE (sizeof(struct nettap_chunk) + 8)
 
-#define FAST	true
-#define COMPAT	false
+#define FAST   true
+#define COMPAT false
 
 /* ---- the per-task call state --------------------------------------------- */
 
@@ -110,12 +110,12 @@ static __always_inline void inflight_end(struct inflight *in, __u64 id, const bo
 
 /* Where a call's bytes are, as its entry saw them. */
 struct call_data {
-	__u64 buf;		/* user buffer, or an iovec array */
-	__u64 skip;		/* bytes of the first iovec already consumed */
-	__u32 iovcnt;		/* 0: buf is a plain buffer */
-	__u16 iter_type;	/* kernel iterator type, when unreadable */
-	__u8 iov_kernel;	/* the iovec array is kernel memory */
-	__u8 unreadable;	/* no user buffer behind the call */
+	__u64 buf;	 /* user buffer, or an iovec array */
+	__u64 skip;	 /* bytes of the first iovec already consumed */
+	__u32 iovcnt;	 /* 0: buf is a plain buffer */
+	__u16 iter_type; /* kernel iterator type, when unreadable */
+	__u8 iov_kernel; /* the iovec array is kernel memory */
+	__u8 unreadable; /* no user buffer behind the call */
 };
 
 /* Count an entry on a captured TCP socket and remember the call until it
@@ -172,7 +172,7 @@ static __always_inline long emit_step(struct inflight *in)
 		st->iov_left--;
 		st->seg_base = (__u64)v.iov_base;
 		st->seg_left = v.iov_len;
-		if (st->skip) {		/* the iterator's offset into its first iovec */
+		if (st->skip) { /* the iterator's offset into its first iovec */
 			n = st->skip < v.iov_len ? st->skip : v.iov_len;
 			st->seg_base += n;
 			st->seg_left -= n;
@@ -307,7 +307,8 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	if (st->want > cfg->max_payload_bytes)
 		st->want = cfg->max_payload_bytes;
 	st->submit_flags = wakeup_flags_every(&capture_chunks, NETTAP_RING_CAPTURE_CHUNKS,
-					      cfg->wakeup_bytes, (st->want / NETTAP_CHUNK_DATA + 1) * CHUNK_STRIDE,
+					      cfg->wakeup_bytes,
+					      (st->want / NETTAP_CHUNK_DATA + 1) * CHUNK_STRIDE,
 					      cfg->wakeup_check_bytes);
 	if (in->iovcnt == 0) {
 		st->seg_base = in->buf;
@@ -319,7 +320,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	}
 
 	emit_chunks(in, fast);
-	if (st->done < st->want)	/* more than NETTAP_MAX_IOV iovecs, or one unreadable */
+	if (st->done < st->want) /* more than NETTAP_MAX_IOV iovecs, or one unreadable */
 		emit_log(NETTAP_LOG_IOV_TRUNCATED, probe, in->iovcnt, st->want - st->done);
 
 	__sync_fetch_and_add(&c->chunks, st->published);

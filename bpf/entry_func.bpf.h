@@ -32,7 +32,8 @@ static __always_inline int enter_func(__u32 probe, struct sock *sk, struct msghd
 	}
 	switch (iter_kind(msg, &raw)) {
 	case NETTAP_ITER_UBUF:
-		d.buf = (__u64)BPF_CORE_READ(msg, msg_iter.ubuf) + BPF_CORE_READ(msg, msg_iter.iov_offset);
+		d.buf = (__u64)BPF_CORE_READ(msg, msg_iter.ubuf) +
+			BPF_CORE_READ(msg, msg_iter.iov_offset);
 		break;
 	case NETTAP_ITER_IOVEC:
 		d.buf = iter_iovec(msg);
@@ -58,31 +59,49 @@ static __always_inline long func_ret(void *ctx)
 	return (int)ret;
 }
 
-#define NETTAP_FENTRY(func, probe)							\
-	SEC("fentry/" #func)								\
-	int BPF_PROG(func##_fentry, struct sock *sk, struct msghdr *msg)		\
-	{ return enter_func(probe, sk, msg, true, FAST); }				\
-	SEC("fentry/" #func)								\
-	int BPF_PROG(func##_fentry_compat, struct sock *sk, struct msghdr *msg)	\
-	{ return enter_func(probe, sk, msg, true, COMPAT); }				\
-	SEC("fexit/" #func)								\
-	int func##_fexit(void *ctx) { return exit_call(probe, func_ret(ctx), FAST); }	\
-	SEC("fexit/" #func)								\
-	int func##_fexit_compat(void *ctx) { return exit_call(probe, func_ret(ctx), COMPAT); }
+#define NETTAP_FENTRY(func, probe)                                              \
+	SEC("fentry/" #func)                                                    \
+	int BPF_PROG(func##_fentry, struct sock *sk, struct msghdr *msg)        \
+	{                                                                       \
+		return enter_func(probe, sk, msg, true, FAST);                  \
+	}                                                                       \
+	SEC("fentry/" #func)                                                    \
+	int BPF_PROG(func##_fentry_compat, struct sock *sk, struct msghdr *msg) \
+	{                                                                       \
+		return enter_func(probe, sk, msg, true, COMPAT);                \
+	}                                                                       \
+	SEC("fexit/" #func)                                                     \
+	int func##_fexit(void *ctx)                                             \
+	{                                                                       \
+		return exit_call(probe, func_ret(ctx), FAST);                   \
+	}                                                                       \
+	SEC("fexit/" #func)                                                     \
+	int func##_fexit_compat(void *ctx)                                      \
+	{                                                                       \
+		return exit_call(probe, func_ret(ctx), COMPAT);                 \
+	}
 
-#define NETTAP_KPROBE(func, probe)							\
-	SEC("kprobe/" #func)								\
-	int BPF_KPROBE(func##_kprobe, struct sock *sk, struct msghdr *msg)		\
-	{ return enter_func(probe, KCAST(struct sock, sk), msg, true, FAST); }		\
-	SEC("kprobe/" #func)								\
-	int BPF_KPROBE(func##_kprobe_compat, struct sock *sk, struct msghdr *msg)	\
-	{ return enter_func(probe, sk, msg, false, COMPAT); }				\
-	SEC("kretprobe/" #func)								\
-	int BPF_KRETPROBE(func##_kretprobe, int ret)					\
-	{ return exit_call(probe, ret, FAST); }						\
-	SEC("kretprobe/" #func)								\
-	int BPF_KRETPROBE(func##_kretprobe_compat, int ret)				\
-	{ return exit_call(probe, ret, COMPAT); }
+#define NETTAP_KPROBE(func, probe)                                                 \
+	SEC("kprobe/" #func)                                                       \
+	int BPF_KPROBE(func##_kprobe, struct sock *sk, struct msghdr *msg)         \
+	{                                                                          \
+		return enter_func(probe, KCAST(struct sock, sk), msg, true, FAST); \
+	}                                                                          \
+	SEC("kprobe/" #func)                                                       \
+	int BPF_KPROBE(func##_kprobe_compat, struct sock *sk, struct msghdr *msg)  \
+	{                                                                          \
+		return enter_func(probe, sk, msg, false, COMPAT);                  \
+	}                                                                          \
+	SEC("kretprobe/" #func)                                                    \
+	int BPF_KRETPROBE(func##_kretprobe, int ret)                               \
+	{                                                                          \
+		return exit_call(probe, ret, FAST);                                \
+	}                                                                          \
+	SEC("kretprobe/" #func)                                                    \
+	int BPF_KRETPROBE(func##_kretprobe_compat, int ret)                        \
+	{                                                                          \
+		return exit_call(probe, ret, COMPAT);                              \
+	}
 
 NETTAP_FENTRY(tcp_sendmsg, NETTAP_PROBE_TCP_SENDMSG)
 NETTAP_FENTRY(tcp_recvmsg, NETTAP_PROBE_TCP_RECVMSG)

@@ -12,8 +12,8 @@
 
 /* Syscall entry: the filter, cheapest test first. msg: args[1] is a user
  * struct user_msghdr, read only once the call is known to be captured. */
-static __always_inline int enter_call(__u32 probe, unsigned long fd, __u64 buf,
-				      __u32 iovcnt, const bool msg, const bool fast)
+static __always_inline int enter_call(__u32 probe, unsigned long fd, __u64 buf, __u32 iovcnt,
+				      const bool msg, const bool fast)
 {
 	struct nettap_capture_config *cfg = active_config();
 	struct call_data d = {};
@@ -39,6 +39,7 @@ static __always_inline int enter_call(__u32 probe, unsigned long fd, __u64 buf,
 }
 
 /* One tracepoint program in both variants. */
+// clang-format off
 #define NETTAP_TP(sec, name, ctx_type, body)					\
 	static __always_inline int name##_body(ctx_type *ctx, const bool fast)	\
 	body									\
@@ -88,5 +89,6 @@ NETTAP_TP("tracepoint/syscalls/sys_exit_write", tcp_sendmsg_exit, struct trace_e
 NETTAP_TP("tracepoint/syscalls/sys_exit_read", tcp_recvmsg_exit, struct trace_event_raw_sys_exit, {
 	return exit_call(NETTAP_PROBE_TCP_RECVMSG, ctx->ret, fast);
 })
+// clang-format on
 
 #endif /* NETTAP_ENTRY_TP_BPF_H */

@@ -15,8 +15,8 @@
 
 #include "conn.bpf.h"
 
-#define S_IFMT		00170000
-#define S_IFSOCK	0140000
+#define S_IFMT	 00170000
+#define S_IFSOCK 0140000
 
 static __always_inline struct nettap_capture_config *active_config(void)
 {
@@ -29,10 +29,12 @@ static __always_inline struct nettap_capture_config *active_config(void)
 }
 
 /* Index of a single set bit: debruijn32[(bit * 0x077CB531) >> 27]. */
+// clang-format off
 const __u8 debruijn32[32] = {
 	0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8,
 	31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9,
 };
+// clang-format on
 
 /* The task-level targets (pid, cgroup): does the current task match? */
 static __always_inline bool task_matches(struct nettap_capture_config *cfg)
@@ -73,8 +75,8 @@ static __always_inline bool port_matches(__u16 port)
 }
 
 /* The socket-level targets (netns, port): does this socket match? */
-static __always_inline bool sock_matches(struct nettap_capture_config *cfg,
-					 struct sock *sk, const bool btf)
+static __always_inline bool sock_matches(struct nettap_capture_config *cfg, struct sock *sk,
+					 const bool btf)
 {
 	if (cfg->flags & NETTAP_TARGET_NETNS) {
 		__u32 inum = btf ? sk->__sk_common.skc_net.net->ns.inum
@@ -84,8 +86,10 @@ static __always_inline bool sock_matches(struct nettap_capture_config *cfg,
 			return true;
 	}
 	if (cfg->flags & NETTAP_TARGET_PORT) {
-		__u16 sport = btf ? sk->__sk_common.skc_num : BPF_CORE_READ(sk, __sk_common.skc_num);
-		__u16 dport = btf ? sk->__sk_common.skc_dport : BPF_CORE_READ(sk, __sk_common.skc_dport);
+		__u16 sport = btf ? sk->__sk_common.skc_num
+				  : BPF_CORE_READ(sk, __sk_common.skc_num);
+		__u16 dport = btf ? sk->__sk_common.skc_dport
+				  : BPF_CORE_READ(sk, __sk_common.skc_dport);
 
 		if (port_matches(sport) || port_matches(bpf_ntohs(dport)))
 			return true;
@@ -129,8 +133,9 @@ static __always_inline struct file *fd_to_file(unsigned long fd, const bool btf)
 		if (!fdt || fd >= fdt->max_fds)
 			return NULL;
 		fds = fdt->fd;
-		slot = KCAST(struct files_struct, (void *)&fds[fd] -
-			     bpf_core_field_offset(struct files_struct, fd_array));
+		slot = KCAST(struct files_struct,
+			     (void *)&fds[fd] -
+				     bpf_core_field_offset(struct files_struct, fd_array));
 		return slot->fd_array[0];
 	} else {
 		struct task_struct *task = (void *)bpf_get_current_task();

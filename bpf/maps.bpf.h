@@ -21,9 +21,9 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory grows with use */
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory grows with use */
 	__uint(max_entries, 1024);
-	__type(key, __u32);		/* tgid */
+	__type(key, __u32); /* tgid */
 	__type(value, __u8);
 } capture_pids SEC(".maps");
 
@@ -31,7 +31,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1024);
-	__type(key, __u64);		/* cgroup v2 id */
+	__type(key, __u64); /* cgroup v2 id */
 	__type(value, __u8);
 } capture_cgroups SEC(".maps");
 
@@ -39,7 +39,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1024);
-	__type(key, __u32);		/* network namespace inode */
+	__type(key, __u32); /* network namespace inode */
 	__type(value, __u8);
 } capture_netns SEC(".maps");
 
@@ -101,18 +101,18 @@ struct {
 
 /* How far one call's chunking got. */
 struct emit_state {
-	__u64 seg_base;		/* address of the current segment */
-	__u64 seg_left;		/* bytes left in it */
-	__u64 iov;		/* next struct iovec, when vectored */
+	__u64 seg_base; /* address of the current segment */
+	__u64 seg_left; /* bytes left in it */
+	__u64 iov;	/* next struct iovec, when vectored */
 	__u64 iov_left;
-	__u64 skip;		/* bytes of the first segment already consumed */
-	__u64 done;		/* bytes of the call captured so far */
-	__u64 want;		/* bytes of the call to capture */
+	__u64 skip; /* bytes of the first segment already consumed */
+	__u64 done; /* bytes of the call captured so far */
+	__u64 want; /* bytes of the call to capture */
 	__u64 published;
 	__u64 dropped;
-	__u64 submit_flags;	/* wakeup decision, taken once per call */
+	__u64 submit_flags; /* wakeup decision, taken once per call */
 	__u32 probe;
-	__u32 read_failed;	/* bpf_probe_read_user errors this call */
+	__u32 read_failed; /* bpf_probe_read_user errors this call */
 };
 
 /*
@@ -125,20 +125,20 @@ struct emit_state {
  * differ per byte count.
  */
 struct inflight {
-	__u64 sk;		/* kernel address of the sock */
-	__u64 buf;		/* user buffer, or an iovec array */
-	__u32 iovcnt;		/* 0: buf is a plain buffer */
+	__u64 sk;     /* kernel address of the sock */
+	__u64 buf;    /* user buffer, or an iovec array */
+	__u32 iovcnt; /* 0: buf is a plain buffer */
 	__u32 probe;
 	__u32 valid;
-	__u8 iov_kernel;	/* the iovec array is kernel memory (probe of a
-				 * kernel function) rather than user memory */
-	__u8 unreadable;	/* the iterator holds no user buffer */
-	__u16 iter_type;	/* the kernel's number for it, for the log */
-	__u64 skip;		/* iterator offset into the first segment */
-	__u64 task_start;	/* compat: the thread's start_time, so a thread that
-				 * reuses a dead thread's id never takes its entry */
+	__u8 iov_kernel;  /* the iovec array is kernel memory (probe of a
+			   * kernel function) rather than user memory */
+	__u8 unreadable;  /* the iterator holds no user buffer */
+	__u16 iter_type;  /* the kernel's number for it, for the log */
+	__u64 skip;	  /* iterator offset into the first segment */
+	__u64 task_start; /* compat: the thread's start_time, so a thread that
+			   * reuses a dead thread's id never takes its entry */
 	struct emit_state st;
-	struct nettap_chunk hdr;	/* header copied into every chunk; data unused */
+	struct nettap_chunk hdr; /* header copied into every chunk; data unused */
 };
 
 /* Linux 5.11+: task-local storage (no hashing; gone with the task, also
@@ -172,7 +172,7 @@ struct {
  * map lookup: programs index it directly (its own section, so user space
  * and the tests find it as one array map).
  */
-#define NETTAP_INFLIGHT_SLOTS	1024
+#define NETTAP_INFLIGHT_SLOTS 1024
 __u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
 
 /* Slot of a thread: the tid's low 10 bits, permuted so that neighbouring

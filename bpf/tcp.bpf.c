@@ -64,10 +64,11 @@ static __always_inline int publish_eof(const struct sock *sk, int oldstate)
 		e->tid = (__u32)id;
 		e->oldstate = oldstate;
 		e->pad0 = 0;
-		read_addrs((struct sock *)sk, false, &e->family, &e->sport, &e->dport,
-			   e->saddr, e->daddr);
+		read_addrs((struct sock *)sk, false, &e->family, &e->sport, &e->dport, e->saddr,
+			   e->daddr);
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
-		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, NETTAP_RING_CAPTURE_EOF, cfg->eof_wakeup_bytes)
+		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, NETTAP_RING_CAPTURE_EOF,
+							 cfg->eof_wakeup_bytes)
 					  : BPF_RB_NO_WAKEUP);
 	}
 	if (!bpf_map_delete_elem(&capture_conns, &key))

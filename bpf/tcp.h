@@ -13,65 +13,67 @@
 #define NETTAP_TCP_H
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
-#define NETTAP_PROBE_TCP_SENDMSG	0
-#define NETTAP_PROBE_TCP_RECVMSG	1
-#define NETTAP_PROBE_COUNT		2
+#define NETTAP_PROBE_TCP_SENDMSG 0
+#define NETTAP_PROBE_TCP_RECVMSG 1
+#define NETTAP_PROBE_COUNT	 2
 
 /* Ring indexes: rows of the ringbuf_drops map, and the `ring` label. */
-#define NETTAP_RING_CAPTURE_CHUNKS	0
-#define NETTAP_RING_CAPTURE_EOF		1
-#define NETTAP_RING_LOGS		2
-#define NETTAP_RING_COUNT		3
+#define NETTAP_RING_CAPTURE_CHUNKS 0
+#define NETTAP_RING_CAPTURE_EOF	   1
+#define NETTAP_RING_LOGS	   2
+#define NETTAP_RING_COUNT	   3
 
 /* capture_config.flags: which kinds of capture target exist. */
-#define NETTAP_TARGET_PID	(1U << 0)
-#define NETTAP_TARGET_CGROUP	(1U << 1)
-#define NETTAP_TARGET_NETNS	(1U << 2)
-#define NETTAP_TARGET_PORT	(1U << 3)
+#define NETTAP_TARGET_PID    (1U << 0)
+#define NETTAP_TARGET_CGROUP (1U << 1)
+#define NETTAP_TARGET_NETNS  (1U << 2)
+#define NETTAP_TARGET_PORT   (1U << 3)
 
 /* Payload bytes in one chunk: sizeof(struct nettap_chunk) == 504, stride 512. */
-#define NETTAP_CHUNK_DATA		400
+#define NETTAP_CHUNK_DATA	   400
 /* Hard bounds of one call's capture (the verifier needs them). */
-#define NETTAP_MAX_CHUNKS_PER_CALL	164	/* 164 * 400 = 65600 >= 64 KiB */
-#define NETTAP_MAX_IOV			8
+#define NETTAP_MAX_CHUNKS_PER_CALL 164 /* 164 * 400 = 65600 >= 64 KiB */
+#define NETTAP_MAX_IOV		   8
 /* cgroup v2 levels a cgroup target may sit at (bit n of cgroup_levels),
  * and how many distinct levels the targets may use at once. */
-#define NETTAP_MAX_CGROUP_LEVEL		31
-#define NETTAP_MAX_CGROUP_LEVELS	4
+#define NETTAP_MAX_CGROUP_LEVEL	   31
+#define NETTAP_MAX_CGROUP_LEVELS   4
 
-#define NETTAP_DIR_EGRESS	0	/* sent by the local socket */
-#define NETTAP_DIR_INGRESS	1	/* received by the local socket */
+#define NETTAP_DIR_EGRESS  0 /* sent by the local socket */
+#define NETTAP_DIR_INGRESS 1 /* received by the local socket */
 
 /* nettap_chunk.flags */
-#define NETTAP_CHUNK_F_READ_FAILED	(1U << 0)	/* payload could not be read; zeroed */
-#define NETTAP_CHUNK_F_NO_CONN		(1U << 1)	/* conn table full: conn_id 0, offsets unknown */
+#define NETTAP_CHUNK_F_READ_FAILED (1U << 0) /* payload could not be read; zeroed */
+#define NETTAP_CHUNK_F_NO_CONN	   (1U << 1) /* conn table full: conn_id 0, offsets unknown */
 
 /* nettap_log.code */
-#define NETTAP_LOG_READ_USER_FAILED	1	/* arg0 = error, arg1 = length */
-#define NETTAP_LOG_CONN_TABLE_FULL	2	/* arg0 = error */
-#define NETTAP_LOG_INFLIGHT_FULL	3	/* arg0 = error */
-#define NETTAP_LOG_IOV_TRUNCATED	4	/* arg0 = iovcnt, arg1 = bytes not captured */
-#define NETTAP_LOG_PAYLOAD_UNREADABLE	5	/* arg0 = iov_iter type, arg1 = bytes moved:
-						 * kernel buffers (sendfile, splice), no chunk */
+// clang-format off
+#define NETTAP_LOG_READ_USER_FAILED   1 /* arg0 = error, arg1 = length */
+#define NETTAP_LOG_CONN_TABLE_FULL    2 /* arg0 = error */
+#define NETTAP_LOG_INFLIGHT_FULL      3 /* arg0 = error */
+#define NETTAP_LOG_IOV_TRUNCATED      4 /* arg0 = iovcnt, arg1 = bytes not captured */
+#define NETTAP_LOG_PAYLOAD_UNREADABLE 5 /* arg0 = iov_iter type, arg1 = bytes moved:
+					 * kernel buffers (sendfile, splice), no chunk */
+// clang-format on
 
 /* The one entry of the capture_config array map; user space rewrites it
  * whenever the capture targets change (no program reload). */
 struct nettap_capture_config {
-	__u32 flags;			/* NETTAP_TARGET_* present */
-	__u32 cgroup_levels;		/* bit n: a cgroup target sits at level n */
-	__u32 max_payload_bytes;	/* payload captured per call, <= 64 KiB */
-	__u32 wakeup_bytes;		/* capture_chunks: wake the reader once this much is pending */
-	__u32 eof_wakeup_bytes;		/* capture_eof: the same, for its own ring (a fraction
-					 * of each ring's size: one threshold cannot fit both) */
-	__u32 wakeup_check_bytes;	/* capture_chunks: look at the ring's fill once a CPU
-					 * has published this much since its last look (0: at
-					 * every call) */
+	__u32 flags;		  /* NETTAP_TARGET_* present */
+	__u32 cgroup_levels;	  /* bit n: a cgroup target sits at level n */
+	__u32 max_payload_bytes;  /* payload captured per call, <= 64 KiB */
+	__u32 wakeup_bytes;	  /* capture_chunks: wake the reader once this much is pending */
+	__u32 eof_wakeup_bytes;	  /* capture_eof: the same, for its own ring (a fraction
+				   * of each ring's size: one threshold cannot fit both) */
+	__u32 wakeup_check_bytes; /* capture_chunks: look at the ring's fill once a CPU
+				   * has published this much since its last look (0: at
+				   * every call) */
 };
 
 /* What user space found out about the kernel before load (section
  * .rodata.nettap: read-only once loaded, so the verifier prunes on it). */
 struct nettap_kernel {
-	__u32 has_ancestor_cgroup_id;	/* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
+	__u32 has_ancestor_cgroup_id; /* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
 };
 
 /* Per-probe counters: one per-CPU array row per probe. */
@@ -84,21 +86,21 @@ struct nettap_probe_counters {
 
 /* ring capture_chunks: one slice (<= NETTAP_CHUNK_DATA bytes) of one call. */
 struct nettap_chunk {
-	__u64 conn_id;		/* nettap's id of the connection, 0 if unknown */
-	__u64 ts_ns;		/* CLOCK_MONOTONIC at the call's return */
-	__u64 offset;		/* stream offset of data[0] in this direction */
-	__u64 call_offset;	/* stream offset of the call's first byte */
-	__u32 call_len;		/* bytes the call moved (its return value) */
-	__u32 len;		/* bytes of data[] that hold payload */
-	__u32 pid;		/* tgid */
+	__u64 conn_id;	   /* nettap's id of the connection, 0 if unknown */
+	__u64 ts_ns;	   /* CLOCK_MONOTONIC at the call's return */
+	__u64 offset;	   /* stream offset of data[0] in this direction */
+	__u64 call_offset; /* stream offset of the call's first byte */
+	__u32 call_len;	   /* bytes the call moved (its return value) */
+	__u32 len;	   /* bytes of data[] that hold payload */
+	__u32 pid;	   /* tgid */
 	__u32 tid;
-	__u16 family;		/* AF_INET or AF_INET6 */
-	__u16 sport;		/* local port, host order */
-	__u16 dport;		/* remote port, host order */
-	__u8 direction;		/* NETTAP_DIR_* */
-	__u8 flags;		/* NETTAP_CHUNK_F_* */
-	__u8 saddr[16];		/* local address: 4 bytes for AF_INET, rest 0 */
-	__u8 daddr[16];		/* remote address */
+	__u16 family;	/* AF_INET or AF_INET6 */
+	__u16 sport;	/* local port, host order */
+	__u16 dport;	/* remote port, host order */
+	__u8 direction; /* NETTAP_DIR_* */
+	__u8 flags;	/* NETTAP_CHUNK_F_* */
+	__u8 saddr[16]; /* local address: 4 bytes for AF_INET, rest 0 */
+	__u8 daddr[16]; /* remote address */
 	char comm[16];
 	__u8 data[NETTAP_CHUNK_DATA];
 };
@@ -107,28 +109,28 @@ struct nettap_chunk {
 struct nettap_eof {
 	__u64 conn_id;
 	__u64 ts_ns;
-	__u64 start_ns;		/* first captured call */
-	__u64 tx_bytes;		/* bytes sent through captured calls */
-	__u64 rx_bytes;		/* bytes received through captured calls */
-	__u32 pid;		/* tgid of the first captured call */
-	__u32 tid;		/* thread that moved the socket to TCP_CLOSE */
+	__u64 start_ns; /* first captured call */
+	__u64 tx_bytes; /* bytes sent through captured calls */
+	__u64 rx_bytes; /* bytes received through captured calls */
+	__u32 pid;	/* tgid of the first captured call */
+	__u32 tid;	/* thread that moved the socket to TCP_CLOSE */
 	__u16 family;
 	__u16 sport;
 	__u16 dport;
-	__u8 oldstate;		/* TCP state before TCP_CLOSE */
+	__u8 oldstate; /* TCP state before TCP_CLOSE */
 	__u8 pad0;
 	__u8 saddr[16];
 	__u8 daddr[16];
-	char comm[16];		/* task that moved the socket to TCP_CLOSE */
-	__u64 tx_calls;		/* captured send calls that moved bytes */
-	__u64 rx_calls;		/* captured receive calls that moved bytes */
+	char comm[16];	/* task that moved the socket to TCP_CLOSE */
+	__u64 tx_calls; /* captured send calls that moved bytes */
+	__u64 rx_calls; /* captured receive calls that moved bytes */
 };
 
 /* ring logs: a problem met by a BPF program. */
 struct nettap_log {
 	__u64 ts_ns;
-	__u32 code;		/* NETTAP_LOG_* */
-	__u32 probe;		/* NETTAP_PROBE_* */
+	__u32 code;  /* NETTAP_LOG_* */
+	__u32 probe; /* NETTAP_PROBE_* */
 	__u64 arg0;
 	__u64 arg1;
 	__u32 pid;

@@ -65,7 +65,7 @@ enum {
 	BPF_RB_PROD_POS = 3,
 };
 
-#pragma clang attribute push (__attribute__((preserve_access_index)), apply_to = record)
+#pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
 
 struct in6_addr {
 	union {
@@ -134,7 +134,7 @@ struct fdtable {
 
 struct files_struct {
 	struct fdtable *fdt;
-	struct file *fd_array[1];	/* NR_OPEN_DEFAULT entries; only its offset is used */
+	struct file *fd_array[1]; /* NR_OPEN_DEFAULT entries; only its offset is used */
 };
 
 /* Linux 5.14+ (commit 8cd54c1c8480 "iov_iter: separate direction from
@@ -150,7 +150,7 @@ struct iov_iter {
 	__u8 iter_type;
 	__u64 iov_offset;
 	__u64 count;
-	const struct iovec *iov;	/* renamed __iov in 6.4: core_fixes.bpf.h */
+	const struct iovec *iov; /* renamed __iov in 6.4: core_fixes.bpf.h */
 	void *ubuf;
 	unsigned long nr_segs;
 };

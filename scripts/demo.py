@@ -253,7 +253,8 @@ class Demo:
         self.make_netns(a.netns)
         www = self.tmp / "www"
         www.mkdir()
-        (www / "index.html").write_text("<!doctype html><title>nettap demo</title><p>Hello from the nettap demo workload.\n")
+        (www / "index.html").write_text("<!doctype html><title>nettap demo</title>"
+                                        "<p>Hello from the nettap demo workload.\n")
         web = self.start("web", [sys.executable, "-m", "http.server", str(WORKLOAD_PORT),
                                  "--bind", "127.0.0.1", "--directory", str(www)], in_netns=True)
         self.wait_until("serving", lambda: _in_netns_connect(self.netns_fd, WORKLOAD_PORT), web, 15)
@@ -394,8 +395,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--nettap-port", type=int, metavar="PORT", help="default 42424 if free; 0 = any free port")
     p.add_argument("--prometheus-port", type=int, metavar="PORT", help="default 9090 if free; 0 = any free port")
     p.add_argument("--alertmanager-port", type=int, metavar="PORT", help="default 9093 if free; 0 = any free port")
-    p.add_argument("--netns", default="nettap-demo", help="name of the workload's network namespace (default %(default)s)")
-    p.add_argument("--grace", type=float, default=10, help="seconds a child gets to exit after SIGTERM (default %(default)s)")
+    p.add_argument("--netns", default="nettap-demo",
+                   help="name of the workload's network namespace (default %(default)s)")
+    p.add_argument("--grace", type=float, default=10,
+                   help="seconds a child gets to exit after SIGTERM (default %(default)s)")
     args = p.parse_args(argv)
 
     if os.geteuid() != 0:

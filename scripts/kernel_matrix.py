@@ -231,7 +231,8 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
     if timeout < 2 * PYTEST_GRACE:
         log(f"{name}: not booted: the matrix's budget (--budget) is spent")
         return 0.0
-    for ext in ("release", "boot", "unpacked", "hold", "log", "rc", "xml", "console.log", "console.1.log"):   # stale results must not count
+    # stale results must not count
+    for ext in ("release", "boot", "unpacked", "hold", "log", "rc", "xml", "console.log", "console.1.log"):
         if os.path.exists(f"{out}/{name}.{ext}"):
             os.remove(f"{out}/{name}.{ext}")
     g = f"{GUEST_OUT}/{name}"

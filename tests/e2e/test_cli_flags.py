@@ -121,7 +121,8 @@ def test_check_config_refuses_what_the_daemon_refuses(tmp_path):
         checked = run(["--check-config", "--config", str(p)])
         started = run(["--config", str(p), "--web.listen-address", f"127.0.0.1:{free_port()}"])
         assert checked.returncode == started.returncode == 2, (checked, started)
-        assert checked.stderr == started.stderr and checked.stderr.startswith(f"nettap: config refused: {why}"), checked.stderr
+        assert (checked.stderr == started.stderr
+                and checked.stderr.startswith(f"nettap: config refused: {why}")), checked.stderr
     # the output path, as the daemon opens it: what it cannot create, a read-only file system, a link
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -178,7 +179,8 @@ def test_port_in_use_fails_before_loading(tmp_path):
         # No BPF object: had nettap loaded first, that would be its error.
         r = run(["--web.listen-address", f"127.0.0.1:{port}"], env={**os.environ, "NETTAP_BPF_DIR": str(tmp_path)})
     assert r.returncode == 1
-    assert r.stderr.startswith(f"nettap: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"), r.stderr
+    assert r.stderr.startswith(f"nettap: cannot listen on 127.0.0.1:{port}: "
+                               "[Errno 98] Address already in use"), r.stderr
     assert "attached" not in r.stderr and "BPF object" not in r.stderr
 
 

@@ -88,7 +88,7 @@ def test_live_bad_files_keep_the_old_config(tmp_path):
             elif what == "fifo":
                 os.mkfifo(p)
             fails += 1
-            wait_for(lambda: metric(n, "nettap_config_reloads_total", result="failure") == fails,
+            wait_for(lambda fails=fails: metric(n, "nettap_config_reloads_total", result="failure") == fails,
                      timeout=10, step=0.1, what=f"{what} refused")
             assert metric(n, "nettap_config_last_reload_successful") == 0
             # Back to a good file in between: each bad one must set the gauge to 0 itself.
@@ -174,12 +174,12 @@ def test_sighup_from_the_first_moment(tmp_path):
         try:
             # From the moment the slow part begins (libbpf mapped: probing
             # the kernel, loading programs) until ready, a SIGHUP every 2 ms.
-            def libbpf_mapped():
+            def libbpf_mapped(p=p):
                 try:
                     return "libbpf.so" in open(f"/proc/{p.pid}/maps").read()
                 except OSError:
                     return False
-            wait_for(lambda: libbpf_mapped() or p.poll() is not None, timeout=30, step=0.001, what="libbpf")
+            wait_for(lambda p=p: libbpf_mapped() or p.poll() is not None, timeout=30, step=0.001, what="libbpf")
             hups = 0
             end = time.monotonic() + 60
             while p.poll() is None and time.monotonic() < end:
@@ -194,7 +194,7 @@ def test_sighup_from_the_first_moment(tmp_path):
             assert p.poll() is None, f"nettap died (rc {p.returncode}) after {hups} SIGHUPs"
             assert hups > 1
             # The SIGHUPs of the start were not lost: one reload after it.
-            def successes():
+            def successes(port=port):
                 text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
                 return float(re.search(r'^nettap_config_reloads_total\{result="success"\} (\S+)$', text, re.M)[1])
             wait_for(lambda: successes() >= 2, what="the reload asked during start")

@@ -158,7 +158,7 @@ def test_bad_config_refused_old_stays_in_force(tmp_path):
                "captures: [{netns: /var/run/netns/does-not-exist}]"]
         for i, text in enumerate(bad):
             n.cfg_path.write_text(text)
-            wait_for(lambda: n.sample("nettap_config_reloads_total", result="failure") == i + 1,
+            wait_for(lambda i=i: n.sample("nettap_config_reloads_total", result="failure") == i + 1,
                      timeout=3, what=f"reload of {text!r} refused")
             assert n.sample("nettap_config_last_reload_successful") == 0
         log = (tmp_path / "nettap.log").read_text()

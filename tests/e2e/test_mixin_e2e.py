@@ -119,8 +119,9 @@ def test_drops_alert_fires_and_reaches_alertmanager(tmp_path):
         cl.go()
         srv.wait_received(1)
         assert n.sample("nettap_ringbuf_drops_total", ring="capture_chunks") > 0
-        firing = wait_for(lambda: [a for a in prom.query('ALERTS{alertname="NettapRingBufferDrops",alertstate="firing"}')
-                                   if a["metric"]["ring"] == "capture_chunks"], timeout=30, what="alert firing")
+        firing_query = 'ALERTS{alertname="NettapRingBufferDrops",alertstate="firing"}'
+        firing = wait_for(lambda: [a for a in prom.query(firing_query) if a["metric"]["ring"] == "capture_chunks"],
+                          timeout=30, what="alert firing")
         assert firing[0]["metric"]["severity"] == "critical"
         got = wait_for(lambda: [a for a in hook.alerts if a["labels"]["alertname"] == "NettapRingBufferDrops"],
                        timeout=30, what="alert at the webhook")

@@ -72,7 +72,7 @@ def test_a_restart_and_a_kill_are_gaps_nettap_read_reports(tmp_path):
         n = Nettap(tmp_path, cfg)
         send_messages(srv.port, 3, 100)
         srv.wait_received(i + 1)
-        wait_for(lambda: (n.sample("nettap_sink_records_written_total", sink="jsonl") or 0) >= 6, what="written")
+        wait_for(lambda n=n: (n.sample("nettap_sink_records_written_total", sink="jsonl") or 0) >= 6, what="written")
         n.stop(how)
     recs = [json.loads(l) for l in out.read_text().splitlines()]
     kinds = [r["type"] for r in recs]

@@ -15,12 +15,12 @@ import pytest
 import pyroute2.config
 
 from exporter import config
+from exporter.commands.daemon import Nettap
 from exporter.kernel import features, loader, maps, mechanisms
 
 # pyroute2 gives the child process that creates a network namespace 2 s to
 # answer; under emulation (the kernel matrix's guests) forking takes longer.
 pyroute2.config.default_communicate_timeout = 120
-from exporter.commands.daemon import Nettap
 
 
 def emulated(host: int, guest: int) -> int:

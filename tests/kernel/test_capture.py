@@ -621,8 +621,9 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     # recursion (6.12), a run nested in itself is skipped (4-12 a storm in
     # the guests, counted as the program's misses): tcp_destroy publishes
     # that socket's eof when the socket is destroyed.
+    without_eof = sorted((Counter(ports) - Counter(e['sport'] for e in client_side)).elements())[:10]
     why = (f"{len(client_side)} client and {sum(server_side.values())} server eofs of {STORM_N} each; "
-           f"client ports without one: {sorted((Counter(ports) - Counter(e['sport'] for e in client_side)).elements())[:10]}; "
+           f"client ports without one: {without_eof}; "
            f"logs {Counter(l['code'] for l in lines if l['type'] == 'log')}; counters {counters}; {rate}")
     assert len(client_side) == STORM_N and server_side == Counter(ports), why
     assert Counter(e["sport"] for e in client_side) == Counter(ports), why

@@ -134,7 +134,8 @@ def test_two_yaml_documents():
     ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got {}"),
     ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got 7"),
     ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level)"),
-    ("output: {pth: /x}", "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records, mode)"),
+    ("output: {pth: /x}",
+     "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records, mode)"),
     ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes)"),
     ("diagnostics: {bpfstats: {}}", "diagnostics.bpfstats: unknown key (expected one of bpfStats)"),
     ("diagnostics: {bpfStats: {enabled: true, extra: 1}}",
@@ -267,7 +268,8 @@ def test_deep_nesting_refused_in_one_line():
     # Was a RecursionError traceback (rc 1 at start; live, a traceback with
     # last_reload_successful still 1).
     msg = refused("captures: " + "[" * 50_000 + "]" * 50_000 + "\n")
-    assert msg == f"<config>: nested deeper than {config.MAX_DEPTH} levels at line 1, column {10 + config.MAX_DEPTH}"  # the mapping is a level
+    # the mapping is a level
+    assert msg == f"<config>: nested deeper than {config.MAX_DEPTH} levels at line 1, column {10 + config.MAX_DEPTH}"
 
 
 def test_nesting_at_the_bound_is_parsed():

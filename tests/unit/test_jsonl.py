@@ -65,7 +65,8 @@ def _ints(rng, n: int, bits: int) -> np.ndarray:
     """Mostly extremes and digit-count boundaries, some uniform."""
     top = 2**bits - 1
     edges = sorted({0, 1, 2, top, top - 1, 2**(bits - 1), 2**(bits - 1) - 1,
-                    *[10**k for k in range(20) if 10**k <= top], *[10**k - 1 for k in range(1, 21) if 10**k - 1 <= top]})
+                    *[10**k for k in range(20) if 10**k <= top],
+                    *[10**k - 1 for k in range(1, 21) if 10**k - 1 <= top]})
     pick = rng.choice(np.array(edges, dtype=np.uint64), n)
     uniform = rng.integers(0, top, n, dtype=np.uint64, endpoint=True)
     small = rng.integers(0, 1000, n, dtype=np.uint64)

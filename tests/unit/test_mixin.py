@@ -80,10 +80,10 @@ def dashboard_queries(include_variables=False):
     (uid, "variable <name>", selector).
     """
     out = []
-    for name, dash in _dashboards().items():
+    for _name, dash in _dashboards().items():
         names = [v["name"] for v in dash["templating"]["list"] if v["type"] != "datasource"]
 
-        def plain(expr):
+        def plain(expr, names=names):
             for var, value in sorted(GRAFANA_INTERVALS.items(), key=lambda kv: -len(kv[0])):
                 expr = expr.replace(var, value)
             for var in names:

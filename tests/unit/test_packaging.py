@@ -46,7 +46,8 @@ def test_wheel_ships_the_objects_and_the_revision(tmp_path):
                     "--disable-pip-version-check", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k not in ("NETTAP_BPF_DIR", "PYTHONPATH")}
-    out = subprocess.run([sys.executable, "-c", "from exporter.kernel import loader; from exporter.util import revision; "
+    out = subprocess.run([sys.executable, "-c", "from exporter.kernel import loader; "
+                          "from exporter.util import revision; "
                           "print(loader.BPF_DIR); print(revision.revision())"],
                          cwd=tmp_path, env={**env, "PYTHONPATH": str(site)}, check=True,
                          capture_output=True, text=True, timeout=60).stdout.split()

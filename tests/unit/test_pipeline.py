@@ -362,7 +362,8 @@ def test_stop_does_not_wait_for_a_reader_that_stopped_reading(mem, monkeypatch, 
         lost = sink.lost
         assert lost > 0 and sink.written + lost + p.lost["queue"] == len(mem.published)
         assert [m.getMessage() for m in caplog.records] == [
-            f"sink stdout still blocked after 0.5 s at stop (a reader that stopped reading?): {lost} records counted lost"]
+            "sink stdout still blocked after 0.5 s at stop (a reader that stopped reading?): "
+            f"{lost} records counted lost"]
     finally:
         os.close(r)                              # the stuck write ends (EPIPE) ...
     time.sleep(0.2)

@@ -288,7 +288,8 @@ def test_hostile_files_are_read_in_bounded_memory_and_stack(tmp_path, capsys):
     assert rc == 0, err
     assert "Traceback" not in err and "\x1b" not in out_ and "\\x1b]0;owned\\x07" in out_
     assert err.startswith("nettap read: skipped 3 line(s): ")
-    for reason in ("1 not JSON", f"1 longer than {streams.MAX_LINE} bytes", "1 chunk record(s) with a missing or bad sport"):
+    for reason in ("1 not JSON", f"1 longer than {streams.MAX_LINE} bytes",
+                   "1 chunk record(s) with a missing or bad sport"):
         assert reason in err, err
     rows = out_.splitlines()
     assert rows[1].split()[7:9] == ["5000", "calls,"]          # truncated calls counted, none recursed

@@ -60,7 +60,8 @@ class App:
 @pytest.fixture(scope="module")
 def served():
     a = App()
-    srv = serve("127.0.0.1:0", a.registry, a.stats, a.not_ready, landing=a.landing)   # port 0: the kernel picks a free one
+    # port 0: the kernel picks a free one
+    srv = serve("127.0.0.1:0", a.registry, a.stats, a.not_ready, landing=a.landing)
     host, port = srv.server_address
     yield a, f"http://{host}:{port}"
     srv.shutdown()                   # one server for the module: shutdown waits up to 0.5 s

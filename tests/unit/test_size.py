@@ -53,7 +53,8 @@ def test_text_gives_the_figures_rules_and_busiest_node():
     blk = out.split("node b:42424\n")[1].split("\n\n")[0]
     assert "no CPU limit on nettap's cgroup" in blk
     assert "not measured (bpfStats was off over the range)" in blk and "diagnostics.bpfStats.enabled: true" in blk
-    assert "busiest node: b:42424 (highest p95 user CPU): requests cpu 200m memory 64Mi; limits cpu 700m memory 128Mi" in out
+    assert ("busiest node: b:42424 (highest p95 user CPU): requests cpu 200m memory 64Mi; "
+            "limits cpu 700m memory 128Mi") in out
     assert ("DaemonSet (one spec for every node: the largest per-node figure): requests cpu 200m memory 80Mi; "
             "limits cpu 700m memory 160Mi") in out
 

@@ -69,7 +69,8 @@ def fake_proc(tmp_path, start=5000, **tgids):
     for name, tgid in tgids.items():
         d = tmp_path / name[1:]
         d.mkdir(exist_ok=True)
-        (d / "status").write_text(f"Name:\tx\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\nNgid:\t0\nPid:\t{name[1:]}\n")
+        (d / "status").write_text(f"Name:\tx\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\n"
+                                  f"Ngid:\t0\nPid:\t{name[1:]}\n")
         set_start(tmp_path, int(name[1:]), start)
     return str(tmp_path)
 

@@ -83,8 +83,10 @@ def test_relative_paths_from_the_files_directory(tmp_path, pki):
 
 
 @pytest.mark.parametrize("text, msg", [
-    ("tls: {}", "web config.tls: unknown key (expected one of tls_server_config, http_server_config, basic_auth_users)"),
-    ("rate_limit: {interval: 1s}", "web config.rate_limit: not supported by nettap (put a proxy in front for rate limits)"),
+    ("tls: {}",
+     "web config.tls: unknown key (expected one of tls_server_config, http_server_config, basic_auth_users)"),
+    ("rate_limit: {interval: 1s}",
+     "web config.rate_limit: not supported by nettap (put a proxy in front for rate limits)"),
     ("tls_server_config: {cert_file: a.crt}", "tls_server_config.key_file: must be a file name, got None"),
     ("tls_server_config: {key_file: a.key}", "tls_server_config.cert_file: must be a file name, got None"),
     ("tls_server_config: {cert_file: a, key_file: b, client_ca_file: ca.crt}",
