@@ -12,6 +12,13 @@
 #ifndef NETTAP_TCP_H
 #define NETTAP_TCP_H
 
+/* What user space cannot tell from a field's C type, said on the field and
+ * compiled into the object's BTF as a decl tag (scripts/gen_layout.py reads
+ * it; docs/records.md lists the forms): how the field is written in a JSON
+ * line. NETTAP_RECORD names a ring record's kind (its JSON "type") and ring. */
+#define NETTAP_JSON(form)	  __attribute__((btf_decl_tag("json:" form)))
+#define NETTAP_RECORD(kind, ring) __attribute__((btf_decl_tag("record:" kind ":" ring)))
+
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG 0
 #define NETTAP_PROBE_TCP_RECVMSG 1
@@ -85,57 +92,57 @@ struct nettap_probe_counters {
 };
 
 /* ring capture_chunks: one slice (<= NETTAP_CHUNK_DATA bytes) of one call. */
-struct nettap_chunk {
-	__u64 conn_id;	   /* nettap's id of the connection, 0 if unknown */
-	__u64 ts_ns;	   /* CLOCK_MONOTONIC at the call's return */
-	__u64 offset;	   /* stream offset of data[0] in this direction */
-	__u64 call_offset; /* stream offset of the call's first byte */
-	__u32 call_len;	   /* bytes the call moved (its return value) */
-	__u32 len;	   /* bytes of data[] that hold payload */
-	__u32 pid;	   /* tgid */
-	__u32 tid;
-	__u16 family;	/* AF_INET or AF_INET6 */
-	__u16 sport;	/* local port, host order */
-	__u16 dport;	/* remote port, host order */
-	__u8 direction; /* NETTAP_DIR_* */
-	__u8 flags;	/* NETTAP_CHUNK_F_* */
-	__u8 saddr[16]; /* local address: 4 bytes for AF_INET, rest 0 */
-	__u8 daddr[16]; /* remote address */
-	char comm[16];
-	__u8 data[NETTAP_CHUNK_DATA];
+struct NETTAP_RECORD("chunk", "capture_chunks") nettap_chunk {
+	__u64 conn_id;			    /* nettap's id of the connection, 0 if unknown */
+	__u64 ts_ns;			    /* CLOCK_MONOTONIC at the call's return */
+	__u64 offset;			    /* stream offset of data[0] in this direction */
+	__u64 call_offset;		    /* stream offset of the call's first byte */
+	__u32 call_len;			    /* bytes the call moved (its return value) */
+	__u32 len;			    /* bytes of data[] that hold payload */
+	__u32 pid;			    /* tgid */
+	__u32 tid;			    /* the thread that made the call */
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port, host order */
+	__u16 dport;			    /* remote port, host order */
+	__u8 direction NETTAP_JSON("enum:NETTAP_DIR");	/* sent or received by the local socket */
+	__u8 flags NETTAP_JSON("flags:NETTAP_CHUNK_F"); /* what the chunk lacks, and why */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address: 4 bytes for AF_INET, rest 0 */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	char comm[16] NETTAP_JSON("text");  /* the calling thread's task name */
+	__u8 data[NETTAP_CHUNK_DATA] NETTAP_JSON("base64:len"); /* len bytes of payload */
 };
 
 /* ring capture_eof: a captured connection reached TCP_CLOSE. */
-struct nettap_eof {
-	__u64 conn_id;
-	__u64 ts_ns;
+struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
+	__u64 conn_id;	/* as the connection's chunks' */
+	__u64 ts_ns;	/* CLOCK_MONOTONIC at TCP_CLOSE (or at the socket's destruction) */
 	__u64 start_ns; /* first captured call */
 	__u64 tx_bytes; /* bytes sent through captured calls */
 	__u64 rx_bytes; /* bytes received through captured calls */
 	__u32 pid;	/* tgid of the first captured call */
 	__u32 tid;	/* thread that moved the socket to TCP_CLOSE */
-	__u16 family;
-	__u16 sport;
-	__u16 dport;
-	__u8 oldstate; /* TCP state before TCP_CLOSE */
-	__u8 pad0;
-	__u8 saddr[16];
-	__u8 daddr[16];
-	char comm[16];	/* task that moved the socket to TCP_CLOSE */
-	__u64 tx_calls; /* captured send calls that moved bytes */
-	__u64 rx_calls; /* captured receive calls that moved bytes */
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port (0 once the kernel released it) */
+	__u16 dport;			    /* remote port */
+	__u8 oldstate NETTAP_JSON("enum:tcp_state"); /* TCP state before TCP_CLOSE */
+	__u8 pad0 NETTAP_JSON("-");
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	char comm[16] NETTAP_JSON("text");  /* task that moved the socket to TCP_CLOSE */
+	__u64 tx_calls;			    /* captured send calls that moved bytes */
+	__u64 rx_calls;			    /* captured receive calls that moved bytes */
 };
 
 /* ring logs: a problem met by a BPF program. */
-struct nettap_log {
-	__u64 ts_ns;
-	__u32 code;  /* NETTAP_LOG_* */
-	__u32 probe; /* NETTAP_PROBE_* */
-	__u64 arg0;
-	__u64 arg1;
-	__u32 pid;
+struct NETTAP_RECORD("log", "logs") nettap_log {
+	__u64 ts_ns;				      /* CLOCK_MONOTONIC when it was met */
+	__u32 code NETTAP_JSON("enum:NETTAP_LOG");    /* what went wrong */
+	__u32 probe NETTAP_JSON("enum:NETTAP_PROBE"); /* the probe that met it */
+	__u64 arg0;				      /* the code's first detail */
+	__u64 arg1;				      /* the code's second detail */
+	__u32 pid;				      /* tgid of the calling process */
 	__u32 tid;
-	char comm[16];
+	char comm[16] NETTAP_JSON("text");
 };
 
 #endif /* NETTAP_TCP_H */

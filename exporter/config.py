@@ -18,12 +18,13 @@ from collections import namedtuple
 import yaml
 
 from exporter.util import outpath
-from exporter.kernel.tcp_h import CHUNK_DATA, MAX_PAYLOAD_BYTES, RINGS, STRIDES
+from exporter.kernel.tcp_h import CHUNK_DATA, MAX_CHUNKS_PER_CALL, RINGS, STRIDES
 
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
 TARGET_KINDS = ("pid", "cgroup", "netns", "port")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's capture can hold (bpf/tcp.h)
 # capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so
 # they count in its RSS as well as in the map's kernel memory.
 # capture_eof: 16384 eof records (128 bytes each in the ring), sized for a

@@ -3,9 +3,12 @@ compiled ones (exporter/capture/_jsonl.c) are checked against, byte for byte.
 They are slow and plain on purpose, and ship with the tests, not with nettap
 (one implementation per hot path; docs/architecture.md).
 
-The writer is columnar: a batch is turned into Python values column by
-column (``tolist()``), then into one JSON line per record with keys in byte
-order and the payload in base64, so binary and non-UTF-8 bytes survive.
+The writer walks each kind's field table (exporter/kernel/tcp_h.py, generated
+from the object's BTF), as the compiled one does: a batch is turned into
+Python values column by column (``tolist()``), then into one JSON line per
+record, keys in byte order, each value in its field's JSON form
+(docs/records.md), the payload in base64 so binary and non-UTF-8 bytes
+survive.
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from exporter.capture.records import (AF_NAMES, CHUNK, CHUNK_DATA, CHUNK_FLAGS, DIRECTIONS, EOF_, LOG,
-                                      LOG_CODES, PROBES, RB_BUSY, RB_DISCARD, RB_HDR, TCP_STATES)
+from exporter.capture import records as R
+from exporter.capture.records import AF_NAMES, RB_BUSY, RB_DISCARD, RB_HDR, TCP_STATES
+from exporter.kernel import tcp_h
 
 _LEN_MASK = ~(RB_BUSY | RB_DISCARD) & 0xFFFFFFFF
 
@@ -85,73 +89,60 @@ def _text(raw: bytes) -> str:
     return json.dumps(raw.split(b"\0", 1)[0].decode("utf-8", "replace"), ensure_ascii=False)
 
 
-_KNOWN_FLAGS = sum(bit for bit, _ in CHUNK_FLAGS)
+_TCP_STATES = {i: n for i, n in enumerate(TCP_STATES) if n}
 
 
-def _flags(v: int) -> str:
-    names = [f'"{n}"' for bit, n in CHUNK_FLAGS if v & bit]
-    if v & ~_KNOWN_FLAGS:                   # bits this decoder does not know, as a number
-        names.append(f'"{v & ~_KNOWN_FLAGS:#x}"')
-    return "[" + ",".join(names) + "]"
+def _names(form: str) -> dict:
+    """value -> name for an enum: or flags: form's group."""
+    group = form.split(":", 1)[1]
+    return _TCP_STATES if group == "tcp_state" else tcp_h.NAMES[group[len("NETTAP_"):]]
 
 
-def _name(names, i: int) -> str:
-    """names[i], or the number itself for a value this decoder does not know."""
-    return names[i] if 0 <= i < len(names) and names[i] else str(i)
+def _flags(v: int, names: dict) -> str:
+    known = sum(names)
+    out = [f'"{n}"' for bit, n in names.items() if v & bit]
+    if v & ~known:                          # bits this decoder does not know, as a number
+        out.append(f'"{v & ~known:#x}"')
+    return "[" + ",".join(out) + "]"
 
 
-def chunk_lines(recs: np.ndarray) -> Iterator[str]:
-    """One JSON line per chunk record (keys in byte order)."""
-    cols = {f: recs[f].tolist() for f in CHUNK.names if f != "data"}
-    data = recs["data"]
+def _render(form: str, v, rec: dict, nbytes: int) -> str:
+    """One value in its JSON form (docs/records.md, "JSON forms")."""
+    if not form:
+        return str(v)
+    if form == "family":
+        return f'"{AF_NAMES.get(v, str(v))}"'
+    if form == "addr":
+        return f'"{_addr(rec["family"], v)}"'
+    if form == "text":
+        return _text(v)
+    if form.startswith("enum:"):
+        return f'"{_names(form).get(v, str(v))}"'
+    if form.startswith("flags:"):
+        return _flags(v, _names(form))
+    if form.startswith("base64:"):
+        n = rec[form.split(":", 1)[1]]
+        return '"' + base64.b64encode(v.tobytes()[:min(n, nbytes)]).decode() + '"'
+    raise ValueError(f"unknown JSON form {form!r}")
+
+
+def _lines(ring: str, recs: np.ndarray) -> Iterator[str]:
+    """One JSON line per record, walking the struct's field table
+    (exporter/kernel/tcp_h.py): keys in byte order, "type" the kind."""
+    kind, (_, fields) = R.KIND_NAMES[ring], tcp_h.STRUCTS[R.C_NAMES[ring]]
+    keyed = sorted([f for f in fields if f[5] != "-"] + [("type",)], key=lambda f: f[0].encode())
+    cols = {f[0]: (recs[f[0]] if f[5].startswith("base64:") else recs[f[0]].tolist()) for f in fields}
     for i in range(len(recs)):
-        n = cols["len"][i]
-        fam = cols["family"][i]
-        payload = base64.b64encode(data[i].tobytes()[:min(n, CHUNK_DATA)]).decode()
-        yield (f'{{"call_len":{cols["call_len"][i]},"call_offset":{cols["call_offset"][i]},'
-               f'"comm":{_text(cols["comm"][i])},"conn_id":{cols["conn_id"][i]},'
-               f'"daddr":"{_addr(fam, cols["daddr"][i])}","data":"{payload}",'
-               f'"direction":"{_name(DIRECTIONS, cols["direction"][i])}","dport":{cols["dport"][i]},'
-               f'"family":"{AF_NAMES.get(fam, str(fam))}","flags":{_flags(cols["flags"][i])},'
-               f'"len":{n},"offset":{cols["offset"][i]},"pid":{cols["pid"][i]},'
-               f'"saddr":"{_addr(fam, cols["saddr"][i])}","sport":{cols["sport"][i]},'
-               f'"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},"type":"chunk"}}')
-
-
-def eof_lines(recs: np.ndarray) -> Iterator[str]:
-    cols = {f: recs[f].tolist() for f in EOF_.names}
-    for i in range(len(recs)):
-        fam = cols["family"][i]
-        st = cols["oldstate"][i]
-        yield (f'{{"comm":{_text(cols["comm"][i])},"conn_id":{cols["conn_id"][i]},'
-               f'"daddr":"{_addr(fam, cols["daddr"][i])}","dport":{cols["dport"][i]},'
-               f'"family":"{AF_NAMES.get(fam, str(fam))}",'
-               f'"oldstate":"{_name(TCP_STATES, st)}",'
-               f'"pid":{cols["pid"][i]},"rx_bytes":{cols["rx_bytes"][i]},"rx_calls":{cols["rx_calls"][i]},'
-               f'"saddr":"{_addr(fam, cols["saddr"][i])}","sport":{cols["sport"][i]},'
-               f'"start_ns":{cols["start_ns"][i]},"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},'
-               f'"tx_bytes":{cols["tx_bytes"][i]},"tx_calls":{cols["tx_calls"][i]},"type":"eof"}}')
-
-
-def log_lines(recs: np.ndarray) -> Iterator[str]:
-    cols = {f: recs[f].tolist() for f in LOG.names}
-    for i in range(len(recs)):
-        p = cols["probe"][i]
-        yield (f'{{"arg0":{cols["arg0"][i]},"arg1":{cols["arg1"][i]},'
-               f'"code":"{LOG_CODES.get(cols["code"][i], cols["code"][i])}",'
-               f'"comm":{_text(cols["comm"][i])},"pid":{cols["pid"][i]},'
-               f'"probe":"{_name(PROBES, p)}",'
-               f'"tid":{cols["tid"][i]},"ts_ns":{cols["ts_ns"][i]},"type":"log"}}')
-
-
-LINES = {"capture_chunks": chunk_lines, "capture_eof": eof_lines, "logs": log_lines}
+        rec = {name: col[i] for name, col in cols.items()}
+        yield "{" + ",".join(f'"type":"{kind}"' if len(f) == 1 else f'"{f[0]}":{_render(f[5], rec[f[0]], rec, f[4])}'
+                             for f in keyed) + "}"
 
 
 def lines(ring: str, recs: np.ndarray) -> List[str]:
     """The reference writer: one str per record, without newlines."""
-    return list(LINES[ring](recs))
+    return list(_lines(ring, recs))
 
 
 def reference_jsonl(ring: str, recs: np.ndarray) -> bytes:
     """The reference writer's lines as a sink writes them: UTF-8, each ended by a newline."""
-    return "".join([line + "\n" for line in LINES[ring](recs)]).encode("utf-8", "surrogateescape")
+    return "".join([line + "\n" for line in _lines(ring, recs)]).encode("utf-8", "surrogateescape")

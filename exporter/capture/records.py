@@ -1,7 +1,8 @@
 """Ring records: the numpy layouts of bpf/tcp.h and their JSON lines.
 
-Each dtype mirrors one C struct of ``bpf/tcp.h`` (tests/unit/test_layout.py
-checks names, offsets and sizes against the BTF in ``bpf/tcp.bpf.o``).
+Each dtype is built from exporter/kernel/tcp_h.py, which scripts/gen_layout.py
+generates from the BTF of ``bpf/tcp.bpf.o``: names, offsets and sizes are the C
+structs' own, and a ring's record kind is its struct's NETTAP_RECORD tag.
 :data:`SLOTS` wraps each in the 8-byte ring-buffer record header
 (``struct bpf_ringbuf_hdr``: u32 len with the BUSY and DISCARD bits, u32
 pg_off) and pads it to its stride, so a run of records in ring memory is one
@@ -20,14 +21,14 @@ import socket
 
 import numpy as np
 
-from exporter.kernel.tcp_h import (CHUNK_DATA, MAX_CGROUP_LEVEL, MAX_PAYLOAD_BYTES, PROBES, RINGS,  # noqa: F401
-                    STRIDES, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT)
+from exporter.kernel import tcp_h
+from exporter.kernel.tcp_h import CHUNK_DATA, PROBES, RINGS, STRIDES  # noqa: F401
 
-DIRECTIONS = ("egress", "ingress")
-CHUNK_FLAGS = ((1, "read_failed"), (2, "no_conn"))
-LOG_CODES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated",
-             5: "payload_unreadable"}
+DIRECTIONS = tuple(tcp_h.NAMES["DIR"].get(i) for i in range(max(tcp_h.NAMES["DIR"]) + 1))
+CHUNK_FLAGS = tuple(tcp_h.NAMES["CHUNK_F"].items())
+LOG_CODES = tcp_h.NAMES["LOG"]
 AF_NAMES = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6"}
+# The kernel's TCP states (include/net/tcp_states.h), the NETTAP_JSON form enum:tcp_state.
 TCP_STATES = ("", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
               "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV", "BOUND_INACTIVE")
 
@@ -36,30 +37,33 @@ RB_BUSY = 1 << 31
 RB_DISCARD = 1 << 30
 RB_HDR = 8
 
-CAPTURE_CONFIG = np.dtype([("flags", "<u4"), ("cgroup_levels", "<u4"),
-                           ("max_payload_bytes", "<u4"), ("wakeup_bytes", "<u4"),
-                           ("eof_wakeup_bytes", "<u4"), ("wakeup_check_bytes", "<u4")])
-PROBE_COUNTERS = np.dtype([("calls", "<u8"), ("returns", "<u8"), ("bytes", "<u8"), ("chunks", "<u8")])
+_SCALARS = {"__u64": "<u8", "__u32": "<u4", "__u16": "<u2", "__u8": "u1", "char": "S1"}
 
-_CONN = [("family", "<u2"), ("sport", "<u2"), ("dport", "<u2")]
 
-CHUNK = np.dtype([
-    ("conn_id", "<u8"), ("ts_ns", "<u8"), ("offset", "<u8"), ("call_offset", "<u8"),
-    ("call_len", "<u4"), ("len", "<u4"), ("pid", "<u4"), ("tid", "<u4"),
-    *_CONN, ("direction", "u1"), ("flags", "u1"),
-    ("saddr", "S16"), ("daddr", "S16"), ("comm", "S16"), ("data", f"V{CHUNK_DATA}"),
-])
-EOF_ = np.dtype([
-    ("conn_id", "<u8"), ("ts_ns", "<u8"), ("start_ns", "<u8"), ("tx_bytes", "<u8"), ("rx_bytes", "<u8"),
-    ("pid", "<u4"), ("tid", "<u4"), *_CONN, ("oldstate", "u1"), ("pad0", "u1"),
-    ("saddr", "S16"), ("daddr", "S16"), ("comm", "S16"), ("tx_calls", "<u8"), ("rx_calls", "<u8"),
-])
-LOG = np.dtype([
-    ("ts_ns", "<u8"), ("code", "<u4"), ("probe", "<u4"), ("arg0", "<u8"), ("arg1", "<u8"),
-    ("pid", "<u4"), ("tid", "<u4"), ("comm", "S16"),
-])
-RECORDS = {"capture_chunks": CHUNK, "capture_eof": EOF_, "logs": LOG}
-C_NAMES = {"capture_chunks": "nettap_chunk", "capture_eof": "nettap_eof", "logs": "nettap_log"}
+def dtype_of(struct: str) -> np.dtype:
+    """The numpy layout of a struct of bpf/tcp.h. Byte arrays read as text
+    (a char array, an address) are S: numpy strips their trailing NULs; the
+    rest (a payload) are V, raw bytes."""
+    size, fields = tcp_h.STRUCTS[struct]
+    formats = []
+    for _name, _off, ctype, count, nbytes, form, _ in fields:
+        if count == 1:
+            formats.append(_SCALARS[ctype])
+        elif ctype == "char" or form == "addr":
+            formats.append(f"S{count}")
+        else:
+            formats.append(f"V{nbytes}")
+    return np.dtype({"names": [f[0] for f in fields], "formats": formats,
+                     "offsets": [f[1] for f in fields], "itemsize": size})
+
+
+CAPTURE_CONFIG = dtype_of("nettap_capture_config")
+PROBE_COUNTERS = dtype_of("nettap_probe_counters")
+# ring -> its record's dtype, kind (the JSON "type") and struct, in ring order.
+RECORDS = {ring: dtype_of(struct) for ring, struct in tcp_h.RECORDS.values()}
+KIND_NAMES = {ring: kind for kind, (ring, _) in tcp_h.RECORDS.items()}
+C_NAMES = {ring: struct for ring, struct in tcp_h.RECORDS.values()}
+CHUNK, EOF_, LOG = RECORDS["capture_chunks"], RECORDS["capture_eof"], RECORDS["logs"]
 
 
 def stride(record: np.dtype) -> int:

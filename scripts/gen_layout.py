@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""bpf/tcp.h for user space: exporter/kernel/tcp_h.py and docs/records.md,
+generated from the header's #defines and the BTF of the compiled object (its
+structs, and the NETTAP_JSON / NETTAP_RECORD decl tags on them), as bpf2go
+derives Go types from BTF. Nothing about a record kind is written twice by
+hand: the numpy layouts, the kind and constant names, each field's JSON form
+and the field tables of the docs all come from here.
+
+  scripts/gen_layout.py OBJECT HEADER PYTHON_OUT DOCS_OUT
+
+Run by `make -C bpf` after the object is built; `make -C bpf check` runs it
+into a scratch directory and fails when the committed files are stale. Needs
+bpftool (its JSON dump of the object's BTF) and the standard library only.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+# JSON forms a field may be given (NETTAP_JSON); a field without one is a number.
+FORMS = {
+    "-": "left out of the line (padding)",
+    "family": "the address family's name (`ipv4`, `ipv6`), else its number as a string",
+    "addr": "an address of the record's family, in its text form (IPv4 from the first 4 bytes)",
+    "text": "a task name: the bytes up to the first NUL, invalid UTF-8 replaced by U+FFFD",
+    "enum:GROUP": "the value's name from the GROUP of #defines, else its number, as a string",
+    "enum:tcp_state": "the kernel's TCP state name (`ESTABLISHED`, ...), else its number, as a string",
+    "flags:GROUP": "a list of the set bits' names from GROUP; unknown bits as one hex string",
+    "base64:FIELD": "the first FIELD bytes (at most the array's size), in base64",
+}
+_INT = re.compile(r"^#define[ \t]+NETTAP_(\w+)[ \t]+(.+?)[ \t]*$", re.M)
+
+
+def _bpftool() -> str:
+    for p in (shutil.which("bpftool"), "/usr/sbin/bpftool", "/usr/bin/bpftool"):
+        if p:
+            return p
+    raise SystemExit("gen_layout: bpftool not found")
+
+
+def defines(header: str) -> dict:
+    """NAME -> int for every `#define NETTAP_NAME <integer expression>`."""
+    text = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
+    out = {}
+    for name, expr in _INT.findall(text):
+        expr = re.sub(r"(\d+)[uUlL]+\b", r"\1", expr)
+        if re.fullmatch(r"[0-9()<\s*]+", expr):
+            out[name] = eval(expr, {"__builtins__": {}})    # digits, parentheses, << and * only
+    return out
+
+
+def define_notes(header: str) -> dict:
+    """NAME -> the trailing comment of `#define NETTAP_NAME value /* ... */`."""
+    return {n: re.sub(r"\s*\n\s*\*?\s*", " ", c).strip()
+            for n, c in re.findall(r"^#define[ \t]+NETTAP_(\w+)[ \t]+[^/\n]+/\*(.*?)\*/", header, flags=re.M | re.S)}
+
+
+def comments(header: str) -> dict:
+    """(struct, field) -> the field's trailing comment, joined over its lines."""
+    out = {}
+    for struct, body in re.findall(r"struct\s+(?:NETTAP_RECORD\([^)]*\)\s+)?(nettap_\w+)\s*\{(.*?)\n\};",
+                                   header, flags=re.S):
+        for field, text in re.findall(r"\s(\w+)(?:\[\w+\])?(?:\s+NETTAP_JSON\([^)]*\))?;[ \t]*/\*(.*?)\*/",
+                                      body, flags=re.S):
+            out[(struct, field)] = re.sub(r"\s*\n\s*\*?\s*", " ", text).strip()
+    return out
+
+
+def _named(types: dict, tid: int):
+    """(C type name as written, element count, byte size) of a member's type."""
+    t = types[tid]
+    if t["kind"] == "ARRAY":
+        name, _, size = _named(types, t["type_id"])
+        return name, t["nr_elems"], size * t["nr_elems"]
+    if t["kind"] == "TYPEDEF":
+        return t["name"], 1, _named(types, t["type_id"])[2]
+    if t["kind"] in ("INT", "ENUM"):
+        return t["name"], 1, t["size"]
+    raise SystemExit(f"gen_layout: a member of type {t['kind']} {t.get('name')!r}: not a plain field")
+
+
+def layout(obj: str, header: str) -> dict:
+    types = {t["id"]: t for t in json.loads(subprocess.run(
+        [_bpftool(), "-j", "btf", "dump", "file", obj], check=True, capture_output=True, timeout=60).stdout)["types"]}
+    declared = re.findall(r"^struct\s+(?:NETTAP_RECORD\([^)]*\)\s+)?(nettap_\w+)\s*\{", header, flags=re.M)
+    tags = {}
+    for t in types.values():
+        if t["kind"] == "DECL_TAG":
+            tags.setdefault(t["type_id"], {})[t["component_idx"]] = t["name"]
+    notes = comments(header)
+    structs, records = {}, {}
+    for t in types.values():
+        if t["kind"] != "STRUCT" or t["name"] not in declared:
+            continue
+        own = tags.get(t["id"], {})
+        fields = []
+        for i, m in enumerate(t["members"]):
+            if m["bits_offset"] % 8:
+                raise SystemExit(f"gen_layout: {t['name']}.{m['name']} is a bitfield")
+            ctype, count, size = _named(types, m["type_id"])
+            form = own.get(i, "json:")[len("json:"):]
+            fields.append((m["name"], m["bits_offset"] // 8, ctype, count, size, form,
+                           notes.get((t["name"], m["name"]), "")))
+        structs[t["name"]] = (t["size"], tuple(fields))
+        if -1 in own:
+            _, kind, ring = own[-1].split(":")
+            records[kind] = (ring, t["name"])
+    missing = set(declared) - set(structs)
+    if missing:
+        raise SystemExit(f"gen_layout: not in the object's BTF (unused by every program?): {sorted(missing)}")
+    return {"structs": structs, "records": records}
+
+
+def _groups(consts: dict, structs: dict) -> dict:
+    """The groups of #defines that name values: those a field's JSON form
+    refers to, and those with a _COUNT (indexes of maps and labels)."""
+    want = {g[:-len("_COUNT")] for g in consts if g.endswith("_COUNT")}
+    for _, fields in structs.values():
+        for f in fields:
+            if f[5].startswith(("enum:", "flags:")) and f[5].split(":", 1)[1].startswith("NETTAP_"):
+                want.add(f[5].split(":", 1)[1][len("NETTAP_"):])
+    out = {}
+    for g in sorted(want):
+        members = [(v, k[len(g) + 1:].lower()) for k, v in consts.items()
+                   if k.startswith(g + "_") and k != g + "_COUNT"]
+        names = dict(members)
+        if not names:
+            raise SystemExit(f"gen_layout: no #define NETTAP_{g}_*")
+        if len(names) != len(members):
+            raise SystemExit(f"gen_layout: NETTAP_{g}_*: two names for one value")
+        out[g] = dict(sorted(names.items()))
+    return out
+
+
+def python(consts: dict, lay: dict) -> str:
+    structs, records = lay["structs"], lay["records"]
+    groups = _groups(consts, structs)
+    out = ['"""bpf/tcp.h for user space. GENERATED by scripts/gen_layout.py from the',
+           "header's #defines and the BTF of bpf/tcp.bpf.o (its structs and their",
+           "NETTAP_JSON / NETTAP_RECORD tags): do not edit. `make -C bpf` writes it,",
+           "`make -C bpf check` fails when it is stale. Plain values, no numpy: the",
+           'config, the targets and the loader import it before numpy is."""', "",
+           "# Every `#define NETTAP_<NAME> <integer>` of bpf/tcp.h, as <NAME>."]
+    out += [f"{k} = {v}" for k, v in consts.items()]
+    out += ["", "# The #defines that name values, by group: NETTAP_<GROUP>_<NAME> -> {value: name}.",
+            "NAMES = {"]
+    out += [f"    {g!r}: {names!r}," for g, names in groups.items()]
+    out += ["}"]
+    for g in sorted(g for g in groups if g + "_COUNT" in consts):
+        names = groups[g]
+        if sorted(names) != list(range(consts[g + "_COUNT"])):
+            raise SystemExit(f"gen_layout: NETTAP_{g}_* are not 0..NETTAP_{g}_COUNT-1")
+        out.append(f"{g}S = {tuple(names.values())!r}")
+    out += ["", "# Every struct of bpf/tcp.h: name -> (size, fields); a field is",
+            "# (name, offset, C type, elements, bytes, JSON form, comment).", "STRUCTS = {"]
+    for name, (size, fields) in structs.items():
+        out.append(f"    {name!r}: ({size}, (")
+        out += [f"        {f!r}," for f in fields]
+        out.append("    )),")
+    out += ["}", "", "# Ring record kinds (NETTAP_RECORD), in ring order: kind -> (ring, struct).", "RECORDS = {"]
+    ring_order = groups.get("RING", {})
+    order = {r: i for i, r in ring_order.items()}
+    by_ring = sorted(records.items(), key=lambda kv: {n: i for i, n in order.items()}.get(kv[1][0], 99))
+    out += [f"    {k!r}: {v!r}," for k, v in by_ring]
+    out += ["}", "# Bytes a record takes in ring memory: the 8-byte header and the record, 8-aligned.",
+            "STRIDES = {" + ", ".join(f"{ring!r}: {(8 + structs[s][0] + 7) & ~7}" for _, (ring, s) in by_ring) + "}",
+            ""]
+    return "\n".join(out)
+
+
+def docs(consts: dict, lay: dict, header: str) -> str:
+    structs, records = lay["structs"], lay["records"]
+    groups = _groups(consts, structs)
+    out = ["# Records", "",
+           "<!-- GENERATED by scripts/gen_layout.py from bpf/tcp.h and bpf/tcp.bpf.o: do not edit. -->", "",
+           "Every record a ring carries is one struct of `bpf/tcp.h`; its JSON line has the struct's",
+           "fields as keys in byte order, plus `\"type\"`, the record's kind. A field's JSON form",
+           "follows from its C type (an integer is a number) or from its `NETTAP_JSON` tag.",
+           "How a kind is added: [architecture.md](architecture.md#where-a-new-thing-goes).", ""]
+    for kind, (ring, sname) in records.items():
+        size, fields = structs[sname]
+        out += [f"## `{kind}`", "", f"Ring `{ring}`, `struct {sname}` ({size} bytes).", "",
+                "| key | C type | JSON | meaning |", "|---|---|---|---|"]
+        for name, _off, ctype, count, _b, form, note in sorted(fields, key=lambda f: f[0].encode()):
+            if form == "-":
+                continue
+            t = ctype + (f"[{count}]" if count > 1 else "")
+            out.append(f"| `{name}` | `{t}` | {form or 'number'} | {note} |")
+        out.append("")
+    out += ["## JSON forms", "", "| form | written as |", "|---|---|"]
+    out += [f"| `{k}` | {v} |" for k, v in FORMS.items()]
+    out += ["", "## Named values", ""]
+    notes = define_notes(header)
+    for g, names in groups.items():
+        out += [f"`NETTAP_{g}_*`:", ""]
+        out += [f"- {v} `{n}`" + (f": {notes[g + '_' + n.upper()]}" if g + "_" + n.upper() in notes else "")
+                for v, n in names.items()]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv) -> int:
+    if len(argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    obj, header_path, py_out, docs_out = argv
+    with open(header_path) as f:
+        header = f.read()
+    consts = defines(header)
+    lay = layout(obj, header)
+    for path, text in ((py_out, python(consts, lay)), (docs_out, docs(consts, lay, header))):
+        with open(path, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
