@@ -10,14 +10,22 @@ records, and chunk records carrying 64 and 400 payload bytes; batches of
 sink writes; the benchmark checks they are the same bytes, then alternates
 the two writers and keeps each one's best round.
 
-Run:  .venv/bin/python bench/writer.py [--cpu N] [--rounds 7] [--batch 10000]
+With --against REV, the compiled writer of git revision REV is built into a
+scratch directory and measured beside today's, alternated in the same run
+(before/after a change of the writer): both must write the same bytes.
+
+Run:  .venv/bin/python bench/writer.py [--cpu N] [--rounds 7] [--batch 10000] [--against REV]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
+import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")      # no idle BLAS threads on the pinned core
@@ -81,11 +89,43 @@ def best_rate(fn, ring: str, recs: np.ndarray, seconds: float = 0.25) -> float:
             return k * len(recs) / t
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def baseline_writer(rev: str):
+    """records.jsonl's signature, by the compiled writer of revision rev
+    (built with the flags setup.py uses); its tables as that revision took them."""
+    src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:exporter/capture/_jsonl.c"], check=True,
+                         capture_output=True).stdout
+    tmp = tempfile.mkdtemp(prefix="nettap-writer-")
+    with open(os.path.join(tmp, "_jsonl.c"), "wb") as f:
+        f.write(src)
+    so = os.path.join(tmp, "_jsonl" + sysconfig.get_config_var("EXT_SUFFIX"))
+    flags = (sysconfig.get_config_var("CFLAGS") or "").split() + ["-fPIC", "-O2"]   # as setup.py builds it
+    subprocess.run(["gcc", *flags, "-shared", "-I", sysconfig.get_paths()["include"],
+                    os.path.join(tmp, "_jsonl.c"), "-o", so], check=True)
+    spec = importlib.util.spec_from_file_location("nettap_baseline._jsonl", so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if "enum_tables" in (mod.init.__doc__ or ""):
+        mod.init(*R._writer_tables())
+    else:                                                # before the table-driven writer: five name tables
+        import json
+
+        def quoted(names):
+            names = dict(enumerate(names)) if not isinstance(names, dict) else names
+            return [json.dumps(names[v]).encode() if names.get(v) else None for v in range(max(names) + 1)]
+        mod.init(quoted(R.DIRECTIONS), [(bit, json.dumps(n).encode()) for bit, n in R.CHUNK_FLAGS],
+                 quoted(R.TCP_STATES), quoted(R.LOG_CODES), quoted(R.PROBES))
+    return lambda ring, recs: mod.format(R.KINDS[ring], recs)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the last allowed)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--against", metavar="REV", help="also measure the compiled writer of this git revision")
     a = ap.parse_args()
     cpu = a.cpu if a.cpu is not None else max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
@@ -95,17 +135,23 @@ def main() -> int:
         ("chunk 64 B", "capture_chunks", chunk_records(a.batch, 64, rng)),
         ("chunk 400 B", "capture_chunks", chunk_records(a.batch, 400, rng)),
     ]
+    before = baseline_writer(a.against) if a.against else None
     print(f"JSON-lines writer, one core (cpu {cpu}), batches of {a.batch} records, best of {a.rounds} rounds")
-    print(f"{'records':<12} {'reference lines/s':>18} {'compiled lines/s':>17} {'ratio':>7} {'bytes/line':>11}")
+    head = f"{'records':<12} {'reference lines/s':>18} {'compiled lines/s':>17} {'ratio':>7} {'bytes/line':>11}"
+    print(head + (f" {a.against + ' lines/s':>18} {'now/then':>9}" if before else ""))
     for label, ring, recs in sets:
         out = R.jsonl(ring, recs)
         assert out == reference_jsonl(ring, recs), f"{label}: the writers disagree"
-        ref = comp = 0.0
-        for _ in range(a.rounds):                               # alternated: the same noise for both
+        assert before is None or before(ring, recs) == out, f"{label}: {a.against}'s writer writes other bytes"
+        ref = comp = then = 0.0
+        for _ in range(a.rounds):                               # alternated: the same noise for all
             ref = max(ref, best_rate(reference_jsonl, ring, recs))
             comp = max(comp, best_rate(R.jsonl, ring, recs))
-        print(f"{label:<12} {ref / 1e6:>16.3f} M {comp / 1e6:>15.2f} M {comp / ref:>6.1f}x "
-              f"{len(out) / len(recs):>11.0f}")
+            if before:
+                then = max(then, best_rate(before, ring, recs))
+        line = (f"{label:<12} {ref / 1e6:>16.3f} M {comp / 1e6:>15.2f} M {comp / ref:>6.1f}x "
+                f"{len(out) / len(recs):>11.0f}")
+        print(line + (f" {then / 1e6:>16.2f} M {comp / then:>8.2f}x" if before else ""))
     return 0
 
 

@@ -1,18 +1,17 @@
 /* exporter.capture._jsonl: the JSON lines of a whole batch of ring records in one call.
  *
- * nettap's only writer and ring reader (scan, below). The pure-Python writer
- * in tests/oracles.py (chunk_lines, eof_lines, log_lines) is the reference it
+ * nettap's only writer and ring reader (scan, below). It knows no record
+ * kind: init() gives it, per kind, a table of rows (one per JSON key, in byte
+ * order: the text before the value, the field's offset and width, how it is
+ * written) and the name tables, which records.py builds from the field
+ * tables generated from bpf/tcp.h (exporter/kernel/tcp_h.py). The pure-Python
+ * writer in tests/oracles.py walks the same tables and is the reference it
  * is tested against: the same bytes, line for line (tests/unit/test_jsonl.py
- * checks the committed fixtures and thousands of random records). format(kind, records) takes a 1-D numpy
- * array of the ring's record dtype (contiguous or strided, e.g. a field view
- * of ring slots) and returns bytes: every line, each ended by "\n". The loop
- * runs without the interpreter lock, so the ring-drain thread is never
- * starved by formatting.
- *
- * Enum names (directions, chunk flags, TCP states, log codes, probes) are not
- * written here: records.py hands its own tables to init() once, pre-quoted.
- * The record layouts are written here; records.py compares layout() with its
- * numpy dtypes at import and refuses a module that disagrees.
+ * checks the committed fixtures and thousands of random records).
+ * format(kind, records) takes a 1-D numpy array of the ring's record dtype
+ * (contiguous or strided, e.g. a field view of ring slots) and returns bytes:
+ * every line, each ended by "\n". The loop runs without the interpreter
+ * lock, so the ring-drain thread is never starved by formatting.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,53 +25,51 @@
 #error "the record layouts are little-endian (bpf/tcp.h as exporter/capture/records.py reads it)"
 #endif
 
-#define CHUNK_DATA 400
 #define AF_INET_ 2
 #define AF_INET6_ 10
 
-struct __attribute__((packed)) chunk {
-    uint64_t conn_id, ts_ns, offset, call_offset;
-    uint32_t call_len, len, pid, tid;
-    uint16_t family, sport, dport;
-    uint8_t direction, flags;
-    uint8_t saddr[16], daddr[16], comm[16];
-    uint8_t data[CHUNK_DATA];
-};
+/* ---- the tables init() is given -----------------------------------------
+ * exporter/capture/records.py builds them from exporter/kernel/tcp_h.py, which
+ * scripts/gen_layout.py generates from bpf/tcp.h and the object's BTF: per
+ * record kind, one row per JSON key in byte order (the text before the value,
+ * where the field is, how it is written), and the name tables. No record
+ * layout is written here. */
 
-struct __attribute__((packed)) eof {
-    uint64_t conn_id, ts_ns, start_ns, tx_bytes, rx_bytes;
-    uint32_t pid, tid;
-    uint16_t family, sport, dport;
-    uint8_t oldstate, pad0;
-    uint8_t saddr[16], daddr[16], comm[16];
-    uint64_t tx_calls, rx_calls;
-};
-
-struct __attribute__((packed)) log_ {
-    uint64_t ts_ns;
-    uint32_t code, probe;
-    uint64_t arg0, arg1;
-    uint32_t pid, tid;
-    uint8_t comm[16];
-};
-
-enum { KIND_CHUNK, KIND_EOF, KIND_LOG, NKINDS };
-
-/* ---- name tables, from records.py ------------------------------------- */
-
-enum { T_DIRECTION, T_STATE, T_CODE, T_PROBE, NTABLES };
 #define TABLE_MAX 256            /* larger values are printed as numbers */
 #define NAME_MAX_ 64             /* bytes of one quoted name */
+#define TABLES_MAX 16
+#define NFLAGS_MAX 32
+#define KINDS_MAX 32
+#define ROWS_MAX 48              /* an OP_END row included */
+#define PREFIX_MAX 32            /* a row's text before its value: ,"key": (and a literal) */
+#define TEXT_BYTES 16            /* a task name's array, and an address's */
 
 typedef struct { uint8_t n; char s[NAME_MAX_]; } name_t;   /* n == 0: no name */
-static name_t tables[NTABLES][TABLE_MAX];
-static size_t table_max[NTABLES];                         /* longest name */
+static name_t enums[TABLES_MAX][TABLE_MAX];
+static size_t enum_max[TABLES_MAX];                       /* longest name */
+static int nenums;
 
-#define NFLAGS_MAX 8
-static struct { uint8_t bit; uint8_t n; char s[NAME_MAX_]; } flag_names[NFLAGS_MAX];
-static int nflags;
-static unsigned known_flags;
-static size_t flags_max;                                   /* bytes of all names, commas */
+static struct { uint64_t bit; uint8_t n; char s[NAME_MAX_]; } flag_names[TABLES_MAX][NFLAGS_MAX];
+static int nflags[TABLES_MAX];
+static uint64_t known_flags[TABLES_MAX];
+static size_t flags_max[TABLES_MAX];                      /* bytes of all names, commas, unknown bits */
+static int nflagtables;
+
+/* How a row's value is written (docs/records.md, "JSON forms"). */
+enum { OP_LIT, OP_UINT, OP_TEXT, OP_ADDR, OP_FAMILY, OP_ENUM, OP_FLAGS, OP_BASE64, NOPS,
+       OP_U64 = NOPS, OP_U32, OP_U16, OP_U8,            /* OP_UINT by width, chosen at init */
+       OP_END };                                        /* the line's last text: a closing literal, }\n */
+
+struct row {
+    char prefix[PREFIX_MAX];     /* {"key": or ,"key": (OP_LIT: ,"type":"kind") */
+    uint8_t op, plen;            /* plen: bytes of prefix */
+    uint16_t off, width;         /* the field: offset, bytes */
+    uint16_t arg, arg_width;     /* ADDR: the family field; BASE64: the length field (offset, bytes);
+                                  * ENUM, FLAGS: the table */
+} __attribute__((aligned(16)));
+struct kind { size_t size, line_max; int nrows; struct row rows[ROWS_MAX]; };
+static struct kind kinds[KINDS_MAX];
+static int nkinds;
 
 static int initialised;
 
@@ -104,25 +101,6 @@ static inline int ndigits(uint64_t v)
 }
 
 /* v in decimal, written backwards from its last digit: no length-dependent copy. */
-static inline char *put_u64(char *p, uint64_t v)
-{
-    int n = ndigits(v);
-    char *e = p + n, *q = e;
-    while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
-        v /= 100;
-        q -= 2;
-        memcpy(q, DIGITS2 + 2 * r, 2);
-    }
-    if (v >= 10) {
-        q -= 2;
-        memcpy(q, DIGITS2 + 2 * v, 2);
-    } else {
-        *--q = (char)('0' + v);
-    }
-    return e;
-}
-
 static inline char *put_u32(char *p, uint32_t v)
 {
     int n = ndigits(v);
@@ -142,15 +120,45 @@ static inline char *put_u32(char *p, uint32_t v)
     return e;
 }
 
-/* A name from a table ("name", quoted), or the value as a quoted number. */
-static inline char *put_enum(char *p, int t, uint32_t v)
+/* v < 10^8 as exactly 8 digits. */
+static inline char *put_8digits(char *p, uint32_t v)
 {
-    if (v < TABLE_MAX && tables[t][v].n) {
-        memcpy(p, tables[t][v].s, NAME_MAX_);              /* fixed size: inlined; slack after */
-        return p + tables[t][v].n;
+    uint32_t a = v / 10000, b = v % 10000;
+    memcpy(p, DIGITS2 + 2 * (a / 100), 2);
+    memcpy(p + 2, DIGITS2 + 2 * (a % 100), 2);
+    memcpy(p + 4, DIGITS2 + 2 * (b / 100), 2);
+    memcpy(p + 6, DIGITS2 + 2 * (b % 100), 2);
+    return p + 8;
+}
+
+/* v in decimal: past 32 bits, 8 digits at a time in 32-bit arithmetic
+ * (a timestamp's 19 digits in three parts, not ten 64-bit steps). */
+static inline char *put_u64(char *p, uint64_t v)
+{
+    if (v <= UINT32_MAX)
+        return put_u32(p, (uint32_t)v);
+    uint64_t hi = v / 100000000;
+    uint32_t lo = (uint32_t)(v - hi * 100000000);
+    if (hi <= UINT32_MAX) {
+        p = put_u32(p, (uint32_t)hi);
+    } else {
+        uint64_t top = hi / 100000000;                     /* < 1845 */
+        p = put_u32(p, (uint32_t)top);
+        p = put_8digits(p, (uint32_t)(hi - top * 100000000));
+    }
+    return put_8digits(p, lo);
+}
+
+
+/* A name from a table ("name", quoted), or the value as a quoted number. */
+static inline char *put_enum(char *p, int t, uint64_t v)
+{
+    if (v < TABLE_MAX && enums[t][v].n) {
+        memcpy(p, enums[t][v].s, NAME_MAX_);               /* fixed size: inlined; slack after */
+        return p + enums[t][v].n;
     }
     *p++ = '"';
-    p = put_u32(p, v);
+    p = put_u64(p, v);
     *p++ = '"';
     return p;
 }
@@ -227,21 +235,39 @@ static char *put_text_slow(char *p, const uint8_t *s, size_t n)
 }
 
 /* A task name (char comm[16]): to its first NUL, quoted. */
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+#define ZERO_BYTE(v) (((v) - ONES) & ~(v) & HIGHS)
+
+/* Index of the first byte of s[0..16) that ends plain ASCII text (a NUL,
+ * another control character, '"', '\\' or a byte >= 0x80), or 16: eight
+ * bytes at a time. Each test flags that byte exactly, and may flag bytes
+ * after it (borrows), so the lowest flag is the first such byte. */
+static inline int first_special(const uint8_t *s)
+{
+    for (int h = 0; h < 16; h += 8) {
+        uint64_t w;
+        memcpy(&w, s + h, 8);
+        uint64_t m = ((w - ONES * 0x20) & ~w & HIGHS) | (w & HIGHS) | ZERO_BYTE(w ^ (ONES * '"')) |
+                     ZERO_BYTE(w ^ (ONES * '\\'));
+        if (m)
+            return h + (__builtin_ctzll(m) >> 3);
+    }
+    return 16;
+}
+
 static inline char *put_text(char *p, const uint8_t *s)
 {
-    size_t n = 0, i;
-    while (n < 16 && s[n])
-        n++;
+    int i = first_special(s);
     *p++ = '"';
-    for (i = 0; i < n; i++) {
-        unsigned c = s[i];
-        if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80)
-            break;
-    }
     memcpy(p, s, 16);                      /* the plain-ASCII start; the buffer has room */
     p += i;
-    if (i < n)
-        p = put_text_slow(p, s + i, n - i);
+    if (i < 16 && s[i]) {                  /* not the NUL ending it: escapes, UTF-8 */
+        size_t n = (size_t)i;
+        while (n < 16 && s[n])
+            n++;
+        p = put_text_slow(p, s + i, n - (size_t)i);
+    }
     *p++ = '"';
     return p;
 }
@@ -338,27 +364,29 @@ static inline char *put_family(char *p, unsigned family)
     return p;
 }
 
-static inline char *put_flags(char *p, unsigned v)
+static inline char *put_flags(char *p, int t, uint64_t v)
 {
     int first = 1;
     *p++ = '[';
-    for (int k = 0; k < nflags; k++) {
-        if (v & flag_names[k].bit) {
+    for (int k = 0; k < nflags[t]; k++) {
+        if (v & flag_names[t][k].bit) {
             if (!first)
                 *p++ = ',';
             first = 0;
-            memcpy(p, flag_names[k].s, NAME_MAX_);
-            p += flag_names[k].n;
+            memcpy(p, flag_names[t][k].s, NAME_MAX_);
+            p += flag_names[t][k].n;
         }
     }
-    unsigned rest = v & ~known_flags;
-    if (rest) {                                /* unknown bits: "0x.." */
+    uint64_t rest = v & ~known_flags[t];
+    if (rest) {                                /* unknown bits: "0x.." as Python's {:#x} */
         if (!first)
             *p++ = ',';
         p = LIT(p, "\"0x");
-        if (rest >= 0x10)
-            *p++ = HEX[(rest >> 4) & 15];
-        *p++ = HEX[rest & 15];
+        int shift = 60;
+        while (shift > 0 && !(rest >> shift))
+            shift -= 4;
+        for (; shift >= 0; shift -= 4)
+            *p++ = HEX[(rest >> shift) & 15];
         *p++ = '"';
     }
     *p++ = ']';
@@ -391,123 +419,121 @@ static inline char *put_base64(char *p, const uint8_t *s, size_t n)
     return p;
 }
 
-/* ---- one line per record, keys in byte order (as records.py) ----------- */
+/* ---- one line per record: its kind's rows, keys in byte order ------------ */
 
-static char *chunk_line(char *p, const struct chunk *r)
+static inline uint64_t get_uint(const char *rec, unsigned off, unsigned width)
 {
-    uint32_t n = r->len < CHUNK_DATA ? r->len : CHUNK_DATA;
-    p = LIT(p, "{\"call_len\":");
-    p = put_u32(p, r->call_len);
-    p = LIT(p, ",\"call_offset\":");
-    p = put_u64(p, r->call_offset);
-    p = LIT(p, ",\"comm\":");
-    p = put_text(p, r->comm);
-    p = LIT(p, ",\"conn_id\":");
-    p = put_u64(p, r->conn_id);
-    p = LIT(p, ",\"daddr\":");
-    p = put_addr(p, r->family, r->daddr);
-    p = LIT(p, ",\"data\":\"");
-    p = put_base64(p, r->data, n);
-    p = LIT(p, "\",\"direction\":");
-    p = put_enum(p, T_DIRECTION, r->direction);
-    p = LIT(p, ",\"dport\":");
-    p = put_u32(p, r->dport);
-    p = LIT(p, ",\"family\":");
-    p = put_family(p, r->family);
-    p = LIT(p, ",\"flags\":");
-    p = put_flags(p, r->flags);
-    p = LIT(p, ",\"len\":");
-    p = put_u32(p, r->len);
-    p = LIT(p, ",\"offset\":");
-    p = put_u64(p, r->offset);
-    p = LIT(p, ",\"pid\":");
-    p = put_u32(p, r->pid);
-    p = LIT(p, ",\"saddr\":");
-    p = put_addr(p, r->family, r->saddr);
-    p = LIT(p, ",\"sport\":");
-    p = put_u32(p, r->sport);
-    p = LIT(p, ",\"tid\":");
-    p = put_u32(p, r->tid);
-    p = LIT(p, ",\"ts_ns\":");
-    p = put_u64(p, r->ts_ns);
-    return LIT(p, ",\"type\":\"chunk\"}\n");
-}
-
-static char *eof_line(char *p, const struct eof *r)
-{
-    p = LIT(p, "{\"comm\":");
-    p = put_text(p, r->comm);
-    p = LIT(p, ",\"conn_id\":");
-    p = put_u64(p, r->conn_id);
-    p = LIT(p, ",\"daddr\":");
-    p = put_addr(p, r->family, r->daddr);
-    p = LIT(p, ",\"dport\":");
-    p = put_u32(p, r->dport);
-    p = LIT(p, ",\"family\":");
-    p = put_family(p, r->family);
-    p = LIT(p, ",\"oldstate\":");
-    p = put_enum(p, T_STATE, r->oldstate);
-    p = LIT(p, ",\"pid\":");
-    p = put_u32(p, r->pid);
-    p = LIT(p, ",\"rx_bytes\":");
-    p = put_u64(p, r->rx_bytes);
-    p = LIT(p, ",\"rx_calls\":");
-    p = put_u64(p, r->rx_calls);
-    p = LIT(p, ",\"saddr\":");
-    p = put_addr(p, r->family, r->saddr);
-    p = LIT(p, ",\"sport\":");
-    p = put_u32(p, r->sport);
-    p = LIT(p, ",\"start_ns\":");
-    p = put_u64(p, r->start_ns);
-    p = LIT(p, ",\"tid\":");
-    p = put_u32(p, r->tid);
-    p = LIT(p, ",\"ts_ns\":");
-    p = put_u64(p, r->ts_ns);
-    p = LIT(p, ",\"tx_bytes\":");
-    p = put_u64(p, r->tx_bytes);
-    p = LIT(p, ",\"tx_calls\":");
-    p = put_u64(p, r->tx_calls);
-    return LIT(p, ",\"type\":\"eof\"}\n");
-}
-
-static char *log_line(char *p, const struct log_ *r)
-{
-    p = LIT(p, "{\"arg0\":");
-    p = put_u64(p, r->arg0);
-    p = LIT(p, ",\"arg1\":");
-    p = put_u64(p, r->arg1);
-    p = LIT(p, ",\"code\":");
-    p = put_enum(p, T_CODE, r->code);
-    p = LIT(p, ",\"comm\":");
-    p = put_text(p, r->comm);
-    p = LIT(p, ",\"pid\":");
-    p = put_u32(p, r->pid);
-    p = LIT(p, ",\"probe\":");
-    p = put_enum(p, T_PROBE, r->probe);
-    p = LIT(p, ",\"tid\":");
-    p = put_u32(p, r->tid);
-    p = LIT(p, ",\"ts_ns\":");
-    p = put_u64(p, r->ts_ns);
-    return LIT(p, ",\"type\":\"log\"}\n");
-}
-
-/* Bytes one line can take at most (text + slack for put_text's 16-byte copy). */
-static size_t line_max(int kind)
-{
-    /* keys and punctuation < 320; u64 <= 20, u32 <= 10 digits; comm <= 16 * 6
-     * escaped + 16 slack; an address <= 45 (IPv6) or 32 (hex); base64 of 400
-     * bytes = 536. */
-    switch (kind) {
-    case KIND_CHUNK:
-        return 320 + 4 * 20 + 7 * 10 + (2 + 96 + 16) + 2 * 47 + 536 + 12 + table_max[T_DIRECTION] + flags_max + 64;
-    case KIND_EOF:
-        return 320 + 7 * 20 + 5 * 10 + (2 + 96 + 16) + 2 * 47 + 12 + table_max[T_STATE] + 64;
-    default:
-        return 320 + 3 * 20 + 5 * 10 + (2 + 96 + 16) + table_max[T_CODE] + table_max[T_PROBE] + 64;
+    switch (width) {
+    case 8: { uint64_t v; memcpy(&v, rec + off, 8); return v; }
+    case 4: { uint32_t v; memcpy(&v, rec + off, 4); return v; }
+    case 2: { uint16_t v; memcpy(&v, rec + off, 2); return v; }
+    default: return (uint8_t)rec[off];
     }
 }
 
-static const size_t record_size[NKINDS] = {sizeof(struct chunk), sizeof(struct eof), sizeof(struct log_)};
+/* One record's line at p; returns the end of what it wrote. Threaded: each
+ * value's code copies the next row's text and jumps to that row's code
+ * itself, so every jump is predicted on its own (a kind's rows repeat the
+ * same sequence record after record) and a line costs about what straight
+ * code written for the kind did (bench/writer.py --against). */
+static inline char *format_one(int kind, char *p, const char *rec)
+{
+    static const void *const code[] = {
+        [OP_END] = &&end, [OP_LIT] = &&lit, [OP_TEXT] = &&text, [OP_ADDR] = &&addr, [OP_FAMILY] = &&family,
+        [OP_ENUM] = &&enumerated, [OP_FLAGS] = &&flags, [OP_BASE64] = &&base64,
+        [OP_U64] = &&u64, [OP_U32] = &&u32, [OP_U16] = &&u16, [OP_U8] = &&u8,
+    };
+    const struct row *r = kinds[kind].rows;      /* ends with an OP_END row: its text ends the line */
+    const uint8_t *f;
+#define NEXT()                                                                   \
+    do {                                                                         \
+        memcpy(p, r->prefix, 16);           /* fixed size: one move; slack after */ \
+        if (__builtin_expect(r->plen > 16, 0))                                   \
+            memcpy(p + 16, r->prefix + 16, PREFIX_MAX - 16);                     \
+        p += r->plen;                                                            \
+        f = (const uint8_t *)rec + r->off;                                       \
+        goto *code[r->op];                                                       \
+    } while (0)
+    NEXT();
+u64: {
+        uint64_t v;
+        memcpy(&v, f, 8);
+        p = put_u64(p, v);
+        r++;
+        NEXT();
+    }
+u32: {
+        uint32_t v;
+        memcpy(&v, f, 4);
+        p = put_u32(p, v);
+        r++;
+        NEXT();
+    }
+u16: {
+        uint16_t v;
+        memcpy(&v, f, 2);
+        p = put_u32(p, v);
+        r++;
+        NEXT();
+    }
+u8:
+    p = put_u32(p, *f);
+    r++;
+    NEXT();
+text:
+    p = put_text(p, f);
+    r++;
+    NEXT();
+addr:
+    p = put_addr(p, (unsigned)get_uint(rec, r->arg, r->arg_width), f);
+    r++;
+    NEXT();
+family:
+    p = put_family(p, (unsigned)get_uint(rec, r->off, r->width));
+    r++;
+    NEXT();
+enumerated:
+    p = put_enum(p, r->arg, get_uint(rec, r->off, r->width));
+    r++;
+    NEXT();
+flags:
+    p = put_flags(p, r->arg, get_uint(rec, r->off, r->width));
+    r++;
+    NEXT();
+base64: {
+        uint64_t n = get_uint(rec, r->arg, r->arg_width);
+        *p++ = '"';
+        p = put_base64(p, f, n < r->width ? (size_t)n : r->width);
+        *p++ = '"';
+        r++;
+        NEXT();
+    }
+lit:
+    r++;
+    NEXT();
+end:
+#undef NEXT
+    return p;
+}
+
+/* Bytes one line of a kind can take at most, slack for the fixed-size copies
+ * included: its rows' text, and each value at its widest (a u64 20 digits, a
+ * task name 16 bytes each escaped to 6, an IPv6 address 45, ...). */
+static size_t value_max(const struct row *r)
+{
+    switch (r->op) {
+    case OP_UINT: case OP_U64: case OP_U32: case OP_U16: case OP_U8: return r->width == 8 ? 20 : 10;
+    case OP_TEXT: return 2 + TEXT_BYTES * 6 + TEXT_BYTES;
+    case OP_ADDR: return 2 + 45;
+    case OP_FAMILY: return 2 + 10;
+    case OP_ENUM: return enum_max[r->arg] > 2 + 20 ? enum_max[r->arg] : 2 + 20;
+    case OP_FLAGS: return flags_max[r->arg];
+    case OP_BASE64: return 2 + 4 * (((size_t)r->width + 2) / 3);
+    default: return 0;
+    }
+}
+
+static inline size_t line_max(int kind) { return kinds[kind].line_max; }
 
 /* ---- the module -------------------------------------------------------- */
 
@@ -553,21 +579,11 @@ static int kind_ready(int kind)
         PyErr_SetString(PyExc_RuntimeError, "_jsonl.init() was not called");
         return 0;
     }
-    if (kind < 0 || kind >= NKINDS) {
+    if (kind < 0 || kind >= nkinds) {
         PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
         return 0;
     }
     return 1;
-}
-
-/* One record's line at p; returns the end of what it wrote. */
-static inline char *format_one(int kind, char *p, const char *rec)
-{
-    switch (kind) {
-    case KIND_CHUNK: return chunk_line(p, (const struct chunk *)rec);
-    case KIND_EOF: return eof_line(p, (const struct eof *)rec);
-    default: return log_line(p, (const struct log_ *)rec);
-    }
 }
 
 static PyObject *jsonl_format(PyObject *self, PyObject *args)
@@ -581,9 +597,9 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
     Py_buffer view;
     if (PyObject_GetBuffer(arr, &view, PyBUF_STRIDES) < 0)
         return NULL;
-    if (view.ndim != 1 || (size_t)view.itemsize != record_size[kind]) {
+    if (view.ndim != 1 || (size_t)view.itemsize != kinds[kind].size) {
         PyErr_Format(PyExc_ValueError, "records must be a 1-D array of %zu-byte items (got ndim %d, itemsize %zd)",
-                     record_size[kind], view.ndim, view.itemsize);
+                     kinds[kind].size, view.ndim, view.itemsize);
         PyBuffer_Release(&view);
         return NULL;
     }
@@ -660,7 +676,7 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
     if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Py_ssize_t size = view.len;
-    size_t rsize = record_size[kind];
+    size_t rsize = kinds[kind].size;
     size_t step_good = (RB_HDR_ + rsize + 7) & ~(size_t)7;
     if (size < (Py_ssize_t)step_good || (size & (size - 1)) || start < 0 || start >= size || start % 8 ||
         avail < 0 || max_records < 0 || mode < SCAN_COUNT || mode > SCAN_COPY || rsize > RECORD_MAX) {
@@ -759,8 +775,7 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
     return Py_BuildValue("(Nnnni)", out, consumed, kept, bad, stop);
 }
 
-/* One table: a sequence whose item i is bytes (the quoted name of value i) or None. */
-static int load_table(PyObject *seq, int t)
+static int load_enum(PyObject *seq, int t)
 {
     PyObject *fast = PySequence_Fast(seq, "a name table must be a sequence");
     if (fast == NULL)
@@ -771,8 +786,8 @@ static int load_table(PyObject *seq, int t)
         Py_DECREF(fast);
         return -1;
     }
-    memset(tables[t], 0, sizeof(tables[t]));
-    table_max[t] = 0;
+    memset(enums[t], 0, sizeof(enums[t]));
+    enum_max[t] = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = PySequence_Fast_GET_ITEM(fast, i);
         if (o == Py_None)
@@ -782,84 +797,160 @@ static int load_table(PyObject *seq, int t)
             Py_DECREF(fast);
             return -1;
         }
-        tables[t][i].n = (uint8_t)PyBytes_GET_SIZE(o);
-        memcpy(tables[t][i].s, PyBytes_AS_STRING(o), tables[t][i].n);
-        if (tables[t][i].n > table_max[t])
-            table_max[t] = tables[t][i].n;
+        enums[t][i].n = (uint8_t)PyBytes_GET_SIZE(o);
+        memcpy(enums[t][i].s, PyBytes_AS_STRING(o), enums[t][i].n);
+        if (enums[t][i].n > enum_max[t])
+            enum_max[t] = enums[t][i].n;
     }
     Py_DECREF(fast);
     return 0;
 }
 
-static PyObject *jsonl_init(PyObject *self, PyObject *args)
+static int load_flags(PyObject *seq, int t)
 {
-    PyObject *dirs, *flags, *states, *codes, *probes;
-    if (!PyArg_ParseTuple(args, "OOOOO:init", &dirs, &flags, &states, &codes, &probes))
-        return NULL;
-    initialised = 0;
-    if (load_table(dirs, T_DIRECTION) < 0 || load_table(states, T_STATE) < 0 ||
-        load_table(codes, T_CODE) < 0 || load_table(probes, T_PROBE) < 0)
-        return NULL;
-    PyObject *fast = PySequence_Fast(flags, "flags must be a sequence of (bit, name)");
+    PyObject *fast = PySequence_Fast(seq, "flags must be a sequence of (bit, name)");
     if (fast == NULL)
-        return NULL;
+        return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     if (n > NFLAGS_MAX) {
         PyErr_SetString(PyExc_ValueError, "too many flags");
         Py_DECREF(fast);
-        return NULL;
+        return -1;
     }
-    nflags = 0;
-    known_flags = 0;
-    flags_max = 0;
+    nflags[t] = 0;
+    known_flags[t] = 0;
+    flags_max[t] = 2 + 4 + 16 + 2;                      /* [ ] and ,"0x" + 16 hex digits + " */
     for (Py_ssize_t i = 0; i < n; i++) {
-        int bit;
+        unsigned long long bit;
         const char *s;
         Py_ssize_t len;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iy#", &bit, &s, &len)) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "Ky#", &bit, &s, &len)) {
             Py_DECREF(fast);
-            return NULL;
+            return -1;
         }
-        if (bit <= 0 || bit > 0xff || (bit & (bit - 1)) || len <= 0 || len >= NAME_MAX_) {
-            PyErr_SetString(PyExc_ValueError, "a flag is (a bit of a u8, a quoted name of 1..63 bytes)");
+        if (bit == 0 || (bit & (bit - 1)) || len <= 0 || len >= NAME_MAX_) {
+            PyErr_SetString(PyExc_ValueError, "a flag is (one bit, a quoted name of 1..63 bytes)");
             Py_DECREF(fast);
-            return NULL;
+            return -1;
         }
-        flag_names[nflags].bit = (uint8_t)bit;
-        flag_names[nflags].n = (uint8_t)len;
-        memcpy(flag_names[nflags].s, s, (size_t)len);
-        known_flags |= (unsigned)bit;
-        flags_max += (size_t)len + 1;
-        nflags++;
+        flag_names[t][i].bit = bit;
+        flag_names[t][i].n = (uint8_t)len;
+        memcpy(flag_names[t][i].s, s, (size_t)len);
+        known_flags[t] |= bit;
+        flags_max[t] += (size_t)len + 1;
+        nflags[t]++;
     }
     Py_DECREF(fast);
-    flags_max += 8;                                     /* ,"0xff" */
-    initialised = 1;
-    Py_RETURN_NONE;
+    return 0;
 }
 
-#define FIELD(s, f) #f, (int)offsetof(struct s, f)
+static int valid_width(unsigned w) { return w == 1 || w == 2 || w == 4 || w == 8; }
 
-static PyObject *jsonl_layout(PyObject *self, PyObject *unused)
+/* One kind: (record size, rows); a row is (prefix, op, offset, width, arg, arg_width). */
+static int load_kind(PyObject *spec, struct kind *k)
 {
-    return Py_BuildValue(
-        "{s:(n{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}),"
-        "s:(n{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}),"
-        "s:(n{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i})}",
-        "capture_chunks", (Py_ssize_t)sizeof(struct chunk),
-        FIELD(chunk, conn_id), FIELD(chunk, ts_ns), FIELD(chunk, offset), FIELD(chunk, call_offset),
-        FIELD(chunk, call_len), FIELD(chunk, len), FIELD(chunk, pid), FIELD(chunk, tid),
-        FIELD(chunk, family), FIELD(chunk, sport), FIELD(chunk, dport), FIELD(chunk, direction),
-        FIELD(chunk, flags), FIELD(chunk, saddr), FIELD(chunk, daddr), FIELD(chunk, comm),
-        FIELD(chunk, data),
-        "capture_eof", (Py_ssize_t)sizeof(struct eof),
-        FIELD(eof, conn_id), FIELD(eof, ts_ns), FIELD(eof, start_ns), FIELD(eof, tx_bytes),
-        FIELD(eof, rx_bytes), FIELD(eof, pid), FIELD(eof, tid), FIELD(eof, family), FIELD(eof, sport),
-        FIELD(eof, dport), FIELD(eof, oldstate), FIELD(eof, pad0), FIELD(eof, saddr), FIELD(eof, daddr),
-        FIELD(eof, comm), FIELD(eof, tx_calls), FIELD(eof, rx_calls),
-        "logs", (Py_ssize_t)sizeof(struct log_),
-        FIELD(log_, ts_ns), FIELD(log_, code), FIELD(log_, probe), FIELD(log_, arg0), FIELD(log_, arg1),
-        FIELD(log_, pid), FIELD(log_, tid), FIELD(log_, comm));
+    Py_ssize_t size;
+    PyObject *rows;
+    if (!PyArg_ParseTuple(spec, "nO", &size, &rows))
+        return -1;
+    PyObject *fast = PySequence_Fast(rows, "rows must be a sequence");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (size <= 0 || size > 65535 || n >= ROWS_MAX) {
+        PyErr_Format(PyExc_ValueError, "a kind of %zd bytes with %zd rows: out of range", size, n);
+        Py_DECREF(fast);
+        return -1;
+    }
+    k->size = (size_t)size;
+    k->nrows = 0;
+    k->line_max = NAME_MAX_;                           /* slack for a fixed-size copy */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *prefix;
+        Py_ssize_t plen;
+        int op;
+        unsigned off, width, arg, arg_width;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "y#iIIII", &prefix, &plen, &op, &off, &width,
+                              &arg, &arg_width)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        int fits = off + width <= (size_t)size;
+        int ok = plen > 0 && plen < PREFIX_MAX && op >= 0 && op < NOPS;
+        switch (op) {
+        case OP_UINT: case OP_FAMILY: ok = ok && fits && valid_width(width); break;
+        case OP_TEXT: ok = ok && fits && width == TEXT_BYTES; break;
+        case OP_ADDR:
+            ok = ok && fits && width == TEXT_BYTES && valid_width(arg_width) && arg + arg_width <= (size_t)size;
+            break;
+        case OP_ENUM: ok = ok && fits && valid_width(width) && (int)arg < nenums; break;
+        case OP_FLAGS: ok = ok && fits && valid_width(width) && (int)arg < nflagtables; break;
+        case OP_BASE64: ok = ok && fits && valid_width(arg_width) && arg + arg_width <= (size_t)size; break;
+        default: break;
+        }
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "row %zd of a %zd-byte kind: op %d at %u+%u (arg %u+%u) is not valid",
+                         i, size, op, off, width, arg, arg_width);
+            Py_DECREF(fast);
+            return -1;
+        }
+        struct row *r = &k->rows[k->nrows++];
+        memset(r, 0, sizeof(*r));
+        r->op = (uint8_t)op, r->plen = (uint8_t)plen;
+        r->off = (uint16_t)off, r->width = (uint16_t)width, r->arg = (uint16_t)arg, r->arg_width = (uint16_t)arg_width;
+        memcpy(r->prefix, prefix, (size_t)plen);
+        if (op == OP_UINT)
+            r->op = width == 8 ? OP_U64 : width == 4 ? OP_U32 : width == 2 ? OP_U16 : OP_U8;
+        k->line_max += (size_t)plen + value_max(r);
+    }
+    Py_DECREF(fast);
+    /* The end: }\n, after the last row's text when that row is a literal. */
+    struct row *last = k->nrows ? &k->rows[k->nrows - 1] : NULL;
+    if (last != NULL && last->op == OP_LIT && last->plen + 2 < PREFIX_MAX) {
+        last->op = OP_END;
+    } else if (k->nrows < ROWS_MAX) {
+        last = &k->rows[k->nrows++];
+        memset(last, 0, sizeof(*last));
+        last->op = OP_END;
+    } else {
+        PyErr_SetString(PyExc_ValueError, "too many rows");
+        return -1;
+    }
+    memcpy(last->prefix + last->plen, "}\n", 2);
+    last->plen += 2;
+    k->line_max += 2;
+    return 0;
+}
+
+static PyObject *jsonl_init(PyObject *self, PyObject *args)
+{
+    PyObject *enum_tables, *flag_tables, *kind_specs;
+    if (!PyArg_ParseTuple(args, "OOO:init", &enum_tables, &flag_tables, &kind_specs))
+        return NULL;
+    initialised = 0;
+    nenums = nflagtables = nkinds = 0;
+    PyObject *e = PySequence_Fast(enum_tables, "enum tables must be a sequence");
+    PyObject *f = PySequence_Fast(flag_tables, "flag tables must be a sequence");
+    PyObject *k = PySequence_Fast(kind_specs, "kinds must be a sequence");
+    int ok = e && f && k && PySequence_Fast_GET_SIZE(e) <= TABLES_MAX && PySequence_Fast_GET_SIZE(f) <= TABLES_MAX &&
+             PySequence_Fast_GET_SIZE(k) <= KINDS_MAX;
+    if (e && f && k && !ok)
+        PyErr_SetString(PyExc_ValueError, "too many tables or kinds");
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(e); i++, nenums++)
+        ok = load_enum(PySequence_Fast_GET_ITEM(e, i), (int)i) == 0;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(f); i++, nflagtables++)
+        ok = load_flags(PySequence_Fast_GET_ITEM(f, i), (int)i) == 0;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(k); i++, nkinds++)
+        ok = load_kind(PySequence_Fast_GET_ITEM(k, i), &kinds[i]) == 0;
+    Py_XDECREF(e);
+    Py_XDECREF(f);
+    Py_XDECREF(k);
+    if (!ok) {
+        nkinds = 0;
+        return NULL;
+    }
+    initialised = 1;
+    Py_RETURN_NONE;
 }
 
 static PyObject *jsonl_line_max(PyObject *self, PyObject *args)
@@ -867,26 +958,23 @@ static PyObject *jsonl_line_max(PyObject *self, PyObject *args)
     int kind;
     if (!PyArg_ParseTuple(args, "i:line_max", &kind))
         return NULL;
-    if (kind < 0 || kind >= NKINDS) {
-        PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
+    if (!kind_ready(kind))
         return NULL;
-    }
     return PyLong_FromSize_t(line_max(kind));
 }
 
 static PyMethodDef methods[] = {
     {"format", jsonl_format, METH_VARARGS,
-     "format(kind, records) -> bytes: one JSON line per record (kind 0 chunk, 1 eof, 2 log), "
+     "format(kind, records) -> bytes: one JSON line per record of an init() kind, "
      "each ended by a newline; runs without the GIL."},
     {"init", jsonl_init, METH_VARARGS,
-     "init(directions, flags, states, codes, probes): the name tables (quoted bytes or None per value; "
-     "flags as (bit, quoted name))."},
+     "init(enum_tables, flag_tables, kinds): the name tables (quoted bytes or None per value; flags as "
+     "(bit, quoted name)) and per kind (record size, rows (prefix, op, offset, width, arg, arg_width))."},
     {"scan", jsonl_scan, METH_VARARGS,
      "scan(kind, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop): "
      "one pass over a ring's committed records (mode 0 count, 1 JSON lines, 2 copies); runs without the GIL."},
     {"line_max", jsonl_line_max, METH_VARARGS,
      "line_max(kind) -> the longest line (newline included) a record of that kind can give."},
-    {"layout", jsonl_layout, METH_NOARGS, "layout() -> {ring: (itemsize, {field: offset})}"},
     {NULL, NULL, 0, NULL},
 };
 

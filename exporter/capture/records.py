@@ -84,39 +84,75 @@ assert {r: s.itemsize for r, s in SLOTS.items()} == STRIDES, "tcp_h.STRIDES disa
 
 # ---- the compiled writer (exporter/capture/_jsonl.c) ---------------------------
 
-KINDS = {"capture_chunks": 0, "capture_eof": 1, "logs": 2}     # _jsonl.c: KIND_*
+# ring -> the writer's kind number (init()'s order: the rings').
+KINDS = {ring: i for i, ring in enumerate(RECORDS)}
 # The longest line one record can give, newline included (every field at its
 # widest, every comm byte escaped, a full payload): the pipeline bounds its
 # queue by these before formatting. tests/unit/test_jsonl.py checks them
 # against the compiled writer's own bounds and extreme records.
 LINE_MAX = {"capture_chunks": 1536, "capture_eof": 1024, "logs": 1024}
+# _jsonl.c's OP_*: how a field is written, by its JSON form (docs/records.md).
+_OPS = {"": 1, "text": 2, "addr": 3, "family": 4, "enum": 5, "flags": 6, "base64": 7}
+_OP_LIT = 0
 
 
-def _quoted(names) -> list:
-    """A name table for _jsonl.init(): item i is value i's name as a quoted
-    JSON string, or None where the writer prints the number."""
-    if isinstance(names, dict):
-        names = [names.get(i) for i in range(max(names) + 1)]
-    return [json.dumps(n).encode() if n else None for n in names]
+def _quoted(names: dict) -> list:
+    """An enum table for init(): item v is value v's name as a quoted JSON
+    string, or None where the writer prints the number."""
+    return [json.dumps(names[v]).encode() if names.get(v) else None for v in range(max(names) + 1)]
+
+
+def _table(form: str) -> dict:
+    group = form.split(":", 1)[1]
+    return {i: n for i, n in enumerate(TCP_STATES) if n} if group == "tcp_state" \
+        else tcp_h.NAMES[group[len("NETTAP_"):]]
+
+
+def _writer_tables():
+    """init()'s arguments, from the field tables of exporter/kernel/tcp_h.py:
+    the enum and flag tables, and per kind its size and its rows, one per
+    JSON key in byte order (the text before the value, then where the field
+    is and how it is written)."""
+    enums, flags, kinds = {}, {}, []
+    for ring in RECORDS:
+        size, fields = tcp_h.STRUCTS[C_NAMES[ring]]
+        by_name = {f[0]: f for f in fields}
+        keyed = sorted([f for f in fields if f[5] != "-"] + [("type",)], key=lambda f: f[0].encode())
+        rows = []
+        for i, f in enumerate(keyed):
+            lead = "{" if i == 0 else ","
+            if f[0] == "type":
+                rows.append((f'{lead}"type":"{KIND_NAMES[ring]}"'.encode(), _OP_LIT, 0, 0, 0, 0))
+                continue
+            name, off, _ctype, _count, nbytes, form = f[:6]
+            op, arg, arg_width = _OPS[form.split(":", 1)[0]], 0, 0
+            if form == "addr":
+                arg, arg_width = by_name["family"][1], by_name["family"][4]
+            elif form.startswith("enum:"):
+                arg = enums.setdefault(form, len(enums))
+            elif form.startswith("flags:"):
+                arg = flags.setdefault(form, len(flags))
+            elif form.startswith("base64:"):
+                length = by_name[form.split(":", 1)[1]]
+                arg, arg_width = length[1], length[4]
+            rows.append((f"{lead}{json.dumps(name)}:".encode(), op, off, nbytes, arg, arg_width))
+        kinds.append((size, rows))
+    enum_tables = [_quoted(_table(form)) for form in enums]
+    flag_tables = [[(bit, json.dumps(n).encode()) for bit, n in _table(form).items()] for form in flags]
+    return enum_tables, flag_tables, kinds
 
 
 def _load_compiled():
-    """The compiled writer, checked against the dtypes and given the name
-    tables here. A missing or stale build is an ImportError that says so:
-    nettap has no other writer."""
+    """The compiled writer, given its tables. A missing or stale build is an
+    ImportError that says so: nettap has no other writer."""
     try:
         from exporter.capture import _jsonl
     except ImportError as e:
         raise ImportError(f"exporter.capture._jsonl is not built ({e}): run scripts/setup.sh, "
                           "or pip install . with gcc and python3-dev present") from None
-    layout = _jsonl.layout()
-    for ring, rec in RECORDS.items():
-        want = (rec.itemsize, {f: rec.fields[f][1] for f in rec.names})
-        if layout[ring] != want:
-            raise ImportError(f"exporter.capture._jsonl is stale: its {ring} layout {layout[ring]} is not "
-                              f"the dtype's {want}; rebuild it (scripts/setup.sh)")
-    _jsonl.init(_quoted(DIRECTIONS), [(bit, json.dumps(n).encode()) for bit, n in CHUNK_FLAGS],
-                _quoted(TCP_STATES), _quoted(LOG_CODES), _quoted(PROBES))
+    if not hasattr(_jsonl, "scan") or "enum_tables" not in (_jsonl.init.__doc__ or ""):
+        raise ImportError("exporter.capture._jsonl is stale: rebuild it (scripts/setup.sh)")
+    _jsonl.init(*_writer_tables())
     return _jsonl
 
 

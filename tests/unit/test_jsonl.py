@@ -288,3 +288,26 @@ def test_formatting_releases_the_interpreter_lock():
     finally:
         stop.set()
         t.join()
+
+
+@pytest.mark.parametrize("bad", [
+    lambda t: (t[0], t[1], [(8, [(b'{"a":', 1, 4, 8, 0, 0)])]),             # past the record's end
+    lambda t: (t[0], t[1], [(8, [(b'{"a":', 3, 0, 16, 0, 0)])]),            # an address of 16 in 8 bytes
+    lambda t: (t[0], t[1], [(8, [(b'{"a":', 5, 0, 1, 99, 0)])]),            # no enum table 99
+    lambda t: (t[0], t[1], [(8, [(b'{"a":', 1, 0, 3, 0, 0)])]),             # a 3-byte integer
+    lambda t: (t[0], t[1], [(8, [(b"x" * 40, 1, 0, 8, 0, 0)])]),            # text past PREFIX_MAX
+    lambda t: (t[0], [[(3, b'"two bits"')]], t[2]),                         # a flag of two bits
+])
+def test_init_refuses_tables_it_cannot_keep_to(bad):
+    """The writer checks every row against its record before it formats
+    one: a table that would read past a record or a name table is refused,
+    and nothing is formatted until a good one is given."""
+    good = R._writer_tables()
+    try:
+        with pytest.raises(ValueError):
+            R.compiled.init(*bad(good))
+        with pytest.raises((RuntimeError, ValueError)):
+            R.compiled.format(0, np.zeros(1, R.RECORDS["capture_chunks"]))
+    finally:
+        R.compiled.init(*good)
+    assert R.jsonl("logs", np.zeros(1, R.LOG)).startswith(b'{"arg0":0,')
