@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from exporter.capture import records as R
+from exporter.kernel import tcp_h
 from tests import oracles
 from tests.oracles import walk
 
@@ -109,34 +110,43 @@ def _addr(rng, family: int) -> bytes:
     return b"".join(w.to_bytes(2, "big") for w in words)
 
 
+def _fields(ring: str) -> dict:
+    """name -> (bytes, JSON form) of a ring's record, from the generated field table."""
+    return {f[0]: (f[4], f[5]) for f in tcp_h.STRUCTS[R.C_NAMES[ring]][1]}
+
+
 def random_records(ring: str, n: int, seed: int) -> np.ndarray:
+    """n records of a ring's kind, each field drawn by its C type and JSON
+    form (so a new kind is covered as it is defined): integers at their
+    extremes and digit boundaries, names inside and outside their tables,
+    every flag bit, payload lengths up to and past the array, every family
+    and IPv6 form, task names of every UTF-8 and escape case."""
     rng = np.random.default_rng(seed)
     dt = R.RECORDS[ring]
     recs = np.frombuffer(rng.bytes(n * dt.itemsize), dtype=dt).copy()   # every byte random to start
-    for f in dt.names:
-        kind, size = dt.fields[f][0].kind, dt.fields[f][0].itemsize
-        if kind == "u":
-            recs[f] = _ints(rng, n, 8 * size).astype(dt.fields[f][0])
-    if "family" in dt.names:
-        recs["family"] = rng.choice(np.array([2, 10, 2, 10, 0, 1, 3, 11, 10, U16], dtype=np.uint16), n)
-        for key in ("saddr", "daddr"):
+    fields = _fields(ring)
+    for name, (size, form) in fields.items():            # integers first: other fields read them
+        if form.startswith(("enum:", "flags:")):
+            names = oracles._names(form)
+            inside = rng.integers(0, max(names) + 3, n) if form.startswith("enum:") else rng.integers(0, 256, n)
+            recs[name] = np.where(rng.random(n) < 0.7, inside, _ints(rng, n, 8 * size)).astype(dt.fields[name][0])
+        elif form == "family":
+            recs[name] = rng.choice(np.array([2, 10, 2, 10, 0, 1, 3, 11, 10, U16], dtype=np.uint16), n)
+        elif dt.fields[name][0].kind == "u":
+            recs[name] = _ints(rng, n, 8 * size).astype(dt.fields[name][0])
+    for name, (size, form) in fields.items():
+        if form == "addr":
             raw = b"".join(_addr(rng, int(f)) for f in recs["family"])
-            recs[key] = np.frombuffer(raw, dtype="S16")
-    if ring == "capture_chunks":
-        lens = rng.integers(0, R.CHUNK_DATA + 1, n, dtype=np.uint64)
-        over = rng.choice(np.array([401, 402, 403, 404, 65536, U32], dtype=np.uint64), n)
-        recs["len"] = np.where(rng.random(n) < 0.8, lens, over)
-        recs["direction"] = np.where(rng.random(n) < 0.6, rng.integers(0, 2, n), rng.integers(0, 256, n))
-        recs["flags"] = rng.integers(0, 256, n)
-    if ring == "capture_eof":
-        recs["oldstate"] = rng.integers(0, 256, n)
-    if ring == "logs":
-        recs["code"] = np.where(rng.random(n) < 0.7, rng.integers(0, 8, n), _ints(rng, n, 32))
-        recs["probe"] = np.where(rng.random(n) < 0.7, rng.integers(0, 4, n), _ints(rng, n, 32))
-    comms = [_comm(rng) for _ in range(n)]
-    raw = b"".join(c.ljust(16, b"\0") for c in comms)
-    recs["comm"] = np.frombuffer(raw, dtype="S16")
-    assert recs.view(np.uint8).reshape(n, -1)[:, dt.fields["comm"][1]:][:, :16].tobytes() == raw
+            recs[name] = np.frombuffer(raw, dtype="S16")
+        elif form == "text":
+            raw = b"".join(_comm(rng).ljust(size, b"\0") for _ in range(n))
+            recs[name] = np.frombuffer(raw, dtype=f"S{size}")
+            assert recs.view(np.uint8).reshape(n, -1)[:, dt.fields[name][1]:][:, :size].tobytes() == raw
+        elif form.startswith("base64:"):
+            length = form.split(":", 1)[1]
+            inside = rng.integers(0, size + 1, n, dtype=np.uint64)
+            over = rng.choice(np.array([size + 1, size + 2, size + 3, size + 4, 65536, U32], dtype=np.uint64), n)
+            recs[length] = np.where(rng.random(n) < 0.8, inside, over)
     return recs
 
 
@@ -144,12 +154,15 @@ def random_records(ring: str, n: int, seed: int) -> np.ndarray:
 def test_random_records(ring):
     recs = random_records(ring, 20000, SEED + RINGS.index(ring))
     assert_same(ring, recs)
-    # every flag combination, direction, state, length class was met
-    if ring == "capture_chunks":
-        assert len(set(recs["flags"].tolist())) == 256
-        assert (recs["len"] > R.CHUNK_DATA).any() and (recs["len"] == 0).any() and (recs["len"] == 400).any()
-    if ring == "capture_eof":
-        assert len(set(recs["oldstate"].tolist())) == 256
+    for name, (size, form) in _fields(ring).items():     # what the draw must have met
+        if form.startswith("flags:") and size == 1:
+            assert len(set(recs[name].tolist())) == 256, name
+        if form.startswith("enum:"):
+            values = set(recs[name].tolist())
+            assert values & set(oracles._names(form)) and values - set(oracles._names(form)), name
+        if form.startswith("base64:"):
+            n = recs[form.split(":", 1)[1]]
+            assert (n > size).any() and (n == 0).any() and (n == size).any(), name
 
 
 @pytest.mark.parametrize("ring", RINGS)
