@@ -12,9 +12,12 @@ import sys
 import threading
 import time
 
-from exporter import __version__, config
+from exporter import __version__
 
 log = logging.getLogger("nettap")
+# exporter.config (and PyYAML) is imported where it is used, not here: cli.main
+# builds EarlyHangup from this module first, and then imports PyYAML while the
+# kernel is probed in another thread (probe_kernel_meanwhile).
 
 
 class Background(threading.Thread):
@@ -145,6 +148,7 @@ class Endpoint:
 
 def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
     """The daemon (or --preflight): returns its exit status."""
+    from exporter import config
     _logging(args.log_level or cfg.log_level, args.log_format)
     for old, new in renamed:
         log.warning("%s is deprecated: use %s", old, new)
@@ -217,6 +221,7 @@ def refused(e, what: str = "config") -> int:
 def _attach(cfg, mechanisms):
     """The probes loaded and attached, or the exit status that says why not.
     What only the pipeline needs (numpy) is imported once they are in place."""
+    from exporter import config
     from exporter.capture.targets import resolve
     from exporter.kernel.features import Unsupported
     from exporter.kernel.loader import Probes
@@ -249,6 +254,7 @@ def _daemon(cfg, probes, log_level):
         print(f"nettap: cannot drop privileges after attach: {e}", file=sys.stderr)
         probes.close()
         return 1
+    from exporter import config
     from exporter.commands.daemon import Nettap
     try:
         return Nettap(cfg, probes=probes, log_level=log_level)
