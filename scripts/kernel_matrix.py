@@ -186,14 +186,14 @@ def install_modules(tree, release):
 # What Python reads in a guest, packed once on the host and unpacked into the guest's memory
 # (scripts/kernel_matrix.py pack): over the guest's 9p root every file lookup of an import is
 # emulated, and `import pytest` alone took 25 s in the 5.10 guest. Left out: what
-# no kernel test imports (the static libpython, pip, setuptools, virtme-ng, jsonnet, tests of
-# the libraries).
+# no kernel test imports (the static libpython, pip, setuptools, virtme-ng, jsonnet, the
+# linter's 24 MB binary, tests of the libraries).
 TREE = "guest-tree.tar"
 STDLIB = f"/usr/lib/python{sys.version_info[0]}.{sys.version_info[1]}"
 TREE_EXCLUDE = ["config-*-linux-gnu", "lib2to3", "pydoc_data", "idlelib", "tkinter", "ensurepip",
                 "turtledemo", "site-packages/pip", "site-packages/setuptools", "site-packages/pkg_resources",
                 "site-packages/virtme", "site-packages/virtme_ng", "site-packages/_jsonnet*.so",
-                "site-packages/wheel", "site-packages/numpy/*/tests", ".git"]
+                "site-packages/wheel", "site-packages/numpy/*/tests", ".git", "bin/ruff", "site-packages/ruff"]
 
 
 def pack(out):
