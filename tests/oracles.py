@@ -20,7 +20,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from exporter.capture import records as R
-from exporter.capture.records import AF_NAMES, RB_BUSY, RB_DISCARD, RB_HDR, TCP_STATES
+from exporter.capture.records import AF_NAMES, RB_BUSY, RB_DISCARD, RB_HDR
 from exporter.kernel import tcp_h
 
 _LEN_MASK = ~(RB_BUSY | RB_DISCARD) & 0xFFFFFFFF
@@ -89,15 +89,6 @@ def _text(raw: bytes) -> str:
     return json.dumps(raw.split(b"\0", 1)[0].decode("utf-8", "replace"), ensure_ascii=False)
 
 
-_TCP_STATES = {i: n for i, n in enumerate(TCP_STATES) if n}
-
-
-def _names(form: str) -> dict:
-    """value -> name for an enum: or flags: form's group."""
-    group = form.split(":", 1)[1]
-    return _TCP_STATES if group == "tcp_state" else tcp_h.NAMES[group[len("NETTAP_"):]]
-
-
 def _flags(v: int, names: dict) -> str:
     known = sum(names)
     out = [f'"{n}"' for bit, n in names.items() if v & bit]
@@ -117,9 +108,9 @@ def _render(form: str, v, rec: dict, nbytes: int) -> str:
     if form == "text":
         return _text(v)
     if form.startswith("enum:"):
-        return f'"{_names(form).get(v, str(v))}"'
+        return f'"{R.names_of(form).get(v, str(v))}"'
     if form.startswith("flags:"):
-        return _flags(v, _names(form))
+        return _flags(v, R.names_of(form))
     if form.startswith("base64:"):
         n = rec[form.split(":", 1)[1]]
         return '"' + base64.b64encode(v.tobytes()[:min(n, nbytes)]).decode() + '"'

@@ -5,8 +5,8 @@ generates from the BTF of ``bpf/tcp.bpf.o``: names, offsets and sizes are the C
 structs' own, and a ring's record kind is its struct's NETTAP_RECORD tag.
 :data:`SLOTS` wraps each in the 8-byte ring-buffer record header
 (``struct bpf_ringbuf_hdr``: u32 len with the BUSY and DISCARD bits, u32
-pg_off) and pads it to its stride, so a run of records in ring memory is one
-numpy array.
+pg_off) and pads it to its stride: the layout of ring memory, which the tests
+build rings from.
 
 :func:`jsonl` turns a batch into JSON lines (keys in byte order, the payload
 in base64 so binary and non-UTF-8 bytes survive) with the compiled writer
@@ -102,7 +102,8 @@ def _quoted(names: dict) -> list:
     return [json.dumps(names[v]).encode() if names.get(v) else None for v in range(max(names) + 1)]
 
 
-def _table(form: str) -> dict:
+def names_of(form: str) -> dict:
+    """value -> name for an enum: or flags: JSON form (docs/records.md)."""
     group = form.split(":", 1)[1]
     return {i: n for i, n in enumerate(TCP_STATES) if n} if group == "tcp_state" \
         else tcp_h.NAMES[group[len("NETTAP_"):]]
@@ -137,8 +138,8 @@ def _writer_tables():
                 arg, arg_width = length[1], length[4]
             rows.append((f"{lead}{json.dumps(name)}:".encode(), op, off, nbytes, arg, arg_width))
         kinds.append((size, rows))
-    enum_tables = [_quoted(_table(form)) for form in enums]
-    flag_tables = [[(bit, json.dumps(n).encode()) for bit, n in _table(form).items()] for form in flags]
+    enum_tables = [_quoted(names_of(form)) for form in enums]
+    flag_tables = [[(bit, json.dumps(n).encode()) for bit, n in names_of(form).items()] for form in flags]
     return enum_tables, flag_tables, kinds
 
 

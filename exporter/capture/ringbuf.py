@@ -52,7 +52,7 @@ from typing import Dict, Iterable, Optional, Tuple
 import numpy as np
 
 from exporter.capture import records
-from exporter.capture.records import RECORDS, SLOTS
+from exporter.capture.records import RECORDS, STRIDES
 
 _EMPTY = {ring: np.empty(0, dtype=rec) for ring, rec in RECORDS.items()}
 _COUNT, _LINES, _COPY = 0, 1, 2                 # _jsonl.scan's modes
@@ -80,9 +80,8 @@ class RingMemory:
         self.size = size
         self.mask = size - 1
         self.record = RECORDS[name]
-        self.slot = SLOTS[name]
-        if size % self.slot.itemsize:
-            raise ValueError(f"ring {name}: size {size} is not a multiple of its stride {self.slot.itemsize}")
+        if size % STRIDES[name]:
+            raise ValueError(f"ring {name}: size {size} is not a multiple of its stride {STRIDES[name]}")
         page = mmap.PAGESIZE
         self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         # The kernel maps the data pages twice in a row so that a record

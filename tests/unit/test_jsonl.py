@@ -128,7 +128,7 @@ def random_records(ring: str, n: int, seed: int) -> np.ndarray:
     fields = _fields(ring)
     for name, (size, form) in fields.items():            # integers first: other fields read them
         if form.startswith(("enum:", "flags:")):
-            names = oracles._names(form)
+            names = R.names_of(form)
             inside = rng.integers(0, max(names) + 3, n) if form.startswith("enum:") else rng.integers(0, 256, n)
             recs[name] = np.where(rng.random(n) < 0.7, inside, _ints(rng, n, 8 * size)).astype(dt.fields[name][0])
         elif form == "family":
@@ -160,7 +160,7 @@ def test_random_records(ring):
             assert len(set(recs[name].tolist())) == 256, name
         if form.startswith("enum:"):
             values = set(recs[name].tolist())
-            assert values & set(oracles._names(form)) and values - set(oracles._names(form)), name
+            assert values & set(R.names_of(form)) and values - set(R.names_of(form)), name
         if form.startswith("base64:"):
             n = recs[form.split(":", 1)[1]]
             assert (n > size).any() and (n == 0).any() and (n == size).any(), name
