@@ -67,8 +67,16 @@ def test_sink_counters_do_not_reset_when_the_sink_is_replaced(nettap_run, tmp_pa
     send_messages(srv.port, 5, 100)
     srv.wait_received(1)
     assert wait_for(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= 5)
-    before = sample(run.app, "nettap_sink_records_written_total", sink="jsonl")
-    nbytes = sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl")
+
+    def totals():
+        return (sample(run.app, "nettap_sink_records_written_total", sink="jsonl"),
+                sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl"))
+    seen = [None]
+
+    def settled():          # the same totals twice, 0.2 s apart: the eofs are in
+        seen[0], last = totals(), seen[0]
+        return seen[0] == last and seen[0]
+    before, nbytes = wait_for(settled, timeout=10, step=0.2, what="the first file's totals to settle")
     second = tmp_path / "second.jsonl"
     run.apply({"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": str(second)}})
     assert run.app.pipeline.sink.path == str(second)
@@ -76,9 +84,16 @@ def test_sink_counters_do_not_reset_when_the_sink_is_replaced(nettap_run, tmp_pa
     send_messages(srv.port, 4, 100)
     srv.wait_received(2)
     assert wait_for(lambda: sample(run.app, "nettap_sink_records_written_total", sink="jsonl") >= before + 4)
-    after = sample(run.app, "nettap_sink_records_written_total", sink="jsonl")
-    assert after - before == len(second.read_text().splitlines())
-    assert sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl") == nbytes + second.stat().st_size
+
+    # The eofs of the four connections may still be on their way (a line
+    # reaches the file before the counters): the counters must come to
+    # agree with the file, line for line and byte for byte.
+    def counted_as_in_the_file():
+        records = sample(run.app, "nettap_sink_records_written_total", sink="jsonl") - before
+        nbytes_second = sample(run.app, "nettap_sink_bytes_written_total", sink="jsonl") - nbytes
+        data = second.read_bytes()
+        return (records, nbytes_second) == (data.count(b"\n"), len(data))
+    assert wait_for(counted_as_in_the_file, timeout=10, what="the sink's counters equal to its file")
 
 
 # With the mechanism nettap picks (what is tested here is user space and the
