@@ -5,14 +5,16 @@ it is tested against (tests/oracles.py's reference_jsonl: its lines joined and
 encoded as a sink writes them), in the same run, on one core.
 
 Record sets, as a storm on loopback produces them: lifecycle (eof)
-records, and chunk records carrying 64 and 400 payload bytes; batches of
+records, and chunk records carrying 64 bytes and a full chunk's payload; batches of
 10,000 records (a ring read). Both writers turn a batch into the bytes a
 sink writes; the benchmark checks they are the same bytes, then alternates
 the two writers and keeps each one's best round.
 
 With --against REV, the compiled writer of git revision REV is built into a
 scratch directory and measured beside today's, alternated in the same run
-(before/after a change of the writer): both must write the same bytes.
+(before/after a change of the writer), each given the same records in its
+own layout (REV's generated exporter/kernel/tcp_h.py): both must write the
+same bytes.
 
 Run:  .venv/bin/python bench/writer.py [--cpu N] [--rounds 7] [--batch 10000] [--against REV]
 """
@@ -53,6 +55,7 @@ def _loopback(recs: np.ndarray, rng) -> None:
 
 def eof_records(n: int, rng) -> np.ndarray:
     recs = np.zeros(n, R.EOF_)
+    recs["kind"] = R.KINDS["capture_eof"]
     _loopback(recs, rng)
     recs["start_ns"] = recs["ts_ns"] - rng.integers(10_000, 2_000_000, n)
     recs["tx_bytes"] = 64 * 3
@@ -65,6 +68,7 @@ def eof_records(n: int, rng) -> np.ndarray:
 
 def chunk_records(n: int, size: int, rng) -> np.ndarray:
     recs = np.zeros(n, R.CHUNK)
+    recs["kind"] = R.KINDS["capture_chunks"]
     _loopback(recs, rng)
     recs["direction"] = rng.integers(0, 2, n)
     recs["offset"] = rng.integers(0, 1 << 20, n)
@@ -92,9 +96,37 @@ def best_rate(fn, ring: str, recs: np.ndarray, seconds: float = 0.25) -> float:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _layouts_of(rev: str) -> dict:
+    """ring -> the record dtype of revision rev (from its generated
+    exporter/kernel/tcp_h.py), and the ring's kind index in its writer."""
+    ns: dict = {}
+    text = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:exporter/kernel/tcp_h.py"], check=True,
+                          capture_output=True).stdout
+    exec(compile(text, f"{rev}:tcp_h.py", "exec"), ns)            # plain values only (GENERATED)
+    return {ring: (R.dtype_of(struct, ns["STRUCTS"]), i) for i, (_, (ring, struct)) in enumerate(ns["RECORDS"].items())}
+
+
+def _as(recs: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """The same records in another layout: each field by name, a payload
+    array cut or padded with NULs (the lines must come out the same)."""
+    out = np.zeros(len(recs), dt)
+    for name in dt.names:
+        if name not in recs.dtype.names:
+            continue
+        if recs.dtype[name].kind == "V":
+            n = min(recs.dtype[name].itemsize, dt[name].itemsize)
+            raw = np.zeros((len(recs), dt[name].itemsize), np.uint8)
+            raw[:, :n] = np.frombuffer(recs[name].tobytes(), np.uint8).reshape(len(recs), -1)[:, :n]
+            out[name] = np.frombuffer(raw.tobytes(), f"V{dt[name].itemsize}")
+        else:
+            out[name] = recs[name]
+    return out
+
+
 def baseline_writer(rev: str):
     """records.jsonl's signature, by the compiled writer of revision rev
-    (built with the flags setup.py uses); its tables as that revision took them."""
+    (built with the flags setup.py uses), given its tables as that revision
+    took them and the records in its own layout."""
     src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:exporter/capture/_jsonl.c"], check=True,
                          capture_output=True).stdout
     tmp = tempfile.mkdtemp(prefix="nettap-writer-")
@@ -107,17 +139,23 @@ def baseline_writer(rev: str):
     spec = importlib.util.spec_from_file_location("nettap_baseline._jsonl", so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    if "enum_tables" in (mod.init.__doc__ or ""):
+    doc = mod.init.__doc__ or ""
+    if "kind_field" in doc:                              # today's tables and layout
         mod.init(*R._writer_tables())
-    else:                                                # before the table-driven writer: five name tables
-        import json
+        return lambda ring, recs: mod.format(R.KINDS[ring], recs), lambda ring, recs: recs
+    if "enum_tables" in doc:
+        raise SystemExit(f"--against {rev}: a table-driven writer before the record header; compare with "
+                         "the hand-written writer (b618bbb) or a revision from the header on")
+    import json                                          # the hand-written writer: five name tables
 
-        def quoted(names):
-            names = dict(enumerate(names)) if not isinstance(names, dict) else names
-            return [json.dumps(names[v]).encode() if names.get(v) else None for v in range(max(names) + 1)]
-        mod.init(quoted(R.DIRECTIONS), [(bit, json.dumps(n).encode()) for bit, n in R.CHUNK_FLAGS],
-                 quoted(R.TCP_STATES), quoted(R.LOG_CODES), quoted(R.PROBES))
-    return lambda ring, recs: mod.format(R.KINDS[ring], recs)
+    def quoted(names):
+        names = dict(enumerate(names)) if not isinstance(names, dict) else names
+        return [json.dumps(names[v]).encode() if names.get(v) else None for v in range(max(names) + 1)]
+    mod.init(quoted(R.DIRECTIONS), [(bit, json.dumps(n).encode()) for bit, n in R.CHUNK_FLAGS],
+             quoted(R.TCP_STATES), quoted(R.LOG_CODES), quoted(R.PROBES))
+    layouts = _layouts_of(rev)
+    return (lambda ring, recs: mod.format(layouts[ring][1], recs),
+            lambda ring, recs: _as(recs, layouts[ring][0]))
 
 
 def main() -> int:
@@ -133,22 +171,23 @@ def main() -> int:
     sets = [
         ("eof", "capture_eof", eof_records(a.batch, rng)),
         ("chunk 64 B", "capture_chunks", chunk_records(a.batch, 64, rng)),
-        ("chunk 400 B", "capture_chunks", chunk_records(a.batch, 400, rng)),
+        (f"chunk {R.CHUNK_DATA} B", "capture_chunks", chunk_records(a.batch, R.CHUNK_DATA, rng)),
     ]
-    before = baseline_writer(a.against) if a.against else None
+    before, theirs = baseline_writer(a.against) if a.against else (None, None)
     print(f"JSON-lines writer, one core (cpu {cpu}), batches of {a.batch} records, best of {a.rounds} rounds")
     head = f"{'records':<12} {'reference lines/s':>18} {'compiled lines/s':>17} {'ratio':>7} {'bytes/line':>11}"
     print(head + (f" {a.against + ' lines/s':>18} {'now/then':>9}" if before else ""))
     for label, ring, recs in sets:
         out = R.jsonl(ring, recs)
         assert out == reference_jsonl(ring, recs), f"{label}: the writers disagree"
-        assert before is None or before(ring, recs) == out, f"{label}: {a.against}'s writer writes other bytes"
+        old = theirs(ring, recs) if before else None             # the same records in its layout
+        assert before is None or before(ring, old) == out, f"{label}: {a.against}'s writer writes other bytes"
         ref = comp = then = 0.0
         for _ in range(a.rounds):                               # alternated: the same noise for all
             ref = max(ref, best_rate(reference_jsonl, ring, recs))
             comp = max(comp, best_rate(R.jsonl, ring, recs))
             if before:
-                then = max(then, best_rate(before, ring, recs))
+                then = max(then, best_rate(before, ring, old))
         line = (f"{label:<12} {ref / 1e6:>16.3f} M {comp / 1e6:>15.2f} M {comp / ref:>6.1f}x "
                 f"{len(out) / len(recs):>11.0f}")
         print(line + (f" {then / 1e6:>16.2f} M {comp / then:>8.2f}x" if before else ""))

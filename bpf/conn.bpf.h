@@ -82,7 +82,7 @@ static __always_inline struct nettap_probe_counters *counters(__u32 probe)
 	return bpf_map_lookup_elem(&probe_counters, &probe);
 }
 
-static __always_inline void emit_log(__u32 code, __u32 probe, __u64 a0, __u64 a1)
+static __always_inline void emit_log(__u32 code, __u32 probe, __u64 conn_id, __u64 a0, __u64 a1)
 {
 	struct nettap_log *l = bpf_ringbuf_reserve(&logs, sizeof(*l), 0);
 	__u64 id = bpf_get_current_pid_tgid();
@@ -91,14 +91,17 @@ static __always_inline void emit_log(__u32 code, __u32 probe, __u64 a0, __u64 a1
 		count_drop(NETTAP_RING_LOGS, 1);
 		return;
 	}
-	l->ts_ns = bpf_ktime_get_ns();
+	l->h.ts_ns = bpf_ktime_get_ns();
+	l->h.conn_id = conn_id;
+	l->h.kind = NETTAP_KIND_LOG;
+	l->h.pid = id >> 32;
 	l->code = code;
 	l->probe = probe;
 	l->arg0 = a0;
 	l->arg1 = a1;
-	l->pid = id >> 32;
 	l->tid = (__u32)id;
 	bpf_get_current_comm(l->comm, sizeof(l->comm));
+	__builtin_memset(l->pad0, 0, sizeof(l->pad0));
 	bpf_ringbuf_submit(l, 0);
 }
 
@@ -218,7 +221,7 @@ static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool 
 		conns_live_add(1);
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (!cn && err)
-		emit_log(NETTAP_LOG_CONN_TABLE_FULL, probe, -err, 0);
+		emit_log(NETTAP_LOG_CONN_TABLE_FULL, probe, 0, -err, 0);
 	return cn;
 }
 

@@ -130,7 +130,7 @@ static __always_inline int enter_sock(__u32 probe, struct sock *sk, struct call_
 		__sync_fetch_and_add(&c->calls, 1);
 	in = inflight_create(fast);
 	if (!in) {
-		emit_log(NETTAP_LOG_INFLIGHT_FULL, probe, 0, 0);
+		emit_log(NETTAP_LOG_INFLIGHT_FULL, probe, 0, 0, 0);
 		return 0;
 	}
 	in->sk = (__u64)sk;
@@ -200,7 +200,8 @@ static __always_inline long emit_step(struct inflight *in)
 		if (err) {
 			__builtin_memset(rec->data, 0, sizeof(rec->data));
 			rec->flags |= NETTAP_CHUNK_F_READ_FAILED;
-			emit_log(NETTAP_LOG_READ_USER_FAILED, st->probe, (__u64)-err, n);
+			emit_log(NETTAP_LOG_READ_USER_FAILED, st->probe, in->hdr.h.conn_id,
+				 (__u64)-err, n);
 		}
 		bpf_ringbuf_submit(rec, st->submit_flags);
 		st->published++;
@@ -278,15 +279,16 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	hdr->flags = 0;
 	if (cn) {
 		hdr->call_offset = conn_advance(cn, probe, ret, fast);
-		hdr->conn_id = cn->id;
+		hdr->h.conn_id = cn->id;
 	} else {
 		hdr->call_offset = 0;
-		hdr->conn_id = 0;
+		hdr->h.conn_id = 0;
 		hdr->flags = NETTAP_CHUNK_F_NO_CONN;
 	}
-	hdr->ts_ns = bpf_ktime_get_ns();
+	hdr->h.ts_ns = bpf_ktime_get_ns();
+	hdr->h.kind = NETTAP_KIND_CHUNK;
+	hdr->h.pid = id >> 32;
 	hdr->call_len = ret;
-	hdr->pid = id >> 32;
 	hdr->tid = (__u32)id;
 	hdr->direction = probe == NETTAP_PROBE_TCP_SENDMSG ? NETTAP_DIR_EGRESS : NETTAP_DIR_INGRESS;
 	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
@@ -296,7 +298,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	if (in->unreadable) {
 		/* Kernel pages behind the call (sendfile, splice): counted, and
 		 * said once per call, but no chunk pretends to carry its bytes. */
-		emit_log(NETTAP_LOG_PAYLOAD_UNREADABLE, probe, in->iter_type, ret);
+		emit_log(NETTAP_LOG_PAYLOAD_UNREADABLE, probe, hdr->h.conn_id, in->iter_type, ret);
 		goto out;
 	}
 	__builtin_memset(st, 0, sizeof(*st));
@@ -321,7 +323,8 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 
 	emit_chunks(in, fast);
 	if (st->done < st->want) /* more than NETTAP_MAX_IOV iovecs, or one unreadable */
-		emit_log(NETTAP_LOG_IOV_TRUNCATED, probe, in->iovcnt, st->want - st->done);
+		emit_log(NETTAP_LOG_IOV_TRUNCATED, probe, hdr->h.conn_id, in->iovcnt,
+			 st->want - st->done);
 
 	__sync_fetch_and_add(&c->chunks, st->published);
 	if (st->dropped)

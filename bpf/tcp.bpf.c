@@ -53,17 +53,19 @@ static __always_inline int publish_eof(const struct sock *sk, int oldstate)
 		count_drop(NETTAP_RING_CAPTURE_EOF, 1);
 	} else {
 		id = bpf_get_current_pid_tgid();
-		e->conn_id = cn->id;
-		e->ts_ns = bpf_ktime_get_ns();
+		e->h.ts_ns = bpf_ktime_get_ns();
+		e->h.conn_id = cn->id;
+		e->h.kind = NETTAP_KIND_EOF;
+		e->h.pid = cn->pid;
 		e->start_ns = cn->start_ns;
 		e->tx_bytes = cn->tx_off;
 		e->rx_bytes = cn->rx_off;
 		e->tx_calls = cn->tx_calls;
 		e->rx_calls = cn->rx_calls;
-		e->pid = cn->pid;
 		e->tid = (__u32)id;
 		e->oldstate = oldstate;
 		e->pad0 = 0;
+		__builtin_memset(e->pad1, 0, sizeof(e->pad1));
 		read_addrs((struct sock *)sk, false, &e->family, &e->sport, &e->dport, e->saddr,
 			   e->daddr);
 		bpf_get_current_comm(e->comm, sizeof(e->comm));

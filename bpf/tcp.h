@@ -5,9 +5,9 @@
  * checks the Python layout against the BTF compiled into bpf/tcp.bpf.o).
  *
  * No includes: plain __u8/__u16/__u32/__u64 fields, padding written out.
- * Every ring record has a fixed size whose ring stride (size + 8-byte ring
- * header, rounded to 8) is a power of two, so user space can decode a whole
- * batch of records as one numpy array.
+ * Every ring record starts with struct nettap_hdr, whose kind says which
+ * record it is, so one ring may carry several kinds; each kind has a fixed
+ * size (docs/records.md lists them, generated from this file).
  */
 #ifndef NETTAP_TCP_H
 #define NETTAP_TCP_H
@@ -18,6 +18,12 @@
  * line. NETTAP_RECORD names a ring record's kind (its JSON "type") and ring. */
 #define NETTAP_JSON(form)	  __attribute__((btf_decl_tag("json:" form)))
 #define NETTAP_RECORD(kind, ring) __attribute__((btf_decl_tag("record:" kind ":" ring)))
+
+/* Record kinds: nettap_hdr.kind, and the line's "type" (the kind's name in
+ * NETTAP_RECORD). 0 is no kind: zeroed memory is never a record. */
+#define NETTAP_KIND_CHUNK 1
+#define NETTAP_KIND_EOF	  2
+#define NETTAP_KIND_LOG	  3
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG 0
@@ -37,9 +43,9 @@
 #define NETTAP_TARGET_PORT   (1U << 3)
 
 /* Payload bytes in one chunk: sizeof(struct nettap_chunk) == 504, stride 512. */
-#define NETTAP_CHUNK_DATA	   400
+#define NETTAP_CHUNK_DATA	   396
 /* Hard bounds of one call's capture (the verifier needs them). */
-#define NETTAP_MAX_CHUNKS_PER_CALL 164 /* 164 * 400 = 65600 >= 64 KiB */
+#define NETTAP_MAX_CHUNKS_PER_CALL 166 /* 166 * 396 = 65736 >= 64 KiB */
 #define NETTAP_MAX_IOV		   8
 /* cgroup v2 levels a cgroup target may sit at (bit n of cgroup_levels),
  * and how many distinct levels the targets may use at once. */
@@ -91,15 +97,22 @@ struct nettap_probe_counters {
 	__u64 chunks;
 };
 
-/* ring capture_chunks: one slice (<= NETTAP_CHUNK_DATA bytes) of one call. */
+/* The first bytes of every ring record. */
+struct nettap_hdr {
+	__u64 ts_ns;			/* CLOCK_MONOTONIC when the kernel made the record */
+	__u64 conn_id;			/* nettap's id of the connection, 0 if none or unknown */
+	__u32 kind NETTAP_JSON("kind"); /* NETTAP_KIND_*: written as the line's "type" */
+	__u32 pid;			/* tgid of the process the record is about */
+};
+
+/* ring capture_chunks: one slice (<= NETTAP_CHUNK_DATA bytes) of one call;
+ * ts_ns at the call's return, pid the caller's. */
 struct NETTAP_RECORD("chunk", "capture_chunks") nettap_chunk {
-	__u64 conn_id;			    /* nettap's id of the connection, 0 if unknown */
-	__u64 ts_ns;			    /* CLOCK_MONOTONIC at the call's return */
+	struct nettap_hdr h;
 	__u64 offset;			    /* stream offset of data[0] in this direction */
 	__u64 call_offset;		    /* stream offset of the call's first byte */
 	__u32 call_len;			    /* bytes the call moved (its return value) */
 	__u32 len;			    /* bytes of data[] that hold payload */
-	__u32 pid;			    /* tgid */
 	__u32 tid;			    /* the thread that made the call */
 	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
 	__u16 sport;			    /* local port, host order */
@@ -112,15 +125,16 @@ struct NETTAP_RECORD("chunk", "capture_chunks") nettap_chunk {
 	__u8 data[NETTAP_CHUNK_DATA] NETTAP_JSON("base64:len"); /* len bytes of payload */
 };
 
-/* ring capture_eof: a captured connection reached TCP_CLOSE. */
+/* ring capture_eof: a captured connection reached TCP_CLOSE; ts_ns then (or
+ * at the socket's destruction), pid the tgid of its first captured call. */
 struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
-	__u64 conn_id;	/* as the connection's chunks' */
-	__u64 ts_ns;	/* CLOCK_MONOTONIC at TCP_CLOSE (or at the socket's destruction) */
-	__u64 start_ns; /* first captured call */
-	__u64 tx_bytes; /* bytes sent through captured calls */
-	__u64 rx_bytes; /* bytes received through captured calls */
-	__u32 pid;	/* tgid of the first captured call */
-	__u32 tid;	/* thread that moved the socket to TCP_CLOSE */
+	struct nettap_hdr h;
+	__u64 start_ns;			    /* first captured call */
+	__u64 tx_bytes;			    /* bytes sent through captured calls */
+	__u64 rx_bytes;			    /* bytes received through captured calls */
+	__u64 tx_calls;			    /* captured send calls that moved bytes */
+	__u64 rx_calls;			    /* captured receive calls that moved bytes */
+	__u32 tid;			    /* thread that moved the socket to TCP_CLOSE */
 	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
 	__u16 sport;			    /* local port (0 once the kernel released it) */
 	__u16 dport;			    /* remote port */
@@ -129,20 +143,20 @@ struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
 	char comm[16] NETTAP_JSON("text");  /* task that moved the socket to TCP_CLOSE */
-	__u64 tx_calls;			    /* captured send calls that moved bytes */
-	__u64 rx_calls;			    /* captured receive calls that moved bytes */
+	__u8 pad1[4] NETTAP_JSON("-");
 };
 
-/* ring logs: a problem met by a BPF program. */
+/* ring logs: a problem met by a BPF program; pid the calling process's,
+ * conn_id the call's connection where known. */
 struct NETTAP_RECORD("log", "logs") nettap_log {
-	__u64 ts_ns;				      /* CLOCK_MONOTONIC when it was met */
+	struct nettap_hdr h;
 	__u32 code NETTAP_JSON("enum:NETTAP_LOG");    /* what went wrong */
 	__u32 probe NETTAP_JSON("enum:NETTAP_PROBE"); /* the probe that met it */
 	__u64 arg0;				      /* the code's first detail */
 	__u64 arg1;				      /* the code's second detail */
-	__u32 pid;				      /* tgid of the calling process */
-	__u32 tid;
-	char comm[16] NETTAP_JSON("text");
+	__u32 tid;				      /* the calling thread */
+	char comm[16] NETTAP_JSON("text");	      /* the calling thread's task name */
+	__u8 pad0[4] NETTAP_JSON("-");
 };
 
 #endif /* NETTAP_TCP_H */

@@ -176,12 +176,10 @@ def _target(item, key: str) -> Target:
     return Target(kind, path)
 
 
-def _ring_size(v, key: str, ring: str) -> int:
+def _ring_size(v, key: str) -> int:
     n = _int(v, key, 4096, 1 << 30)
     if n & (n - 1):
         raise ConfigError(f"{key}: must be a power of two (the kernel's ring rule), got {n}")
-    if n % STRIDES[ring]:
-        raise ConfigError(f"{key}: must be a multiple of the record stride {STRIDES[ring]}")
     return n
 
 
@@ -195,8 +193,8 @@ def _queue_bytes(out: dict) -> int:
         n = _int(out["queue_records"], "output.queue_records", 1024, 1 << 26)
         logging.getLogger(__name__).warning(
             "output.queue_records is deprecated: read as output.queue_bytes: %d (%d chunk records of %d bytes)",
-            n * STRIDES["capture_chunks"], n, STRIDES["capture_chunks"])
-        return n * STRIDES["capture_chunks"]
+            n * STRIDES["chunk"], n, STRIDES["chunk"])
+        return n * STRIDES["chunk"]
     return _int(out.get("queue_bytes", DEFAULT_QUEUE_BYTES), "output.queue_bytes", 64 << 10, 1 << 40)
 
 
@@ -248,7 +246,7 @@ def parse(doc) -> Config:
     rings = _map(top.get("rings"), "rings", RINGS)
     ring_bytes = dict(DEFAULT_RING_BYTES)
     for r, v in rings.items():
-        ring_bytes[r] = _ring_size(v, f"rings.{r}", r)
+        ring_bytes[r] = _ring_size(v, f"rings.{r}")
 
     diag = _map(top.get("diagnostics"), "diagnostics", ("bpfStats",))
     stats = _map(diag.get("bpfStats"), "diagnostics.bpfStats", ("enabled", "scope"))

@@ -23,6 +23,7 @@ import sys
 # JSON forms a field may be given (NETTAP_JSON); a field without one is a number.
 FORMS = {
     "-": "left out of the line (padding)",
+    "kind": "the record's kind (`NETTAP_KIND_*`), written as the key `type` with the kind's name",
     "family": "the address family's name (`ipv4`, `ipv6`), else its number as a string",
     "addr": "an address of the record's family, in its text form (IPv4 from the first 4 bytes)",
     "text": "a task name: the bytes up to the first NUL, invalid UTF-8 replaced by U+FFFD",
@@ -31,6 +32,7 @@ FORMS = {
     "flags:GROUP": "a list of the set bits' names from GROUP; unknown bits as one hex string",
     "base64:FIELD": "the first FIELD bytes (at most the array's size), in base64",
 }
+HEADER = "nettap_hdr"       # the struct every ring record starts with
 _INT = re.compile(r"^#define[ \t]+NETTAP_(\w+)[ \t]+(.+?)[ \t]*$", re.M)
 
 
@@ -92,19 +94,32 @@ def layout(obj: str, header: str) -> dict:
             tags.setdefault(t["type_id"], {})[t["component_idx"]] = t["name"]
     notes = comments(header)
     structs, records = {}, {}
-    for t in types.values():
-        if t["kind"] != "STRUCT" or t["name"] not in declared:
-            continue
+
+    def members(t, base: int):
+        """A struct's fields; a member that is itself a struct (the record
+        header) gives its own fields, at their place in the outer one."""
         own = tags.get(t["id"], {})
-        fields = []
         for i, m in enumerate(t["members"]):
             if m["bits_offset"] % 8:
                 raise SystemExit(f"gen_layout: {t['name']}.{m['name']} is a bitfield")
+            inner = types[m["type_id"]]
+            if inner["kind"] == "STRUCT":
+                yield from members(inner, base + m["bits_offset"] // 8)
+                continue
             ctype, count, size = _named(types, m["type_id"])
             form = own.get(i, "json:")[len("json:"):]
-            fields.append((m["name"], m["bits_offset"] // 8, ctype, count, size, form,
-                           notes.get((t["name"], m["name"]), "")))
-        structs[t["name"]] = (t["size"], tuple(fields))
+            yield (m["name"], base + m["bits_offset"] // 8, ctype, count, size, form,
+                   notes.get((t["name"], m["name"]), ""))
+
+    for t in types.values():
+        if t["kind"] != "STRUCT" or t["name"] not in declared:
+            continue
+        fields = tuple(members(t, 0))
+        names = [f[0] for f in fields]
+        if len(set(names)) != len(names):
+            raise SystemExit(f"gen_layout: {t['name']}: a field name given twice (one is the header's?)")
+        structs[t["name"]] = (t["size"], fields)
+        own = tags.get(t["id"], {})
         if -1 in own:
             _, kind, ring = own[-1].split(":")
             records[kind] = (ring, t["name"])
@@ -118,6 +133,7 @@ def _groups(consts: dict, structs: dict) -> dict:
     """The groups of #defines that name values: those a field's JSON form
     refers to, and those with a _COUNT (indexes of maps and labels)."""
     want = {g[:-len("_COUNT")] for g in consts if g.endswith("_COUNT")}
+    want |= {"KIND"} if any(k.startswith("KIND_") for k in consts) else set()
     for _, fields in structs.values():
         for f in fields:
             if f[5].startswith(("enum:", "flags:")) and f[5].split(":", 1)[1].startswith("NETTAP_"):
@@ -133,6 +149,24 @@ def _groups(consts: dict, structs: dict) -> dict:
             raise SystemExit(f"gen_layout: NETTAP_{g}_*: two names for one value")
         out[g] = dict(sorted(names.items()))
     return out
+
+
+def kinds(consts: dict, lay: dict) -> list:
+    """The record kinds in the order of their numbers, checked: every
+    NETTAP_RECORD kind has its NETTAP_KIND_<KIND>, every NETTAP_KIND_ names a
+    record struct, and every record starts with the header."""
+    numbers = {k[len("KIND_"):].lower(): v for k, v in consts.items() if k.startswith("KIND_")}
+    records, structs = lay["records"], lay["structs"]
+    if set(numbers) != set(records):
+        raise SystemExit(f"gen_layout: NETTAP_KIND_* {sorted(numbers)} and the NETTAP_RECORD kinds "
+                         f"{sorted(records)} differ")
+    if 0 in numbers.values() or len(set(numbers.values())) != len(numbers):
+        raise SystemExit("gen_layout: NETTAP_KIND_* must be distinct and not 0")
+    head = [f[:5] for f in structs[HEADER][1]]
+    for _ring, sname in records.values():
+        if [f[:5] for f in structs[sname][1][:len(head)]] != head:
+            raise SystemExit(f"gen_layout: struct {sname} does not start with struct {HEADER}")
+    return sorted(numbers, key=numbers.get)
 
 
 def python(consts: dict, lay: dict) -> str:
@@ -160,15 +194,25 @@ def python(consts: dict, lay: dict) -> str:
         out.append(f"    {name!r}: ({size}, (")
         out += [f"        {f!r}," for f in fields]
         out.append("    )),")
-    out += ["}", "", "# Ring record kinds (NETTAP_RECORD), in ring order: kind -> (ring, struct).", "RECORDS = {"]
-    ring_order = groups.get("RING", {})
-    order = {r: i for i, r in ring_order.items()}
-    by_ring = sorted(records.items(), key=lambda kv: {n: i for i, n in order.items()}.get(kv[1][0], 99))
-    out += [f"    {k!r}: {v!r}," for k, v in by_ring]
-    out += ["}", "# Bytes a record takes in ring memory: the 8-byte header and the record, 8-aligned.",
-            "STRIDES = {" + ", ".join(f"{ring!r}: {(8 + structs[s][0] + 7) & ~7}" for _, (ring, s) in by_ring) + "}",
+    out += ["}", "", "# Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):",
+            "# kind -> (ring, struct).", "RECORDS = {"]
+    by_number = kinds(consts, lay)
+    out += [f"    {k!r}: {records[k]!r}," for k in by_number]
+    out += ["}", "# Bytes a record of each kind takes in ring memory: the 8-byte ring header",
+            "# and the record, 8-aligned.",
+            "STRIDES = {" + ", ".join(f"{k!r}: {(8 + structs[records[k][1]][0] + 7) & ~7}" for k in by_number) + "}",
             ""]
     return "\n".join(out)
+
+
+def _rows(fields) -> list:
+    """A field table's rows, by JSON key in byte order (the kind is `type`)."""
+    keyed = [("type" if f[5] == "kind" else f[0],) + tuple(f[1:]) for f in fields if f[5] != "-"]
+    out = []
+    for name, _off, ctype, count, _b, form, note in sorted(keyed, key=lambda f: f[0].encode()):
+        t = ctype + (f"[{count}]" if count > 1 else "")
+        out.append(f"| `{name}` | `{t}` | {form or 'number'} | {note} |")
+    return out
 
 
 def docs(consts: dict, lay: dict, header: str) -> str:
@@ -179,16 +223,21 @@ def docs(consts: dict, lay: dict, header: str) -> str:
            "Every record a ring carries is one struct of `bpf/tcp.h`; its JSON line has the struct's",
            "fields as keys in byte order, plus `\"type\"`, the record's kind. A field's JSON form",
            "follows from its C type (an integer is a number) or from its `NETTAP_JSON` tag.",
-           "How a kind is added: [architecture.md](architecture.md#where-a-new-thing-goes).", ""]
-    for kind, (ring, sname) in records.items():
+           "How a kind is added: [architecture.md](architecture.md#adding-a-record-kind).", ""]
+    numbers = {k[len("KIND_"):].lower(): v for k, v in consts.items() if k.startswith("KIND_")}
+    hsize, hfields = structs[HEADER]
+    out += ["## The header", "",
+            f"Every record starts with `struct {HEADER}` ({hsize} bytes): its fields are in every line.", "",
+            "| key | C type | JSON | meaning |", "|---|---|---|---|"]
+    out += _rows(hfields)
+    out.append("")
+    for kind in kinds(consts, lay):
+        ring, sname = records[kind]
         size, fields = structs[sname]
-        out += [f"## `{kind}`", "", f"Ring `{ring}`, `struct {sname}` ({size} bytes).", "",
+        out += [f"## `{kind}`", "",
+                f"Kind {numbers[kind]}, ring `{ring}`, `struct {sname}` ({size} bytes).", "",
                 "| key | C type | JSON | meaning |", "|---|---|---|---|"]
-        for name, _off, ctype, count, _b, form, note in sorted(fields, key=lambda f: f[0].encode()):
-            if form == "-":
-                continue
-            t = ctype + (f"[{count}]" if count > 1 else "")
-            out.append(f"| `{name}` | `{t}` | {form or 'number'} | {note} |")
+        out += _rows(fields)
         out.append("")
     out += ["## JSON forms", "", "| form | written as |", "|---|---|"]
     out += [f"| `{k}` | {v} |" for k, v in FORMS.items()]

@@ -29,12 +29,15 @@ _LEN_MASK = ~(RB_BUSY | RB_DISCARD) & 0xFFFFFFFF
 def walk(buf: bytes, record: np.dtype, start: int = 0, end: Optional[int] = None) -> Tuple[np.ndarray, int, int]:
     """Record-by-record walk of ring-format bytes ``buf[start:end]``.
 
-    Returns (records of the expected size, count of bad records, offset
-    reached). A record whose length is not the layout's size is counted bad
-    and skipped by its own length; a length that runs past ``end`` ends the
-    walk (a cut-short record), and so does a BUSY record.
+    Returns (records of the expected kind, count of bad records, offset
+    reached). A record whose header's kind is not the layout's, or whose
+    length is not its size, is counted bad and skipped by its own length; a
+    length that runs past ``end`` ends the walk (a cut-short record), and so
+    does a BUSY record.
     """
     end = len(buf) if end is None else end
+    number = next(R.NUMBERS[k] for k, d in R.DTYPES.items() if d == record)
+    koff, kbytes = R.KIND_FIELD
     good: List[bytes] = []
     bad = 0
     pos = start
@@ -53,8 +56,9 @@ def walk(buf: bytes, record: np.dtype, start: int = 0, end: Optional[int] = None
             pos = end
             break
         if not hdr & RB_DISCARD:
-            if n == record.itemsize:
-                good.append(bytes(buf[pos + RB_HDR:pos + RB_HDR + n]))
+            body = bytes(buf[pos + RB_HDR:pos + RB_HDR + n])
+            if n == record.itemsize and int.from_bytes(body[koff:koff + kbytes], "little") == number:
+                good.append(body)
             else:
                 bad += 1
         pos = nxt
@@ -121,7 +125,7 @@ def _lines(ring: str, recs: np.ndarray) -> Iterator[str]:
     """One JSON line per record, walking the struct's field table
     (exporter/kernel/tcp_h.py): keys in byte order, "type" the kind."""
     kind, (_, fields) = R.KIND_NAMES[ring], tcp_h.STRUCTS[R.C_NAMES[ring]]
-    keyed = sorted([f for f in fields if f[5] != "-"] + [("type",)], key=lambda f: f[0].encode())
+    keyed = sorted([f for f in fields if f[5] not in ("-", "kind")] + [("type",)], key=lambda f: f[0].encode())
     cols = {f[0]: (recs[f[0]] if f[5].startswith("base64:") else recs[f[0]].tolist()) for f in fields}
     for i in range(len(recs)):
         rec = {name: col[i] for name, col in cols.items()}

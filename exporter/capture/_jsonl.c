@@ -67,9 +67,10 @@ struct row {
     uint16_t arg, arg_width;     /* ADDR: the family field; BASE64: the length field (offset, bytes);
                                   * ENUM, FLAGS: the table */
 } __attribute__((aligned(16)));
-struct kind { size_t size, line_max; int nrows; struct row rows[ROWS_MAX]; };
-static struct kind kinds[KINDS_MAX];
+struct kind { size_t size, line_max; int nrows; struct row rows[ROWS_MAX]; };   /* size 0: no such kind */
+static struct kind kinds[KINDS_MAX];          /* by kind number (NETTAP_KIND_*) */
 static int nkinds;
+static unsigned kind_off, kind_width;         /* where a record's header holds its kind number */
 
 static int initialised;
 
@@ -579,7 +580,7 @@ static int kind_ready(int kind)
         PyErr_SetString(PyExc_RuntimeError, "_jsonl.init() was not called");
         return 0;
     }
-    if (kind < 0 || kind >= nkinds) {
+    if (kind < 0 || kind >= nkinds || kinds[kind].size == 0) {
         PyErr_Format(PyExc_ValueError, "unknown record kind %d", kind);
         return 0;
     }
@@ -638,7 +639,7 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
     return out;
 }
 
-/* scan(kind, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop)
+/* scan(kinds, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop)
  *
  * nettap's ring reader: one pass over the committed records of a BPF ring
  * buffer's data area (`data`, the mapped pages, mapped once; its size a power
@@ -647,15 +648,16 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
  * Each record is an 8-byte header (length | BUSY | DISCARD, kernel/bpf/
  * ringbuf.c) and its body, the next header at the 8-byte boundary after it.
  * Stops at the first BUSY record (not committed yet). Discarded records are
- * consumed and skipped; a record whose length is not the kind's record size
- * (a stale object, or garbage) is consumed by its own length and counted bad,
- * as is a length that runs past `avail` (the rest is consumed). Runs without
- * the interpreter lock; the caller releases `consumed` bytes afterwards.
+ * consumed and skipped. A record is its header's kind (its number at
+ * kind_off, init()): one the ring carries (bit n of the mask `kinds`) whose
+ * length is that kind's size; anything else (a stale object, garbage) is
+ * consumed by its own length and counted bad, as is a length that runs past
+ * `avail` (the rest is consumed). Runs without the interpreter lock; the
+ * caller releases `consumed` bytes afterwards.
  * mode 0: count the kept records; 1: their JSON lines, formatted in place;
- * 2: a copy of their bodies, back to back.
+ * 2: a copy of their bodies, back to back (a ring of one kind only).
  * stop: 0 avail reached, 1 a BUSY record, 2 max_records reached, 3 cut short.
- * A record whose body crosses the end of the area (only after a record of
- * a foreign size moved the walk off the stride) is copied whole first. */
+ * A record whose body crosses the end of the area is copied whole first. */
 #define RB_BUSY_ (1u << 31)
 #define RB_DISCARD_ (1u << 30)
 #define RB_HDR_ 8
@@ -665,21 +667,38 @@ enum { SCAN_COUNT, SCAN_LINES, SCAN_COPY };
 
 static PyObject *jsonl_scan(PyObject *self, PyObject *args)
 {
-    int kind, mode;
+    int mode;
+    unsigned long long mask;
     PyObject *obj;
     Py_ssize_t start, avail, max_records;
-    if (!PyArg_ParseTuple(args, "iOnnni:scan", &kind, &obj, &start, &avail, &max_records, &mode))
+    if (!PyArg_ParseTuple(args, "KOnnni:scan", &mask, &obj, &start, &avail, &max_records, &mode))
         return NULL;
-    if (!kind_ready(kind))
+    /* The kinds the ring carries: the shortest step a kept record takes, the
+     * most output one can give. */
+    size_t step_min = SIZE_MAX, each_max = 0, rsize_max = 0;
+    int nmask = 0;
+    for (int k = 0; k < KINDS_MAX; k++) {
+        if (!(mask >> k & 1))
+            continue;
+        if (!kind_ready(k))
+            return NULL;
+        size_t step = (RB_HDR_ + kinds[k].size + 7) & ~(size_t)7;
+        size_t each = mode == SCAN_LINES ? line_max(k) : mode == SCAN_COPY ? kinds[k].size : 0;
+        step_min = step < step_min ? step : step_min;
+        each_max = each > each_max ? each : each_max;
+        rsize_max = kinds[k].size > rsize_max ? kinds[k].size : rsize_max;
+        nmask++;
+    }
+    if (nmask == 0 || (mask >> KINDS_MAX) || (mode == SCAN_COPY && nmask != 1)) {
+        PyErr_Format(PyExc_ValueError, "scan: kinds 0x%llx: one kind or more (one to copy)", mask);
         return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Py_ssize_t size = view.len;
-    size_t rsize = kinds[kind].size;
-    size_t step_good = (RB_HDR_ + rsize + 7) & ~(size_t)7;
-    if (size < (Py_ssize_t)step_good || (size & (size - 1)) || start < 0 || start >= size || start % 8 ||
-        avail < 0 || max_records < 0 || mode < SCAN_COUNT || mode > SCAN_COPY || rsize > RECORD_MAX) {
+    if (size < (Py_ssize_t)step_min || (size & (size - 1)) || start < 0 || start >= size || start % 8 ||
+        avail < 0 || max_records < 0 || mode < SCAN_COUNT || mode > SCAN_COPY || rsize_max > RECORD_MAX) {
         PyErr_Format(PyExc_ValueError, "scan: bad geometry (size %zd, start %zd, avail %zd, max %zd, mode %d)",
                      size, start, avail, max_records, mode);
         PyBuffer_Release(&view);
@@ -687,21 +706,20 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
     }
     if (avail > size)
         avail = size;
-    /* The output's bound: each kept record consumed step_good bytes of avail. */
-    Py_ssize_t most = avail / (Py_ssize_t)step_good;
+    /* The output's bound: each kept record consumed at least step_min bytes of avail. */
+    Py_ssize_t most = avail / (Py_ssize_t)step_min;
     if (most > max_records)
         most = max_records;
-    size_t each = mode == SCAN_LINES ? line_max(kind) : mode == SCAN_COPY ? rsize : 0;
     struct scratch *buf = NULL;
     Py_ssize_t consumed = 0, kept = 0, bad = 0, seen = 0;
     int stop = 0, nomem = 0;
     const char *data = view.buf;
-    size_t mask = (size_t)size - 1;
+    size_t mask_area = (size_t)size - 1;
     char *p = NULL;
     char whole[RECORD_MAX];
     Py_BEGIN_ALLOW_THREADS
-    if (each && most) {
-        buf = scratch_take((size_t)most * each);
+    if (each_max && most) {
+        buf = scratch_take((size_t)most * each_max);
         if (buf == NULL)
             nomem = 1;
         else
@@ -714,7 +732,7 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
         }
         if (consumed + RB_HDR_ > avail)
             break;
-        size_t off = ((size_t)start + (size_t)consumed) & mask;
+        size_t off = ((size_t)start + (size_t)consumed) & mask_area;
         /* The header before the record it guards (an acquire load: x86-64
          * keeps loads in order, this keeps the compiler from moving them). */
         uint32_t hdr = __atomic_load_n((const uint32_t *)(data + off), __ATOMIC_ACQUIRE);
@@ -738,23 +756,28 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
         }
         if (hdr & RB_DISCARD_)
             continue;
-        if (len != rsize) {
+        if (len > rsize_max || len < kind_off + kind_width) {   /* no kind of this ring is that long */
             bad++;
             continue;
         }
-        size_t body = (off + RB_HDR_) & mask;
+        size_t body = (off + RB_HDR_) & mask_area;
         const char *rec = data + body;
-        if (body + rsize > (size_t)size) {              /* crosses the end: copy it whole */
+        if (body + len > (size_t)size) {                /* crosses the end: copy it whole */
             size_t first = (size_t)size - body;
             memcpy(whole, data + body, first);
-            memcpy(whole + first, data, rsize - first);
+            memcpy(whole + first, data, len - first);
             rec = whole;
         }
+        uint64_t k = get_uint(rec, kind_off, kind_width);
+        if (k >= KINDS_MAX || !(mask >> k & 1) || len != kinds[k].size) {
+            bad++;
+            continue;
+        }
         if (mode == SCAN_LINES)
-            p = format_one(kind, p, rec);
+            p = format_one((int)k, p, rec);
         else if (mode == SCAN_COPY) {
-            memcpy(p, rec, rsize);
-            p += rsize;
+            memcpy(p, rec, len);
+            p += len;
         }
         kept++;
     }
@@ -764,7 +787,7 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     PyObject *out = Py_None;
     Py_INCREF(Py_None);
-    if (each) {
+    if (each_max) {
         Py_DECREF(Py_None);
         out = PyBytes_FromStringAndSize(buf != NULL ? buf->data : "", buf != NULL ? (Py_ssize_t)(p - buf->data) : 0);
         if (buf != NULL)
@@ -925,10 +948,12 @@ static int load_kind(PyObject *spec, struct kind *k)
 static PyObject *jsonl_init(PyObject *self, PyObject *args)
 {
     PyObject *enum_tables, *flag_tables, *kind_specs;
-    if (!PyArg_ParseTuple(args, "OOO:init", &enum_tables, &flag_tables, &kind_specs))
+    unsigned koff, kwidth;
+    if (!PyArg_ParseTuple(args, "OOO(II):init", &enum_tables, &flag_tables, &kind_specs, &koff, &kwidth))
         return NULL;
     initialised = 0;
     nenums = nflagtables = nkinds = 0;
+    memset(kinds, 0, sizeof(kinds));
     PyObject *e = PySequence_Fast(enum_tables, "enum tables must be a sequence");
     PyObject *f = PySequence_Fast(flag_tables, "flag tables must be a sequence");
     PyObject *k = PySequence_Fast(kind_specs, "kinds must be a sequence");
@@ -936,19 +961,33 @@ static PyObject *jsonl_init(PyObject *self, PyObject *args)
              PySequence_Fast_GET_SIZE(k) <= KINDS_MAX;
     if (e && f && k && !ok)
         PyErr_SetString(PyExc_ValueError, "too many tables or kinds");
+    if (ok && (!valid_width(kwidth) || koff > 64)) {
+        PyErr_SetString(PyExc_ValueError, "kind_field: (offset, bytes) of an integer in the record header");
+        ok = 0;
+    }
     for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(e); i++, nenums++)
         ok = load_enum(PySequence_Fast_GET_ITEM(e, i), (int)i) == 0;
     for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(f); i++, nflagtables++)
         ok = load_flags(PySequence_Fast_GET_ITEM(f, i), (int)i) == 0;
-    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(k); i++, nkinds++)
-        ok = load_kind(PySequence_Fast_GET_ITEM(k, i), &kinds[i]) == 0;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(k); i++, nkinds++) {
+        PyObject *spec = PySequence_Fast_GET_ITEM(k, i);
+        if (spec == Py_None)
+            continue;                                   /* no kind has this number */
+        ok = load_kind(spec, &kinds[i]) == 0;
+        if (ok && kinds[i].size < koff + kwidth) {
+            PyErr_Format(PyExc_ValueError, "kind %zd: %zu bytes do not hold the header", i, kinds[i].size);
+            ok = 0;
+        }
+    }
     Py_XDECREF(e);
     Py_XDECREF(f);
     Py_XDECREF(k);
     if (!ok) {
         nkinds = 0;
+        memset(kinds, 0, sizeof(kinds));
         return NULL;
     }
+    kind_off = koff, kind_width = kwidth;
     initialised = 1;
     Py_RETURN_NONE;
 }
@@ -968,11 +1007,13 @@ static PyMethodDef methods[] = {
      "format(kind, records) -> bytes: one JSON line per record of an init() kind, "
      "each ended by a newline; runs without the GIL."},
     {"init", jsonl_init, METH_VARARGS,
-     "init(enum_tables, flag_tables, kinds): the name tables (quoted bytes or None per value; flags as "
-     "(bit, quoted name)) and per kind (record size, rows (prefix, op, offset, width, arg, arg_width))."},
+     "init(enum_tables, flag_tables, kinds, kind_field): the name tables (quoted bytes or None per value; "
+     "flags as (bit, quoted name)), per kind number (record size, rows (prefix, op, offset, width, arg, "
+     "arg_width)) or None, and (offset, bytes) of the kind number in every record's header."},
     {"scan", jsonl_scan, METH_VARARGS,
-     "scan(kind, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop): "
-     "one pass over a ring's committed records (mode 0 count, 1 JSON lines, 2 copies); runs without the GIL."},
+     "scan(kinds, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop): "
+     "one pass over a ring's committed records of the kinds in the mask (mode 0 count, 1 JSON lines, "
+     "2 copies); runs without the GIL."},
     {"line_max", jsonl_line_max, METH_VARARGS,
      "line_max(kind) -> the longest line (newline included) a record of that kind can give."},
     {NULL, NULL, 0, NULL},

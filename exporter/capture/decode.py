@@ -13,6 +13,7 @@ ring's record size, so one cut record or a stretch of garbage costs only
 itself. Each is reported with its offset and counted.
 
 What counts as a record: a header whose length is the ring's record size
+and a record header (bpf/tcp.h, struct nettap_hdr) of the ring's kind
 (DISCARD records are records the kernel dropped: skipped silently). A header
 of another plausible length that lands on a record is a record of the wrong
 length (bad). A zero header is not a record: nettap's programs never commit
@@ -26,7 +27,7 @@ from typing import BinaryIO, Callable, Iterator, List, Optional
 
 import numpy as np
 
-from exporter.capture.records import RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, stride
+from exporter.capture.records import KIND_FIELD, KINDS, RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, stride
 
 READ_SIZE = 1 << 20          # bytes read at a time
 # Longest length a header of a wrong-length record may claim. nettap's
@@ -68,6 +69,9 @@ class Decoder:
         self.record = RECORDS[ring]
         self.size = self.record.itemsize
         self.stride = stride(self.record)
+        off, width = KIND_FIELD
+        self._kind_at = slice(RB_HDR + off, RB_HDR + off + width)
+        self._kind = KINDS[ring].to_bytes(width, "little")
         self.report = report
         self.read_size = read_size
         self.garbage_max = garbage_max
@@ -83,7 +87,12 @@ class Decoder:
         return None if h & RB_BUSY else h & _LEN_MASK
 
     def _valid(self, buf, p: int) -> bool:
-        return self._len(buf, p) == self.size
+        """A header of the ring's record size at p, and a record of its kind
+        (unless the input ends before the kind: a record cut short)."""
+        if self._len(buf, p) != self.size:
+            return False
+        kind = buf[p + self._kind_at.start:p + self._kind_at.stop]
+        return len(kind) < len(self._kind) or kind == self._kind
 
     def _wrong_len(self, buf, p: int, eof: bool) -> bool:
         """A header of another plausible length that ends where a record or the input begins."""

@@ -2,7 +2,8 @@
 
 Each dtype is built from exporter/kernel/tcp_h.py, which scripts/gen_layout.py
 generates from the BTF of ``bpf/tcp.bpf.o``: names, offsets and sizes are the C
-structs' own, and a ring's record kind is its struct's NETTAP_RECORD tag.
+structs' own, and a record's kind (its struct's NETTAP_RECORD tag) is the
+number in its header's ``kind`` (NETTAP_KIND_*), so a ring may carry several.
 :data:`SLOTS` wraps each in the 8-byte ring-buffer record header
 (``struct bpf_ringbuf_hdr``: u32 len with the BUSY and DISCARD bits, u32
 pg_off) and pads it to its stride: the layout of ring memory, which the tests
@@ -22,7 +23,7 @@ import socket
 import numpy as np
 
 from exporter.kernel import tcp_h
-from exporter.kernel.tcp_h import CHUNK_DATA, PROBES, RINGS, STRIDES  # noqa: F401
+from exporter.kernel.tcp_h import CHUNK_DATA, PROBES, RINGS  # noqa: F401
 
 DIRECTIONS = tuple(tcp_h.NAMES["DIR"].get(i) for i in range(max(tcp_h.NAMES["DIR"]) + 1))
 CHUNK_FLAGS = tuple(tcp_h.NAMES["CHUNK_F"].items())
@@ -40,11 +41,12 @@ RB_HDR = 8
 _SCALARS = {"__u64": "<u8", "__u32": "<u4", "__u16": "<u2", "__u8": "u1", "char": "S1"}
 
 
-def dtype_of(struct: str) -> np.dtype:
-    """The numpy layout of a struct of bpf/tcp.h. Byte arrays read as text
-    (a char array, an address) are S: numpy strips their trailing NULs; the
-    rest (a payload) are V, raw bytes."""
-    size, fields = tcp_h.STRUCTS[struct]
+def dtype_of(struct: str, structs: dict = tcp_h.STRUCTS) -> np.dtype:
+    """The numpy layout of a struct of bpf/tcp.h (``structs``: tcp_h.STRUCTS,
+    or an earlier revision's). Byte arrays read as text (a char array, an
+    address) are S: numpy strips their trailing NULs; the rest (a payload)
+    are V, raw bytes."""
+    size, fields = structs[struct]
     formats = []
     for _name, _off, ctype, count, nbytes, form, _ in fields:
         if count == 1:
@@ -59,10 +61,22 @@ def dtype_of(struct: str) -> np.dtype:
 
 CAPTURE_CONFIG = dtype_of("nettap_capture_config")
 PROBE_COUNTERS = dtype_of("nettap_probe_counters")
-# ring -> its record's dtype, kind (the JSON "type") and struct, in ring order.
-RECORDS = {ring: dtype_of(struct) for ring, struct in tcp_h.RECORDS.values()}
-KIND_NAMES = {ring: kind for kind, (ring, _) in tcp_h.RECORDS.items()}
-C_NAMES = {ring: struct for ring, struct in tcp_h.RECORDS.values()}
+# The header every record starts with, and where in it the kind is.
+HEADER = dtype_of("nettap_hdr")
+KIND_FIELD = next((off, nbytes) for name, off, _, _, nbytes, *_ in tcp_h.STRUCTS["nettap_hdr"][1] if name == "kind")
+# kind -> its number (NETTAP_KIND_*), its dtype; ring -> the kinds it carries.
+NUMBERS = {kind: n for n, kind in tcp_h.NAMES["KIND"].items()}
+DTYPES = {kind: dtype_of(struct) for kind, (_, struct) in tcp_h.RECORDS.items()}
+RING_KINDS = {ring: tuple(k for k, (r, _) in tcp_h.RECORDS.items() if r == ring) for ring in RINGS}
+# ring -> the scan's mask of the kinds it accepts there (bit n: kind number n).
+MASKS = {ring: sum(1 << NUMBERS[k] for k in kinds) for ring, kinds in RING_KINDS.items()}
+# The rings that carry one kind (all of them today), by that kind: its dtype,
+# name (the JSON "type"), struct and number (the writer's and the scan's).
+_ONE = {ring: kinds[0] for ring, kinds in RING_KINDS.items() if len(kinds) == 1}
+RECORDS = {ring: DTYPES[kind] for ring, kind in _ONE.items()}
+KIND_NAMES = dict(_ONE)
+C_NAMES = {ring: tcp_h.RECORDS[kind][1] for ring, kind in _ONE.items()}
+KINDS = {ring: NUMBERS[kind] for ring, kind in _ONE.items()}
 CHUNK, EOF_, LOG = RECORDS["capture_chunks"], RECORDS["capture_eof"], RECORDS["logs"]
 
 
@@ -79,13 +93,12 @@ def slot_dtype(record: np.dtype) -> np.dtype:
 
 
 SLOTS = {ring: slot_dtype(rec) for ring, rec in RECORDS.items()}
-assert {r: s.itemsize for r, s in SLOTS.items()} == STRIDES, "tcp_h.STRIDES disagrees with the dtypes"
+STRIDES = {ring: s.itemsize for ring, s in SLOTS.items()}
+assert all(STRIDES[r] == tcp_h.STRIDES[k] for r, k in _ONE.items()), "tcp_h.STRIDES disagrees with the dtypes"
 
 
 # ---- the compiled writer (exporter/capture/_jsonl.c) ---------------------------
 
-# ring -> the writer's kind number (init()'s order: the rings').
-KINDS = {ring: i for i, ring in enumerate(RECORDS)}
 # The longest line one record can give, newline included (every field at its
 # widest, every comm byte escaped, a full payload): the pipeline bounds its
 # queue by these before formatting. tests/unit/test_jsonl.py checks them
@@ -111,19 +124,21 @@ def names_of(form: str) -> dict:
 
 def _writer_tables():
     """init()'s arguments, from the field tables of exporter/kernel/tcp_h.py:
-    the enum and flag tables, and per kind its size and its rows, one per
-    JSON key in byte order (the text before the value, then where the field
-    is and how it is written)."""
-    enums, flags, kinds = {}, {}, []
-    for ring in RECORDS:
-        size, fields = tcp_h.STRUCTS[C_NAMES[ring]]
+    the enum and flag tables; per kind number (None where no kind has it) its
+    size and its rows, one per JSON key in byte order (the text before the
+    value, then where the field is and how it is written); and where a
+    record's header holds its kind (offset, bytes)."""
+    enums, flags = {}, {}
+    kinds = [None] * (max(NUMBERS.values()) + 1)
+    for kind, (_ring, struct) in tcp_h.RECORDS.items():
+        size, fields = tcp_h.STRUCTS[struct]
         by_name = {f[0]: f for f in fields}
-        keyed = sorted([f for f in fields if f[5] != "-"] + [("type",)], key=lambda f: f[0].encode())
+        keyed = sorted([f for f in fields if f[5] not in ("-", "kind")] + [("type",)], key=lambda f: f[0].encode())
         rows = []
         for i, f in enumerate(keyed):
             lead = "{" if i == 0 else ","
             if f[0] == "type":
-                rows.append((f'{lead}"type":"{KIND_NAMES[ring]}"'.encode(), _OP_LIT, 0, 0, 0, 0))
+                rows.append((f'{lead}"type":"{kind}"'.encode(), _OP_LIT, 0, 0, 0, 0))
                 continue
             name, off, _ctype, _count, nbytes, form = f[:6]
             op, arg, arg_width = _OPS[form.split(":", 1)[0]], 0, 0
@@ -137,10 +152,10 @@ def _writer_tables():
                 length = by_name[form.split(":", 1)[1]]
                 arg, arg_width = length[1], length[4]
             rows.append((f"{lead}{json.dumps(name)}:".encode(), op, off, nbytes, arg, arg_width))
-        kinds.append((size, rows))
+        kinds[NUMBERS[kind]] = (size, rows)
     enum_tables = [_quoted(names_of(form)) for form in enums]
     flag_tables = [[(bit, json.dumps(n).encode()) for bit, n in names_of(form).items()] for form in flags]
-    return enum_tables, flag_tables, kinds
+    return enum_tables, flag_tables, kinds, KIND_FIELD
 
 
 def _load_compiled():
@@ -151,7 +166,7 @@ def _load_compiled():
     except ImportError as e:
         raise ImportError(f"exporter.capture._jsonl is not built ({e}): run scripts/setup.sh, "
                           "or pip install . with gcc and python3-dev present") from None
-    if not hasattr(_jsonl, "scan") or "enum_tables" not in (_jsonl.init.__doc__ or ""):
+    if not hasattr(_jsonl, "scan") or "kind_field" not in (_jsonl.init.__doc__ or ""):
         raise ImportError("exporter.capture._jsonl is stale: rebuild it (scripts/setup.sh)")
     _jsonl.init(*_writer_tables())
     return _jsonl

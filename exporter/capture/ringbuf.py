@@ -14,13 +14,16 @@ with an 8-byte header: u32 ``len`` whose bit 31 (BUSY) is set while the
 producer still fills the record and bit 30 (DISCARD) when it was discarded,
 and u32 ``pg_off``. Records are 8-byte aligned.
 
-Every record nettap's programs write to one ring has the same size, and each
-stride divides the ring size, so no record crosses the end of the data pages.
-A batch is read by one call into the compiled scan (exporter/capture/_jsonl.c,
-``scan``), without the interpreter lock and with no Python per record: it
-counts the records, formats their JSON lines in place, or copies them out. A
-header whose length is not the record's (garbage, a stale object) is counted
-bad and skipped by its own length, so the walk resynchronises; a read stops at
+Every record starts with nettap's own header (bpf/tcp.h, struct nettap_hdr),
+whose kind says which record it is; a ring carries the kinds records.MASKS
+gives it. A batch is read by one call into the compiled scan
+(exporter/capture/_jsonl.c, ``scan``), without the interpreter lock and with
+no Python per record: it counts the records, formats their JSON lines in
+place, or copies them out (from a ring of one kind). A record whose kind is
+not the ring's, or whose length is not its kind's size (garbage, a stale
+object), is counted bad and skipped by its own length, so the walk
+resynchronises; the rare record that crosses the end of the data pages is
+copied whole before it is read. A read stops at
 the first record still BUSY and the caller comes back on its next poll,
 rather than chasing the producer record by record. (The plain Python walk
 the scan is checked against is tests/oracles.py's.)
@@ -52,7 +55,7 @@ from typing import Dict, Iterable, Optional, Tuple
 import numpy as np
 
 from exporter.capture import records
-from exporter.capture.records import RECORDS, STRIDES
+from exporter.capture.records import MASKS, RECORDS
 
 _EMPTY = {ring: np.empty(0, dtype=rec) for ring, rec in RECORDS.items()}
 _COUNT, _LINES, _COPY = 0, 1, 2                 # _jsonl.scan's modes
@@ -79,21 +82,20 @@ class RingMemory:
         self.fd = map_fd
         self.size = size
         self.mask = size - 1
-        self.record = RECORDS[name]
-        if size % STRIDES[name]:
-            raise ValueError(f"ring {name}: size {size} is not a multiple of its stride {STRIDES[name]}")
+        self.record = RECORDS.get(name)            # its dtype, when the ring carries one kind
+        if size & (size - 1):
+            raise ValueError(f"ring {name}: size {size} is not a power of two")
         page = mmap.PAGESIZE
         self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         # The kernel maps the data pages twice in a row so that a record
-        # crossing the end reads contiguously; nettap's strides divide the
-        # ring, so no record crosses it and one mapping is enough (the
-        # second would only double the ring's share of nettap's RSS; the
-        # scan copies the rare record that crosses after garbage).
+        # crossing the end reads contiguously; nettap maps them once (the
+        # second mapping would double the ring's share of nettap's RSS) and
+        # the scan copies the rare record that crosses the end.
         self._prod_map = mmap.mmap(map_fd, page + size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
         self._cons = np.frombuffer(self._cons_map, dtype=np.uint64, count=1)
         self._prod = np.frombuffer(self._prod_map, dtype=np.uint64, count=1)
         self._data = memoryview(self._prod_map)[page:page + size]
-        self.kind = records.KINDS[name]
+        self.kinds = MASKS[name]
         self.drained = 0
         self.bad = 0
         self.copy = copy     # False: records are counted and released, not copied out
@@ -117,9 +119,9 @@ class RingMemory:
         cons, prod = self.positions()
         if prod == cons:
             return None
-        mode = _LINES if lines else _COUNT if discard or not self.copy else _COPY
+        mode = _LINES if lines else _COUNT if discard or not self.copy or self.record is None else _COPY
         data, consumed, kept, bad, stop = records.compiled.scan(
-            self.kind, self._data, cons & self.mask, prod - cons, max_records, mode)
+            self.kinds, self._data, cons & self.mask, prod - cons, max_records, mode)
         if not consumed:                               # a BUSY record first
             return None
         self._cons[0] = cons + consumed                # release (x86-64: plain store)

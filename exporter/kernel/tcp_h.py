@@ -5,6 +5,9 @@ NETTAP_JSON / NETTAP_RECORD tags): do not edit. `make -C bpf` writes it,
 config, the targets and the loader import it before numpy is."""
 
 # Every `#define NETTAP_<NAME> <integer>` of bpf/tcp.h, as <NAME>.
+KIND_CHUNK = 1
+KIND_EOF = 2
+KIND_LOG = 3
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_COUNT = 2
@@ -16,8 +19,8 @@ TARGET_PID = 1
 TARGET_CGROUP = 2
 TARGET_NETNS = 4
 TARGET_PORT = 8
-CHUNK_DATA = 400
-MAX_CHUNKS_PER_CALL = 164
+CHUNK_DATA = 396
+MAX_CHUNKS_PER_CALL = 166
 MAX_IOV = 8
 MAX_CGROUP_LEVEL = 31
 MAX_CGROUP_LEVELS = 4
@@ -35,6 +38,7 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn'},
     'DIR': {0: 'egress', 1: 'ingress'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs'},
@@ -60,63 +64,77 @@ STRUCTS = {
         ('chunks', 24, '__u64', 1, 8, '', ''),
     )),
     'nettap_chunk': (504, (
-        ('conn_id', 0, '__u64', 1, 8, '', "nettap's id of the connection, 0 if unknown"),
-        ('ts_ns', 8, '__u64', 1, 8, '', "CLOCK_MONOTONIC at the call's return"),
-        ('offset', 16, '__u64', 1, 8, '', 'stream offset of data[0] in this direction'),
-        ('call_offset', 24, '__u64', 1, 8, '', "stream offset of the call's first byte"),
-        ('call_len', 32, '__u32', 1, 4, '', 'bytes the call moved (its return value)'),
-        ('len', 36, '__u32', 1, 4, '', 'bytes of data[] that hold payload'),
-        ('pid', 40, '__u32', 1, 4, '', 'tgid'),
-        ('tid', 44, '__u32', 1, 4, '', 'the thread that made the call'),
-        ('family', 48, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
-        ('sport', 50, '__u16', 1, 2, '', 'local port, host order'),
-        ('dport', 52, '__u16', 1, 2, '', 'remote port, host order'),
-        ('direction', 54, '__u8', 1, 1, 'enum:NETTAP_DIR', 'sent or received by the local socket'),
-        ('flags', 55, '__u8', 1, 1, 'flags:NETTAP_CHUNK_F', 'what the chunk lacks, and why'),
-        ('saddr', 56, '__u8', 16, 16, 'addr', 'local address: 4 bytes for AF_INET, rest 0'),
-        ('daddr', 72, '__u8', 16, 16, 'addr', 'remote address'),
-        ('comm', 88, 'char', 16, 16, 'text', "the calling thread's task name"),
-        ('data', 104, '__u8', 400, 400, 'base64:len', 'len bytes of payload'),
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('offset', 24, '__u64', 1, 8, '', 'stream offset of data[0] in this direction'),
+        ('call_offset', 32, '__u64', 1, 8, '', "stream offset of the call's first byte"),
+        ('call_len', 40, '__u32', 1, 4, '', 'bytes the call moved (its return value)'),
+        ('len', 44, '__u32', 1, 4, '', 'bytes of data[] that hold payload'),
+        ('tid', 48, '__u32', 1, 4, '', 'the thread that made the call'),
+        ('family', 52, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 54, '__u16', 1, 2, '', 'local port, host order'),
+        ('dport', 56, '__u16', 1, 2, '', 'remote port, host order'),
+        ('direction', 58, '__u8', 1, 1, 'enum:NETTAP_DIR', 'sent or received by the local socket'),
+        ('flags', 59, '__u8', 1, 1, 'flags:NETTAP_CHUNK_F', 'what the chunk lacks, and why'),
+        ('saddr', 60, '__u8', 16, 16, 'addr', 'local address: 4 bytes for AF_INET, rest 0'),
+        ('daddr', 76, '__u8', 16, 16, 'addr', 'remote address'),
+        ('comm', 92, 'char', 16, 16, 'text', "the calling thread's task name"),
+        ('data', 108, '__u8', 396, 396, 'base64:len', 'len bytes of payload'),
+    )),
+    'nettap_hdr': (24, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
     )),
     'nettap_kernel': (4, (
         ('has_ancestor_cgroup_id', 0, '__u32', 1, 4, '', 'bpf_get_current_ancestor_cgroup_id in tracing (5.14)'),
     )),
-    'nettap_eof': (120, (
-        ('conn_id', 0, '__u64', 1, 8, '', "as the connection's chunks'"),
-        ('ts_ns', 8, '__u64', 1, 8, '', "CLOCK_MONOTONIC at TCP_CLOSE (or at the socket's destruction)"),
-        ('start_ns', 16, '__u64', 1, 8, '', 'first captured call'),
-        ('tx_bytes', 24, '__u64', 1, 8, '', 'bytes sent through captured calls'),
-        ('rx_bytes', 32, '__u64', 1, 8, '', 'bytes received through captured calls'),
-        ('pid', 40, '__u32', 1, 4, '', 'tgid of the first captured call'),
-        ('tid', 44, '__u32', 1, 4, '', 'thread that moved the socket to TCP_CLOSE'),
-        ('family', 48, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
-        ('sport', 50, '__u16', 1, 2, '', 'local port (0 once the kernel released it)'),
-        ('dport', 52, '__u16', 1, 2, '', 'remote port'),
-        ('oldstate', 54, '__u8', 1, 1, 'enum:tcp_state', 'TCP state before TCP_CLOSE'),
-        ('pad0', 55, '__u8', 1, 1, '-', ''),
-        ('saddr', 56, '__u8', 16, 16, 'addr', 'local address'),
-        ('daddr', 72, '__u8', 16, 16, 'addr', 'remote address'),
-        ('comm', 88, 'char', 16, 16, 'text', 'task that moved the socket to TCP_CLOSE'),
-        ('tx_calls', 104, '__u64', 1, 8, '', 'captured send calls that moved bytes'),
-        ('rx_calls', 112, '__u64', 1, 8, '', 'captured receive calls that moved bytes'),
+    'nettap_eof': (128, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('start_ns', 24, '__u64', 1, 8, '', 'first captured call'),
+        ('tx_bytes', 32, '__u64', 1, 8, '', 'bytes sent through captured calls'),
+        ('rx_bytes', 40, '__u64', 1, 8, '', 'bytes received through captured calls'),
+        ('tx_calls', 48, '__u64', 1, 8, '', 'captured send calls that moved bytes'),
+        ('rx_calls', 56, '__u64', 1, 8, '', 'captured receive calls that moved bytes'),
+        ('tid', 64, '__u32', 1, 4, '', 'thread that moved the socket to TCP_CLOSE'),
+        ('family', 68, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 70, '__u16', 1, 2, '', 'local port (0 once the kernel released it)'),
+        ('dport', 72, '__u16', 1, 2, '', 'remote port'),
+        ('oldstate', 74, '__u8', 1, 1, 'enum:tcp_state', 'TCP state before TCP_CLOSE'),
+        ('pad0', 75, '__u8', 1, 1, '-', ''),
+        ('saddr', 76, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 92, '__u8', 16, 16, 'addr', 'remote address'),
+        ('comm', 108, 'char', 16, 16, 'text', 'task that moved the socket to TCP_CLOSE'),
+        ('pad1', 124, '__u8', 4, 4, '-', ''),
     )),
-    'nettap_log': (56, (
-        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when it was met'),
-        ('code', 8, '__u32', 1, 4, 'enum:NETTAP_LOG', 'what went wrong'),
-        ('probe', 12, '__u32', 1, 4, 'enum:NETTAP_PROBE', 'the probe that met it'),
-        ('arg0', 16, '__u64', 1, 8, '', "the code's first detail"),
-        ('arg1', 24, '__u64', 1, 8, '', "the code's second detail"),
-        ('pid', 32, '__u32', 1, 4, '', 'tgid of the calling process'),
-        ('tid', 36, '__u32', 1, 4, '', ''),
-        ('comm', 40, 'char', 16, 16, 'text', ''),
+    'nettap_log': (72, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('code', 24, '__u32', 1, 4, 'enum:NETTAP_LOG', 'what went wrong'),
+        ('probe', 28, '__u32', 1, 4, 'enum:NETTAP_PROBE', 'the probe that met it'),
+        ('arg0', 32, '__u64', 1, 8, '', "the code's first detail"),
+        ('arg1', 40, '__u64', 1, 8, '', "the code's second detail"),
+        ('tid', 48, '__u32', 1, 4, '', 'the calling thread'),
+        ('comm', 52, 'char', 16, 16, 'text', "the calling thread's task name"),
+        ('pad0', 68, '__u8', 4, 4, '-', ''),
     )),
 }
 
-# Ring record kinds (NETTAP_RECORD), in ring order: kind -> (ring, struct).
+# Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
+# kind -> (ring, struct).
 RECORDS = {
     'chunk': ('capture_chunks', 'nettap_chunk'),
     'eof': ('capture_eof', 'nettap_eof'),
     'log': ('logs', 'nettap_log'),
 }
-# Bytes a record takes in ring memory: the 8-byte header and the record, 8-aligned.
-STRIDES = {'capture_chunks': 512, 'capture_eof': 128, 'logs': 64}
+# Bytes a record of each kind takes in ring memory: the 8-byte ring header
+# and the record, 8-aligned.
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80}

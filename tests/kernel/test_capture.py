@@ -20,7 +20,7 @@ from exporter.kernel.bpfstats import own_program_misses
 from traffic import ClientProcess, Server, payload, send_messages
 
 
-N, S = 50, 1000          # messages, bytes each: 3 chunks per message (400+400+200)
+N, S = 50, 1000          # messages, bytes each: 3 chunks per message (396+396+208)
 
 
 def chunks_per(size, max_payload=4096):
@@ -30,7 +30,7 @@ def chunks_per(size, max_payload=4096):
 def test_port_target_counts_exactly_and_captures_bytes(nettap_run, mode):
     srv, other = Server(), Server()
     # The server reads up to 64 KiB a call: capture all of it, to compare bytes.
-    run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 65600}})
+    run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 65736}})
     before = run.counters()
 
     sent = send_messages(srv.port, N, S)
@@ -43,7 +43,7 @@ def test_port_target_counts_exactly_and_captures_bytes(nettap_run, mode):
     assert snd["calls"] - before["tcp_sendmsg"]["calls"] == N
     assert snd["returns"] - before["tcp_sendmsg"]["returns"] == N
     assert snd["bytes"] - before["tcp_sendmsg"]["bytes"] == N * S
-    assert snd["chunks"] == N * chunks_per(S, 65600)
+    assert snd["chunks"] == N * chunks_per(S, 65736)
     assert rcv["bytes"] == N * S
     assert rcv["calls"] == rcv["returns"] >= 2          # data reads + the read of EOF
     assert srv.received == [sent]
@@ -344,7 +344,7 @@ def test_every_send_and_receive_call_byte_exact(nettap_run, mode, family):
     lst = socket.socket(family)
     lst.bind((host, 0))
     lst.listen(1)
-    run = nettap_run({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65600}})
+    run = nettap_run({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65736}})
     cli = socket.socket(family)
     cli.connect(lst.getsockname()[:2])
     srv, _ = lst.accept()
@@ -399,7 +399,7 @@ def test_concurrent_senders_on_every_cpu(nettap_run, mode):
     # must be per task (a per-CPU scratch is shared across preemption on
     # PREEMPT_RT, where BPF programs run preemptible).
     srv = Server()
-    run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 65600}})
+    run = nettap_run({"captures": [{"port": srv.port}], "capture": {"max_payload_bytes": 65736}})
     # As many senders (and blocked readers) as CPUs: a kretprobe keeps at least
     # that many returns in flight (only that many on kernels built without
     # CONFIG_PREEMPTION, such as Debian 11's 5.10; docs/limits.md).
@@ -475,12 +475,12 @@ def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
 
 
 def test_largest_vectored_call_is_captured_whole(nettap_run, mode):
-    # 8 iovecs of 8,200 bytes at max_payload_bytes 65,600: each iovec ends in a
-    # short chunk, so the call needs more chunk steps than 65,600 / 400.
+    # 8 iovecs of 8,200 bytes at max_payload_bytes 65,736: each iovec ends in a
+    # short chunk, so the call needs more chunk steps than 65,736 / 396.
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(1)
-    run = nettap_run({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65600}})
+    run = nettap_run({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65736}})
     data = payload(8 * 8200, seed=5)
     with socket.socket() as cli:
         cli.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)

@@ -132,8 +132,8 @@ def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_p
     """With the mechanism nettap picks here: each mechanism's bytes are
     checked by test_capture's byte-exact tests; this one checks the reader."""
     ex = Exchange(family, host)
-    # every byte captured (65600 a call), in files rotated at 32 KiB: the exchange spans several
-    run = nettap_run({"captures": [{"port": ex.port}], "capture": {"max_payload_bytes": 65600},
+    # every byte captured (65736 a call), in files rotated at 32 KiB: the exchange spans several
+    run = nettap_run({"captures": [{"port": ex.port}], "capture": {"max_payload_bytes": 65736},
                       "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl"),
                                  "max_bytes": 32768, "backups": 50}})
     client_bytes, server_bytes = ex.run()

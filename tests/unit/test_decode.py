@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from exporter.capture import records as R
@@ -97,9 +98,26 @@ def test_cli_decode_exits_1_and_names_each_problem(ring):
 
 
 def test_other_rings_records_are_not_records_of_this_ring():
-    p = cli(str(FIX / "logs.bin"), "capture_chunks")
+    p = cli(str(FIX / "log.bin"), "capture_chunks")
     assert (p.returncode, p.stdout) == (1, b"")
     assert b"are not records" in p.stderr
+
+
+@pytest.mark.parametrize("ring", RINGS)
+def test_a_record_of_another_kind_is_not_a_record_of_this_ring(ring):
+    """The ring's record size, but another kind in its header: reported and
+    skipped, never printed as this ring's kind."""
+    slots = _slots(ring)
+    other = bytearray(slots[1])
+    off = R.RB_HDR + R.KIND_FIELD[0]
+    other[off:off + R.KIND_FIELD[1]] = (R.KINDS[ring] % 3 + 1).to_bytes(R.KIND_FIELD[1], "little")
+    data = slots[0] + bytes(other) + b"".join(slots[2:])
+    out, problems, res = decode(data, ring)
+    want = [line for i, line in enumerate(reference_jsonl(ring, np.frombuffer(
+        b"".join(mf.record(ring, s) for s in mf.good_records(ring)), R.RECORDS[ring])).splitlines(keepends=True))
+        if i != 1]
+    assert out.splitlines(keepends=True) == want
+    assert (res.bad, len(problems), problems[0][0]) == (1, 1, len(slots[0]))
 
 
 def test_dev_zero_stops_after_a_bounded_amount_with_exit_1():
@@ -107,8 +125,8 @@ def test_dev_zero_stops_after_a_bounded_amount_with_exit_1():
     assert (p.returncode, p.stdout) == (1, b"")
     err = p.stderr.decode()
     assert "MemoryError" not in err and "Traceback" not in err
-    assert err.splitlines()[0] == (f"nettap: /dev/zero: offset 0: no 120-byte record in the {GARBAGE_MAX} bytes "
-                                   f"from here: stopped (is this capture_eof records?)")
+    assert err.splitlines()[0] == (f"nettap: /dev/zero: offset 0: no {R.EOF_.itemsize}-byte record in the "
+                                   f"{GARBAGE_MAX} bytes from here: stopped (is this capture_eof records?)")
 
 
 def test_garbage_stop_is_bounded_in_memory_and_input():

@@ -29,12 +29,43 @@ def test_generated_files_are_fresh(tmp_path):
 
 
 def test_kinds_agree_in_sequence():
-    rings = [ring for ring, _ in tcp_h.RECORDS.values()]
-    assert rings == list(tcp_h.RINGS) == list(R.RECORDS) == list(R.KINDS)
-    assert [R.KINDS[r] for r in rings] == list(range(len(rings)))          # init()'s kind order
-    assert list(R.KIND_NAMES.values()) == list(tcp_h.RECORDS)
+    """The C kind numbers, the Python names and docs/records.md agree, kind
+    by kind, in the order of the numbers (a record read as the wrong kind is
+    what this prevents)."""
+    numbers = tcp_h.NAMES["KIND"]
+    assert list(numbers.values()) == list(tcp_h.RECORDS)
+    assert R.NUMBERS == {k: n for n, k in numbers.items()}
+    assert {ring: R.KINDS[ring] for ring in R.KIND_NAMES} == {r: R.NUMBERS[k] for r, k in R.KIND_NAMES.items()}
+    assert set(R.RING_KINDS) == set(tcp_h.RINGS) and all(R.RING_KINDS.values())
+    writer = R._writer_tables()[2]
+    assert [i for i, k in enumerate(writer) if k] == sorted(numbers)
+    assert all(writer[n][0] == tcp_h.STRUCTS[tcp_h.RECORDS[k][1]][0] for n, k in numbers.items())
     sections = re.findall(r"^## `(\w+)`$", (ROOT / "docs" / "records.md").read_text(), flags=re.M)
     assert sections == list(tcp_h.RECORDS)
+
+
+def test_every_record_starts_with_the_header():
+    head = tcp_h.STRUCTS[gen.HEADER][1]
+    for kind, (_ring, struct) in tcp_h.RECORDS.items():
+        assert tcp_h.STRUCTS[struct][1][:len(head)] == head, kind
+
+
+def _lay(first_field="ts_ns"):
+    hdr = (24, (("ts_ns", 0, "__u64", 1, 8, "", ""), ("conn_id", 8, "__u64", 1, 8, "", ""),
+                ("kind", 16, "__u32", 1, 4, "kind", ""), ("pid", 20, "__u32", 1, 4, "", "")))
+    rec = (32, ((first_field, 0, "__u64", 1, 8, "", ""),) + hdr[1][1:] + (("x", 24, "__u64", 1, 8, "", ""),))
+    return {"structs": {gen.HEADER: hdr, "nettap_a": rec}, "records": {"a": ("ring_a", "nettap_a")}}
+
+
+@pytest.mark.parametrize("header,lay,why", [
+    ("#define NETTAP_KIND_A 1\n#define NETTAP_KIND_B 2\n", _lay(), "NETTAP_KIND_.* and the NETTAP_RECORD kinds"),
+    ("", _lay(), "NETTAP_KIND_.* and the NETTAP_RECORD kinds"),
+    ("#define NETTAP_KIND_A 0\n", _lay(), "distinct and not 0"),
+    ("#define NETTAP_KIND_A 1\n", _lay("when"), "does not start with struct nettap_hdr"),
+])
+def test_kinds_without_a_number_or_a_header_are_refused(header, lay, why):
+    with pytest.raises(SystemExit, match=why):
+        gen.kinds(gen.defines(header), lay)
 
 
 def test_every_json_form_is_known():

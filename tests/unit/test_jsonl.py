@@ -310,12 +310,14 @@ def test_formatting_releases_the_interpreter_lock():
 
 
 @pytest.mark.parametrize("bad", [
-    lambda t: (t[0], t[1], [(8, [(b'{"a":', 1, 4, 8, 0, 0)])]),             # past the record's end
-    lambda t: (t[0], t[1], [(8, [(b'{"a":', 3, 0, 16, 0, 0)])]),            # an address of 16 in 8 bytes
-    lambda t: (t[0], t[1], [(8, [(b'{"a":', 5, 0, 1, 99, 0)])]),            # no enum table 99
-    lambda t: (t[0], t[1], [(8, [(b'{"a":', 1, 0, 3, 0, 0)])]),             # a 3-byte integer
-    lambda t: (t[0], t[1], [(8, [(b"x" * 40, 1, 0, 8, 0, 0)])]),            # text past PREFIX_MAX
-    lambda t: (t[0], [[(3, b'"two bits"')]], t[2]),                         # a flag of two bits
+    lambda t: (t[0], t[1], [None, (32, [(b'{"a":', 1, 28, 8, 0, 0)])], t[3]),    # past the record's end
+    lambda t: (t[0], t[1], [None, (32, [(b'{"a":', 3, 24, 16, 0, 0)])], t[3]),   # an address of 16 in 8 bytes
+    lambda t: (t[0], t[1], [None, (32, [(b'{"a":', 5, 0, 1, 99, 0)])], t[3]),    # no enum table 99
+    lambda t: (t[0], t[1], [None, (32, [(b'{"a":', 1, 0, 3, 0, 0)])], t[3]),     # a 3-byte integer
+    lambda t: (t[0], t[1], [None, (32, [(b"x" * 40, 1, 0, 8, 0, 0)])], t[3]),    # text past PREFIX_MAX
+    lambda t: (t[0], [[(3, b'"two bits"')]], t[2], t[3]),                        # a flag of two bits
+    lambda t: (t[0], t[1], [None, (16, [(b'{"a":', 1, 0, 8, 0, 0)])], t[3]),     # too short for the header
+    lambda t: (t[0], t[1], t[2], (16, 3)),                                       # a kind of 3 bytes
 ])
 def test_init_refuses_tables_it_cannot_keep_to(bad):
     """The writer checks every row against its record before it formats
@@ -326,7 +328,9 @@ def test_init_refuses_tables_it_cannot_keep_to(bad):
         with pytest.raises(ValueError):
             R.compiled.init(*bad(good))
         with pytest.raises((RuntimeError, ValueError)):
-            R.compiled.format(0, np.zeros(1, R.RECORDS["capture_chunks"]))
+            R.compiled.format(R.KINDS["capture_chunks"], np.zeros(1, R.RECORDS["capture_chunks"]))
     finally:
         R.compiled.init(*good)
     assert R.jsonl("logs", np.zeros(1, R.LOG)).startswith(b'{"arg0":0,')
+    with pytest.raises(ValueError, match="unknown record kind 0"):      # no kind is 0
+        R.compiled.format(0, np.zeros(1, R.LOG))

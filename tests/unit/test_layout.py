@@ -18,6 +18,7 @@ OBJ = ROOT / "bpf" / "tcp.bpf.o"
 HEADER = ROOT / "bpf" / "tcp.h"
 
 LAYOUTS = {
+    "nettap_hdr": R.HEADER,
     "nettap_chunk": R.CHUNK,
     "nettap_eof": R.EOF_,
     "nettap_log": R.LOG,
@@ -56,23 +57,31 @@ def _size(btf, type_id):
     return t["size"]
 
 
+def _flat(btf, st, base=0):
+    """(name, offset, bytes) of a struct's members, a struct member (the
+    record header) by its own members at their place."""
+    for m in st["members"]:
+        assert m["bits_offset"] % 8 == 0, m            # no bitfields
+        t = btf[m["type_id"]]
+        if t["kind"] == "STRUCT":
+            yield from _flat(btf, t, base + m["bits_offset"] // 8)
+        else:
+            yield m["name"], base + m["bits_offset"] // 8, _size(btf, m["type_id"])
+
+
 @pytest.mark.parametrize("cname", list(LAYOUTS))
 def test_struct_layout_matches_btf(btf, cname):
     st = _struct(btf, cname)
     dt = LAYOUTS[cname]
-    members = [m["name"] for m in st["members"]]
-    assert dt.names == tuple(members)                  # same fields, same order, none extra
-    for m in st["members"]:
-        assert m["bits_offset"] % 8 == 0, m            # no bitfields
-        fdt, off = dt.fields[m["name"]][:2]
-        assert (m["name"], off) == (m["name"], m["bits_offset"] // 8)
-        assert (m["name"], fdt.itemsize) == (m["name"], _size(btf, m["type_id"]))
+    members = list(_flat(btf, st))
+    assert dt.names == tuple(m[0] for m in members)    # same fields, same order, none extra
+    assert [(n, dt.fields[n][1], dt.fields[n][0].itemsize) for n, _, _ in members] == members
     assert dt.itemsize == st["size"]
 
 
 def test_known_struct_sizes(btf):
     assert {c: _struct(btf, c)["size"] for c in LAYOUTS} == {
-        "nettap_chunk": 504, "nettap_eof": 120, "nettap_log": 56,
+        "nettap_hdr": 24, "nettap_chunk": 504, "nettap_eof": 128, "nettap_log": 72,
         "nettap_capture_config": 24, "nettap_probe_counters": 32}
 
 
@@ -81,16 +90,16 @@ def test_ring_records_are_the_c_structs():
 
 
 @pytest.mark.parametrize("ring", list(R.RECORDS))
-def test_ring_stride_is_power_of_two(ring):
+def test_ring_slots(ring):
     s = R.stride(R.RECORDS[ring])
-    assert s & (s - 1) == 0
-    assert R.SLOTS[ring].itemsize == s
+    assert s % 8 == 0 and R.SLOTS[ring].itemsize == s
     assert R.SLOTS[ring].fields["rec"][1] == R.RB_HDR
 
 
 def test_ring_strides():
+    # a chunk's stride stays a power of two: its ring holds a whole number of them
     assert {r: R.stride(d) for r, d in R.RECORDS.items()} == {
-        "capture_chunks": 512, "capture_eof": 128, "logs": 64}
+        "capture_chunks": 512, "capture_eof": 136, "logs": 80}
 
 
 # ---- #define constants ----------------------------------------------------
@@ -117,7 +126,7 @@ def test_header_parsed():
     # every #define of the header but the include guard was read as an integer
     lines = re.findall(r"^#define[ \t]+(\w+)\b(?!\()", HEADER.read_text(), flags=re.M)
     assert sorted(DEFINES) == sorted(n for n in lines if n != "NETTAP_TCP_H")
-    assert len(DEFINES) == 25
+    assert len(DEFINES) == 28
 
 
 def test_chunk_sizes():
@@ -140,7 +149,12 @@ def test_rings_in_index_order():
     count = rings.pop("count")
     assert tuple(sorted(rings, key=rings.get)) == R.RINGS
     assert sorted(rings.values()) == list(range(count)) and count == len(R.RINGS)
-    assert tuple(R.RECORDS) == R.RINGS
+    assert tuple(R.RING_KINDS) == R.RINGS
+
+
+def test_kinds_in_number_order():
+    kinds = _prefixed("NETTAP_KIND_")
+    assert R.NUMBERS == kinds and 0 not in kinds.values()
 
 
 def test_targets():

@@ -22,7 +22,7 @@ from exporter.capture import records as R
 from exporter.capture.pipeline import QUEUE_PARTS, Pipeline
 from exporter.capture.ringbuf import RingMemory
 from exporter.capture.sinks import Sink, StdoutSink
-from exporter.kernel.tcp_h import STRIDES
+from exporter.capture.records import STRIDES
 from tests.unit.test_jsonl import random_records
 from tests import oracles
 from tests.procs import wait_for
@@ -67,6 +67,7 @@ class MemRing:
                 self.dropped += 1
                 continue
             r = r.copy()
+            r["kind"] = R.KINDS[self.name]
             r["conn_id"] = self.next_id
             self.next_id += 1
             off = 2 * PAGE + (self.prod & (self.size - 1))
@@ -86,7 +87,10 @@ class MemRing:
         # The kernel lays a record out at its own length, rounded to 8;
         # nettap's records fill their stride exactly.
         span = self.stride if length == self.rec.itemsize else (length + 8 + 7) // 8 * 8
-        self.mem[off:off + span] = struct.pack("<II", header, 0) + b"\0" * (span - 8)
+        rec = np.zeros((), self.rec)
+        rec["kind"] = R.KINDS[self.name]
+        body = rec.tobytes()[:span - 8] if length == self.rec.itemsize else b""
+        self.mem[off:off + span] = (struct.pack("<II", header, 0) + body).ljust(span, b"\0")
         self.prod += span
         struct.pack_into("<Q", self.mem, PAGE, self.prod)
         return off

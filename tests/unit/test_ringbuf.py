@@ -14,12 +14,13 @@ from exporter.capture import records as R
 from exporter.capture.records import LOG, RB_BUSY, RB_DISCARD, RECORDS
 from tests.oracles import walk
 
-SIZE = LOG.itemsize          # 56: one log record
-STRIDE = 64                  # 8-byte header + 56
+SIZE = LOG.itemsize          # 72: one log record
+STRIDE = 80                  # 8-byte header + 72
 
 
-def rec(pid: int) -> bytes:
+def rec(pid: int, kind: int = R.NUMBERS["log"]) -> bytes:
     a = np.zeros((), LOG)
+    a["kind"] = kind
     a["pid"] = pid
     a["comm"] = b"t%d" % pid
     return a.tobytes()
@@ -48,7 +49,7 @@ def scan(buf, record=LOG, start=0, end=None):
     area = bytearray(size)
     area[:len(buf)] = bytes(buf)
     ring = next(r for r, d in RECORDS.items() if d == record)
-    out, consumed, kept, bad, _ = R.compiled.scan(R.KINDS[ring], area, start, end - start, 1 << 20, COPY)
+    out, consumed, kept, bad, _ = R.compiled.scan(R.MASKS[ring], area, start, end - start, 1 << 20, COPY)
     recs = np.frombuffer(out, dtype=record)
     assert len(recs) == kept
     return recs, bad, start + consumed
@@ -73,7 +74,7 @@ def test_empty():
 
 def test_good_records():
     recs, bad, pos = both(good(1) + good(2), LOG)
-    assert (recs["pid"].tolist(), recs["comm"].tolist(), bad, pos) == ([1, 2], [b"t1", b"t2"], 0, 128)
+    assert (recs["pid"].tolist(), recs["comm"].tolist(), bad, pos) == ([1, 2], [b"t1", b"t2"], 0, 2 * STRIDE)
     assert recs.dtype == LOG
 
 
@@ -110,11 +111,41 @@ def test_all_ff_bytes_is_busy():
     assert result(b"\xff" * 64) == ([], 0, 0)
 
 
-@pytest.mark.parametrize("n", [1, 8, SIZE - 8, SIZE + 8, 504])
+@pytest.mark.parametrize("n", [1, 8, SIZE - 8, SIZE + 8, 504, 5000])
 def test_wrong_size_counted_bad_and_skipped(n):
     wrong = slot(b"\xab" * n)
     buf = good(1) + wrong + good(2)
     assert result(buf) == ([1, 2], 1, 2 * STRIDE + len(wrong))
+
+
+@pytest.mark.parametrize("kind", [0, R.KINDS["capture_chunks"], R.KINDS["capture_eof"], 99, 2**32 - 1])
+def test_a_record_of_another_kind_is_counted_bad_and_skipped(kind):
+    """The length of the ring's kind, but another kind (or none) in its header."""
+    buf = good(1) + slot(rec(2, kind)) + good(3)
+    assert result(buf) == ([1, 3], 1, 3 * STRIDE)
+
+
+def test_a_ring_of_two_kinds_gives_each_its_lines_in_ring_order():
+    eof = np.zeros((), R.EOF_)
+    eof["kind"], eof["pid"], eof["conn_id"] = R.KINDS["capture_eof"], 5, 77
+    buf = good(1) + slot(eof.tobytes()) + good(2) + slot(b"\xab" * 40)
+    area = bytearray(1024)
+    area[:len(buf)] = buf
+    mask = R.MASKS["logs"] | R.MASKS["capture_eof"]
+    out, consumed, kept, bad, stop = R.compiled.scan(mask, area, 0, len(buf), 100, 1)
+    assert (consumed, kept, bad, stop) == (len(buf), 3, 1, 0)
+    lines = out.decode().splitlines()
+    assert [line.split('"type":')[1] for line in lines] == ['"log"}', '"eof"}', '"log"}']
+    assert lines[1] == R.jsonl("capture_eof", np.frombuffer(eof.tobytes(), R.EOF_)).decode().rstrip("\n")
+    assert R.compiled.scan(mask, area, 0, len(buf), 100, 0)[1:] == (len(buf), 3, 1, 0)
+    with pytest.raises(ValueError, match="one to copy"):          # copies are of one dtype
+        R.compiled.scan(mask, area, 0, len(buf), 100, COPY)
+
+
+@pytest.mark.parametrize("mask", [0, 1, 1 << 20, 1 << 40])
+def test_a_mask_of_no_known_kind_is_refused(mask):
+    with pytest.raises(ValueError):
+        R.compiled.scan(mask, bytearray(1024), 0, 8, 1, 0)
 
 
 def test_cut_short_counted_bad():
@@ -123,7 +154,7 @@ def test_cut_short_counted_bad():
 
 
 def test_huge_length_is_cut_short():
-    buf = good(1) + struct.pack("<II", 0x3FFFFFFF, 0) + bytes(56)
+    buf = good(1) + struct.pack("<II", 0x3FFFFFFF, 0) + bytes(SIZE)
     assert result(buf) == ([1], 1, len(buf))
 
 
@@ -145,7 +176,7 @@ def test_end_inside_a_record_is_cut_short():
 
 def test_memoryview_input():
     buf = memoryview(bytearray(good(1) + good(2)))
-    assert result(buf) == ([1, 2], 0, 128)
+    assert result(buf) == ([1, 2], 0, 2 * STRIDE)
 
 
 def test_records_are_copies():
@@ -167,22 +198,26 @@ def test_random_garbage_never_raises(ring):
 
 
 def test_random_garbage_with_small_lengths_is_counted():
-    # Headers with BUSY clear and lengths < 64: every header is visited and
-    # each one not of the record's size is counted bad (DISCARD ones skipped).
+    # Headers with BUSY clear and short lengths: every header is visited and
+    # each one not of the record's size and kind is counted bad (DISCARD ones
+    # skipped); a random body of the record's size is the ring's kind only by
+    # chance, a real record always.
     rnd = random.Random(7)
     for _ in range(500):
         slots, want_bad, want_good = [], 0, 0
         for _ in range(rnd.randrange(1, 20)):
-            n = rnd.choice([0, 1, 8, 16, SIZE, SIZE, 57])
+            n = rnd.choice([0, 1, 8, 16, SIZE, SIZE, 57, "record"])
             flags = rnd.choice([0, 0, RB_DISCARD])
             if n == 0:
                 want_bad += 1                   # zero length counts bad, DISCARD or not
                 slots.append(struct.pack("<II", flags, 0))
                 continue
-            slots.append(slot(bytes(rnd.getrandbits(8) for _ in range(n)), flags=flags))
+            body = rec(rnd.getrandbits(32)) if n == "record" else bytes(rnd.getrandbits(8) for _ in range(n))
+            slots.append(slot(body, flags=flags))
             if not flags:
-                want_bad += n != SIZE
-                want_good += n == SIZE
+                ok = len(body) == SIZE and body[16:20] == rec(0)[16:20]
+                want_bad += not ok
+                want_good += ok
         buf = b"".join(slots)
         recs, bad, pos = both(buf, LOG)
         assert (len(recs), bad, pos) == (want_good, want_bad, len(buf))
@@ -194,10 +229,10 @@ def test_a_record_crossing_the_end_of_the_area_is_read_whole():
     whole, its start from the end and its rest from the start."""
     body = rec(9)
     area = bytearray(128)
-    area[80:88] = struct.pack("<II", SIZE, 0)      # the header at 80, the body 88..143 -> 88..127 + 0..15
+    area[80:88] = struct.pack("<II", SIZE, 0)      # the header at 80, the body 88..159 -> 88..127 + 0..31
     area[88:128] = body[:40]
-    area[0:16] = body[40:]
-    out, consumed, kept, bad, _ = R.compiled.scan(R.KINDS["logs"], area, 80, STRIDE, 100, COPY)
+    area[0:SIZE - 40] = body[40:]
+    out, consumed, kept, bad, _ = R.compiled.scan(R.MASKS["logs"], area, 80, STRIDE, 100, COPY)
     assert (kept, bad, consumed) == (1, 0, STRIDE)
     assert out == body
 
@@ -206,8 +241,8 @@ def test_max_records_and_a_busy_record_stop_the_scan():
     buf = good(1) + good(2) + good(3) + slot(rec(4), flags=RB_BUSY)
     area = bytearray(512)
     area[:len(buf)] = buf
-    assert R.compiled.scan(R.KINDS["logs"], area, 0, len(buf), 2, COPY)[1:] == (2 * STRIDE, 2, 0, 2)
-    assert R.compiled.scan(R.KINDS["logs"], area, 0, len(buf), 9, COPY)[1:] == (3 * STRIDE, 3, 0, 1)
+    assert R.compiled.scan(R.MASKS["logs"], area, 0, len(buf), 2, COPY)[1:] == (2 * STRIDE, 2, 0, 2)
+    assert R.compiled.scan(R.MASKS["logs"], area, 0, len(buf), 9, COPY)[1:] == (3 * STRIDE, 3, 0, 1)
 
 
 @pytest.mark.parametrize("start,size", [(4, 128), (0, 96), (0, 32)])
@@ -215,4 +250,4 @@ def test_bad_geometry_is_refused(start, size):
     """A start off the 8-byte grid, an area not a power of two or smaller than
     one record: refused, never read past."""
     with pytest.raises(ValueError, match="bad geometry"):
-        R.compiled.scan(R.KINDS["logs"], bytearray(size), start, 8, 1, COPY)
+        R.compiled.scan(R.MASKS["logs"], bytearray(size), start, 8, 1, COPY)
