@@ -15,11 +15,14 @@
 #include "maps.bpf.h"
 #include "core_fixes.bpf.h"
 
-#define AF_INET	    2
-#define AF_INET6    10
-#define IPPROTO_TCP 6
-#define SOCK_STREAM 1
-#define TCP_CLOSE   7
+#define AF_INET	     2
+#define AF_INET6     10
+#define IPPROTO_TCP  6
+#define SOCK_STREAM  1
+#define TCP_SYN_SENT 2
+#define TCP_SYN_RECV 3
+#define TCP_CLOSE    7
+#define TCP_LISTEN   10
 
 struct conn {
 	__u64 id;

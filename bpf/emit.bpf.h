@@ -278,6 +278,8 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	cn = conn_get(in->sk, probe, fast);
 	hdr->flags = 0;
 	if (cn) {
+		if (!cn->pid) /* decided in softirq (tcp.bpf.c): its owner is this caller */
+			cn->pid = id >> 32;
 		hdr->call_offset = conn_advance(cn, probe, ret, fast);
 		hdr->h.conn_id = cn->id;
 	} else {

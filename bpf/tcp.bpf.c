@@ -19,7 +19,7 @@
  *   emit.bpf.h         entry and return bodies: chunking
  *   entry_tp.bpf.h     syscall-tracepoint entry points
  *   entry_func.bpf.h   fentry/fexit and kprobe/kretprobe entry points
- *   tcp.bpf.c          this file: the lifecycle program
+ *   tcp.bpf.c          this file: the lifecycle programs (states, eof)
  */
 #include "entry_tp.bpf.h"
 #include "entry_func.bpf.h"
@@ -29,21 +29,19 @@
 struct nettap_chunk btf_nettap_chunk __attribute__((unused));
 struct nettap_eof btf_nettap_eof __attribute__((unused));
 struct nettap_log btf_nettap_log __attribute__((unused));
+struct nettap_state btf_nettap_state __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs
  * once per captured connection, so its reads go through
  * bpf_probe_read_kernel and its adds do not fetch. */
-static __always_inline int publish_eof(const struct sock *sk, int oldstate)
+static __always_inline int publish_eof(const struct sock *sk, struct conn *cn, int oldstate)
 {
 	struct nettap_capture_config *cfg;
 	struct nettap_eof *e;
-	struct conn *cn;
-	__u64 key, id;
+	__u64 key = (__u64)sk, id;
 	__u32 zero = 0;
 
-	key = (__u64)sk;
-	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (!cn)
 		return 0;
 
@@ -78,7 +76,81 @@ static __always_inline int publish_eof(const struct sock *sk, int oldstate)
 	return 0;
 }
 
-/* A captured connection reached TCP_CLOSE: publish its totals, forget it.
+/* Capture decided at a socket's first state: an active open (CLOSE ->
+ * SYN_SENT) runs in the connecting task, so every target applies; a passive
+ * one (LISTEN -> SYN_RECV, the child socket) runs in softirq, where the
+ * current task means nothing, so only the socket targets (port, netns) do, and
+ * the owner is learnt at its first captured call. Any other socket is
+ * captured from its first captured call (emit.bpf.h). */
+static __always_inline struct conn *state_decide(const struct sock *sk, int oldstate, int newstate,
+						 const bool fetch)
+{
+	struct nettap_capture_config *cfg;
+	struct conn *cn;
+	bool active = oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT;
+
+	if (!active && !(oldstate == TCP_LISTEN && newstate == TCP_SYN_RECV))
+		return NULL;
+	cfg = active_config();
+	if (!cfg)
+		return NULL;
+	if (!(active && task_matches(cfg)) && !sock_matches(cfg, (struct sock *)sk, false))
+		return NULL;
+	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_SENDMSG, fetch);
+	if (cn && !active)
+		cn->pid = 0;
+	return cn;
+}
+
+/* ring obs_events: the state change of a captured socket. */
+static __always_inline void publish_state(const struct sock *sk, struct conn *cn, int oldstate,
+					  int newstate)
+{
+	struct nettap_capture_config *cfg;
+	struct nettap_state *r;
+	__u32 zero = 0;
+
+	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
+	if (!r) {
+		count_drop(NETTAP_RING_OBS_EVENTS, 1);
+		return;
+	}
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.conn_id = cn->id;
+	r->h.kind = NETTAP_KIND_STATE;
+	r->h.pid = cn->pid;
+	r->oldstate = oldstate;
+	r->newstate = newstate;
+	read_addrs((struct sock *)sk, false, &r->family, &r->sport, &r->dport, r->saddr, r->daddr);
+	r->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	r->pad0 = 0;
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	bpf_ringbuf_submit(r, cfg ? wakeup_flags(&obs_events, NETTAP_RING_OBS_EVENTS,
+						 cfg->obs_wakeup_bytes)
+				  : BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline int on_state(const struct sock *sk, int oldstate, int newstate,
+				    const bool fetch)
+{
+	__u64 key = (__u64)sk;
+	struct conn *cn;
+
+	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	if (!cn)
+		cn = state_decide(sk, oldstate, newstate, fetch);
+	if (!cn)
+		return 0;
+	publish_state(sk, cn, oldstate, newstate);
+	if (newstate == TCP_CLOSE)
+		publish_eof(sk, cn, oldstate);
+	return 0;
+}
+
+/* A captured socket changed state: its state record; at TCP_CLOSE, its
+ * connection's totals, and the connection is forgotten.
  *
  * A BTF raw tracepoint, not the classic tracepoint of the same name: the
  * classic one shares the per-CPU bpf_prog_active guard with every tracing
@@ -91,9 +163,15 @@ static __always_inline int publish_eof(const struct sock *sk, int oldstate)
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 {
-	if (newstate != TCP_CLOSE || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
-		return 0;
-	return publish_eof(sk, oldstate);
+	return on_state(sk, oldstate, newstate, FAST);
+}
+
+/* The same, with the connection ids of the compat programs (no fetching
+ * add before Linux 5.12: conn_get). */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(tcp_state_compat, const struct sock *sk, int oldstate, int newstate)
+{
+	return on_state(sk, oldstate, newstate, COMPAT);
 }
 
 /* The socket is destroyed (tcp_v4_destroy_sock, IPv6 too): whatever entry
@@ -105,7 +183,9 @@ int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(tcp_destroy, struct sock *sk)
 {
-	return publish_eof(sk, TCP_CLOSE);
+	__u64 key = (__u64)sk;
+
+	return publish_eof(sk, bpf_map_lookup_elem(&capture_conns, &key), TCP_CLOSE);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -24,6 +24,7 @@
 #define NETTAP_KIND_CHUNK 1
 #define NETTAP_KIND_EOF	  2
 #define NETTAP_KIND_LOG	  3
+#define NETTAP_KIND_STATE 4
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG 0
@@ -34,7 +35,8 @@
 #define NETTAP_RING_CAPTURE_CHUNKS 0
 #define NETTAP_RING_CAPTURE_EOF	   1
 #define NETTAP_RING_LOGS	   2
-#define NETTAP_RING_COUNT	   3
+#define NETTAP_RING_OBS_EVENTS	   3
+#define NETTAP_RING_COUNT	   4
 
 /* capture_config.flags: which kinds of capture target exist. */
 #define NETTAP_TARGET_PID    (1U << 0)
@@ -81,6 +83,7 @@ struct nettap_capture_config {
 	__u32 wakeup_check_bytes; /* capture_chunks: look at the ring's fill once a CPU
 				   * has published this much since its last look (0: at
 				   * every call) */
+	__u32 obs_wakeup_bytes;	  /* obs_events: the wakeup threshold, as eof's */
 };
 
 /* What user space found out about the kernel before load (section
@@ -144,6 +147,22 @@ struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
 	char comm[16] NETTAP_JSON("text");  /* task that moved the socket to TCP_CLOSE */
 	__u8 pad1[4] NETTAP_JSON("-");
+};
+
+/* ring obs_events: a captured socket changed TCP state (sock:inet_sock_set_state);
+ * pid the connection's (its connect's or its first captured call's; 0 while
+ * unknown: a passive socket is decided in softirq, by a socket target). */
+struct NETTAP_RECORD("state", "obs_events") nettap_state {
+	struct nettap_hdr h;
+	__u16 family NETTAP_JSON("family");	     /* AF_INET or AF_INET6 */
+	__u16 sport;				     /* local port (0 before it is bound) */
+	__u16 dport;				     /* remote port */
+	__u8 oldstate NETTAP_JSON("enum:tcp_state"); /* the state it left */
+	__u8 newstate NETTAP_JSON("enum:tcp_state"); /* the state it entered */
+	__u8 saddr[16] NETTAP_JSON("addr");	     /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr");	     /* remote address */
+	__u32 netns;				     /* inode of the socket's network namespace */
+	__u32 pad0 NETTAP_JSON("-");
 };
 
 /* ring logs: a problem met by a BPF program; pid the calling process's,

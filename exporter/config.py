@@ -27,18 +27,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's capture can hold (bpf/tcp.h)
 # capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so
 # they count in its RSS as well as in the map's kernel memory.
-# capture_eof: 16384 eof records (128 bytes each in the ring), sized for a
+# capture_eof: 15,420 eof records (136 bytes each in the ring), sized for a
 # node's connection-rate burst: 50,000 captured connections/s with both ends
 # captured is 100,000 records/s. The ring wakes the drain once a quarter of
-# it is pending (4,096 records, 41 ms at that rate: exporter.capture.filter.
+# it is pending (3,855 records, 39 ms at that rate: exporter.capture.filter.
 # wakeup_thresholds), and the drain may leave records in it while the sink
 # catches up until it is half full (exporter.capture.pipeline): that leaves a late
-# drain (a busy node schedules it late) 123 ms of ring to run in. The
+# drain (a busy node schedules it late) 116 ms of ring to run in. The
 # prober's storm (20,000 connections x 3 rounds, 2 records a connection)
 # reached about 10,000 connections/s here from Python clients; 256 KiB
 # (2,048 records, 20 ms at 100,000/s), drained on the chunk ring's
 # threshold, dropped records in every round.
-DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}
+# obs_events: state records (80 bytes in the ring, about five a connection):
+# 13,107 of them, a second of 2,600 connections/s with both ends captured.
+DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20}
 # The user-space queue between drain and sink holds JSON lines, bounded in
 # their bytes, so a burst of large payloads cannot grow nettap's memory past
 # it; when it is full, records wait in their ring (resident already). 4 MiB

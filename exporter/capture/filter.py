@@ -15,12 +15,11 @@ import errno
 import logging
 import os
 import select
-import struct
 import threading
 
 from exporter.capture.targets import TARGET_MAPS, Resolved, start_time
 from exporter.config import ConfigError
-from exporter.kernel import maps
+from exporter.kernel import maps, tcp_h
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,18 @@ WAKEUP_FRACTION = 4
 
 def wakeup_thresholds(ring_bytes: dict) -> dict:
     """ring -> wakeup threshold in bytes, for the rings that have one."""
-    return {r: ring_bytes[r] // WAKEUP_FRACTION for r in ("capture_chunks", "capture_eof")}
+    return {r: ring_bytes[r] // WAKEUP_FRACTION for r in ("capture_chunks", "capture_eof", "obs_events")}
+
+
+def config_bytes(**fields) -> bytes:
+    """struct nettap_capture_config (bpf/tcp.h), every field given by name."""
+    size, layout = tcp_h.STRUCTS["nettap_capture_config"]
+    if set(fields) != {f[0] for f in layout}:
+        raise ValueError(f"capture_config: fields {sorted(fields)}, not {sorted(f[0] for f in layout)}")
+    out = bytearray(size)
+    for name, off, _ctype, _count, nbytes, *_ in layout:
+        out[off:off + nbytes] = fields[name].to_bytes(nbytes, "little")
+    return bytes(out)
 
 
 def wakeup_check_bytes(threshold: int, cpus: int | None = None) -> int:
@@ -101,11 +111,10 @@ class TargetMaps:
         bitmap = [0] * 1024
         for p in new.ports:
             bitmap[p >> 6] |= 1 << (p & 63)
-        # struct nettap_capture_config: flags, cgroup_levels, max_payload_bytes,
-        # wakeup_bytes (capture_chunks), eof_wakeup_bytes (capture_eof), wakeup_check_bytes
-        cfg = struct.pack("<IIIIII", new.flags, new.cgroup_levels, max_payload_bytes,
-                          wakeup_bytes["capture_chunks"], wakeup_bytes["capture_eof"],
-                          wakeup_check_bytes(wakeup_bytes["capture_chunks"]))
+        cfg = config_bytes(flags=new.flags, cgroup_levels=new.cgroup_levels, max_payload_bytes=max_payload_bytes,
+                           wakeup_bytes=wakeup_bytes["capture_chunks"], eof_wakeup_bytes=wakeup_bytes["capture_eof"],
+                           wakeup_check_bytes=wakeup_check_bytes(wakeup_bytes["capture_chunks"]),
+                           obs_wakeup_bytes=wakeup_bytes["obs_events"])
         try:
             if not fits:
                 self._remove_stale(old, new, undo)

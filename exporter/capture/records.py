@@ -99,11 +99,6 @@ assert all(STRIDES[r] == tcp_h.STRIDES[k] for r, k in _ONE.items()), "tcp_h.STRI
 
 # ---- the compiled writer (exporter/capture/_jsonl.c) ---------------------------
 
-# The longest line one record can give, newline included (every field at its
-# widest, every comm byte escaped, a full payload): the pipeline bounds its
-# queue by these before formatting. tests/unit/test_jsonl.py checks them
-# against the compiled writer's own bounds and extreme records.
-LINE_MAX = {"capture_chunks": 1536, "capture_eof": 1024, "logs": 1024}
 # _jsonl.c's OP_*: how a field is written, by its JSON form (docs/records.md).
 _OPS = {"": 1, "text": 2, "addr": 3, "family": 4, "enum": 5, "flags": 6, "base64": 7}
 _OP_LIT = 0
@@ -173,6 +168,13 @@ def _load_compiled():
 
 
 compiled = _load_compiled()
+# ring -> the longest line one of its records can give, newline included
+# (every field at its widest, every comm byte escaped, a full payload), as the
+# compiled writer bounds it, rounded up to 512: the pipeline bounds its queue
+# by these before formatting. tests/unit/test_jsonl.py checks the writer's
+# bounds against extreme records.
+LINE_MAX = {ring: -(-max(compiled.line_max(NUMBERS[k]) for k in kinds) // 512) * 512
+            for ring, kinds in RING_KINDS.items()}
 
 
 def jsonl(ring: str, recs: np.ndarray) -> bytes:

@@ -43,7 +43,7 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
         out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
     n = cap.counts
     out.write(f"{len(conns)} connection(s) of {len(cap.conns)}; records: {n['chunk']} chunk, "
-              f"{n['eof']} eof, {n['log']} log\n")
+              f"{n['eof']} eof, {n['log']} log" + (f", {n['state']} state" if n["state"] else "") + "\n")
     if cap.no_conn:
         out.write(f"{cap.no_conn} chunk(s) without a connection (conn_id 0: nettap's connection table "
                   f"was full): in no stream\n")

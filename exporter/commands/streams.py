@@ -32,8 +32,9 @@ _EOF = {"conn_id": _INT, "ts_ns": _INT, "start_ns": _INT, "tx_bytes": _INT, "rx_
         "pid": _INT, "sport": _INT, "dport": _INT, "family": _STR, "saddr": _STR, "daddr": _STR,
         "comm": _STR, "oldstate": _STR}
 _LOG = {"code": _STR}
+_STATE = {"conn_id": _INT, "ts_ns": _INT, "oldstate": _STR, "newstate": _STR}
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
-SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "start": _MARK, "stop": _MARK}
+SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "start": _MARK, "stop": _MARK}
 # The largest value each integer field can hold in the kernel's record
 # (bpf/tcp.h); a larger one is not nettap's and would break the pcap.
 _U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
@@ -285,7 +286,8 @@ class Capture:
 
     def __init__(self) -> None:
         self.conns: Dict[tuple, Conn] = {}
-        self.counts = {"chunk": 0, "eof": 0, "log": 0, "start": 0, "stop": 0}
+        self.counts = {"chunk": 0, "eof": 0, "log": 0, "state": 0, "start": 0, "stop": 0}
+        self.states: Dict[int, List[Tuple[int, str, str]]] = {}    # conn_id -> (ts_ns, old, new), in order
         self.logs: Dict[str, int] = {}
         self.marks: List[Tuple[str, str, int]] = []   # (start or stop, time, pid) in file order
         self.no_conn = 0                        # chunks of connections nettap had no room for
@@ -299,6 +301,9 @@ class Capture:
             return
         if kind in ("start", "stop"):
             self.marks.append((kind, rec["time"], rec["pid"]))
+            return
+        if kind == "state":                     # a socket's TCP states, by its conn_id
+            self.states.setdefault(rec["conn_id"], []).append((rec["ts_ns"], rec["oldstate"], rec["newstate"]))
             return
         if rec["conn_id"] == 0:                 # no connection state: offsets unknown
             self.no_conn += kind == "chunk"

@@ -67,11 +67,20 @@ _TP_PLAN: dict = {
 }
 # The lifecycle programs, BTF raw tracepoints attached by their SEC
 # (bpf/tcp.bpf.c says why not the classic tracepoints): tcp_state on
-# sock:inet_sock_set_state publishes a connection's eof at TCP_CLOSE;
+# sock:inet_sock_set_state decides capture at a socket's first state and
+# publishes a captured socket's state changes, and its eof at TCP_CLOSE;
 # tcp_destroy on tcp:tcp_destroy_sock publishes what a skipped tcp_state run
 # left and removes every entry with its socket. Reported as one probe,
-# "tcp_state", attached when both are.
+# "tcp_state", attached when both are. tcp_state creates connections, so it
+# comes in both variants (their connection ids differ: bpf/conn.bpf.h).
 LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf"}
+_LIFECYCLE_VARIANTS = ("tcp_state",)
+
+
+def lifecycle_programs(variant: str = "fast") -> dict:
+    """program name -> mechanism of the lifecycle programs of a variant."""
+    return {(f"{n}_compat" if variant != "fast" and n in _LIFECYCLE_VARIANTS else n): m
+            for n, m in LIFECYCLE.items()}
 _TRACEPOINTS = {prog: tps for plan in _TP_PLAN.values() for prog, tps in plan.items()}
 
 
@@ -210,7 +219,7 @@ class Probes:
 
     def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
-        want = {name: "lifecycle" for name in LIFECYCLE}
+        want = {name: "lifecycle" for name in lifecycle_programs(self.variant)}
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
@@ -248,7 +257,7 @@ class Probes:
     def _attach(self) -> None:
         first = len(self.links)
         try:
-            for name, mechanism in LIFECYCLE.items():
+            for name, mechanism in lifecycle_programs(self.variant).items():
                 self._attach_one(name, mechanism)
             self.lifecycle.attached = True
         except OSError as e:

@@ -8,13 +8,15 @@ config, the targets and the loader import it before numpy is."""
 KIND_CHUNK = 1
 KIND_EOF = 2
 KIND_LOG = 3
+KIND_STATE = 4
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_COUNT = 2
 RING_CAPTURE_CHUNKS = 0
 RING_CAPTURE_EOF = 1
 RING_LOGS = 2
-RING_COUNT = 3
+RING_OBS_EVENTS = 3
+RING_COUNT = 4
 TARGET_PID = 1
 TARGET_CGROUP = 2
 TARGET_NETNS = 4
@@ -38,24 +40,25 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn'},
     'DIR': {0: 'egress', 1: 'ingress'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg'},
-    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs'},
+    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events'},
 }
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg')
-RINGS = ('capture_chunks', 'capture_eof', 'logs')
+RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events')
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
 # (name, offset, C type, elements, bytes, JSON form, comment).
 STRUCTS = {
-    'nettap_capture_config': (24, (
+    'nettap_capture_config': (28, (
         ('flags', 0, '__u32', 1, 4, '', 'NETTAP_TARGET_* present'),
         ('cgroup_levels', 4, '__u32', 1, 4, '', 'bit n: a cgroup target sits at level n'),
         ('max_payload_bytes', 8, '__u32', 1, 4, '', 'payload captured per call, <= 64 KiB'),
         ('wakeup_bytes', 12, '__u32', 1, 4, '', 'capture_chunks: wake the reader once this much is pending'),
         ('eof_wakeup_bytes', 16, '__u32', 1, 4, '', "capture_eof: the same, for its own ring (a fraction of each ring's size: one threshold cannot fit both)"),
         ('wakeup_check_bytes', 20, '__u32', 1, 4, '', "capture_chunks: look at the ring's fill once a CPU has published this much since its last look (0: at every call)"),
+        ('obs_wakeup_bytes', 24, '__u32', 1, 4, '', "obs_events: the wakeup threshold, as eof's"),
     )),
     'nettap_probe_counters': (32, (
         ('calls', 0, '__u64', 1, 8, '', ''),
@@ -126,6 +129,21 @@ STRUCTS = {
         ('comm', 52, 'char', 16, 16, 'text', "the calling thread's task name"),
         ('pad0', 68, '__u8', 4, 4, '-', ''),
     )),
+    'nettap_state': (72, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('family', 24, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 26, '__u16', 1, 2, '', 'local port (0 before it is bound)'),
+        ('dport', 28, '__u16', 1, 2, '', 'remote port'),
+        ('oldstate', 30, '__u8', 1, 1, 'enum:tcp_state', 'the state it left'),
+        ('newstate', 31, '__u8', 1, 1, 'enum:tcp_state', 'the state it entered'),
+        ('saddr', 32, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 48, '__u8', 16, 16, 'addr', 'remote address'),
+        ('netns', 64, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('pad0', 68, '__u32', 1, 4, '-', ''),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -134,7 +152,8 @@ RECORDS = {
     'chunk': ('capture_chunks', 'nettap_chunk'),
     'eof': ('capture_eof', 'nettap_eof'),
     'log': ('logs', 'nettap_log'),
+    'state': ('obs_events', 'nettap_state'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80}

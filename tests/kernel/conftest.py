@@ -233,7 +233,7 @@ class Window:
         drained = {n: r.drained - self._drained[n] for n, r in self.app.rings.items()}
         self.apply({"captures": []})
         mine = [l for l in lines if l.get("conn_id") not in self.shared.seen]
-        self.shared.seen |= {l["conn_id"] for l in lines if "conn_id" in l}
+        self.shared.seen |= {l["conn_id"] for l in lines if l.get("conn_id")}     # 0: no connection
         return mine, drained
 
 

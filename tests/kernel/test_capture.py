@@ -14,9 +14,10 @@ import pytest
 import socket
 import threading
 
-from conftest import kernel_modes, streams
+from conftest import kernel_modes, live_conn_ids, streams
 from exporter.kernel import maps
 from exporter.kernel.bpfstats import own_program_misses
+from procs import wait_for
 from traffic import ClientProcess, Server, payload, send_messages
 
 
@@ -47,7 +48,7 @@ def test_port_target_counts_exactly_and_captures_bytes(nettap_run, mode):
     assert rcv["bytes"] == N * S
     assert rcv["calls"] == rcv["returns"] >= 2          # data reads + the read of EOF
     assert srv.received == [sent]
-    assert run.drops() == {"capture_chunks": 0, "capture_eof": 0, "logs": 0}
+    assert run.drops() == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0}
 
     lines, drained = run.finish()
     egress, ingress = streams(lines, "egress"), streams(lines, "ingress")
@@ -69,6 +70,50 @@ def test_uncaptured_traffic_adds_exactly_zero(nettap_run, mode):
     assert all(v == 0 for c in run.counters().values() for v in c.values())
     lines, _ = run.finish()
     assert lines == []
+
+
+def _chain(states):
+    """(old, new) of a connection's state lines, checked to follow on."""
+    pairs = [(l["oldstate"], l["newstate"]) for l in states]
+    assert all(a[1] == b[0] for a, b in zip(pairs, pairs[1:])), pairs
+    return pairs
+
+
+def test_state_lines_follow_each_captured_connection_from_its_first_state(nettap_run, mode):
+    """Issue 26: a port target decides at a socket's first state, the client
+    at connect (CLOSE -> SYN_SENT, in the connecting task: its pid), the
+    server's child socket at LISTEN -> SYN_RECV (in softirq: pid 0 until its
+    first captured call); each state change is a line with the connection's
+    conn_id, in order, ending at CLOSE with the eof."""
+    srv = Server()
+    run = nettap_run({"captures": [{"port": srv.port}]})
+    send_messages(srv.port, 3, 100)
+    srv.wait_received(1)
+    seen = getattr(getattr(run, "shared", None), "seen", set())
+    wait_for(lambda: not live_conn_ids(run.app) - seen, what="both sockets closed")
+    lines, _ = run.finish()
+    by_conn = {}
+    for l in lines:
+        by_conn.setdefault(l["conn_id"], []).append(l)
+    assert len(by_conn) == 2, sorted(by_conn)
+    client = next(c for c, ls in by_conn.items() if any(l.get("direction") == "egress" for l in ls))
+    server = next(c for c in by_conn if c != client)
+    netns = os.stat("/proc/self/ns/net").st_ino
+    for conn, first in ((client, ("CLOSE", "SYN_SENT")), (server, ("LISTEN", "SYN_RECV"))):
+        states = [l for l in by_conn[conn] if l["type"] == "state"]
+        pairs = _chain(states)
+        assert pairs[0] == first and pairs[1][1] == "ESTABLISHED" and pairs[-1][1] == "CLOSE", pairs
+        assert [l["ts_ns"] for l in states] == sorted(l["ts_ns"] for l in states)
+        assert {(l["netns"], l["family"], l["daddr"]) for l in states} == {(netns, "ipv4", "127.0.0.1")}
+        (eof,) = [l for l in by_conn[conn] if l["type"] == "eof"]
+        assert eof["oldstate"] == pairs[-1][0] and eof["ts_ns"] >= states[-1]["ts_ns"]
+    client_states = [l for l in by_conn[client] if l["type"] == "state"]
+    assert {l["pid"] for l in client_states} == {os.getpid()}
+    assert {l["dport"] for l in client_states} == {srv.port}
+    server_states = [l for l in by_conn[server] if l["type"] == "state"]
+    assert [l["pid"] for l in server_states[:2]] == [0, 0]         # decided in softirq
+    assert {l["sport"] for l in server_states} == {srv.port}
+    assert {l["pid"] for l in by_conn[server] if l["type"] == "chunk"} == {os.getpid()}
 
 
 def inflight_slots(run):
@@ -674,7 +719,7 @@ def test_peer_reset_entries_die_with_their_socket(nettap_run, mode):
     live = run.app.known_map_entries()["capture_conns"]
     drops = run.drops()
     lines, _ = run.finish()
-    assert drops == {"capture_chunks": 0, "capture_eof": 0, "logs": 0}
+    assert drops == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0}
     client = [l for l in lines if l["type"] in ("chunk", "eof") and l["dport"] == port]
     owner = {}
     for l in client:                                 # a conn_id is one socket's, by its own port

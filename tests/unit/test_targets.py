@@ -374,12 +374,13 @@ def u64(v):
     return v.to_bytes(8, "little")
 
 
-WAKE = {"capture_chunks": 1024, "capture_eof": 256}
+WAKE = {"capture_chunks": 1024, "capture_eof": 256, "obs_events": 128}
 
 
 def test_wakeup_thresholds_are_a_quarter_of_each_ring():
-    assert capture_filter.wakeup_thresholds({"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10}) == {
-        "capture_chunks": 2 << 20, "capture_eof": 512 << 10}
+    assert capture_filter.wakeup_thresholds({"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10,
+                                             "obs_events": 1 << 20}) == {
+        "capture_chunks": 2 << 20, "capture_eof": 512 << 10, "obs_events": 256 << 10}
 
 
 def config_index(log):
@@ -389,11 +390,11 @@ def config_index(log):
 
 
 def decode_config(value):
-    """struct nettap_capture_config (bpf/tcp.h): six u32; the last, how often
-    a CPU looks at capture_chunks' fill, follows from its threshold."""
-    assert len(value) == 24
+    """struct nettap_capture_config (bpf/tcp.h): seven u32; the sixth, how
+    often a CPU looks at capture_chunks' fill, follows from its threshold."""
+    assert len(value) == 28
     d = dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes", "eof_wakeup_bytes",
-                  "wakeup_check_bytes"), struct.unpack("<IIIIII", value)))
+                  "wakeup_check_bytes", "obs_wakeup_bytes"), struct.unpack("<IIIIIII", value)))
     assert d.pop("wakeup_check_bytes") == wakeup_check_bytes(d["wakeup_bytes"])
     return d
 
@@ -416,7 +417,7 @@ def port_word(value):
 def test_apply_first(calls):
     tm = TargetMaps(FDS)
     new = Resolved(pids={100, 200}, cgroups={7: 2}, netns={4026531992}, ports={80, 443, 8080})
-    tm.apply(new, 4096, {"capture_chunks": 1 << 20, "capture_eof": 1 << 16})
+    tm.apply(new, 4096, {"capture_chunks": 1 << 20, "capture_eof": 1 << 16, "obs_events": 1 << 15})
     ci = config_index(calls)
     before, after = calls[:ci], calls[ci + 1:]
     assert after == []                                     # nothing to delete
@@ -429,7 +430,7 @@ def test_apply_first(calls):
     assert all(len(c[3]) == 8 for c in before if c[1] == "capture_ports")
     assert decode_config(calls[ci][3]) == {"flags": 15, "cgroup_levels": 1 << 2,
                                            "max_payload_bytes": 4096, "wakeup_bytes": 1 << 20,
-                                           "eof_wakeup_bytes": 1 << 16}
+                                           "eof_wakeup_bytes": 1 << 16, "obs_wakeup_bytes": 1 << 15}
     assert calls[ci][2] == u32(0)
     assert tm.current is new
 
@@ -452,7 +453,7 @@ def test_apply_change_adds_before_config_deletes_after(calls):
     assert ports == {1: (1 << 16) | (1 << 17), 6: 0, 126: 1 << (8080 - 126 * 64)}
     assert decode_config(calls[ci][3]) == {"flags": 15, "cgroup_levels": (1 << 3) | (1 << 1),
                                            "max_payload_bytes": 2048, "wakeup_bytes": 1024,
-                                           "eof_wakeup_bytes": 256}
+                                           "eof_wakeup_bytes": 256, "obs_wakeup_bytes": 128}
 
 
 def test_apply_same_targets_writes_only_config(calls):
@@ -489,7 +490,7 @@ def test_apply_to_empty_deletes_everything_after_config(calls):
     assert calls[0][1] == "capture_config"
     assert decode_config(calls[0][3]) == {"flags": 0, "cgroup_levels": 0,
                                           "max_payload_bytes": 4096, "wakeup_bytes": 1024,
-                                          "eof_wakeup_bytes": 256}
+                                          "eof_wakeup_bytes": 256, "obs_wakeup_bytes": 128}
     assert sorted(calls[1:]) == sorted([("delete", "capture_pids", u32(1)), ("delete", "capture_pids", u32(2)),
                                         ("delete", "capture_cgroups", u64(3)),
                                         ("delete", "capture_netns", u32(4))])
