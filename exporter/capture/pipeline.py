@@ -23,16 +23,25 @@ Each ring is drained when its producer wakes the reader (a quarter of the
 ring pending: exporter.capture.filter.wakeup_thresholds) or every
 ``poll_interval`` (the latency of a quiet ring's records), whichever comes
 first.
+
+The clock track: about once a second (and once more at stop) the drain
+writes a ``clock`` line: CLOCK_MONOTONIC (``ts_ns``, the records' clock) and
+CLOCK_REALTIME (``real_ns``) read together, and what each ring dropped in the
+kernel (``drops``) and what was lost after the rings (``lost``) since the last
+clock line, so a reader can place records in wall time and void a window
+that lost some. Like the start and stop lines, it is no record: counted in
+no record metric.
 """
 from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import logging
 import threading
 import time
 import traceback
-from typing import Deque, Dict, Optional, Tuple
+from typing import Callable, Deque, Dict, Optional, Tuple
 
 from exporter.capture import records
 from exporter.capture.ringbuf import Batch, RingMemory, RingPoller
@@ -45,6 +54,7 @@ QUEUE_PARTS = 2              # a batch's longest possible lines fill at most que
 RING_HIGH = 2                # queue full: a ring more than 1/RING_HIGH full loses a batch
 WAIT_FOR_SINK = 0.005        # s the drain waits for the sink before looking at the rings again
 LOSS_LOG_INTERVAL = 10.0     # s between two log lines about queue losses
+CLOCK_INTERVAL = 1.0         # s between two clock lines
 # How long stop waits for the sink to take what is left in the rings and
 # write what is queued: well inside the time a supervisor gives before
 # SIGKILL (docker 10 s, Kubernetes 30 s). What does not make it is counted.
@@ -65,8 +75,13 @@ class Pipeline:
     """Owns the drain and sink threads. start() once, stop() once."""
 
     def __init__(self, rings: Dict[str, RingMemory], sink: Optional[Sink],
-                 queue_bytes: int = 4 << 20, poll_interval: float = POLL_INTERVAL):
+                 queue_bytes: int = 4 << 20, poll_interval: float = POLL_INTERVAL,
+                 drops: Optional[Callable[[], Dict[str, int]]] = None, clock_interval: float = CLOCK_INTERVAL):
         self.rings = rings
+        self._drops = drops                      # ring -> records the kernel dropped, since load
+        self.clock_interval = clock_interval
+        self._clock_next = 0.0
+        self._clock_last: Dict[str, Dict[str, int]] = {"drops": {}, "lost": {}}
         self.sink = sink
         self.queue_bytes = queue_bytes           # may change at run time (config reload)
         self.poll_interval = poll_interval
@@ -195,10 +210,30 @@ class Pipeline:
                 break
             try:
                 waiting = self.drain_once()
+                if time.monotonic() >= self._clock_next:
+                    self._clock_next = time.monotonic() + self.clock_interval
+                    self._clock()
             except Exception:                       # never let the drain die silently
                 log.exception("drain failed; continuing")
                 time.sleep(self.poll_interval)
         self.drain_once(deadline=self._stop_deadline)      # what is left at stop
+        self._clock()
+
+    def _clock(self) -> None:
+        """Queue a clock line (the module's docstring), when there is a sink
+        and the kernel's drops can be read."""
+        if not self.sink or self._drops is None:
+            return
+        mono = time.monotonic_ns()
+        real = time.time_ns()
+        mono = (mono + time.monotonic_ns()) // 2        # the instant real was read, within their gap
+        drops = dict(self._drops())
+        with self._cv:
+            now = {"drops": drops, "lost": {**self.lost, "sink": self.sink.lost}}
+        since = {k: {n: v - self._clock_last[k].get(n, 0) for n, v in sorted(now[k].items())} for k in now}
+        self._clock_last = now
+        line = {"drops": since["drops"], "lost": since["lost"], "real_ns": real, "ts_ns": mono, "type": "clock"}
+        self._enqueue(json.dumps(line, separators=(",", ":")).encode() + b"\n", 0)
 
     def _enqueue(self, data: bytes, count: int) -> None:
         with self._cv:

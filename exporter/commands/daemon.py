@@ -73,7 +73,8 @@ class Nettap:
                           for r in RINGS}
             self.apply(config)
             self.target_watch = capture_filter.TargetWatch(self.target_maps, self._lock).start()
-            self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes)
+            self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes,
+                                     drops=self.drops)
             self.pipeline.start()
             self.ready.set()
         except BaseException:

@@ -16,7 +16,7 @@ from typing import Iterator, List
 
 from exporter.util.logsafe import escape
 from exporter.util.outpath import open_regular
-from exporter.commands.streams import (Capture, Conn, Problems, Stream, capture_gaps, endpoint,
+from exporter.commands.streams import (Capture, Conn, Problems, Stream, capture_gaps, clock_losses, endpoint,
                                       ordered, records, select)
 
 # ---- text output ---------------------------------------------------------
@@ -51,6 +51,8 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
         out.write("log records: " + ", ".join(f"{escape(k)} {v}" for k, v in sorted(cap.logs.items())) + "\n")
     for gap in capture_gaps(cap.marks):
         out.write(f"capture gap: {escape(gap)}\n")
+    for line in clock_losses(cap.clocks):
+        out.write(f"records lost: {line}\n")
 
 
 def _hole_text(off: int, n: int, why: str, s: Stream) -> str:

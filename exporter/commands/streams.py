@@ -33,8 +33,10 @@ _EOF = {"conn_id": _INT, "ts_ns": _INT, "start_ns": _INT, "tx_bytes": _INT, "rx_
         "comm": _STR, "oldstate": _STR}
 _LOG = {"code": _STR}
 _STATE = {"conn_id": _INT, "ts_ns": _INT, "oldstate": _STR, "newstate": _STR}
+_CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
-SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "start": _MARK, "stop": _MARK}
+SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "clock": _CLOCK, "start": _MARK,
+           "stop": _MARK}
 # The largest value each integer field can hold in the kernel's record
 # (bpf/tcp.h); a larger one is not nettap's and would break the pcap.
 _U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
@@ -286,7 +288,8 @@ class Capture:
 
     def __init__(self) -> None:
         self.conns: Dict[tuple, Conn] = {}
-        self.counts = {"chunk": 0, "eof": 0, "log": 0, "state": 0, "start": 0, "stop": 0}
+        self.counts = {"chunk": 0, "eof": 0, "log": 0, "state": 0, "clock": 0, "start": 0, "stop": 0}
+        self.clocks: List[Tuple[int, int, int]] = []      # (real_ns, kernel drops, lost after) per clock line
         self.states: Dict[int, List[Tuple[int, str, str]]] = {}    # conn_id -> (ts_ns, old, new), in order
         self.logs: Dict[str, int] = {}
         self.marks: List[Tuple[str, str, int]] = []   # (start or stop, time, pid) in file order
@@ -301,6 +304,10 @@ class Capture:
             return
         if kind in ("start", "stop"):
             self.marks.append((kind, rec["time"], rec["pid"]))
+            return
+        if kind == "clock":
+            n = [sum(v for v in rec[k].values() if isinstance(v, int)) for k in ("drops", "lost")]
+            self.clocks.append((rec["real_ns"], n[0], n[1]))
             return
         if kind == "state":                     # a socket's TCP states, by its conn_id
             self.states.setdefault(rec["conn_id"], []).append((rec["ts_ns"], rec["oldstate"], rec["newstate"]))
@@ -339,6 +346,23 @@ def capture_gaps(marks: List[Tuple[str, str, int]]) -> List[str]:
     if running is not None and sum(kind == "start" for kind, _, _ in marks) > 1:
         out.append(f"the run started {running[0]} (pid {running[1]}) has no stop line yet (still running, "
                    "or it ended uncleanly)")
+    return out
+
+
+def clock_losses(clocks: List[Tuple[int, int, int]]) -> List[str]:
+    """The windows of the clock track (pipeline.py) that lost records: each
+    clock line counts what was dropped in the kernel and lost after the rings
+    since the one before, so a reader can void that window."""
+    from datetime import datetime, timezone
+
+    def utc(ns: int) -> str:
+        return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    out, prev = [], None
+    for real, drops, lost in clocks:
+        if drops or lost:
+            since = f"from {utc(prev)}" if prev is not None else "from the start"
+            out.append(f"{drops} dropped in the kernel and {lost} after the rings, {since} to {utc(real)}")
+        prev = real
     return out
 
 

@@ -128,9 +128,10 @@ class Run:
 
 
 def records_only(lines):
-    """The captured records of lines: without the runs' start and stop lines
-    (exporter/capture/sinks.py mark_line; tests/e2e/test_sink_stop.py checks those)."""
-    return [l for l in lines if l["type"] not in ("start", "stop")]
+    """The captured records of lines: without the runs' start, stop and clock
+    lines (exporter/capture/sinks.py mark_line, pipeline.py's clock track;
+    tests/e2e/test_sink_stop.py and test_capture.py check those)."""
+    return [l for l in lines if l["type"] not in ("start", "stop", "clock")]
 
 
 def streams(lines, direction):

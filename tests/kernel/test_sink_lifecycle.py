@@ -1,6 +1,7 @@
 """Kernel tests: the sink across the exporter's life with the real probes:
 a reload to a path nettap cannot use is refused, counters survive a sink
 swap, and stop accounts for every record the programs published."""
+import json
 import logging
 import os
 import threading
@@ -13,7 +14,7 @@ from conftest import Run
 from exporter.config import ConfigError
 from exporter.kernel.maps import PerCpuArray
 from exporter.capture.records import PROBE_COUNTERS, PROBES
-from traffic import Server, send_messages
+from traffic import ClientProcess, Server, send_messages
 from procs import wait_for
 
 
@@ -94,6 +95,25 @@ def test_sink_counters_do_not_reset_when_the_sink_is_replaced(nettap_run, tmp_pa
         data = second.read_bytes()
         return (records, nbytes_second) == (data.count(b"\n"), len(data))
     assert wait_for(counted_as_in_the_file, timeout=10, what="the sink's counters equal to its file")
+
+
+def test_clock_lines_add_up_to_what_the_kernel_dropped(nettap_run):
+    """Issue 26's clock track, with a ring too small for a burst: the clock
+    lines' drops, window by window, add up to the kernel's count, the last
+    one written at stop, before the stop line."""
+    srv = Server()
+    run = nettap_run({"captures": [], "rings": {"capture_chunks": 4096}})
+    cl = ClientProcess(srv.port, 3000, 100)
+    run.apply({"captures": [{"pid": cl.pid}]})
+    cl.go()
+    srv.wait_received(1)
+    drops = run.drops()
+    run.finish()
+    lines = [json.loads(line) for line in run.out.read_text().splitlines()]
+    clocks = [line for line in lines if line["type"] == "clock"]
+    assert drops["capture_chunks"] > 0
+    assert {r: sum(c["drops"][r] for c in clocks) for r in drops} == drops
+    assert [line["type"] for line in lines[-2:]] == ["clock", "stop"]
 
 
 # With the mechanism nettap picks (what is tested here is user space and the

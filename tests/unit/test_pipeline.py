@@ -133,7 +133,7 @@ class SlowSink(Sink):
     @property
     def ids(self):
         lines = [json.loads(line) for d in self.data for line in d.splitlines()]
-        return [r["conn_id"] for r in lines if r["type"] not in ("start", "stop")]
+        return [r["conn_id"] for r in lines if r["type"] not in ("start", "stop", "clock")]
 
 
 LOSS = re.compile(r"output queue full \(output\.queue_bytes: (\d+)\) and a ring half full: dropped (\d+) "
@@ -293,6 +293,38 @@ def test_drain_thread_keeps_up_with_a_producer(mem):
     assert mem.dropped == 0 and p.lost["queue"] == 0
     assert sink.ids == mem.published
     assert max(sink.seen_queued) <= QUEUE and p.queue_peak_bytes <= QUEUE
+
+
+def test_clock_lines_count_every_drop_once_and_place_records_in_wall_time(mem):
+    """Issue 26's clock track: about every clock_interval, and once more at
+    stop, a clock line with both clocks read together and what the kernel
+    dropped (and what was lost after the rings) since the line before: the
+    lines' drops add up to the kernel's, whatever the moment they were read."""
+    kernel = {"capture_chunks": 0, "logs": 0}
+    sink = SlowSink()
+    p = Pipeline({mem.name: mem.ring}, sink, queue_bytes=QUEUE, poll_interval=0.005,
+                 drops=lambda: dict(kernel), clock_interval=0.02)
+    p.start()
+    try:
+        for i in range(40):
+            kernel["capture_chunks"] += i % 3
+            kernel["logs"] += i % 7 == 0
+            mem.publish(n=1)
+            time.sleep(0.004)
+    finally:
+        p.stop()
+    lines = [json.loads(line) for d in sink.data for line in d.splitlines()]
+    clocks = [r for r in lines if r["type"] == "clock"]
+    assert len(clocks) >= 4 and lines[-2] is clocks[-1] and lines[-1]["type"] == "stop"
+    assert {k: sum(c["drops"][k] for c in clocks) for k in kernel} == kernel
+    assert all(set(c["lost"]) == {"queue", "decode", "sink"} and not any(c["lost"].values()) for c in clocks)
+    mono = [c["ts_ns"] for c in clocks]
+    real = [c["real_ns"] for c in clocks]
+    assert mono == sorted(mono) and real == sorted(real)
+    assert all(abs((r - real[0]) - (m - mono[0])) < 50_000_000 for m, r in zip(mono, real))   # one pace
+    assert all(list(c) == sorted(c) for c in clocks)                          # keys in byte order
+    assert sink.ids == mem.published                                        # no record among them
+    assert sink.written == len(mem.published)                               # clock lines count as none
 
 
 def test_queue_bound_follows_a_reload(mem):

@@ -103,6 +103,29 @@ def test_bad_input_is_counted_in_one_line_never_a_traceback(tmp_path, capsys):
     assert out.splitlines()[-1] == "1 connection(s) of 1; records: 1 chunk, 0 eof, 0 log"
 
 
+def test_clock_lines_that_lost_records_are_reported_with_their_window(tmp_path, capsys):
+    """Issue 26's clock track: a window whose clock line counts drops (in the
+    kernel) or losses (after the rings) is named, from the line before it;
+    state lines are counted; neither is a connection."""
+    good = (FIX / "capture.jsonl.2").read_bytes().splitlines(keepends=True)
+    clock = '{{"drops":{{"capture_chunks":{d},"logs":0}},"lost":{{"decode":0,"queue":{q},"sink":0}},' \
+            '"real_ns":{r},"ts_ns":{m},"type":"clock"}}\n'
+    f = tmp_path / "c.jsonl"
+    f.write_bytes(b"".join([
+        clock.format(d=0, q=0, r=1_764_000_000_000_000_000, m=5).encode(),
+        good[0],
+        b'{"conn_id":1,"newstate":"FIN_WAIT1","oldstate":"ESTABLISHED","ts_ns":6,"type":"state"}\n',
+        clock.format(d=7, q=2, r=1_764_000_001_000_000_000, m=1_000_000_005).encode(),
+        clock.format(d=0, q=0, r=1_764_000_002_000_000_000, m=2_000_000_005).encode(),
+    ]))
+    rc, out, err = run(capsys, str(f))
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[-2:] == [
+        "1 connection(s) of 1; records: 1 chunk, 0 eof, 0 log, 1 state",
+        "records lost: 7 dropped in the kernel and 2 after the rings, from 2025-11-24T16:00:00.000000Z "
+        "to 2025-11-24T16:00:01.000000Z"]
+
+
 def test_text_stream_marks_the_truncated_call_and_the_gap(capsys):
     rc, out, err = run(capsys, *NEWEST_FIRST, "--conn", "2")
     assert rc == 0
