@@ -129,10 +129,10 @@ struct NETTAP_RECORD("chunk", "capture_chunks") nettap_chunk {
 };
 
 /* ring capture_eof: a captured connection reached TCP_CLOSE; ts_ns then (or
- * at the socket's destruction), pid the tgid of its first captured call. */
+ * at the socket's destruction), pid the connection's (as its state records'). */
 struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
 	struct nettap_hdr h;
-	__u64 start_ns;			    /* first captured call */
+	__u64 start_ns;			    /* capture began: first state or first call */
 	__u64 tx_bytes;			    /* bytes sent through captured calls */
 	__u64 rx_bytes;			    /* bytes received through captured calls */
 	__u64 tx_calls;			    /* captured send calls that moved bytes */

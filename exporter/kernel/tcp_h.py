@@ -100,7 +100,7 @@ STRUCTS = {
         ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
         ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
-        ('start_ns', 24, '__u64', 1, 8, '', 'first captured call'),
+        ('start_ns', 24, '__u64', 1, 8, '', 'capture began: first state or first call'),
         ('tx_bytes', 32, '__u64', 1, 8, '', 'bytes sent through captured calls'),
         ('rx_bytes', 40, '__u64', 1, 8, '', 'bytes received through captured calls'),
         ('tx_calls', 48, '__u64', 1, 8, '', 'captured send calls that moved bytes'),
