@@ -217,7 +217,10 @@ class Pipeline:
                 log.exception("drain failed; continuing")
                 time.sleep(self.poll_interval)
         self.drain_once(deadline=self._stop_deadline)      # what is left at stop
-        self._clock()
+        try:
+            self._clock()                           # the last window's count, before the stop line
+        except Exception:
+            log.exception("the last clock line failed")
 
     def _clock(self) -> None:
         """Queue a clock line (the module's docstring), when there is a sink

@@ -57,7 +57,8 @@ import numpy as np
 from exporter.capture import records
 from exporter.capture.records import MASKS, RECORDS
 
-_EMPTY = {ring: np.empty(0, dtype=rec) for ring, rec in RECORDS.items()}
+# No records copied: of the ring's dtype (a ring of several kinds has none: the header's).
+_EMPTY = {ring: np.empty(0, dtype=RECORDS.get(ring, records.HEADER)) for ring in MASKS}
 _COUNT, _LINES, _COPY = 0, 1, 2                 # _jsonl.scan's modes
 _FULL = 2                                       # its stop: max_records reached
 
