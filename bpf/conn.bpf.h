@@ -32,7 +32,8 @@ struct conn {
 	__u64 tx_calls;
 	__u64 rx_calls;
 	__u32 pid;
-	__u32 pad;
+	__u32 closed; /* reached TCP_CLOSE, its eof published: kept until the socket is
+		       * destroyed (a reset it sends follows its CLOSE), then removed */
 };
 
 struct {
@@ -201,8 +202,13 @@ static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool 
 	struct conn fresh = {};
 	long err;
 
-	if (cn)
-		return cn;
+	if (cn) {
+		if (!cn->closed)
+			return cn;
+		/* Data read after TCP_CLOSE (a peer reset): a connection of its own. */
+		if (!bpf_map_delete_elem(&capture_conns, &key))
+			conns_live_add(-1);
+	}
 	if (fetch) {
 		fresh.id = __sync_fetch_and_add(&next_conn_id, 1);
 	} else {

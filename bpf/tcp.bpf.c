@@ -30,20 +30,18 @@ struct nettap_chunk btf_nettap_chunk __attribute__((unused));
 struct nettap_eof btf_nettap_eof __attribute__((unused));
 struct nettap_log btf_nettap_log __attribute__((unused));
 struct nettap_state btf_nettap_state __attribute__((unused));
+struct nettap_reset btf_nettap_reset __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs
  * once per captured connection, so its reads go through
  * bpf_probe_read_kernel and its adds do not fetch. */
-static __always_inline int publish_eof(const struct sock *sk, struct conn *cn, int oldstate)
+static __always_inline void publish_eof(const struct sock *sk, struct conn *cn, int oldstate)
 {
 	struct nettap_capture_config *cfg;
 	struct nettap_eof *e;
-	__u64 key = (__u64)sk, id;
 	__u32 zero = 0;
-
-	if (!cn)
-		return 0;
+	__u64 id;
 
 	cfg = bpf_map_lookup_elem(&capture_config, &zero);
 	e = bpf_ringbuf_reserve(&capture_eof, sizeof(*e), 0);
@@ -71,9 +69,14 @@ static __always_inline int publish_eof(const struct sock *sk, struct conn *cn, i
 							 cfg->eof_wakeup_bytes)
 					  : BPF_RB_NO_WAKEUP);
 	}
+}
+
+static __always_inline void conn_forget(const struct sock *sk)
+{
+	__u64 key = (__u64)sk;
+
 	if (!bpf_map_delete_elem(&capture_conns, &key))
 		conns_live_add(-1);
-	return 0;
 }
 
 /* Capture decided at a socket's first state: an active open (CLOSE ->
@@ -139,18 +142,25 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
 	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	if (cn && cn->closed) { /* used again after TCP_CLOSE (connect, listen): a new life */
+		conn_forget(sk);
+		cn = NULL;
+	}
 	if (!cn)
 		cn = state_decide(sk, oldstate, newstate, fetch);
 	if (!cn)
 		return 0;
 	publish_state(sk, cn, oldstate, newstate);
-	if (newstate == TCP_CLOSE)
+	if (newstate == TCP_CLOSE) {
 		publish_eof(sk, cn, oldstate);
+		cn->closed = 1;
+	}
 	return 0;
 }
 
 /* A captured socket changed state: its state record; at TCP_CLOSE, its
- * connection's totals, and the connection is forgotten.
+ * connection's totals (the entry stays, closed, until the socket is
+ * destroyed: a reset the socket sends comes after its CLOSE).
  *
  * A BTF raw tracepoint, not the classic tracepoint of the same name: the
  * classic one shares the per-CPU bpf_prog_active guard with every tracing
@@ -176,16 +186,71 @@ int BPF_PROG(tcp_state_compat, const struct sock *sk, int oldstate, int newstate
 
 /* The socket is destroyed (tcp_v4_destroy_sock, IPv6 too): whatever entry
  * it still has goes now, so no later socket at this address inherits it.
- * An entry is still here when tcp_state's run at TCP_CLOSE was skipped by
- * the kernel (its own guard; a separate program has a separate one), or
- * when data still queued after TCP_CLOSE (a peer reset) was read. Its eof
- * carries oldstate TCP_CLOSE: the state before close is not known here. */
+ * An entry not yet closed publishes its eof here: tcp_state's run at
+ * TCP_CLOSE was skipped by the kernel (its own guard; a separate program has
+ * a separate one), or data still queued after TCP_CLOSE (a peer reset) was
+ * read, a connection of its own (conn_get). That eof carries oldstate
+ * TCP_CLOSE: the state before close is not known here. */
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(tcp_destroy, struct sock *sk)
 {
 	__u64 key = (__u64)sk;
+	struct conn *cn = bpf_map_lookup_elem(&capture_conns, &key);
 
-	return publish_eof(sk, bpf_map_lookup_elem(&capture_conns, &key), TCP_CLOSE);
+	if (!cn)
+		return 0;
+	if (!cn->closed)
+		publish_eof(sk, cn, TCP_CLOSE);
+	conn_forget(sk);
+	return 0;
+}
+
+/* ring obs_events: a reset sent or received by a captured socket. */
+static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
+{
+	struct nettap_capture_config *cfg;
+	struct nettap_reset *r;
+	__u64 key = (__u64)sk;
+	__u32 zero = 0;
+	struct conn *cn;
+
+	if (!sk) /* Linux 6.10+: a reset for no socket */
+		return 0;
+	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	if (!cn) /* not captured (a timewait or request socket is never in the table) */
+		return 0;
+	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
+	if (!r) {
+		count_drop(NETTAP_RING_OBS_EVENTS, 1);
+		return 0;
+	}
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.conn_id = cn->id;
+	r->h.kind = NETTAP_KIND_RESET;
+	r->h.pid = cn->pid;
+	r->direction = direction;
+	r->state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	read_addrs((struct sock *)sk, false, &r->family, &r->sport, &r->dport, r->saddr, r->daddr);
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	bpf_ringbuf_submit(r, cfg ? wakeup_flags(&obs_events, NETTAP_RING_OBS_EVENTS,
+						 cfg->obs_wakeup_bytes)
+				  : BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+/* A reset sent: (sk, skb) on every kernel; Linux 6.10 added a reason, not
+ * read here, and lets sk be NULL (a reset for no socket) or a timewait or
+ * request socket. */
+SEC("tp_btf/tcp_send_reset")
+int BPF_PROG(tcp_rst_sent, const struct sock *sk)
+{
+	return publish_reset(sk, NETTAP_DIR_EGRESS);
+}
+
+SEC("tp_btf/tcp_receive_reset")
+int BPF_PROG(tcp_rst_recv, struct sock *sk)
+{
+	return publish_reset(sk, NETTAP_DIR_INGRESS);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

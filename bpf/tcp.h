@@ -25,6 +25,7 @@
 #define NETTAP_KIND_EOF	  2
 #define NETTAP_KIND_LOG	  3
 #define NETTAP_KIND_STATE 4
+#define NETTAP_KIND_RESET 5
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG 0
@@ -163,6 +164,20 @@ struct NETTAP_RECORD("state", "obs_events") nettap_state {
 	__u8 daddr[16] NETTAP_JSON("addr");	     /* remote address */
 	__u32 netns;				     /* inode of the socket's network namespace */
 	__u32 pad0 NETTAP_JSON("-");
+};
+
+/* ring obs_events: a captured socket sent a reset (tcp:tcp_send_reset: an
+ * abort, a close with unread data or SO_LINGER 0) or received one
+ * (tcp:tcp_receive_reset); pid the connection's. */
+struct NETTAP_RECORD("reset", "obs_events") nettap_reset {
+	struct nettap_hdr h;
+	__u16 family NETTAP_JSON("family");	       /* AF_INET or AF_INET6 */
+	__u16 sport;				       /* local port */
+	__u16 dport;				       /* remote port */
+	__u8 direction NETTAP_JSON("enum:NETTAP_DIR"); /* egress: sent; ingress: received */
+	__u8 state NETTAP_JSON("enum:tcp_state");      /* the socket's state then */
+	__u8 saddr[16] NETTAP_JSON("addr");	       /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr");	       /* remote address */
 };
 
 /* ring logs: a problem met by a BPF program; pid the calling process's,

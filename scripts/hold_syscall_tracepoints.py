@@ -23,7 +23,8 @@ TRACEFS = "/sys/kernel/tracing/events"
 # programs' own tracepoints too, where the kernel has them (their jump labels
 # are rewritten the same way, on a path taken less often)
 HELD = [("syscalls/sys_enter_getppid", True), ("syscalls/sys_exit_getppid", True),
-        ("sock/inet_sock_set_state", False), ("tcp/tcp_destroy_sock", False)]
+        ("sock/inet_sock_set_state", False), ("tcp/tcp_destroy_sock", False),
+        ("tcp/tcp_send_reset", False), ("tcp/tcp_receive_reset", False)]
 PERF_TYPE_TRACEPOINT = 2
 SYS_perf_event_open = 298          # x86-64
 

@@ -121,10 +121,12 @@ def _render(form: str, v, rec: dict, nbytes: int) -> str:
     raise ValueError(f"unknown JSON form {form!r}")
 
 
-def _lines(ring: str, recs: np.ndarray) -> Iterator[str]:
-    """One JSON line per record, walking the struct's field table
-    (exporter/kernel/tcp_h.py): keys in byte order, "type" the kind."""
-    kind, (_, fields) = R.KIND_NAMES[ring], tcp_h.STRUCTS[R.C_NAMES[ring]]
+def _lines(name: str, recs: np.ndarray) -> Iterator[str]:
+    """One JSON line per record (name: their kind, or a ring of one kind),
+    walking the struct's field table (exporter/kernel/tcp_h.py): keys in byte
+    order, "type" the kind."""
+    kind = R.kind_of(name)
+    fields = tcp_h.STRUCTS[tcp_h.RECORDS[kind][1]][1]
     keyed = sorted([f for f in fields if f[5] not in ("-", "kind")] + [("type",)], key=lambda f: f[0].encode())
     cols = {f[0]: (recs[f[0]] if f[5].startswith("base64:") else recs[f[0]].tolist()) for f in fields}
     for i in range(len(recs)):

@@ -12,9 +12,9 @@ begins; where that fails it resynchronises on the next header of the
 ring's record size, so one cut record or a stretch of garbage costs only
 itself. Each is reported with its offset and counted.
 
-What counts as a record: a header whose length is the ring's record size
-and a record header (bpf/tcp.h, struct nettap_hdr) of the ring's kind
-(DISCARD records are records the kernel dropped: skipped silently). A header
+What counts as a record: a record header (bpf/tcp.h, struct nettap_hdr) of
+one of the ring's kinds, behind a ring header whose length is that kind's
+size (DISCARD records are records the kernel dropped: skipped silently). A header
 of another plausible length that lands on a record is a record of the wrong
 length (bad). A zero header is not a record: nettap's programs never commit
 one, and a ring's unused memory and ``/dev/zero`` are zeros; garbage like any
@@ -22,12 +22,13 @@ other.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator, List, Optional
+from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from exporter.capture.records import KIND_FIELD, KINDS, RB_BUSY, RB_DISCARD, RB_HDR, RECORDS, stride
+from exporter.capture.records import DTYPES, KIND_FIELD, NUMBERS, RB_BUSY, RB_DISCARD, RB_HDR, RING_KINDS
 
 READ_SIZE = 1 << 20          # bytes read at a time
 # Longest length a header of a wrong-length record may claim. nettap's
@@ -58,20 +59,21 @@ class Result:
 class Decoder:
     """Streams one ring's records out of a binary file object.
 
-    ``records(f)`` yields numpy arrays of good records, one per piece read;
-    each problem is passed to ``report(offset, message)`` as it is found, and
-    counted in :attr:`result`.
+    ``records(f)`` yields (kind, numpy array) of good records, in input
+    order: a run of one kind at a time, per piece read; each problem is
+    passed to ``report(offset, message)`` as it is found, and counted in
+    :attr:`result`.
     """
 
     def __init__(self, ring: str, report: Callable[[int, str], None], read_size: int = READ_SIZE,
                  garbage_max: int = GARBAGE_MAX):
         self.ring = ring
-        self.record = RECORDS[ring]
-        self.size = self.record.itemsize
-        self.stride = stride(self.record)
         off, width = KIND_FIELD
-        self._kind_at = slice(RB_HDR + off, RB_HDR + off + width)
-        self._kind = KINDS[ring].to_bytes(width, "little")
+        self._kind_at = (RB_HDR + off, RB_HDR + off + width)
+        # the kind number as bytes -> (kind, record size), for the ring's kinds
+        self._kinds = {NUMBERS[k].to_bytes(width, "little"): (k, DTYPES[k].itemsize) for k in RING_KINDS[ring]}
+        self._sizes = {size for _, size in self._kinds.values()}
+        self.size = "/".join(str(n) for n in sorted(self._sizes))      # for messages
         self.report = report
         self.read_size = read_size
         self.garbage_max = garbage_max
@@ -87,12 +89,20 @@ class Decoder:
         return None if h & RB_BUSY else h & _LEN_MASK
 
     def _valid(self, buf, p: int) -> bool:
-        """A header of the ring's record size at p, and a record of its kind
-        (unless the input ends before the kind: a record cut short)."""
-        if self._len(buf, p) != self.size:
+        """A ring header at p whose length is the size of the kind its record
+        header names, a kind of this ring (unless the input ends before the
+        kind: then of any of its kinds' sizes, a record cut short)."""
+        n = self._len(buf, p)
+        if n not in self._sizes:
             return False
-        kind = buf[p + self._kind_at.start:p + self._kind_at.stop]
-        return len(kind) < len(self._kind) or kind == self._kind
+        kind = buf[p + self._kind_at[0]:p + self._kind_at[1]]
+        if len(kind) < self._kind_at[1] - self._kind_at[0]:
+            return True
+        return self._kinds.get(bytes(kind), (None, None))[1] == n
+
+    def _step(self, buf, p: int) -> int:
+        """Bytes the record at p takes: its ring header, itself, padding."""
+        return _align(RB_HDR + self._len(buf, p))
 
     def _wrong_len(self, buf, p: int, eof: bool) -> bool:
         """A header of another plausible length that ends where a record or the input begins."""
@@ -112,17 +122,21 @@ class Decoder:
         Any byte offset: a file cut or spliced at any byte puts the records
         after it off the 8-byte grid. bytes.find does the scan (in C)."""
         stop = min(stop, len(buf))
-        heads = [self.size.to_bytes(4, "little"), (self.size | RB_DISCARD).to_bytes(4, "little")]
+        heads = [h for n in self._sizes for h in (n.to_bytes(4, "little"), (n | RB_DISCARD).to_bytes(4, "little"))]
         while start < stop:
             q = min((i for i in (buf.find(h, start, stop + 3) for h in heads) if i >= 0), default=-1)
             if q < 0 or q >= stop:
                 return None
-            if self._fits(buf, q + self.stride, eof):
+            if self._fits(buf, q + self._step(buf, q), eof):
                 return q
             start = q + 1
         return None
 
-    def records(self, f: BinaryIO) -> Iterator[np.ndarray]:
+    def _body(self, buf, p: int) -> Tuple[bytes, bytes]:
+        """(kind number bytes, record) of the record at p."""
+        return bytes(buf[p + self._kind_at[0]:p + self._kind_at[1]]), buf[p + RB_HDR:p + RB_HDR + self._len(buf, p)]
+
+    def records(self, f: BinaryIO) -> Iterator[Tuple[str, np.ndarray]]:
         r = self.result
         buf = b""
         eof = False
@@ -131,16 +145,17 @@ class Decoder:
                 piece = f.read(self.read_size)
                 eof = not piece
                 buf += piece
-            good: List[bytes] = []
+            good: List[Tuple[bytes, bytes]] = []
             p = 0
             # Decide only with _AHEAD bytes in view (or the whole rest).
             while p + RB_HDR <= len(buf) and (eof or p + _AHEAD <= len(buf)):
                 at = r.offset + p
                 if self._valid(buf, p):
-                    nxt = p + self.stride
+                    n = self._len(buf, p)
+                    nxt = p + _align(RB_HDR + n)
                     if nxt <= len(buf) and self._fits(buf, nxt, eof):
                         if not int.from_bytes(buf[p:p + 4], "little") & RB_DISCARD:
-                            good.append(buf[p + RB_HDR:p + RB_HDR + self.size])
+                            good.append(self._body(buf, p))
                         p = nxt
                         continue
                     # A good header followed by nothing decodable: either
@@ -149,22 +164,23 @@ class Decoder:
                     q = self._resync(buf, p + 8, nxt, eof)
                     if q is not None:
                         r.bad += 1
-                        self.report(at, f"record cut short ({q - p - RB_HDR} of {self.size} bytes)")
+                        self.report(at, f"record cut short ({q - p - RB_HDR} of {n} bytes)")
                         p = q
                     elif nxt > len(buf):
                         r.bad += 1
                         self.report(at, f"record cut short by the end of input "
-                                        f"({len(buf) - p - RB_HDR} of {self.size} bytes)")
+                                        f"({len(buf) - p - RB_HDR} of {n} bytes)")
                         p = len(buf)
                     else:
                         if not int.from_bytes(buf[p:p + 4], "little") & RB_DISCARD:
-                            good.append(buf[p + RB_HDR:p + RB_HDR + self.size])
+                            good.append(self._body(buf, p))
                         p = nxt
                     continue
                 if self._wrong_len(buf, p, eof):
                     n = self._len(buf, p)
                     r.bad += 1
-                    self.report(at, f"record of {n} bytes, not {self.size}: skipped")
+                    self.report(at, f"record of {n} bytes, not {self.size}: skipped" if n not in self._sizes
+                                else f"record of {n} bytes of another kind than {self.ring}'s: skipped")
                     p += _align(RB_HDR + n)
                     continue
                 # Only positions with _AHEAD bytes after them are judged.
@@ -193,7 +209,8 @@ class Decoder:
             r.offset += p
             buf = buf[p:]
             r.records += len(good)
-            if good:
-                yield np.frombuffer(b"".join(good), dtype=self.record)
+            for number, run in itertools.groupby(good, key=lambda g: g[0]):     # in input order
+                kind = self._kinds[number][0]
+                yield kind, np.frombuffer(b"".join(body for _, body in run), dtype=DTYPES[kind])
             if r.gave_up:
                 return

@@ -177,9 +177,20 @@ LINE_MAX = {ring: -(-max(compiled.line_max(NUMBERS[k]) for k in kinds) // 512) *
             for ring, kinds in RING_KINDS.items()}
 
 
-def jsonl(ring: str, recs: np.ndarray) -> bytes:
+def kind_of(name: str) -> str:
+    """A record kind, by its name or by the name of a ring that carries only it."""
+    if name in NUMBERS:
+        return name
+    if name in _ONE:
+        return _ONE[name]
+    raise KeyError(f"{name!r} is neither a record kind nor a ring of one kind")
+
+
+def jsonl(name: str, recs: np.ndarray) -> bytes:
     """Every record's JSON line, each ended by a newline, as UTF-8 bytes (what
-    a sink writes), in one call without the interpreter lock."""
-    if recs.dtype != RECORDS[ring]:        # the writer checks the item size only
-        raise TypeError(f"{ring}: records of dtype {recs.dtype}, not the ring's")
-    return compiled.format(KINDS[ring], recs)
+    a sink writes), in one call without the interpreter lock. name: the
+    records' kind, or their ring's when it carries one kind."""
+    kind = kind_of(name)
+    if recs.dtype != DTYPES[kind]:         # the writer checks the item size only
+        raise TypeError(f"{name}: records of dtype {recs.dtype}, not the {kind} kind's")
+    return compiled.format(NUMBERS[kind], recs)

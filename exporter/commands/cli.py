@@ -69,8 +69,8 @@ def _decode(path: str, ring: str) -> int:
     from exporter.capture import records
     from exporter.capture.decode import Decoder
     from exporter.util.logsafe import escape
-    if ring not in records.RECORDS:
-        print(f"nettap: --ring must be one of {', '.join(records.RECORDS)}", file=sys.stderr)
+    if ring not in records.RING_KINDS:
+        print(f"nettap: --ring must be one of {', '.join(records.RING_KINDS)}", file=sys.stderr)
         return 2
     shown = 0
 
@@ -83,8 +83,8 @@ def _decode(path: str, ring: str) -> int:
     out = sys.stdout.buffer                  # JSON lines are UTF-8, whatever the locale
     try:
         with open(path, "rb") as f:          # streamed: the input may be a device that never ends
-            for recs in dec.records(f):
-                out.write(records.jsonl(ring, recs))
+            for kind, recs in dec.records(f):
+                out.write(records.jsonl(kind, recs))
     except OSError as e:
         print(f"nettap: cannot read {escape(path)}: {e.strerror}", file=sys.stderr)
         return 1

@@ -70,10 +70,13 @@ _TP_PLAN: dict = {
 # sock:inet_sock_set_state decides capture at a socket's first state and
 # publishes a captured socket's state changes, and its eof at TCP_CLOSE;
 # tcp_destroy on tcp:tcp_destroy_sock publishes what a skipped tcp_state run
-# left and removes every entry with its socket. Reported as one probe,
+# left and removes every entry with its socket; tcp_rst_sent and
+# tcp_rst_recv (tcp:tcp_send_reset, tcp:tcp_receive_reset) publish a
+# captured socket's resets. Reported as one probe,
 # "tcp_state", attached when both are. tcp_state creates connections, so it
 # comes in both variants (their connection ids differ: bpf/conn.bpf.h).
-LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf"}
+LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf", "tcp_rst_sent": "tp_btf",
+             "tcp_rst_recv": "tp_btf"}
 _LIFECYCLE_VARIANTS = ("tcp_state",)
 
 

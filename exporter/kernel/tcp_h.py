@@ -9,6 +9,7 @@ KIND_CHUNK = 1
 KIND_EOF = 2
 KIND_LOG = 3
 KIND_STATE = 4
+KIND_RESET = 5
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_COUNT = 2
@@ -40,7 +41,7 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn'},
     'DIR': {0: 'egress', 1: 'ingress'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events'},
@@ -144,6 +145,19 @@ STRUCTS = {
         ('netns', 64, '__u32', 1, 4, '', "inode of the socket's network namespace"),
         ('pad0', 68, '__u32', 1, 4, '-', ''),
     )),
+    'nettap_reset': (64, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('family', 24, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 26, '__u16', 1, 2, '', 'local port'),
+        ('dport', 28, '__u16', 1, 2, '', 'remote port'),
+        ('direction', 30, '__u8', 1, 1, 'enum:NETTAP_DIR', 'egress: sent; ingress: received'),
+        ('state', 31, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
+        ('saddr', 32, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 48, '__u8', 16, 16, 'addr', 'remote address'),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -153,7 +167,8 @@ RECORDS = {
     'eof': ('capture_eof', 'nettap_eof'),
     'log': ('logs', 'nettap_log'),
     'state': ('obs_events', 'nettap_state'),
+    'reset': ('obs_events', 'nettap_reset'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 72}

@@ -116,6 +116,47 @@ def test_state_lines_follow_each_captured_connection_from_its_first_state(nettap
     assert {l["pid"] for l in by_conn[server] if l["type"] == "chunk"} == {os.getpid()}
 
 
+def test_resets_sent_and_received_by_captured_sockets(nettap_run, mode):
+    """Issue 26: a connect to a closed port receives a reset (in SYN_SENT);
+    a server that closes with SO_LINGER 0 sends one, and its client
+    receives it; each is a reset line with its connection's conn_id, between
+    the connection's state lines."""
+    lsn = socket.create_server(("127.0.0.1", 0))
+    port = lsn.getsockname()[1]
+    closed = socket.create_server(("127.0.0.1", 0))
+    refused_port = closed.getsockname()[1]
+    closed.close()                                     # nothing listens there now
+    run = nettap_run({"captures": [{"port": port}, {"port": refused_port}]})
+    c = socket.socket()
+    with pytest.raises(ConnectionRefusedError):
+        c.connect(("127.0.0.1", refused_port))
+    c.close()
+    cl = socket.create_connection(("127.0.0.1", port))
+    srv, _ = lsn.accept()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    srv.close()                                        # a reset, not a FIN
+    with pytest.raises(ConnectionResetError):
+        cl.recv(1)
+    cl.close()
+    lsn.close()
+    seen = getattr(getattr(run, "shared", None), "seen", set())
+    wait_for(lambda: not live_conn_ids(run.app) - seen, what="every socket closed")
+    lines, _ = run.finish()
+    resets = [(l["direction"], l["state"], l["dport"]) for l in lines if l["type"] == "reset"]
+    assert sorted(resets) == sorted([("ingress", "SYN_SENT", refused_port),      # the refused connect
+                                     ("egress", "CLOSE", cl_port(lines, port)),   # the server's abort: after CLOSE
+                                     ("ingress", "ESTABLISHED", port)]), resets   # and its client
+    for r in (l for l in lines if l["type"] == "reset"):
+        states = [(l["oldstate"], l["newstate"]) for l in lines
+                  if l["type"] == "state" and l["conn_id"] == r["conn_id"]]
+        assert states and states[-1][1] == "CLOSE", (r, states)
+
+
+def cl_port(lines, port):
+    """The client's local port of the connection to port, from its state lines."""
+    return next(l["sport"] for l in lines if l["type"] == "state" and l["dport"] == port and l["sport"])
+
+
 def inflight_slots(run):
     """The per-thread-slot count of calls in flight (bpf/maps.bpf.h:
     inflight_slots, alone in its section .bss.inflight)."""

@@ -10,4 +10,10 @@ _spec = importlib.util.spec_from_file_location("make_fixture", FIX / "make_fixtu
 mf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mf)
 
-RINGS = list(mf.FILES)
+KINDS = list(mf.FILES)                            # one fixture per record kind
+
+
+def ring_of(kind: str) -> str:
+    """The ring a record kind is published on."""
+    from exporter.kernel import tcp_h
+    return tcp_h.RECORDS[kind][0]

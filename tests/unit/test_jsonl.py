@@ -28,15 +28,15 @@ _spec = importlib.util.spec_from_file_location("make_fixture", FIX / "make_fixtu
 mf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mf)
 
-RINGS = list(R.RECORDS)
+KINDS = list(R.DTYPES)                       # every record kind, by its name
 U64, U32, U16, U8 = 2**64 - 1, 2**32 - 1, 2**16 - 1, 2**8 - 1
 SEED = 20240609
 
 
-def assert_same(ring: str, recs: np.ndarray) -> None:
+def assert_same(kind: str, recs: np.ndarray) -> None:
     """Both writers, the same bytes; on a difference, show the first line that differs."""
-    want = oracles.reference_jsonl(ring, recs)
-    got = R.jsonl(ring, recs)
+    want = oracles.reference_jsonl(kind, recs)
+    got = R.jsonl(kind, recs)
     if got != want:
         for i, (g, w) in enumerate(zip(got.split(b"\n"), want.split(b"\n"))):
             assert g == w, f"record {i}: {recs[i]!r}"
@@ -48,17 +48,17 @@ def test_compiled_writer_is_built_and_used():
     assert R.compiled.__name__ == "exporter.capture._jsonl"
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_fixtures(ring):
-    recs, _, _ = walk((FIX / f"{mf.FILES[ring]}.bin").read_bytes(), R.RECORDS[ring])
-    golden = (FIX / f"{mf.FILES[ring]}.jsonl").read_bytes()
-    assert oracles.reference_jsonl(ring, recs) == golden
-    assert R.jsonl(ring, recs) == golden
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixtures(kind):
+    recs, _, _ = walk((FIX / f"{mf.FILES[kind]}.bin").read_bytes(), R.DTYPES[kind])
+    golden = (FIX / f"{mf.FILES[kind]}.jsonl").read_bytes()
+    assert oracles.reference_jsonl(kind, recs) == golden
+    assert R.jsonl(kind, recs) == golden
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_empty_batch(ring):
-    assert R.jsonl(ring, np.empty(0, R.RECORDS[ring])) == b""
+@pytest.mark.parametrize("kind", KINDS)
+def test_empty_batch(kind):
+    assert R.jsonl(kind, np.empty(0, R.DTYPES[kind])) == b""
 
 
 # ---- random records -------------------------------------------------------
@@ -111,21 +111,21 @@ def _addr(rng, family: int) -> bytes:
     return b"".join(w.to_bytes(2, "big") for w in words)
 
 
-def _fields(ring: str) -> dict:
-    """name -> (bytes, JSON form) of a ring's record, from the generated field table."""
-    return {f[0]: (f[4], f[5]) for f in tcp_h.STRUCTS[R.C_NAMES[ring]][1]}
+def _fields(kind: str) -> dict:
+    """name -> (bytes, JSON form) of a kind's record, from the generated field table."""
+    return {f[0]: (f[4], f[5]) for f in tcp_h.STRUCTS[tcp_h.RECORDS[R.kind_of(kind)][1]][1]}
 
 
-def random_records(ring: str, n: int, seed: int) -> np.ndarray:
-    """n records of a ring's kind, each field drawn by its C type and JSON
+def random_records(kind: str, n: int, seed: int) -> np.ndarray:
+    """n records of a kind (or of a ring's one kind), each field drawn by its C type and JSON
     form (so a new kind is covered as it is defined): integers at their
     extremes and digit boundaries, names inside and outside their tables,
     every flag bit, payload lengths up to and past the array, every family
     and IPv6 form, task names of every UTF-8 and escape case."""
     rng = np.random.default_rng(seed)
-    dt = R.RECORDS[ring]
+    dt = R.DTYPES[R.kind_of(kind)]
     recs = np.frombuffer(rng.bytes(n * dt.itemsize), dtype=dt).copy()   # every byte random to start
-    fields = _fields(ring)
+    fields = _fields(kind)
     for name, (size, form) in fields.items():            # integers first: other fields read them
         if form.startswith(("enum:", "flags:")):
             names = R.names_of(form)
@@ -151,11 +151,11 @@ def random_records(ring: str, n: int, seed: int) -> np.ndarray:
     return recs
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_random_records(ring):
-    recs = random_records(ring, 20000, SEED + RINGS.index(ring))
-    assert_same(ring, recs)
-    for name, (size, form) in _fields(ring).items():     # what the draw must have met
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_records(kind):
+    recs = random_records(kind, 20000, SEED + KINDS.index(kind))
+    assert_same(kind, recs)
+    for name, (size, form) in _fields(kind).items():     # what the draw must have met
         if form.startswith("flags:") and size == 1:
             assert len(set(recs[name].tolist())) == 256, name
         if form.startswith("enum:"):
@@ -166,28 +166,28 @@ def test_random_records(ring):
             assert (n > size).any() and (n == 0).any() and (n == size).any(), name
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_line_bounds_hold(ring):
+@pytest.mark.parametrize("kind", KINDS)
+def test_line_bounds_hold(kind):
     """The pipeline bounds its queue by records.LINE_MAX before formatting:
     no line of the randomised extremes is longer, and the compiled writer's
     own worst case (what it reserves per record) is within it too."""
-    recs = random_records(ring, 20000, SEED + 11)
-    longest = max(len(line.encode("utf-8", "surrogateescape")) + 1 for line in oracles.lines(ring, recs))
-    assert longest <= R.LINE_MAX[ring]
-    assert R.compiled.line_max(R.KINDS[ring]) <= R.LINE_MAX[ring]
+    recs = random_records(kind, 20000, SEED + 11)
+    longest = max(len(line.encode("utf-8", "surrogateescape")) + 1 for line in oracles.lines(kind, recs))
+    assert longest <= R.LINE_MAX[tcp_h.RECORDS[kind][0]]
+    assert R.compiled.line_max(R.NUMBERS[kind]) <= R.LINE_MAX[tcp_h.RECORDS[kind][0]]
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_strided_and_reversed_views(ring):
-    """The ring reader hands out a field view of ring slots (stride 512 for 504-byte chunks)."""
-    recs = random_records(ring, 2000, SEED + 7)
-    slots = np.zeros(len(recs), R.SLOTS[ring])
+@pytest.mark.parametrize("kind", KINDS)
+def test_strided_and_reversed_views(kind):
+    """The kind reader hands out a field view of kind slots (stride 512 for 504-byte chunks)."""
+    recs = random_records(kind, 2000, SEED + 7)
+    slots = np.zeros(len(recs), R.slot_dtype(R.DTYPES[kind]))
     slots["rec"] = recs
     view = slots["rec"]
-    assert view.strides[0] == R.SLOTS[ring].itemsize
-    assert R.jsonl(ring, view) == oracles.reference_jsonl(ring, recs)
-    assert R.jsonl(ring, recs[::-1]) == oracles.reference_jsonl(ring, recs[::-1].copy())
-    assert R.jsonl(ring, recs[::3]) == oracles.reference_jsonl(ring, recs[::3].copy())
+    assert view.strides[0] == R.slot_dtype(R.DTYPES[kind]).itemsize
+    assert R.jsonl(kind, view) == oracles.reference_jsonl(kind, recs)
+    assert R.jsonl(kind, recs[::-1]) == oracles.reference_jsonl(kind, recs[::-1].copy())
+    assert R.jsonl(kind, recs[::3]) == oracles.reference_jsonl(kind, recs[::3].copy())
 
 
 # ---- task names: every UTF-8 case, exhaustively where it is cheap ---------

@@ -22,7 +22,8 @@ LAYOUTS = {
     "nettap_chunk": R.CHUNK,
     "nettap_eof": R.EOF_,
     "nettap_log": R.LOG,
-    "nettap_state": R.RECORDS["obs_events"],
+    "nettap_state": R.DTYPES["state"],
+    "nettap_reset": R.DTYPES["reset"],
     "nettap_capture_config": R.CAPTURE_CONFIG,
     "nettap_probe_counters": R.PROBE_COUNTERS,
 }
@@ -83,6 +84,7 @@ def test_struct_layout_matches_btf(btf, cname):
 def test_known_struct_sizes(btf):
     assert {c: _struct(btf, c)["size"] for c in LAYOUTS} == {
         "nettap_hdr": 24, "nettap_chunk": 504, "nettap_eof": 128, "nettap_log": 72, "nettap_state": 72,
+        "nettap_reset": 64,
         "nettap_capture_config": 28, "nettap_probe_counters": 32}
 
 
@@ -100,7 +102,9 @@ def test_ring_slots(ring):
 def test_ring_strides():
     # a chunk's stride stays a power of two: its ring holds a whole number of them
     assert {r: R.stride(d) for r, d in R.RECORDS.items()} == {
-        "capture_chunks": 512, "capture_eof": 136, "logs": 80, "obs_events": 80}
+        "capture_chunks": 512, "capture_eof": 136, "logs": 80}
+    assert {k: R.stride(d) for k, d in R.DTYPES.items()} == {
+        "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 72}
 
 
 # ---- #define constants ----------------------------------------------------
@@ -127,7 +131,7 @@ def test_header_parsed():
     # every #define of the header but the include guard was read as an integer
     lines = re.findall(r"^#define[ \t]+(\w+)\b(?!\()", HEADER.read_text(), flags=re.M)
     assert sorted(DEFINES) == sorted(n for n in lines if n != "NETTAP_TCP_H")
-    assert len(DEFINES) == 30
+    assert len(DEFINES) == 31
 
 
 def test_chunk_sizes():

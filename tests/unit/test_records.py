@@ -1,4 +1,4 @@
-"""Golden contract of the ring records: fixtures/records/*.bin (written by
+"""Golden contract of the kind records: fixtures/records/*.bin (written by
 make_fixture.py) decode to fixtures/records/*.jsonl byte for byte, in process
 and through ``nettap --decode``.
 
@@ -21,8 +21,7 @@ from exporter.capture import records as R
 from tests import oracles
 from tests.oracles import walk
 
-from .record_fixtures import FIX, RINGS, ROOT, mf
-TYPES = {"capture_chunks": "chunk", "capture_eof": "eof", "logs": "log", "obs_events": "state"}
+from .record_fixtures import FIX, KINDS, ROOT, mf, ring_of
 
 # Written out from include/net/tcp_states.h and bpf/tcp.h, not taken from exporter.capture.records.
 TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
@@ -31,36 +30,37 @@ TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1
 DIRECTION_NAMES = {0: "egress", 1: "ingress"}
 FLAG_NAMES = {0: [], 1: ["read_failed"], 2: ["no_conn"], 3: ["read_failed", "no_conn"]}
 FAMILY_NAMES = {2: "ipv4", 10: "ipv6"}
+NO_COMM = {"state", "reset"}           # kinds without a task name: the kernel records them in softirq
 CODE_NAMES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated",
               5: "payload_unreadable"}
 PROBE_NAMES = {0: "tcp_sendmsg", 1: "tcp_recvmsg"}
 
 
-def _bin(ring: str) -> Path:
-    return FIX / f"{mf.FILES[ring]}.bin"
+def _bin(kind: str) -> Path:
+    return FIX / f"{mf.FILES[kind]}.bin"
 
 
-def _golden(ring: str) -> bytes:
-    return (FIX / f"{mf.FILES[ring]}.jsonl").read_bytes()
+def _golden(kind: str) -> bytes:
+    return (FIX / f"{mf.FILES[kind]}.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_bin_matches_generator(ring):
-    assert _bin(ring).read_bytes() == mf.build(ring)
+@pytest.mark.parametrize("kind", KINDS)
+def test_bin_matches_generator(kind):
+    assert _bin(kind).read_bytes() == mf.build(kind)
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_walk_counts(ring):
-    buf = _bin(ring).read_bytes()
-    recs, bad, pos = walk(buf, R.RECORDS[ring])
-    assert (len(recs), bad, pos) == (len(mf.good_records(ring)), 2, len(buf))
+@pytest.mark.parametrize("kind", KINDS)
+def test_walk_counts(kind):
+    buf = _bin(kind).read_bytes()
+    recs, bad, pos = walk(buf, R.DTYPES[kind])
+    assert (len(recs), bad, pos) == (len(mf.good_records(kind)), 2, len(buf))
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_decode_matches_golden(ring):
-    recs, _, _ = walk(_bin(ring).read_bytes(), R.RECORDS[ring])
-    out = "".join(line + "\n" for line in oracles.lines(ring, recs)).encode("utf-8")
-    assert out == _golden(ring)
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_matches_golden(kind):
+    recs, _, _ = walk(_bin(kind).read_bytes(), R.DTYPES[kind])
+    out = "".join(line + "\n" for line in oracles.lines(kind, recs)).encode("utf-8")
+    assert out == _golden(kind)
 
 
 def _expected_addr(spec: dict, key: str):
@@ -71,22 +71,22 @@ def _expected_addr(spec: dict, key: str):
     return socket.inet_ntop(fam, socket.inet_pton(fam, v))   # RFC 5952 form (::ffff:1.2.3.4 mixed)
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_golden_independent(ring):
-    lines = _golden(ring).decode("utf-8").split("\n")
+@pytest.mark.parametrize("kind", KINDS)
+def test_golden_independent(kind):
+    lines = _golden(kind).decode("utf-8").split("\n")
     assert lines.pop() == ""                                    # ends in exactly one newline
-    specs = mf.good_records(ring)
+    specs = mf.good_records(kind)
     assert len(lines) == len(specs)
     for line, spec in zip(lines, specs):
         obj = json.loads(line)
         assert list(obj) == sorted(obj), line
-        assert obj["type"] == TYPES[ring]
+        assert obj["type"] == kind
         for k, v in obj.items():                                # every integer is the record's value
             if isinstance(v, int):
                 assert v == spec.get(k, 0), (k, line)
-        if ring != "obs_events":
+        if kind not in NO_COMM:
             assert obj["comm"] == spec.get("comm", b"").split(b"\0", 1)[0].decode("utf-8", "replace")
-        if ring == "logs":
+        if kind == "log":
             if spec.get("code", 0) in CODE_NAMES:
                 assert obj["code"] == CODE_NAMES[spec["code"]]
             else:
@@ -98,16 +98,21 @@ def test_golden_independent(ring):
             want = _expected_addr(spec, key)
             if want is not None:
                 assert obj[key] == want
-        if ring == "capture_chunks":
+        if kind in ("chunk", "reset"):
+            if spec.get("direction", 0) in DIRECTION_NAMES:
+                assert obj["direction"] == DIRECTION_NAMES[spec.get("direction", 0)]
+            else:
+                assert obj["direction"] == str(spec.get("direction", 0))
+        if kind == "reset":
+            assert obj["state"] == TCP_STATE_NAMES.get(spec.get("state", 0), str(spec.get("state", 0)))
+        elif kind == "chunk":
             n = spec.get("len", 0)
             payload = spec.get("data", b"").ljust(R.CHUNK_DATA, b"\0")[:min(n, R.CHUNK_DATA)]
             assert base64.b64decode(obj["data"], validate=True) == payload
-            if spec.get("direction", 0) in DIRECTION_NAMES:
-                assert obj["direction"] == DIRECTION_NAMES[spec.get("direction", 0)]
             if spec.get("flags", 0) in FLAG_NAMES:
                 assert obj["flags"] == FLAG_NAMES[spec.get("flags", 0)]
         else:
-            for key in ("oldstate", "newstate") if ring == "obs_events" else ("oldstate",):
+            for key in ("oldstate", "newstate") if kind == "state" else ("oldstate",):
                 st = spec.get(key, 0)
                 assert obj[key] == TCP_STATE_NAMES.get(st, str(st))
 
@@ -117,35 +122,35 @@ def test_golden_contains_every_comm_case():
     want = ["curl", 'a"b\\c\x01d\x1fe\tf\ng\x7f', "h\u00e9llo\u2192\U0001F600", "a\ufffdb",
             "abcdefghijklmn\ufffd", "a\ufffdb", "ab\ufffd", "a\ufffd\ufffdb", "a\ufffd\ufffd\ufffdb",
             "a\ufffdb", "ab", "0123456789abcdef", "0123456789ab\U0001F600"]
-    for ring in RINGS:
-        if ring == "obs_events":                                  # no task name in a state record
+    for kind in KINDS:
+        if kind in NO_COMM:                                       # no task name in its records
             continue
-        comms = [json.loads(x)["comm"] for x in _golden(ring).decode().splitlines()]
+        comms = [json.loads(x)["comm"] for x in _golden(kind).decode().splitlines()]
         at = comms.index(want[1]) - 1                              # the cases, in a row
         assert comms[at:at + len(want)] == want
 
 
 def test_golden_escapes_are_json_escapes():
-    lines = [x for x in _golden("logs").decode().splitlines() if '"comm":"a\\"b' in x]
+    lines = [x for x in _golden("log").decode().splitlines() if '"comm":"a\\"b' in x]
     assert len(lines) == 1 and '"comm":"a\\"b\\\\c\\u0001d\\u001fe\\tf\\ng\x7f"' in lines[0]
 
 
-@pytest.mark.parametrize("ring", RINGS)
-def test_cli_decode(ring):
-    path = str(_bin(ring))
+@pytest.mark.parametrize("kind", KINDS)
+def test_cli_decode(kind):
+    path = str(_bin(kind))
     # PYTHONIOENCODING pins stdout to UTF-8: the CLI writes through the
     # locale's text stream (see the report on exporter/commands/cli.py).
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    p = subprocess.run([sys.executable, "-m", "exporter", "--decode", path, "--ring", ring],
+    p = subprocess.run([sys.executable, "-m", "exporter", "--decode", path, "--ring", ring_of(kind)],
                        cwd=ROOT, env=env, capture_output=True, timeout=60)
     assert p.returncode == 1                     # the fixture's 2 bad records (test_decode.py)
-    assert p.stdout == _golden(ring)
+    assert p.stdout == _golden(kind)
     assert p.stderr.endswith(b" 2 bad record(s) or stretch(es) of garbage skipped (in %d bytes read)\n"
-                             % len(_bin(ring).read_bytes()))
+                             % len(_bin(kind).read_bytes()))
 
 
 def test_cli_decode_unknown_ring():
-    p = subprocess.run([sys.executable, "-m", "exporter", "--decode", str(_bin("logs")), "--ring", "nope"],
+    p = subprocess.run([sys.executable, "-m", "exporter", "--decode", str(_bin("log")), "--ring", "nope"],
                        cwd=ROOT, capture_output=True, timeout=60)
     assert (p.returncode, p.stdout) == (2, b"")
     assert p.stderr == b"nettap: --ring must be one of capture_chunks, capture_eof, logs, obs_events\n"
