@@ -16,6 +16,7 @@ import threading
 
 from conftest import kernel_modes, live_conn_ids, streams
 from exporter.kernel import maps
+from exporter.kernel.mechanisms import preempt_rt
 from exporter.kernel.bpfstats import own_program_misses
 from procs import wait_for
 from traffic import ClientProcess, Server, payload, send_messages
@@ -104,7 +105,11 @@ def test_state_lines_follow_each_captured_connection_from_its_first_state(nettap
         pairs = _chain(states)
         assert pairs[0] == first and pairs[1][1] == "ESTABLISHED" and pairs[-1][1] == "CLOSE", pairs
         assert [l["ts_ns"] for l in states] == sorted(l["ts_ns"] for l in states)
-        assert {(l["netns"], l["family"], l["daddr"]) for l in states} == {(netns, "ipv4", "127.0.0.1")}
+        # A server's child is cloned from its listener: at LISTEN -> SYN_RECV
+        # some kernels (6.1) have not yet given it its peer (0.0.0.0, port 0).
+        later = states[1:] if conn == server else states
+        assert {(l["netns"], l["family"], l["daddr"]) for l in later} == {(netns, "ipv4", "127.0.0.1")}
+        assert states[0]["daddr"] in ("127.0.0.1", "0.0.0.0")
         (eof,) = [l for l in by_conn[conn] if l["type"] == "eof"]
         assert eof["oldstate"] == pairs[-1][0] and eof["ts_ns"] >= states[-1]["ts_ns"]
     client_states = [l for l in by_conn[client] if l["type"] == "state"]
@@ -713,7 +718,14 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
            f"logs {Counter(l['code'] for l in lines if l['type'] == 'log')}; counters {counters}; {rate}")
     assert len(client_side) == STORM_N and server_side == Counter(ports), why
     assert Counter(e["sport"] for e in client_side) == Counter(ports), why
-    assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
+    if preempt_rt() and mode[0] == "tracepoint":
+        # PREEMPT_RT runs BPF programs preemptible, and a classic tracepoint's
+        # program is skipped while another one runs on its CPU (not counted
+        # before Linux 6.7; docs/limits.md): a send whose return was skipped
+        # moved its byte uncounted, on a connection captured at its connect.
+        assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} <= {(1, 0), (0, 0)}
+    else:
+        assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in eofs if e["dport"] != port} == {(0, 1)}
     assert live == 0, rate                   # every entry went with its socket
 
