@@ -23,8 +23,9 @@ TEST_PKGS="$TEST_PKGS clang-format-14"
 # (tests/e2e/test_landing.py); a font so the screenshot has text on it.
 TEST_PKGS="$TEST_PKGS chromium fonts-dejavu-core"
 # The kernel matrix (scripts/kernel_matrix.py): qemu for the guests, depmod for their modules,
-# busybox for the initramfs virtme-ng builds to load 9p and virtio modules.
-TEST_PKGS="$TEST_PKGS qemu-system-x86 kmod busybox-static"
+# busybox for the initramfs virtme-ng builds to load 9p and virtio modules, mke2fs for the
+# image of Python the guests mount.
+TEST_PKGS="$TEST_PKGS qemu-system-x86 kmod busybox-static e2fsprogs"
 BENCH_PKGS="$TEST_PKGS nginx"
 case $profile in
   run) pkgs=$RUN_PKGS ;;

@@ -36,7 +36,7 @@ def test_sixteen_concurrent_scrapes_agree(tmp_path):
     srv = Server()
     n = Nettap(tmp_path, {"captures": [{"port": srv.port}]})
     try:
-        N = 2000
+        N = emulated(2000, 300)
         send_messages(srv.port, N, 64)
         srv.wait_received(1)
         wait_for(lambda: n.sample("nettap_probe_calls_total", probe="tcp_sendmsg") == N, what="calls")
