@@ -107,6 +107,28 @@
         },
       ]),
 
+      group('nettap-workloads', [
+        {
+          // About the captured services, not nettap: their connections end in resets.
+          alert: 'NettapCapturedResetsHigh',
+          expr: |||
+            (
+              sum by (instance) (rate(nettap_tcp_resets_total{%(nettapSelector)s}[%(rateInterval)s]))
+                / (sum by (instance) (rate(nettap_tcp_state_changes_total{%(nettapSelector)s, to="CLOSE"}[%(rateInterval)s])) > 0)
+              > %(capturedResetsRatio)g
+            )
+            and
+            sum by (instance) (rate(nettap_tcp_resets_total{%(nettapSelector)s}[%(rateInterval)s])) > %(capturedResetsMinRate)g
+          ||| % cfg,
+          'for': cfg.capturedResetsFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Connections of the captured workloads end in resets.',
+            description: 'The sockets nettap captures on {{ $labels.instance }} sent or received {{ $value | humanizePercentage }} resets per connection closed over the last %(rateInterval)s.' % cfg,
+          },
+        },
+      ]),
+
       group('nettap-exporter', [
         {
           alert: 'NettapExporterDown',

@@ -70,6 +70,15 @@
     // A collector failing every scrape hides part of the cost picture.
     collectorFailedFor: '15m',
 
+    // --- Captured workloads ---------------------------------------------------------------
+
+    // Resets (sent and received) of the captured sockets per connection closed, over
+    // rateInterval, above this ratio while at least capturedResetsMinRate resets/s happen:
+    // a captured service refusing, aborting or being aborted (not nettap's own health).
+    capturedResetsRatio: 0.1,
+    capturedResetsMinRate: 0.1,
+    capturedResetsFor: '15m',
+
     // --- Cost --------------------------------------------------------------------------
 
     // bpfStats costs on every BPF program of the node (the seed: "cheap but not free"):

@@ -26,4 +26,20 @@ int empty_kprobe_enter(void *ctx) { return 0; }
 SEC("kretprobe/tcp_sendmsg")
 int empty_kprobe_exit(void *ctx) { return 0; }
 
+/* The lifecycle programs' tracepoints (BTF raw tracepoints, as nettap's). */
+SEC("tp_btf/inet_sock_set_state")
+int empty_lc_state(void *ctx) { return 0; }
+
+SEC("tp_btf/tcp_destroy_sock")
+int empty_lc_destroy(void *ctx) { return 0; }
+
+SEC("tp_btf/tcp_send_reset")
+int empty_lc_rst_sent(void *ctx) { return 0; }
+
+SEC("tp_btf/tcp_receive_reset")
+int empty_lc_rst_recv(void *ctx) { return 0; }
+
+SEC("tp_btf/inet_sk_error_report")
+int empty_lc_sk_error(void *ctx) { return 0; }
+
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -9,6 +9,11 @@ kprobe/kretprobe, syscall tracepoints) and per program variant it runs.
                  the seed saw 30,000 filtered runs per captured one)
   captured N B   sends of N bytes on a captured port (one chunk per 400 bytes)
 
+and of the lifecycle programs (BTF raw tracepoints: state changes, destruction,
+resets, errors) per variant, beside empty programs on the same tracepoints,
+for connections (each: connect, one byte, close; and a refused connect) on a
+port nettap does not capture and on one it does.
+
 Run as root:  .venv/bin/python bench/probe_cost.py [--sends 200000] [--sizes 64,4000]
                                                    [--variants fast,compat]
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -105,11 +111,79 @@ def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list) -
     return rows
 
 
+# nettap's lifecycle program -> the empty program on its tracepoint (bench/empty.bpf.c)
+LIFECYCLE_EMPTY = {"tcp_state": "empty_lc_state", "tcp_destroy": "empty_lc_destroy",
+                   "tcp_rst_sent": "empty_lc_rst_sent", "tcp_rst_recv": "empty_lc_rst_recv",
+                   "tcp_sk_error": "empty_lc_sk_error"}
+
+
+def connections(port: int, refused_port: int, n: int) -> None:
+    """n connections to port (connect, one byte, close) and n refused connects."""
+    code = (f"import socket\nfor i in range({n}):\n"
+            f"    s = socket.create_connection(('127.0.0.1', {port})); s.sendall(b'x'); s.close()\n"
+            f"    c = socket.socket()\n"
+            f"    try: c.connect(('127.0.0.1', {refused_port}))\n"
+            f"    except ConnectionRefusedError: pass\n"
+            f"    c.close()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def measure_lifecycle(variant: str, empty_obj: str, n: int) -> dict:
+    """case -> {program: (nettap ns per run, empty ns per run)} for one variant."""
+    captured, other = Server(), Server()
+    closed = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    refused = [s.getsockname()[1] for s in closed]
+    for s in closed:
+        s.close()                                   # nothing listens there now
+    app = Nettap(config.parse({"captures": [{"port": captured.port}, {"port": refused[1]}],
+                               "output": {"type": "none"}}), variant=variant)
+    # the loaded programs (the variant's names; tcp_sk_error where the kernel has its tracepoint)
+    names = {short: full for short in LIFECYCLE_EMPTY for full in (short, f"{short}_compat")
+             if full in app.probes.prog_fds}
+    obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
+    want = {LIFECYCLE_EMPTY[short] for short in names}
+    for name, prog in loader.object_programs(obj):
+        libbpf.call("bpf_program__set_autoload", prog, name in want)
+    libbpf.call("bpf_object__load", obj)
+    links, fds = [], {}
+    try:
+        for short, full in names.items():
+            p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, LIFECYCLE_EMPTY[short].encode())
+            links.append(libbpf.call_ptr("bpf_program__attach", p))
+            fds[f"empty {short}"] = libbpf.call("bpf_program__fd", p)
+            fds[f"nettap {short}"] = app.probes.prog_fds[full]
+        rows = {}
+        for case, port, refused_port in (("not captured", other.port, refused[0]),
+                                         ("captured", captured.port, refused[1])):
+            before = own_program_stats(fds)
+            connections(port, refused_port, n)
+            d = delta(own_program_stats(fds), before)
+            rows[case] = {short: (ns(d, f"nettap {short}"), ns(d, f"empty {short}"), d[f"nettap {short}"][0])
+                          for short in names}
+    finally:
+        for link in links:
+            libbpf.lib().bpf_link__destroy(link)
+        libbpf.lib().bpf_object__close(obj)
+        app.close()
+    return rows
+
+
+def print_lifecycle(n: int, results: list) -> None:
+    print(f"\nlifecycle programs (ns per run; {n:,} connections and {n:,} refused connects per case)")
+    for variant, rows in results:
+        print(f"\n{variant + ' variant':24s} {'program':>13s} {'runs':>8s} {'empty':>7s} {'nettap':>7s} {'ratio':>6s}")
+        for case, progs in rows.items():
+            for short, (nt, em, runs) in progs.items():
+                print(f"{case:24s} {short:>13s} {runs:8d} {em:7.0f} {nt:7.0f} {nt / em:6.2f}")
+    print("\n(goal: a socket not captured costs <= 2x the empty program on the same tracepoint)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sends", type=int, default=200000)
     ap.add_argument("--sizes", default="64,4000", help="payload sizes of the captured cases, bytes")
     ap.add_argument("--variants", default="fast,compat", help="program variants to measure, where the kernel runs them")
+    ap.add_argument("--connections", type=int, default=2000, help="connections per lifecycle case")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
@@ -130,6 +204,12 @@ def main() -> None:
                     results.append((mech, variant, measure(mech, variant, empty_obj, a.sends, sizes)))
                 except (features.Unsupported, OSError, RuntimeError) as e:
                     skipped.append(f"{mech}, {variant}: {e}")
+        lifecycle = []
+        for variant in a.variants.split(","):
+            try:
+                lifecycle.append((variant, measure_lifecycle(variant, empty_obj, a.connections)))
+            except (features.Unsupported, OSError) as e:
+                skipped.append(f"lifecycle, {variant}: {e}")
     finally:
         switch.close()
     print(f"\nnettap probe cost (ns per run, kernel BPF statistics; {a.sends:,} sends per case, "
@@ -143,6 +223,7 @@ def main() -> None:
             e_in, e_out, n_in, n_out = (r["empty enter"], r["empty exit"], r["nettap enter"], r["nettap exit"])
             over = (n_in - e_in + n_out - e_out) / 2
             print(f"{case:24s} {e_in:7.0f} {e_out:7.0f} {n_in:9.0f} {n_out:9.0f} {n_in + n_out:10.0f} {over:+9.0f}")
+    print_lifecycle(a.connections, lifecycle)
     for s in skipped:
         print(f"\n{s}")
     print("\n(empty program: programs that return at once, attached where the nettap program beside them is: "

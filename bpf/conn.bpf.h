@@ -32,8 +32,9 @@ struct conn {
 	__u64 tx_calls;
 	__u64 rx_calls;
 	__u32 pid;
-	__u32 closed; /* reached TCP_CLOSE, its eof published: kept until the socket is
+	__u16 closed; /* reached TCP_CLOSE, its eof published: kept until the socket is
 		       * destroyed (a reset it sends follows its CLOSE), then removed */
+	__u16 owned;  /* its owner record is published (obs.bpf.h) */
 };
 
 struct {

@@ -15,6 +15,7 @@
 #define NETTAP_EMIT_BPF_H
 
 #include "filter.bpf.h"
+#include "obs.bpf.h"
 
 /* Ring bytes one chunk takes: the record and its 8-byte ring header. */
 #define CHUNK_STRIDE (sizeof(struct nettap_chunk) + 8)
@@ -275,11 +276,15 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 
 	hdr = &in->hdr;
 	st = &in->st;
+	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
 	cn = conn_get(in->sk, probe, fast);
 	hdr->flags = 0;
 	if (cn) {
-		if (!cn->pid) /* decided in softirq (tcp.bpf.c): its owner is this caller */
-			cn->pid = id >> 32;
+		if (!cn->owned) {     /* its first captured call, and no connect named its owner */
+			if (!cn->pid) /* decided in softirq (tcp.bpf.c): its owner is this caller */
+				cn->pid = id >> 32;
+			publish_owner(sk, cn, NETTAP_VIA_FIRST_CALL, fast);
+		}
 		hdr->call_offset = conn_advance(cn, probe, ret, fast);
 		hdr->h.conn_id = cn->id;
 	} else {
@@ -293,7 +298,6 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	hdr->call_len = ret;
 	hdr->tid = (__u32)id;
 	hdr->direction = probe == NETTAP_PROBE_TCP_SENDMSG ? NETTAP_DIR_EGRESS : NETTAP_DIR_INGRESS;
-	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
 	read_addrs(sk, fast, &hdr->family, &hdr->sport, &hdr->dport, hdr->saddr, hdr->daddr);
 	bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
 

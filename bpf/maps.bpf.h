@@ -80,6 +80,14 @@ struct {
 	__type(value, __u64);
 } ringbuf_drops SEC(".maps");
 
+/* Captured sockets' state changes, resets and errors (rows: NETTAP_OBS_*). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NETTAP_OBS_ROWS);
+	__type(key, __u32);
+	__type(value, __u64);
+} obs_counters SEC(".maps");
+
 /* ---- rings (sizes are defaults; user space sets the configured ones) ---- */
 
 struct {

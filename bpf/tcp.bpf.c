@@ -16,10 +16,12 @@
  *   maps.bpf.h         the maps and the per-call state
  *   conn.bpf.h         the connection table, counters, logs, addresses
  *   filter.bpf.h       the capture filter
+ *   obs.bpf.h          obs_events records and the lifecycle counters
  *   emit.bpf.h         entry and return bodies: chunking
  *   entry_tp.bpf.h     syscall-tracepoint entry points
  *   entry_func.bpf.h   fentry/fexit and kprobe/kretprobe entry points
- *   tcp.bpf.c          this file: the lifecycle programs (states, eof)
+ *   tcp.bpf.c          this file: the lifecycle programs (states, eof, resets,
+ *                      errors, destruction)
  */
 #include "entry_tp.bpf.h"
 #include "entry_func.bpf.h"
@@ -31,6 +33,9 @@ struct nettap_eof btf_nettap_eof __attribute__((unused));
 struct nettap_log btf_nettap_log __attribute__((unused));
 struct nettap_state btf_nettap_state __attribute__((unused));
 struct nettap_reset btf_nettap_reset __attribute__((unused));
+struct nettap_owner btf_nettap_owner __attribute__((unused));
+struct nettap_error btf_nettap_error __attribute__((unused));
+struct nettap_destroy btf_nettap_destroy __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs
@@ -109,28 +114,17 @@ static __always_inline struct conn *state_decide(const struct sock *sk, int olds
 static __always_inline void publish_state(const struct sock *sk, struct conn *cn, int oldstate,
 					  int newstate)
 {
-	struct nettap_capture_config *cfg;
 	struct nettap_state *r;
-	__u32 zero = 0;
 
-	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
-	if (!r) {
-		count_drop(NETTAP_RING_OBS_EVENTS, 1);
+	obs_count(NETTAP_OBS_STATES + (oldstate & 15) * 16 + (newstate & 15));
+	r = obs_reserve(sizeof(*r), NETTAP_KIND_STATE, cn);
+	if (!r)
 		return;
-	}
-	r->h.ts_ns = bpf_ktime_get_ns();
-	r->h.conn_id = cn->id;
-	r->h.kind = NETTAP_KIND_STATE;
-	r->h.pid = cn->pid;
 	r->oldstate = oldstate;
 	r->newstate = newstate;
-	read_addrs((struct sock *)sk, false, &r->family, &r->sport, &r->dport, r->saddr, r->daddr);
-	r->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	r->pad0 = 0;
-	cfg = bpf_map_lookup_elem(&capture_config, &zero);
-	bpf_ringbuf_submit(r, cfg ? wakeup_flags(&obs_events, NETTAP_RING_OBS_EVENTS,
-						 cfg->obs_wakeup_bytes)
-				  : BPF_RB_NO_WAKEUP);
+	OBS_SOCK(r, sk, false);
+	obs_submit(r);
 }
 
 static __always_inline int on_state(const struct sock *sk, int oldstate, int newstate,
@@ -139,7 +133,7 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
 	__u64 key = (__u64)sk;
 	struct conn *cn;
 
-	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+	if (sk->sk_protocol != IPPROTO_TCP)
 		return 0;
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (cn && cn->closed) { /* used again after TCP_CLOSE (connect, listen): a new life */
@@ -150,6 +144,9 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
 		cn = state_decide(sk, oldstate, newstate, fetch);
 	if (!cn)
 		return 0;
+	/* Decided at its connect, in the connecting task: its owner first. */
+	if (!cn->owned && cn->pid)
+		publish_owner(sk, cn, NETTAP_VIA_CONNECT, false);
 	publish_state(sk, cn, oldstate, newstate);
 	if (newstate == TCP_CLOSE) {
 		publish_eof(sk, cn, oldstate);
@@ -184,13 +181,35 @@ int BPF_PROG(tcp_state_compat, const struct sock *sk, int oldstate, int newstate
 	return on_state(sk, oldstate, newstate, COMPAT);
 }
 
-/* The socket is destroyed (tcp_v4_destroy_sock, IPv6 too): whatever entry
- * it still has goes now, so no later socket at this address inherits it.
- * An entry not yet closed publishes its eof here: tcp_state's run at
- * TCP_CLOSE was skipped by the kernel (its own guard; a separate program has
- * a separate one), or data still queued after TCP_CLOSE (a peer reset) was
- * read, a connection of its own (conn_get). That eof carries oldstate
- * TCP_CLOSE: the state before close is not known here. */
+/* ring obs_events: a captured socket's destruction, with the kernel's own
+ * totals for it (struct tcp_sock). */
+static __always_inline void publish_destroy(const struct sock *sk, struct conn *cn)
+{
+	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
+	struct nettap_destroy *r;
+
+	r = obs_reserve(sizeof(*r), NETTAP_KIND_DESTROY, cn);
+	if (!r)
+		return;
+	r->bytes_acked = BPF_CORE_READ(tp, bytes_acked);
+	r->bytes_received = BPF_CORE_READ(tp, bytes_received);
+	r->segs_out = BPF_CORE_READ(tp, segs_out);
+	r->segs_in = BPF_CORE_READ(tp, segs_in);
+	r->total_retrans = BPF_CORE_READ(tp, total_retrans);
+	r->state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	r->pad0 = 0;
+	OBS_SOCK(r, sk, false);
+	obs_submit(r);
+}
+
+/* The socket is destroyed (tcp_v4_destroy_sock, IPv6 too): its destroy
+ * record, and whatever entry it still has goes now, so no later socket at
+ * this address inherits it. An entry not yet closed publishes its eof here:
+ * tcp_state's run at TCP_CLOSE was skipped by the kernel (its own guard; a
+ * separate program has a separate one), or data still queued after
+ * TCP_CLOSE (a peer reset) was read, a connection of its own (conn_get).
+ * That eof carries oldstate TCP_CLOSE: the state before close is not known
+ * here. */
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(tcp_destroy, struct sock *sk)
 {
@@ -201,6 +220,7 @@ int BPF_PROG(tcp_destroy, struct sock *sk)
 		return 0;
 	if (!cn->closed)
 		publish_eof(sk, cn, TCP_CLOSE);
+	publish_destroy(sk, cn);
 	conn_forget(sk);
 	return 0;
 }
@@ -208,10 +228,8 @@ int BPF_PROG(tcp_destroy, struct sock *sk)
 /* ring obs_events: a reset sent or received by a captured socket. */
 static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
 {
-	struct nettap_capture_config *cfg;
 	struct nettap_reset *r;
 	__u64 key = (__u64)sk;
-	__u32 zero = 0;
 	struct conn *cn;
 
 	if (!sk) /* Linux 6.10+: a reset for no socket */
@@ -219,22 +237,15 @@ static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (!cn) /* not captured (a timewait or request socket is never in the table) */
 		return 0;
-	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
-	if (!r) {
-		count_drop(NETTAP_RING_OBS_EVENTS, 1);
+	obs_count(NETTAP_OBS_RESETS + direction);
+	r = obs_reserve(sizeof(*r), NETTAP_KIND_RESET, cn);
+	if (!r)
 		return 0;
-	}
-	r->h.ts_ns = bpf_ktime_get_ns();
-	r->h.conn_id = cn->id;
-	r->h.kind = NETTAP_KIND_RESET;
-	r->h.pid = cn->pid;
 	r->direction = direction;
 	r->state = BPF_CORE_READ(sk, __sk_common.skc_state);
-	read_addrs((struct sock *)sk, false, &r->family, &r->sport, &r->dport, r->saddr, r->daddr);
-	cfg = bpf_map_lookup_elem(&capture_config, &zero);
-	bpf_ringbuf_submit(r, cfg ? wakeup_flags(&obs_events, NETTAP_RING_OBS_EVENTS,
-						 cfg->obs_wakeup_bytes)
-				  : BPF_RB_NO_WAKEUP);
+	r->pad0 = 0;
+	OBS_SOCK(r, sk, false);
+	obs_submit(r);
 	return 0;
 }
 
@@ -251,6 +262,38 @@ SEC("tp_btf/tcp_receive_reset")
 int BPF_PROG(tcp_rst_recv, struct sock *sk)
 {
 	return publish_reset(sk, NETTAP_DIR_INGRESS);
+}
+
+/* A captured socket reported an error (sk_err: a refused or timed-out
+ * connect, a reset, an ICMP error). The tracepoint is Linux 5.14's: the
+ * loader loads this program only where the kernel has it (features.py). */
+SEC("tp_btf/inet_sk_error_report")
+int BPF_PROG(tcp_sk_error, const struct sock *sk)
+{
+	__u64 key = (__u64)sk;
+	struct nettap_error *r;
+	struct conn *cn;
+	int err;
+
+	if (sk->sk_protocol != IPPROTO_TCP) /* any inet socket's */
+		return 0;
+	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	if (!cn)
+		return 0;
+	err = BPF_CORE_READ(sk, sk_err);
+	if (err <=
+	    0) /* tcp_disconnect reports too, after the error was read (a failed connect's) */
+		return 0;
+	obs_count(NETTAP_OBS_ERRORS + (err < 255 ? err : 255));
+	r = obs_reserve(sizeof(*r), NETTAP_KIND_ERROR, cn);
+	if (!r)
+		return 0;
+	r->errno = err;
+	r->state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	r->pad0 = 0;
+	OBS_SOCK(r, sk, false);
+	obs_submit(r);
+	return 0;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

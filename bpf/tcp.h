@@ -21,11 +21,14 @@
 
 /* Record kinds: nettap_hdr.kind, and the line's "type" (the kind's name in
  * NETTAP_RECORD). 0 is no kind: zeroed memory is never a record. */
-#define NETTAP_KIND_CHUNK 1
-#define NETTAP_KIND_EOF	  2
-#define NETTAP_KIND_LOG	  3
-#define NETTAP_KIND_STATE 4
-#define NETTAP_KIND_RESET 5
+#define NETTAP_KIND_CHUNK   1
+#define NETTAP_KIND_EOF	    2
+#define NETTAP_KIND_LOG	    3
+#define NETTAP_KIND_STATE   4
+#define NETTAP_KIND_RESET   5
+#define NETTAP_KIND_OWNER   6
+#define NETTAP_KIND_ERROR   7
+#define NETTAP_KIND_DESTROY 8
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG 0
@@ -38,6 +41,13 @@
 #define NETTAP_RING_LOGS	   2
 #define NETTAP_RING_OBS_EVENTS	   3
 #define NETTAP_RING_COUNT	   4
+
+/* Rows of the obs_counters per-CPU array: what captured sockets did, counted
+ * in the kernel (before their records reach a ring that may be full). */
+#define NETTAP_OBS_STATES 0   /* + oldstate * 16 + newstate (TCP states are < 16) */
+#define NETTAP_OBS_RESETS 256 /* + NETTAP_DIR_* (egress: sent, ingress: received) */
+#define NETTAP_OBS_ERRORS 264 /* + the error number (1..254; 255: any larger) */
+#define NETTAP_OBS_ROWS	  520
 
 /* capture_config.flags: which kinds of capture target exist. */
 #define NETTAP_TARGET_PID    (1U << 0)
@@ -61,6 +71,10 @@
 /* nettap_chunk.flags */
 #define NETTAP_CHUNK_F_READ_FAILED (1U << 0) /* payload could not be read; zeroed */
 #define NETTAP_CHUNK_F_NO_CONN	   (1U << 1) /* conn table full: conn_id 0, offsets unknown */
+
+/* nettap_owner.via: how nettap learnt a captured socket's owner */
+#define NETTAP_VIA_CONNECT    1 /* its connect, in the connecting task */
+#define NETTAP_VIA_FIRST_CALL 2 /* its first captured send or receive */
 
 /* nettap_log.code */
 // clang-format off
@@ -178,6 +192,63 @@ struct NETTAP_RECORD("reset", "obs_events") nettap_reset {
 	__u8 state NETTAP_JSON("enum:tcp_state");      /* the socket's state then */
 	__u8 saddr[16] NETTAP_JSON("addr");	       /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr");	       /* remote address */
+	__u32 netns;				       /* inode of the socket's network namespace */
+	__u32 pad0 NETTAP_JSON("-");
+};
+
+/* ring obs_events: who owns a captured socket, once per connection, as soon
+ * as nettap learns it: at its connect, else at its first captured call (a
+ * passive socket decided in softirq); pid (the header's) is the owner's tgid. */
+struct NETTAP_RECORD("owner", "obs_events") nettap_owner {
+	struct nettap_hdr h;
+	__u64 cgroup_id;		    /* the owner's cgroup v2 id (its directory's inode) */
+	__u32 tid;			    /* the owner's thread that made the call */
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port */
+	__u16 dport;			    /* remote port */
+	__u8 via NETTAP_JSON("enum:NETTAP_VIA"); /* how nettap learnt the owner */
+	__u8 pad0 NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	char comm[16] NETTAP_JSON("text");  /* the owner's thread's task name */
+};
+
+/* ring obs_events: a captured socket reported an error
+ * (sock:inet_sk_error_report, Linux 5.14+: a refused or timed-out connect, a
+ * reset, an ICMP error); pid the connection's. */
+struct NETTAP_RECORD("error", "obs_events") nettap_error {
+	struct nettap_hdr h;
+	__u32 errno NETTAP_JSON("enum:errno");	  /* the socket's error (sk_err), by its name */
+	__u16 family NETTAP_JSON("family");	  /* AF_INET or AF_INET6 */
+	__u16 sport;				  /* local port */
+	__u16 dport;				  /* remote port */
+	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
+	__u8 pad0 NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+};
+
+/* ring obs_events: a captured socket was destroyed (tcp:tcp_destroy_sock),
+ * with what the kernel counted for it over its life (struct tcp_sock; the
+ * byte counts are sequence space, RFC 4898's ThruOctets: a SYN and a FIN
+ * count one each); pid the connection's. */
+struct NETTAP_RECORD("destroy", "obs_events") nettap_destroy {
+	struct nettap_hdr h;
+	__u64 bytes_acked;			  /* sent and acknowledged by the peer */
+	__u64 bytes_received;			  /* received in sequence */
+	__u32 segs_out;				  /* segments sent, retransmissions included */
+	__u32 segs_in;				  /* segments received */
+	__u32 total_retrans;			  /* segments retransmitted */
+	__u16 family NETTAP_JSON("family");	  /* AF_INET or AF_INET6 */
+	__u16 sport;				  /* local port */
+	__u16 dport;				  /* remote port */
+	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
+	__u8 pad0 NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
 };
 
 /* ring logs: a problem met by a BPF program; pid the calling process's,

@@ -101,6 +101,15 @@ struct sock {
 	struct sock_common __sk_common;
 	__u16 sk_type;
 	__u16 sk_protocol;
+	int sk_err;
+};
+
+struct tcp_sock {
+	__u64 bytes_received;
+	__u32 segs_in;
+	__u32 segs_out;
+	__u64 bytes_acked;
+	__u32 total_retrans;
 };
 
 struct inet_sock {

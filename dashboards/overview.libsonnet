@@ -66,6 +66,22 @@ local lib = import 'lib.libsonnet';
           ],
         },
         {
+          title: "Captured workloads' connections",
+          panels: [
+            lib.timeseries('Connections opened and closed', 'ops', [
+              lib.target(q('sum(rate(nettap_tcp_state_changes_total{%(sel)s, from="CLOSE", to="SYN_SENT"}[$__rate_interval]))'), 'connects'),
+              lib.target(q('sum(rate(nettap_tcp_state_changes_total{%(sel)s, from="LISTEN", to="SYN_RECV"}[$__rate_interval]))'), 'accepts'),
+              lib.target(q('sum(rate(nettap_tcp_state_changes_total{%(sel)s, to="CLOSE"}[$__rate_interval]))'), 'closes'),
+            ], description='TCP state changes of the captured sockets, counted in the kernel: connects (CLOSE to SYN_SENT), accepted connections (LISTEN to SYN_RECV), closes (to CLOSE).', w=8),
+            lib.timeseries('Resets', 'ops', [
+              lib.target(q('sum by (instance, direction) (rate(nettap_tcp_resets_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{direction}}'),
+            ], description='Resets the captured sockets sent (an abort, a close with unread data) and received (a refused connect, a peer that aborted).', w=8),
+            lib.timeseries('Socket errors', 'ops', [
+              lib.target(q('sum by (instance, errno) (rate(nettap_tcp_socket_errors_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{errno}}'),
+            ], description='Errors the captured sockets reported (ECONNREFUSED, ECONNRESET, ETIMEDOUT, ...); Linux 5.14+ (probe tcp_sk_error).', w=8),
+          ],
+        },
+        {
           title: 'Cost',
           panels: [
             lib.timeseries('nettap process CPU (cores)', 'short', [

@@ -29,6 +29,7 @@ FORMS = {
     "text": "a task name: the bytes up to the first NUL, invalid UTF-8 replaced by U+FFFD",
     "enum:GROUP": "the value's name from the GROUP of #defines, else its number, as a string",
     "enum:tcp_state": "the kernel's TCP state name (`ESTABLISHED`, ...), else its number, as a string",
+    "enum:errno": "the error number's name (`ECONNREFUSED`, ...), else its number, as a string",
     "flags:GROUP": "a list of the set bits' names from GROUP; unknown bits as one hex string",
     "base64:FIELD": "the first FIELD bytes (at most the array's size), in base64",
 }

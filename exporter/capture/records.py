@@ -17,6 +17,7 @@ pure-Python one it is checked against is a test oracle (tests/oracles.py).
 """
 from __future__ import annotations
 
+import errno
 import json
 import socket
 
@@ -32,6 +33,9 @@ AF_NAMES = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6"}
 # The kernel's TCP states (include/net/tcp_states.h), the NETTAP_JSON form enum:tcp_state.
 TCP_STATES = ("", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
               "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV", "BOUND_INACTIVE")
+
+# Linux's error numbers (include/uapi/asm-generic/errno*.h), the NETTAP_JSON form enum:errno.
+ERRNO_NAMES = dict(sorted(errno.errorcode.items()))
 
 # kernel/bpf/ringbuf.c: BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ
 RB_BUSY = 1 << 31
@@ -113,8 +117,11 @@ def _quoted(names: dict) -> list:
 def names_of(form: str) -> dict:
     """value -> name for an enum: or flags: JSON form (docs/records.md)."""
     group = form.split(":", 1)[1]
-    return {i: n for i, n in enumerate(TCP_STATES) if n} if group == "tcp_state" \
-        else tcp_h.NAMES[group[len("NETTAP_"):]]
+    if group == "tcp_state":
+        return {i: n for i, n in enumerate(TCP_STATES) if n}
+    if group == "errno":
+        return ERRNO_NAMES
+    return tcp_h.NAMES[group[len("NETTAP_"):]]
 
 
 def _writer_tables():

@@ -18,13 +18,14 @@ from exporter.capture import filter as capture_filter, sinks, targets
 from exporter.kernel.bpfstats import (STATE_PROBE, ProgramStatsCollector, StatsSwitch, own_program_misses,
                        own_program_stats)
 from exporter.metrics.cgroup import CgroupCollector
-from exporter.metrics.collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
-                         ProbeCollector, ReloadCollector)
+from exporter.metrics.collectors import (BuildInfoCollector, Guarded, LifecycleCollector, MapCollector,
+                         PipelineCollector, ProbeCollector, ReloadCollector)
 from exporter.config import Config, ConfigError
+from exporter.kernel import tcp_h
 from exporter.kernel.loader import Probes
 from exporter.kernel.maps import PerCpuArray, lookup
 from exporter.capture.pipeline import Pipeline
-from exporter.capture.records import PROBE_COUNTERS, PROBES, RINGS
+from exporter.capture.records import ERRNO_NAMES, PROBE_COUNTERS, PROBES, RINGS, TCP_STATES
 from exporter.capture.ringbuf import RingMemory
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Nettap:
             self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)
             self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
+            self._obs = PerCpuArray(fds["obs_counters"], "<u8")
             # Without a sink the capture rings are counted, not copied out.
             keep = config.output.type != "none"
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
@@ -87,6 +89,10 @@ class Nettap:
 
     def drops(self) -> Dict[str, int]:
         return {r: self._drops.sum(i)[""] for i, r in enumerate(RINGS)}
+
+    def obs_counts(self):
+        """The obs_counters rows (NETTAP_OBS_*), summed over CPUs."""
+        return self._obs.sum_rows(tcp_h.OBS_ROWS)
 
     def known_map_entries(self) -> Dict[str, int]:
         cur = self.target_maps.current
@@ -129,9 +135,9 @@ class Nettap:
             "captures": [{"kind": t.kind, "value": t.value, "gone": tuple(t) in cur.gone}
                          for t in self.config.captures],
             # As nettap_probe_attached reports them (collectors.PipelineCollector).
-            "probes": [{"probe": p, "mechanism": st.mechanism if st.attached else "none",
+            "probes": [{"probe": p, "mechanism": st.reported,
                         "attached": st.attached, "error": st.error}
-                       for p, st in (*probes.states.items(), ("tcp_state", probes.lifecycle))],
+                       for p, st in probes.all_states().items()],
             "rings": [{"ring": name, "capacity": ring.size, "pending": ring.pending_bytes(),
                        "drops": drops.get(name, 0)} for name, ring in self.rings.items()],
             "bpf_stats": {"wanted": self.stats_switch.wanted, "source": self.stats_switch.source(),
@@ -239,6 +245,7 @@ class Nettap:
             gc_collector.GCCollector(registry=reg)
         reg.register(Guarded({
             "probes": ProbeCollector(self.counters, self.drops),
+            "lifecycle": LifecycleCollector(self.obs_counts, TCP_STATES, ERRNO_NAMES),
             "pipeline": PipelineCollector(self),
             "programs": ProgramStatsCollector(self.stats_switch, lambda: self.probes.prog_fds,
                                               lambda: self.config.bpf_stats_scope),

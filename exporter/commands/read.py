@@ -16,8 +16,8 @@ from typing import Iterator, List
 
 from exporter.util.logsafe import escape
 from exporter.util.outpath import open_regular
-from exporter.commands.streams import (Capture, Conn, Problems, Stream, capture_gaps, clock_losses, endpoint,
-                                      ordered, records, select)
+from exporter.commands.streams import (LIFECYCLE, Capture, Conn, Problems, Stream, capture_gaps, clock_losses,
+                                      endpoint, ordered, records, select)
 
 # ---- text output ---------------------------------------------------------
 
@@ -42,8 +42,9 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
     for r in rows:
         out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
     n = cap.counts
+    life = ", ".join(f"{n[k]} {k}" for k in LIFECYCLE if n[k])
     out.write(f"{len(conns)} connection(s) of {len(cap.conns)}; records: {n['chunk']} chunk, "
-              f"{n['eof']} eof, {n['log']} log" + (f", {n['state']} state" if n["state"] else "") + "\n")
+              f"{n['eof']} eof, {n['log']} log" + (f", {life}" if life else "") + "\n")
     if cap.no_conn:
         out.write(f"{cap.no_conn} chunk(s) without a connection (conn_id 0: nettap's connection table "
                   f"was full): in no stream\n")
@@ -83,11 +84,16 @@ def _hexdump(off: int, data: bytes) -> Iterator[str]:
         yield f"{off + i:08x}  {h:<48}  |{a}|\n"
 
 
-def streams(c: Conn, out, hexdump: bool) -> None:
+def streams(c: Conn, out, hexdump: bool, events=()) -> None:
+    """A connection's streams; before them its life (events: (ts_ns, text)
+    of its state, owner, reset, error and destroy records, in order), each
+    at its time after the first."""
     pids = ", ".join(map(str, sorted(c.pids)))
     out.write(f"conn {c.conn_id}: {escape(c.family)} {endpoint(c.family, c.saddr, c.sport)} -> "
               f"{endpoint(c.family, c.daddr, c.dport)}, pid {pids} ({escape(c.comm)})"
               f"{', closed' if c.eof else ''}\n")
+    for ts, text in events:
+        out.write(f"  +{(ts - events[0][0]) / 1e6:.3f} ms  {text}\n")
     for d, s in c.streams.items():
         end = s.end(c.total(d))
         frm, to = c.ends(d)
@@ -188,5 +194,5 @@ def _run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return rc
     for c in conns:
-        streams(c, out, args.hex)
+        streams(c, out, args.hex, sorted(full.events.get(c.conn_id, ())))
     return rc

@@ -108,8 +108,13 @@ def preflight(probes) -> int:
         why = "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
         print(f"{p}: {st.mechanism if st.attached else 'NOT ATTACHED'} ({why})")
     lc = probes.lifecycle
-    print(f"tcp_state (lifecycle): {lc.mechanism if lc.attached else 'NOT ATTACHED: ' + lc.error}", flush=True)
-    ok = all(st.attached for st in probes.states.values()) and lc.attached
+    print(f"tcp_state (lifecycle): {lc.mechanism if lc.attached else 'NOT ATTACHED: ' + lc.error}")
+    for p, st in probes.optional.items():
+        print(f"{p} (lifecycle, where the kernel has it): "
+              f"{st.mechanism if st.attached else 'not attached: ' + st.error}")
+    sys.stdout.flush()
+    ok = all(st.attached for st in probes.states.values()) and lc.attached \
+        and all(st.attached for st in probes.optional.values() if st.reported != "unsupported")
     probes.close()
     return 0 if ok else 1
 
@@ -267,15 +272,15 @@ def _daemon(cfg, probes, log_level):
 
 def _mechanisms(app) -> dict:
     """{probe: its mechanism, or none}, the lifecycle probe included."""
-    states = {**app.probes.states, "tcp_state": app.probes.lifecycle}
-    return {p: st.mechanism if st.attached else "none" for p, st in states.items()}
+    return {p: st.reported for p, st in app.probes.all_states().items()}
 
 
 def _log_attached(app, attached: float, ready: float) -> None:
     mechs = _mechanisms(app)
-    up = {p: m for p, m in mechs.items() if m != "none"}
+    up = {p: m for p, m in mechs.items() if m not in ("none", "unsupported")}
     if up:
-        log.info("%d of %d probes attached in %.3f s (%s), ready in %.3f s", len(up), len(mechs), attached,
+        log.info("%d of %d probes attached in %.3f s (%s), ready in %.3f s", len(up),
+                 len([m for m in mechs.values() if m != "unsupported"]), attached,
                  ", ".join(f"{p}={m}" for p, m in up.items()), ready)
     else:                                       # the loader logged why, probe by probe
         log.warning("no probe attached, in %.3f s", attached)

@@ -33,10 +33,26 @@ _EOF = {"conn_id": _INT, "ts_ns": _INT, "start_ns": _INT, "tx_bytes": _INT, "rx_
         "comm": _STR, "oldstate": _STR}
 _LOG = {"code": _STR}
 _STATE = {"conn_id": _INT, "ts_ns": _INT, "oldstate": _STR, "newstate": _STR}
+_RESET = {"conn_id": _INT, "ts_ns": _INT, "direction": _STR, "state": _STR}
+_OWNER = {"conn_id": _INT, "ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "cgroup_id": _INT, "via": _STR}
+_ERROR = {"conn_id": _INT, "ts_ns": _INT, "errno": _STR, "state": _STR}
+_DESTROY = {"conn_id": _INT, "ts_ns": _INT, "bytes_acked": _INT, "bytes_received": _INT, "segs_out": _INT,
+            "segs_in": _INT, "total_retrans": _INT, "state": _STR}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
-SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "clock": _CLOCK, "start": _MARK,
-           "stop": _MARK}
+SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
+           "error": _ERROR, "destroy": _DESTROY, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
+# What a connection's life records say, in a line each (nettap read --conn).
+LIFECYCLE = {
+    "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
+    "reset": lambda r: f"reset {'sent' if r['direction'] == 'egress' else 'received'} in {r['state']}",
+    "owner": lambda r: (f"owner pid {r['pid']} tid {r['tid']} ({r['comm']}), cgroup {r['cgroup_id']}, "
+                        f"learnt at its {r['via'].replace('_', ' ')}"),
+    "error": lambda r: f"error {r['errno']} in {r['state']}",
+    "destroy": lambda r: (f"destroyed in {r['state']}: {r['bytes_acked']} B acknowledged, "
+                          f"{r['bytes_received']} B received, {r['segs_out']} segments out, {r['segs_in']} in, "
+                          f"{r['total_retrans']} retransmitted"),
+}
 # The largest value each integer field can hold in the kernel's record
 # (bpf/tcp.h); a larger one is not nettap's and would break the pcap.
 _U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
@@ -288,9 +304,9 @@ class Capture:
 
     def __init__(self) -> None:
         self.conns: Dict[tuple, Conn] = {}
-        self.counts = {"chunk": 0, "eof": 0, "log": 0, "state": 0, "clock": 0, "start": 0, "stop": 0}
+        self.counts = dict.fromkeys(SCHEMAS, 0)
         self.clocks: List[Tuple[int, int, int]] = []      # (real_ns, kernel drops, lost after) per clock line
-        self.states: Dict[int, List[Tuple[int, str, str]]] = {}    # conn_id -> (ts_ns, old, new), in order
+        self.events: Dict[int, List[Tuple[int, str]]] = {}    # conn_id -> its life's (ts_ns, text), in order
         self.logs: Dict[str, int] = {}
         self.marks: List[Tuple[str, str, int]] = []   # (start or stop, time, pid) in file order
         self.no_conn = 0                        # chunks of connections nettap had no room for
@@ -309,8 +325,8 @@ class Capture:
             n = [sum(v for v in rec[k].values() if isinstance(v, int)) for k in ("drops", "lost")]
             self.clocks.append((rec["real_ns"], n[0], n[1]))
             return
-        if kind == "state":                     # a socket's TCP states, by its conn_id
-            self.states.setdefault(rec["conn_id"], []).append((rec["ts_ns"], rec["oldstate"], rec["newstate"]))
+        if kind in LIFECYCLE:                   # a socket's life, by its conn_id
+            self.events.setdefault(rec["conn_id"], []).append((rec["ts_ns"], escape(LIFECYCLE[kind](rec))))
             return
         if rec["conn_id"] == 0:                 # no connection state: offsets unknown
             self.no_conn += kind == "chunk"

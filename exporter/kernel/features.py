@@ -25,6 +25,7 @@ BPF_FUNC_get_current_task_btf = 158
 BPF_FUNC_loop = 181
 
 BTF_KIND_STRUCT = 4
+BTF_KIND_TYPEDEF = 8
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
 VARIANTS = ("fast", "compat")
 
@@ -97,6 +98,14 @@ def _btf_type(btf: int, name: str) -> tuple:
     return libbpf.lib().btf__find_by_name_kind(btf, name.encode(), BTF_KIND_STRUCT) > 0, "vmlinux BTF"
 
 
+def _tracepoint(btf: int, name: str) -> tuple:
+    """A BTF raw tracepoint's typedef (libbpf attaches tp_btf/NAME through it)."""
+    if not btf:
+        return False, "no vmlinux BTF"
+    found = libbpf.lib().btf__find_by_name_kind(btf, f"btf_trace_{name}".encode(), BTF_KIND_TYPEDEF) > 0
+    return found, "vmlinux BTF"
+
+
 def probe(btf: int) -> list:
     """Every feature, in the order --preflight prints them. btf: the parsed
     vmlinux BTF (0 if the kernel has none)."""
@@ -117,6 +126,8 @@ def probe(btf: int) -> list:
         ("atomic fetch-and-add", "5.12", _atomic_fetch),
         ("bpf_loop", "5.17", lambda: _helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_loop)),
         ("bpf_rdonly_cast", "6.2", lambda: _kfunc(btf, "bpf_rdonly_cast")),
+        # a tracepoint an optional lifecycle program needs (loader.OPTIONAL)
+        ("sock:inet_sk_error_report", "5.14", lambda: _tracepoint(btf, "inet_sk_error_report")),
     )
     return [Feature(name, since, *check()) for name, since, check in checks]
 

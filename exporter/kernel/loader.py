@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from exporter.kernel import features, libbpf, tcp_h
-from exporter.kernel.mechanisms import Plan, ProbeState, ensure_tracefs, plan
+from exporter.kernel.mechanisms import UNSUPPORTED, Plan, ProbeState, ensure_tracefs, plan
 
 log = logging.getLogger(__name__)
 
@@ -68,22 +68,37 @@ _TP_PLAN: dict = {
 # The lifecycle programs, BTF raw tracepoints attached by their SEC
 # (bpf/tcp.bpf.c says why not the classic tracepoints): tcp_state on
 # sock:inet_sock_set_state decides capture at a socket's first state and
-# publishes a captured socket's state changes, and its eof at TCP_CLOSE;
-# tcp_destroy on tcp:tcp_destroy_sock publishes what a skipped tcp_state run
-# left and removes every entry with its socket; tcp_rst_sent and
-# tcp_rst_recv (tcp:tcp_send_reset, tcp:tcp_receive_reset) publish a
-# captured socket's resets. Reported as one probe,
-# "tcp_state", attached when both are. tcp_state creates connections, so it
-# comes in both variants (their connection ids differ: bpf/conn.bpf.h).
+# publishes a captured socket's state changes, its owner at connect, and its
+# eof at TCP_CLOSE; tcp_destroy on tcp:tcp_destroy_sock publishes its
+# destruction (and what a skipped tcp_state run left) and removes every entry
+# with its socket; tcp_rst_sent and tcp_rst_recv (tcp:tcp_send_reset,
+# tcp:tcp_receive_reset) publish a captured socket's resets. Reported as one
+# probe, "tcp_state", attached when all are. tcp_state creates connections,
+# so it comes in both variants (their connection ids differ: bpf/conn.bpf.h).
 LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf", "tcp_rst_sent": "tp_btf",
              "tcp_rst_recv": "tp_btf"}
 _LIFECYCLE_VARIANTS = ("tcp_state",)
+# Lifecycle programs on a tracepoint not every supported kernel has: each is
+# its own probe, loaded only where the kernel has its tracepoint (the feature
+# of that name, features.py), else reported unattached with the reason.
+# tcp_sk_error (sock:inet_sk_error_report, Linux 5.14) publishes a captured
+# socket's errors.
+OPTIONAL = {"tcp_sk_error": ("tp_btf", "sock:inet_sk_error_report")}
 
 
 def lifecycle_programs(variant: str = "fast") -> dict:
     """program name -> mechanism of the lifecycle programs of a variant."""
     return {(f"{n}_compat" if variant != "fast" and n in _LIFECYCLE_VARIANTS else n): m
             for n, m in LIFECYCLE.items()}
+
+
+def optional_programs(features: list) -> dict:
+    """program name -> mechanism of the optional programs the kernel has the
+    tracepoints of."""
+    have = {f.name for f in features if f.present}
+    return {n: m for n, (m, needs) in OPTIONAL.items() if needs in have}
+
+
 _TRACEPOINTS = {prog: tps for plan in _TP_PLAN.values() for prog, tps in plan.items()}
 
 
@@ -200,6 +215,12 @@ class Probes:
         self.states = self.plan.states
         self.variant = self.plan.variant
         self.lifecycle = ProbeState("tcp_state", mechanism=LIFECYCLE["tcp_state"])
+        self.optional = {n: ProbeState(n, mechanism=m) for n, m in optional_programs(self.plan.features).items()}
+        for n, (_m, needs) in OPTIONAL.items():
+            if n not in self.optional:
+                since = next((f.since for f in self.plan.features if f.name == needs), "")
+                self.optional[n] = ProbeState(n, mechanism=UNSUPPORTED,
+                                              error=f"this kernel has no tracepoint {needs} (Linux {since}+)")
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
@@ -223,6 +244,7 @@ class Probes:
     def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
         want = {name: "lifecycle" for name in lifecycle_programs(self.variant)}
+        want.update({name: name for name in optional_programs(self.plan.features)})
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
@@ -268,6 +290,18 @@ class Probes:
             self._detach_from(first)
             self.lifecycle.error = str(e)
             log.error("lifecycle programs (%s) not attached: %s", ", ".join(LIFECYCLE), e)
+        for name, st in self.optional.items():
+            if st.mechanism == UNSUPPORTED:
+                log.info("probe %s not attached: %s", name, st.error)
+                continue
+            first = len(self.links)
+            try:
+                self._attach_one(name, st.mechanism)
+                st.attached = True
+            except OSError as e:
+                self._detach_from(first)
+                st.error = str(e)
+                log.error("probe %s not attached: %s", name, e)
         for probe, st in self.states.items():
             if st.mechanism == "none":
                 st.error = "no mechanism accepted: " + "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
@@ -285,6 +319,11 @@ class Probes:
                 st.error = str(e)
                 st.mechanism = "none"
                 log.error("probe %s not attached: %s", probe, e)
+
+    def all_states(self) -> dict:
+        """probe -> ProbeState, every probe: the call probes, the lifecycle
+        (tcp_state) and the optional lifecycle programs."""
+        return {**self.states, "tcp_state": self.lifecycle, **self.optional}
 
     # -- lifetime --
     def detach(self) -> None:

@@ -131,6 +131,9 @@ def ensure_tracefs() -> None:
                       + (" (mounting needs root, or CAP_SYS_ADMIN)" if err == errno.EPERM else ""))
 
 
+UNSUPPORTED = "unsupported"      # a probe this kernel cannot have (a tracepoint it lacks)
+
+
 class ProbeState:
     """One probe: the mechanism chosen, whether it is attached, why each
     mechanism was (not) taken, and the error if attaching failed."""
@@ -142,6 +145,13 @@ class ProbeState:
         self.attached = attached
         self.reasons = reasons if reasons is not None else {}   # mechanism -> why (not) chosen
         self.error = error
+
+    @property
+    def reported(self) -> str:
+        """nettap_probe_attached's mechanism label: the mechanism once attached;
+        "unsupported" where the kernel lacks what the probe needs (not a
+        failure: NettapProbeAttachFailed ignores it); else none."""
+        return self.mechanism if self.attached or self.mechanism == UNSUPPORTED else "none"
 
     def __repr__(self) -> str:
         return (f"ProbeState({self.probe!r}, mechanism={self.mechanism!r}, attached={self.attached}, "

@@ -10,6 +10,9 @@ KIND_EOF = 2
 KIND_LOG = 3
 KIND_STATE = 4
 KIND_RESET = 5
+KIND_OWNER = 6
+KIND_ERROR = 7
+KIND_DESTROY = 8
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_COUNT = 2
@@ -18,6 +21,10 @@ RING_CAPTURE_EOF = 1
 RING_LOGS = 2
 RING_OBS_EVENTS = 3
 RING_COUNT = 4
+OBS_STATES = 0
+OBS_RESETS = 256
+OBS_ERRORS = 264
+OBS_ROWS = 520
 TARGET_PID = 1
 TARGET_CGROUP = 2
 TARGET_NETNS = 4
@@ -31,6 +38,8 @@ DIR_EGRESS = 0
 DIR_INGRESS = 1
 CHUNK_F_READ_FAILED = 1
 CHUNK_F_NO_CONN = 2
+VIA_CONNECT = 1
+VIA_FIRST_CALL = 2
 LOG_READ_USER_FAILED = 1
 LOG_CONN_TABLE_FULL = 2
 LOG_INFLIGHT_FULL = 3
@@ -41,10 +50,11 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn'},
     'DIR': {0: 'egress', 1: 'ingress'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events'},
+    'VIA': {1: 'connect', 2: 'first_call'},
 }
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events')
@@ -145,7 +155,7 @@ STRUCTS = {
         ('netns', 64, '__u32', 1, 4, '', "inode of the socket's network namespace"),
         ('pad0', 68, '__u32', 1, 4, '-', ''),
     )),
-    'nettap_reset': (64, (
+    'nettap_reset': (72, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
         ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
@@ -157,6 +167,59 @@ STRUCTS = {
         ('state', 31, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
         ('saddr', 32, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 48, '__u8', 16, 16, 'addr', 'remote address'),
+        ('netns', 64, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('pad0', 68, '__u32', 1, 4, '-', ''),
+    )),
+    'nettap_owner': (96, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('cgroup_id', 24, '__u64', 1, 8, '', "the owner's cgroup v2 id (its directory's inode)"),
+        ('tid', 32, '__u32', 1, 4, '', "the owner's thread that made the call"),
+        ('family', 36, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 38, '__u16', 1, 2, '', 'local port'),
+        ('dport', 40, '__u16', 1, 2, '', 'remote port'),
+        ('via', 42, '__u8', 1, 1, 'enum:NETTAP_VIA', 'how nettap learnt the owner'),
+        ('pad0', 43, '__u8', 1, 1, '-', ''),
+        ('netns', 44, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
+        ('comm', 80, 'char', 16, 16, 'text', "the owner's thread's task name"),
+    )),
+    'nettap_error': (72, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('errno', 24, '__u32', 1, 4, 'enum:errno', "the socket's error (sk_err), by its name"),
+        ('family', 28, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 30, '__u16', 1, 2, '', 'local port'),
+        ('dport', 32, '__u16', 1, 2, '', 'remote port'),
+        ('state', 34, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
+        ('pad0', 35, '__u8', 1, 1, '-', ''),
+        ('netns', 36, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 40, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 56, '__u8', 16, 16, 'addr', 'remote address'),
+    )),
+    'nettap_destroy': (96, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('bytes_acked', 24, '__u64', 1, 8, '', 'sent and acknowledged by the peer'),
+        ('bytes_received', 32, '__u64', 1, 8, '', 'received in sequence'),
+        ('segs_out', 40, '__u32', 1, 4, '', 'segments sent, retransmissions included'),
+        ('segs_in', 44, '__u32', 1, 4, '', 'segments received'),
+        ('total_retrans', 48, '__u32', 1, 4, '', 'segments retransmitted'),
+        ('family', 52, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 54, '__u16', 1, 2, '', 'local port'),
+        ('dport', 56, '__u16', 1, 2, '', 'remote port'),
+        ('state', 58, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
+        ('pad0', 59, '__u8', 1, 1, '-', ''),
+        ('netns', 60, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 64, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 80, '__u8', 16, 16, 'addr', 'remote address'),
     )),
 }
 
@@ -168,7 +231,10 @@ RECORDS = {
     'log': ('logs', 'nettap_log'),
     'state': ('obs_events', 'nettap_state'),
     'reset': ('obs_events', 'nettap_reset'),
+    'owner': ('obs_events', 'nettap_owner'),
+    'error': ('obs_events', 'nettap_error'),
+    'destroy': ('obs_events', 'nettap_destroy'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 72}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 80, 'destroy': 104}

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.kernel import libbpf
+from exporter.kernel import libbpf, tcp_h
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,55 @@ class ProbeCollector(Collector):
         return [calls, returns, nbytes, chunks, drops]
 
 
+class LifecycleCollector(Collector):
+    """What captured sockets did, counted in the kernel (the obs_counters
+    rows, bpf/tcp.h NETTAP_OBS_*) whether or not their records found room on
+    obs_events. ``read()`` returns the rows summed over CPUs.
+
+    Bounded label sets: a state change only for the pairs seen (the kernel's
+    states, at most 12 x 12), an error only for the numbers seen (their names;
+    255 and above as "other"), both reset directions always."""
+
+    SPECS = [
+        (CounterMetricFamily, "nettap_tcp_state_changes", "TCP state changes of captured sockets.", ["from", "to"]),
+        (CounterMetricFamily, "nettap_tcp_resets",
+         "Resets sent and received by captured sockets.", ["direction"]),
+        (CounterMetricFamily, "nettap_tcp_socket_errors",
+         "Errors captured sockets reported (sock:inet_sk_error_report, Linux 5.14+), by name.", ["errno"]),
+    ]
+
+    def __init__(self, read: Callable[[], "object"], state_names: tuple, errno_names: dict):
+        """state_names: the kernel's TCP state names by number; errno_names:
+        error names by number (exporter.capture.records, the JSON forms')."""
+        self.read, self.state_names, self.errno_names = read, state_names, errno_names
+
+    def describe(self) -> Iterable[Metric]:
+        return _families(self.SPECS)
+
+    def collect(self) -> Iterable[Metric]:
+        states, resets, errors = _families(self.SPECS)
+        rows = self.read()
+        for i in rows[tcp_h.OBS_STATES:tcp_h.OBS_STATES + 256].nonzero()[0]:
+            old, new = divmod(int(i), 16)
+            states.add_metric([self._state(old), self._state(new)], int(rows[tcp_h.OBS_STATES + i]))
+        for d, name in ((tcp_h.DIR_EGRESS, "sent"), (tcp_h.DIR_INGRESS, "received")):
+            resets.add_metric([name], int(rows[tcp_h.OBS_RESETS + d]))
+        for e in rows[tcp_h.OBS_ERRORS:tcp_h.OBS_ERRORS + 256].nonzero()[0]:
+            name = "other" if e >= 255 else self.errno_names.get(int(e), str(int(e)))
+            errors.add_metric([name], int(rows[tcp_h.OBS_ERRORS + e]))
+        return [states, resets, errors]
+
+    def _state(self, n: int) -> str:
+        return self.state_names[n] if 0 < n < len(self.state_names) else str(n)
+
+
 class PipelineCollector(Collector):
     """Attach state, rings seen from user space, losses after the rings."""
 
     SPECS = [
         (GaugeMetricFamily, "nettap_probe_attached",
-         "1 when the probe is attached by that mechanism; mechanism none when it is not attached.",
+         "1 when the probe is attached by that mechanism; mechanism none when it failed to attach, "
+         "unsupported where the kernel lacks what it needs.",
          ["probe", "mechanism"]),
         (CounterMetricFamily, "nettap_ringbuf_records_drained", "Records read from the ring by user space.", ["ring"]),
         (GaugeMetricFamily, "nettap_ringbuf_capacity_bytes", "Data size of the ring.", ["ring"]),
@@ -98,8 +141,8 @@ class PipelineCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         attached, drained, cap, pending, lost, written, errors, nbytes, variant, feats = _families(self.SPECS)
         probes = self.app.probes
-        for probe, st in (*probes.states.items(), ("tcp_state", probes.lifecycle)):
-            attached.add_metric([probe, st.mechanism if st.attached else "none"], 1 if st.attached else 0)
+        for probe, st in probes.all_states().items():
+            attached.add_metric([probe, st.reported], 1 if st.attached else 0)
         variant.add_metric([probes.variant], 1)
         for f in probes.plan.features:
             feats.add_metric([f.name, f.since], 1 if f.present else 0)

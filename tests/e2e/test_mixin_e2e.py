@@ -2,9 +2,11 @@
 scrapes the real exporter under traffic; every dashboard query is evaluated
 through its HTTP API; forced ring drops fire the drops alert, which reaches
 a real Alertmanager and its webhook (a small server in this test)."""
+import errno
 import json
 import os
 import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -49,7 +51,10 @@ def limited_cgroups():
 
 def test_every_dashboard_query_evaluates_and_nettaps_own_return_data(tmp_path, limited_cgroups):
     srv = Server()
-    n = Nettap(tmp_path, {"captures": [{"port": srv.port}],
+    closed = socket.create_server(("127.0.0.1", 0))
+    refused = closed.getsockname()[1]
+    closed.close()                                # a captured port nothing listens on: resets, errors
+    n = Nettap(tmp_path, {"captures": [{"port": srv.port}, {"port": refused}],
                           "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl")},
                           "diagnostics": {"bpfStats": {"enabled": True, "scope": "node"}}},
                cgroups=limited_cgroups)
@@ -58,6 +63,8 @@ def test_every_dashboard_query_evaluates_and_nettaps_own_return_data(tmp_path, l
         end = time.time() + 12                    # traffic across several scrapes
         while time.time() < end:
             send_messages(srv.port, 20, 300)
+            with socket.socket() as c:
+                assert c.connect_ex(("127.0.0.1", refused)) == errno.ECONNREFUSED
             time.sleep(0.5)
         time.sleep(2)
         queries = dashboard_queries(include_variables=True)

@@ -113,6 +113,9 @@ class Run:
     def drops(self):
         return self.app.drops()
 
+    def obs_counts(self):
+        return self.app.obs_counts()
+
     def apply(self, doc):
         doc = dict(doc)
         doc.setdefault("output", {"type": "jsonl", "path": str(self.out)})
@@ -124,7 +127,8 @@ class Run:
         self.app.close()
         drained = {name: r.drained for name, r in rings.items()}
         lines = [json.loads(l) for l in self.out.read_text().splitlines()] if self.out.exists() else []
-        return records_only(lines), drained
+        self.window_lines = records_only(lines)
+        return self.window_lines, drained
 
 
 def records_only(lines):
@@ -212,7 +216,7 @@ class Window:
         self.apply(doc)
         shared.quiet()
         self.offset = self.out.stat().st_size if self.out.exists() else 0
-        self._counters, self._drops = self.app.counters(), self.app.drops()
+        self._counters, self._drops, self._obs = self.app.counters(), self.app.drops(), self.app.obs_counts()
         self._drained = {n: r.drained for n, r in self.app.rings.items()}
 
     def counters(self):
@@ -220,6 +224,10 @@ class Window:
 
     def drops(self):
         return {r: v - self._drops[r] for r, v in self.app.drops().items()}
+
+    def obs_counts(self):
+        """The obs_counters rows (NETTAP_OBS_*) since the test's start."""
+        return self.app.obs_counts() - self._obs
 
     def apply(self, doc):
         self.shared.run.apply(doc)
@@ -233,6 +241,7 @@ class Window:
             lines = records_only([json.loads(l) for l in f.read().splitlines()])
         drained = {n: r.drained - self._drained[n] for n, r in self.app.rings.items()}
         self.apply({"captures": []})
+        self.window_lines = lines             # every connection's: what the kernel counters count
         mine = [l for l in lines if l.get("conn_id") not in self.shared.seen]
         self.shared.seen |= {l["conn_id"] for l in lines if l.get("conn_id")}     # 0: no connection
         return mine, drained

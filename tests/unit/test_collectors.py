@@ -14,17 +14,19 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.kernel import bpfstats, fdinfo
+from exporter.capture.records import ERRNO_NAMES, TCP_STATES
+from exporter.kernel import bpfstats, fdinfo, tcp_h
 from exporter.metrics import collectors
 from exporter.commands.daemon import ReloadState
 from exporter.kernel.bpfstats import ProgramStatsCollector
 from exporter.metrics.cgroup import CgroupCollector
-from exporter.metrics.collectors import (BuildInfoCollector, Guarded, MapCollector, PipelineCollector,
-                                 ProbeCollector, ReloadCollector)
+from exporter.metrics.collectors import (BuildInfoCollector, Guarded, LifecycleCollector, MapCollector,
+                                         PipelineCollector, ProbeCollector, ReloadCollector)
 from exporter.kernel.features import Feature
 from exporter.kernel.mechanisms import ProbeState
 from exporter.web.server import HttpCollector
@@ -55,14 +57,34 @@ class FakeRing:
         return self._pending
 
 
+PROBE_STATES = {
+    "tcp_sendmsg": ProbeState("tcp_sendmsg", mechanism="fentry", attached=True),
+    # not attached: rendered with mechanism none whatever was tried
+    "tcp_recvmsg": ProbeState("tcp_recvmsg", mechanism="kprobe", attached=False, error="attach refused"),
+    "tcp_state": ProbeState("tcp_state", mechanism="tp_btf", attached=True),
+    # a kernel without its tracepoint: unsupported, not a failure
+    "tcp_sk_error": ProbeState("tcp_sk_error", mechanism="unsupported", error="no tracepoint"),
+}
+
+
+def lifecycle_rows():
+    """obs_counters rows (bpf/tcp.h NETTAP_OBS_*): two connections' states,
+    three resets, errors by number (255: any larger)."""
+    rows = np.zeros(tcp_h.OBS_ROWS, dtype=np.uint64)
+    for old, new in ((7, 2), (2, 1), (10, 3), (3, 1), (1, 7), (1, 7)):     # CLOSE -> SYN_SENT, ...
+        rows[tcp_h.OBS_STATES + old * 16 + new] += 1
+    rows[tcp_h.OBS_RESETS + tcp_h.DIR_EGRESS] = 1
+    rows[tcp_h.OBS_RESETS + tcp_h.DIR_INGRESS] = 2
+    rows[tcp_h.OBS_ERRORS + 111] = 3                                       # ECONNREFUSED
+    rows[tcp_h.OBS_ERRORS + 104] = 2                                       # ECONNRESET
+    rows[tcp_h.OBS_ERRORS + 255] = 1
+    return rows
+
+
 def fake_app():
     return SimpleNamespace(
-        probes=SimpleNamespace(states={
-            "tcp_sendmsg": ProbeState("tcp_sendmsg", mechanism="fentry", attached=True),
-            # not attached: rendered with mechanism none whatever was tried
-            "tcp_recvmsg": ProbeState("tcp_recvmsg", mechanism="kprobe", attached=False,
-                                      error="attach refused"),
-        }, lifecycle=ProbeState("tcp_state", mechanism="tp_btf", attached=True),
+        probes=SimpleNamespace(
+            all_states=lambda: dict(PROBE_STATES),
             variant="compat",
             plan=SimpleNamespace(features=[Feature("BPF ring buffer", "5.8", True, "probe"),
                                            Feature("bpf_rdonly_cast", "6.2", False, "vmlinux BTF")])),
@@ -127,6 +149,7 @@ def fixture_collectors():
     cg = FIXTURES / "cgroup_v2"
     return {
         "probes": ProbeCollector(lambda: COUNTERS, lambda: DROPS),
+        "lifecycle": LifecycleCollector(lifecycle_rows, TCP_STATES, ERRNO_NAMES),
         "pipeline": PipelineCollector(fake_app()),
         "programs": ProgramStatsCollector(FakeSwitch(), lambda: {n: 0 for n in OWN_PROGRAMS},
                                           lambda: "node"),
@@ -216,7 +239,13 @@ def test_golden_label_values_match_docs():
     assert rings == {"capture_chunks", "capture_eof", "logs"}
     assert stages == {"queue", "sink", "decode"}
     mech = {s.labels["mechanism"] for s in fams["nettap_probe_attached"].samples}
-    assert mech <= {"fentry", "kprobe", "tracepoint", "tp_btf", "none"}
+    assert mech <= {"fentry", "kprobe", "tracepoint", "tp_btf", "none", "unsupported"}
+    assert {s.labels["direction"] for s in fams["nettap_tcp_resets"].samples} == {"sent", "received"}
+    assert {s.labels["errno"] for s in fams["nettap_tcp_socket_errors"].samples} == {"ECONNREFUSED", "ECONNRESET",
+                                                                                  "other"}
+    assert {(s.labels["from"], s.labels["to"]) for s in fams["nettap_tcp_state_changes"].samples} == {
+        ("CLOSE", "SYN_SENT"), ("SYN_SENT", "ESTABLISHED"), ("LISTEN", "SYN_RECV"), ("SYN_RECV", "ESTABLISHED"),
+        ("ESTABLISHED", "CLOSE")}
     src = {s.labels["source"] for s in fams["nettap_bpf_stats_source"].samples}
     assert src <= {"fd", "sysctl", "external"}
     results = {s.labels["result"] for s in fams["nettap_config_reloads"].samples}

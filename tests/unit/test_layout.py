@@ -24,6 +24,9 @@ LAYOUTS = {
     "nettap_log": R.LOG,
     "nettap_state": R.DTYPES["state"],
     "nettap_reset": R.DTYPES["reset"],
+    "nettap_owner": R.DTYPES["owner"],
+    "nettap_error": R.DTYPES["error"],
+    "nettap_destroy": R.DTYPES["destroy"],
     "nettap_capture_config": R.CAPTURE_CONFIG,
     "nettap_probe_counters": R.PROBE_COUNTERS,
 }
@@ -84,7 +87,7 @@ def test_struct_layout_matches_btf(btf, cname):
 def test_known_struct_sizes(btf):
     assert {c: _struct(btf, c)["size"] for c in LAYOUTS} == {
         "nettap_hdr": 24, "nettap_chunk": 504, "nettap_eof": 128, "nettap_log": 72, "nettap_state": 72,
-        "nettap_reset": 64,
+        "nettap_reset": 72, "nettap_owner": 96, "nettap_error": 72, "nettap_destroy": 96,
         "nettap_capture_config": 28, "nettap_probe_counters": 32}
 
 
@@ -104,7 +107,8 @@ def test_ring_strides():
     assert {r: R.stride(d) for r, d in R.RECORDS.items()} == {
         "capture_chunks": 512, "capture_eof": 136, "logs": 80}
     assert {k: R.stride(d) for k, d in R.DTYPES.items()} == {
-        "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 72}
+        "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 80, "owner": 104, "error": 80,
+        "destroy": 104}
 
 
 # ---- #define constants ----------------------------------------------------
@@ -131,7 +135,7 @@ def test_header_parsed():
     # every #define of the header but the include guard was read as an integer
     lines = re.findall(r"^#define[ \t]+(\w+)\b(?!\()", HEADER.read_text(), flags=re.M)
     assert sorted(DEFINES) == sorted(n for n in lines if n != "NETTAP_TCP_H")
-    assert len(DEFINES) == 31
+    assert len(DEFINES) == 40
 
 
 def test_chunk_sizes():

@@ -126,6 +126,40 @@ def test_clock_lines_that_lost_records_are_reported_with_their_window(tmp_path, 
         "to 2025-11-24T16:00:01.000000Z"]
 
 
+def test_a_connections_life_is_shown_before_its_streams(tmp_path, capsys):
+    """Issue 26: a connection's state, owner, reset, error and destroy lines
+    are counted in the listing and, with --conn, shown in time order (the
+    file's order may differ) at their time after the first."""
+    life = [
+        '{"conn_id":9,"daddr":"192.0.2.2","dport":80,"family":"ipv4","netns":1,"newstate":"SYN_SENT",'
+        '"oldstate":"CLOSE","pid":1,"saddr":"0.0.0.0","sport":0,"ts_ns":500,"type":"state"}',
+        '{"cgroup_id":42,"comm":"curl","conn_id":9,"daddr":"192.0.2.2","dport":80,"family":"ipv4","netns":1,'
+        '"pid":1,"saddr":"0.0.0.0","sport":0,"tid":3,"ts_ns":600,"type":"owner","via":"connect"}',
+        '{"conn_id":9,"daddr":"192.0.2.2","direction":"ingress","dport":80,"family":"ipv4","netns":1,"pid":1,'
+        '"saddr":"192.0.2.1","sport":40000,"state":"ESTABLISHED","ts_ns":2000500,"type":"reset"}',
+        '{"conn_id":9,"daddr":"192.0.2.2","dport":80,"errno":"ECONNRESET","family":"ipv4","netns":1,"pid":1,'
+        '"saddr":"192.0.2.1","sport":40000,"state":"CLOSE","ts_ns":2000700,"type":"error"}',
+        '{"bytes_acked":5,"bytes_received":0,"conn_id":9,"daddr":"192.0.2.2","dport":80,"family":"ipv4",'
+        '"netns":1,"pid":1,"saddr":"192.0.2.1","segs_in":2,"segs_out":3,"sport":40000,"state":"CLOSE",'
+        '"total_retrans":0,"ts_ns":3000500,"type":"destroy"}',
+    ]
+    f = tmp_path / "c.jsonl"
+    f.write_bytes(b"".join([life[2].encode() + b"\n", _chunk(), *(l.encode() + b"\n" for l in life[:2] + life[3:])]))
+    rc, out, err = run(capsys, str(f))
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[-1] == ("1 connection(s) of 1; records: 1 chunk, 0 eof, 0 log, 1 state, 1 reset, "
+                                    "1 owner, 1 error, 1 destroy")
+    rc, out, err = run(capsys, str(f), "--conn", "9")
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[1:6] == [
+        "  +0.000 ms  CLOSE -> SYN_SENT",
+        "  +0.000 ms  owner pid 1 tid 3 (curl), cgroup 42, learnt at its connect",
+        "  +2.000 ms  reset received in ESTABLISHED",
+        "  +2.000 ms  error ECONNRESET in CLOSE",
+        "  +3.000 ms  destroyed in CLOSE: 5 B acknowledged, 0 B received, 3 segments out, 2 in, 0 retransmitted"]
+    assert out.splitlines()[6].startswith("==> egress 192.0.2.1:40000 -> 192.0.2.2:80: 4 bytes")
+
+
 def test_text_stream_marks_the_truncated_call_and_the_gap(capsys):
     rc, out, err = run(capsys, *NEWEST_FIRST, "--conn", "2")
     assert rc == 0

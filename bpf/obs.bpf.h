@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * obs.bpf.h: what a captured socket's life puts on the obs_events ring (its
+ * owner, states, resets, errors, destruction) and into the obs_counters rows.
+ * Every record here is about a connection of the table (conn.bpf.h): its
+ * header carries that connection's id and pid.
+ */
+#ifndef NETTAP_OBS_BPF_H
+#define NETTAP_OBS_BPF_H
+
+#include "conn.bpf.h"
+
+/* A record of size bytes on obs_events, its header filled for cn; NULL (and
+ * the drop counted) when the ring is full. */
+static __always_inline void *obs_reserve(__u32 size, __u32 kind, const struct conn *cn)
+{
+	struct nettap_hdr *h = bpf_ringbuf_reserve(&obs_events, size, 0);
+
+	if (!h) {
+		count_drop(NETTAP_RING_OBS_EVENTS, 1);
+		return NULL;
+	}
+	h->ts_ns = bpf_ktime_get_ns();
+	h->conn_id = cn->id;
+	h->kind = kind;
+	h->pid = cn->pid;
+	return h;
+}
+
+static __always_inline void obs_submit(void *r)
+{
+	struct nettap_capture_config *cfg;
+	__u32 zero = 0;
+
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	bpf_ringbuf_submit(r, cfg ? wakeup_flags(&obs_events, NETTAP_RING_OBS_EVENTS,
+						 cfg->obs_wakeup_bytes)
+				  : BPF_RB_NO_WAKEUP);
+}
+
+/* A record's socket: family, ports, addresses and network namespace (every
+ * obs_events kind has these fields). btf: sk is a BTF pointer (read_addrs). */
+#define OBS_SOCK(r, sk, btf)                                                                       \
+	do {                                                                                       \
+		read_addrs((struct sock *)(sk), btf, &(r)->family, &(r)->sport, &(r)->dport,       \
+			   (r)->saddr, (r)->daddr);                                                \
+		(r)->netns = BPF_CORE_READ((struct sock *)(sk), __sk_common.skc_net.net, ns.inum); \
+	} while (0)
+
+static __always_inline void obs_count(__u32 row)
+{
+	__u64 *n = bpf_map_lookup_elem(&obs_counters, &row);
+
+	if (n)
+		__sync_fetch_and_add(n, 1); /* per-CPU, atomic for PREEMPT_RT (maps.bpf.h) */
+}
+
+/* The owner of a captured socket: the current task, once per connection
+ * (cn->owned); cn->pid is already the owner's. */
+static __always_inline void publish_owner(const struct sock *sk, struct conn *cn, __u8 via,
+					  const bool btf)
+{
+	struct nettap_owner *r;
+	__u64 id;
+
+	cn->owned = 1;
+	r = obs_reserve(sizeof(*r), NETTAP_KIND_OWNER, cn);
+	if (!r)
+		return;
+	id = bpf_get_current_pid_tgid();
+	r->cgroup_id = bpf_get_current_cgroup_id();
+	r->tid = (__u32)id;
+	r->via = via;
+	r->pad0 = 0;
+	OBS_SOCK(r, sk, btf);
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	obs_submit(r);
+}
+
+#endif /* NETTAP_OBS_BPF_H */
