@@ -20,8 +20,8 @@
  *   emit.bpf.h         entry and return bodies: chunking
  *   entry_tp.bpf.h     syscall-tracepoint entry points
  *   entry_func.bpf.h   fentry/fexit and kprobe/kretprobe entry points
- *   tcp.bpf.c          this file: the lifecycle programs (states, eof, resets,
- *                      errors, destruction)
+ *   tcp.bpf.c          this file: the lifecycle programs (states, eof, accept,
+ *                      resets, errors, destruction)
  */
 #include "entry_tp.bpf.h"
 #include "entry_func.bpf.h"
@@ -264,6 +264,42 @@ int BPF_PROG(tcp_rst_recv, struct sock *sk)
 	return publish_reset(sk, NETTAP_DIR_INGRESS);
 }
 
+/* An accepted socket, in the accepting task (accept4(2), accept(2) return
+ * its fd): its owner, and its capture decided here when a task target (pid,
+ * cgroup) names the accepting process, which its birth in softirq (LISTEN ->
+ * SYN_RECV) could not tell; its state lines start here then. A socket
+ * already captured with its owner known (a call before accept returned to
+ * user space) is left as it is. */
+static __always_inline int on_accept(long fd, const bool fast)
+{
+	struct nettap_capture_config *cfg;
+	struct sock *sk;
+	struct conn *cn;
+
+	if (fd < 0)
+		return 0;
+	cfg = active_config();
+	if (!cfg)
+		return 0;
+	sk = captured_fd_sock(cfg, fd, fast);
+	if (!sk)
+		return 0;
+	/* conn_get's log names a probe: an accept is the receive side's */
+	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_RECVMSG, fast);
+	if (!cn || cn->owned)
+		return 0;
+	cn->pid = bpf_get_current_pid_tgid() >> 32;
+	publish_owner(sk, cn, NETTAP_VIA_ACCEPT, fast);
+	return 0;
+}
+
+/* Attached by user space to sys_exit_accept4 and sys_exit_accept. */
+// clang-format off
+NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event_raw_sys_exit, {
+	return on_accept(ctx->ret, fast);
+})
+// clang-format on
+
 /* A captured socket reported an error (sk_err: a refused or timed-out
  * connect, a reset, an ICMP error). The tracepoint is Linux 5.14's: the
  * loader loads this program only where the kernel has it (features.py). */
@@ -280,9 +316,9 @@ int BPF_PROG(tcp_sk_error, const struct sock *sk)
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (!cn)
 		return 0;
+	/* tcp_disconnect reports too, after the error was read (a failed connect's): no error */
 	err = BPF_CORE_READ(sk, sk_err);
-	if (err <=
-	    0) /* tcp_disconnect reports too, after the error was read (a failed connect's) */
+	if (err <= 0)
 		return 0;
 	obs_count(NETTAP_OBS_ERRORS + (err < 255 ? err : 255));
 	r = obs_reserve(sizeof(*r), NETTAP_KIND_ERROR, cn);

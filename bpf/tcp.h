@@ -75,6 +75,7 @@
 /* nettap_owner.via: how nettap learnt a captured socket's owner */
 #define NETTAP_VIA_CONNECT    1 /* its connect, in the connecting task */
 #define NETTAP_VIA_FIRST_CALL 2 /* its first captured send or receive */
+#define NETTAP_VIA_ACCEPT     3 /* its accept, in the accepting task */
 
 /* nettap_log.code */
 // clang-format off
@@ -197,8 +198,8 @@ struct NETTAP_RECORD("reset", "obs_events") nettap_reset {
 };
 
 /* ring obs_events: who owns a captured socket, once per connection, as soon
- * as nettap learns it: at its connect, else at its first captured call (a
- * passive socket decided in softirq); pid (the header's) is the owner's tgid. */
+ * as nettap learns it: at its connect or its accept, else at its first
+ * captured call; pid (the header's) is the owner's tgid. */
 struct NETTAP_RECORD("owner", "obs_events") nettap_owner {
 	struct nettap_hdr h;
 	__u64 cgroup_id;		    /* the owner's cgroup v2 id (its directory's inode) */

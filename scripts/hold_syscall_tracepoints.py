@@ -24,7 +24,7 @@ TRACEFS = "/sys/kernel/tracing/events"
 # are rewritten the same way, on a path taken less often)
 HELD = [("syscalls/sys_enter_getppid", True), ("syscalls/sys_exit_getppid", True),
         ("sock/inet_sock_set_state", False), ("tcp/tcp_destroy_sock", False),
-        ("tcp/tcp_send_reset", False), ("tcp/tcp_receive_reset", False)]
+        ("tcp/tcp_send_reset", False), ("tcp/tcp_receive_reset", False), ("sock/inet_sk_error_report", False)]
 PERF_TYPE_TRACEPOINT = 2
 SYS_perf_event_open = 298          # x86-64
 

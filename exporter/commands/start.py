@@ -109,12 +109,11 @@ def preflight(probes) -> int:
         print(f"{p}: {st.mechanism if st.attached else 'NOT ATTACHED'} ({why})")
     lc = probes.lifecycle
     print(f"tcp_state (lifecycle): {lc.mechanism if lc.attached else 'NOT ATTACHED: ' + lc.error}")
-    for p, st in probes.optional.items():
-        print(f"{p} (lifecycle, where the kernel has it): "
-              f"{st.mechanism if st.attached else 'not attached: ' + st.error}")
+    for p, st in probes.separate.items():
+        print(f"{p} (lifecycle): {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}")
     sys.stdout.flush()
     ok = all(st.attached for st in probes.states.values()) and lc.attached \
-        and all(st.attached for st in probes.optional.values() if st.reported != "unsupported")
+        and all(st.attached for st in probes.separate.values() if st.reported != "unsupported")
     probes.close()
     return 0 if ok else 1
 

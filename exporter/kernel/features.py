@@ -126,7 +126,7 @@ def probe(btf: int) -> list:
         ("atomic fetch-and-add", "5.12", _atomic_fetch),
         ("bpf_loop", "5.17", lambda: _helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_loop)),
         ("bpf_rdonly_cast", "6.2", lambda: _kfunc(btf, "bpf_rdonly_cast")),
-        # a tracepoint an optional lifecycle program needs (loader.OPTIONAL)
+        # a tracepoint a lifecycle program needs (loader.SEPARATE)
         ("sock:inet_sk_error_report", "5.14", lambda: _tracepoint(btf, "inet_sk_error_report")),
     )
     return [Feature(name, since, *check()) for name, since, check in checks]

@@ -78,12 +78,17 @@ _TP_PLAN: dict = {
 LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf", "tcp_rst_sent": "tp_btf",
              "tcp_rst_recv": "tp_btf"}
 _LIFECYCLE_VARIANTS = ("tcp_state",)
-# Lifecycle programs on a tracepoint not every supported kernel has: each is
-# its own probe, loaded only where the kernel has its tracepoint (the feature
-# of that name, features.py), else reported unattached with the reason.
-# tcp_sk_error (sock:inet_sk_error_report, Linux 5.14) publishes a captured
-# socket's errors.
-OPTIONAL = {"tcp_sk_error": ("tp_btf", "sock:inet_sk_error_report")}
+# Lifecycle programs each reported as a probe of its own, so that one that
+# cannot attach stops only itself: name -> (mechanism, the feature it needs
+# (features.py) or None, whether it comes in both variants). Where the kernel
+# lacks the feature it is not loaded and is reported "unsupported" (not a
+# failure). tcp_accept (syscall tracepoints sys_exit_accept4 and
+# sys_exit_accept, in the accepting task) names an accepted socket's owner
+# and decides its capture for task targets; tcp_sk_error
+# (sock:inet_sk_error_report, Linux 5.14) publishes a captured socket's errors.
+SEPARATE = {"tcp_accept": ("tracepoint", None, True),
+            "tcp_sk_error": ("tp_btf", "sock:inet_sk_error_report", False)}
+_SEPARATE_TPS = {"tcp_accept": _syscall_tps("sys_exit", ("accept4", "accept"))}
 
 
 def lifecycle_programs(variant: str = "fast") -> dict:
@@ -92,14 +97,15 @@ def lifecycle_programs(variant: str = "fast") -> dict:
             for n, m in LIFECYCLE.items()}
 
 
-def optional_programs(features: list) -> dict:
-    """program name -> mechanism of the optional programs the kernel has the
-    tracepoints of."""
+def separate_programs(features: list, variant: str = "fast") -> dict:
+    """probe (its program's short name) -> (program name, mechanism) of the
+    separately reported lifecycle programs the kernel has what they need for."""
     have = {f.name for f in features if f.present}
-    return {n: m for n, (m, needs) in OPTIONAL.items() if needs in have}
+    return {n: (f"{n}_compat" if both and variant != "fast" else n, m)
+            for n, (m, needs, both) in SEPARATE.items() if needs is None or needs in have}
 
 
-_TRACEPOINTS = {prog: tps for plan in _TP_PLAN.values() for prog, tps in plan.items()}
+_TRACEPOINTS = {prog: tps for plan in _TP_PLAN.values() for prog, tps in plan.items()} | _SEPARATE_TPS
 
 
 def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
@@ -215,12 +221,13 @@ class Probes:
         self.states = self.plan.states
         self.variant = self.plan.variant
         self.lifecycle = ProbeState("tcp_state", mechanism=LIFECYCLE["tcp_state"])
-        self.optional = {n: ProbeState(n, mechanism=m) for n, m in optional_programs(self.plan.features).items()}
-        for n, (_m, needs) in OPTIONAL.items():
-            if n not in self.optional:
+        self.separate = {n: ProbeState(n, mechanism=m)
+                         for n, (_prog, m) in separate_programs(self.plan.features, self.variant).items()}
+        for n, (_m, needs, _both) in SEPARATE.items():
+            if n not in self.separate:
                 since = next((f.since for f in self.plan.features if f.name == needs), "")
-                self.optional[n] = ProbeState(n, mechanism=UNSUPPORTED,
-                                              error=f"this kernel has no tracepoint {needs} (Linux {since}+)")
+                self.separate[n] = ProbeState(n, mechanism=UNSUPPORTED,
+                                              error=f"this kernel has no {needs} (Linux {since}+)")
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
@@ -244,7 +251,7 @@ class Probes:
     def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
         want = {name: "lifecycle" for name in lifecycle_programs(self.variant)}
-        want.update({name: name for name in optional_programs(self.plan.features)})
+        want.update({prog: n for n, (prog, _m) in separate_programs(self.plan.features, self.variant).items()})
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
@@ -290,17 +297,19 @@ class Probes:
             self._detach_from(first)
             self.lifecycle.error = str(e)
             log.error("lifecycle programs (%s) not attached: %s", ", ".join(LIFECYCLE), e)
-        for name, st in self.optional.items():
+        progs = separate_programs(self.plan.features, self.variant)
+        for name, st in self.separate.items():
             if st.mechanism == UNSUPPORTED:
                 log.info("probe %s not attached: %s", name, st.error)
                 continue
             first = len(self.links)
             try:
-                self._attach_one(name, st.mechanism)
+                self._attach_one(progs[name][0], st.mechanism)
                 st.attached = True
             except OSError as e:
                 self._detach_from(first)
                 st.error = str(e)
+                st.mechanism = "none"
                 log.error("probe %s not attached: %s", name, e)
         for probe, st in self.states.items():
             if st.mechanism == "none":
@@ -322,8 +331,8 @@ class Probes:
 
     def all_states(self) -> dict:
         """probe -> ProbeState, every probe: the call probes, the lifecycle
-        (tcp_state) and the optional lifecycle programs."""
-        return {**self.states, "tcp_state": self.lifecycle, **self.optional}
+        (tcp_state) and the lifecycle programs reported separately."""
+        return {**self.states, "tcp_state": self.lifecycle, **self.separate}
 
     # -- lifetime --
     def detach(self) -> None:

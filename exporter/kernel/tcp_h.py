@@ -40,6 +40,7 @@ CHUNK_F_READ_FAILED = 1
 CHUNK_F_NO_CONN = 2
 VIA_CONNECT = 1
 VIA_FIRST_CALL = 2
+VIA_ACCEPT = 3
 LOG_READ_USER_FAILED = 1
 LOG_CONN_TABLE_FULL = 2
 LOG_INFLIGHT_FULL = 3
@@ -54,7 +55,7 @@ NAMES = {
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events'},
-    'VIA': {1: 'connect', 2: 'first_call'},
+    'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
 }
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events')

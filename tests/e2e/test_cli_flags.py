@@ -199,8 +199,8 @@ def test_log_says_attached_only_for_what_attached(tmp_path):
             p.wait(30)
     attached = {probe: mech for mech, probe in re.findall(r'^nettap_probe_attached\{mechanism="(\w+)",probe="(\w+)"\}',
                                                           metrics, re.M)}
-    # the two call probes, the lifecycle, and tcp_sk_error ("unsupported" where the kernel lacks it)
-    assert len(attached) == 4, metrics
+    # the two call probes, the lifecycle, tcp_accept and tcp_sk_error ("unsupported" where the kernel lacks it)
+    assert len(attached) == 5, metrics
     text = (tmp_path / "log").read_text()
     up = {p: m for p, m in attached.items() if m not in ("none", "unsupported")}
     can = len([m for m in attached.values() if m != "unsupported"])

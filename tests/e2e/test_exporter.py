@@ -19,14 +19,14 @@ pytestmark = pytest.mark.e2e
 
 def expected_programs() -> int:
     """Programs a default nettap holds on this kernel, as the loader's own
-    probing decides: the lifecycle programs (the optional ones where the kernel has their
-    tracepoints), each probe's programs, and the probe program that asks whether BPF
+    probing decides: the lifecycle programs (the separately reported ones where the kernel has
+    what they need), each probe's programs, and the probe program that asks whether BPF
     statistics are on (exporter/kernel/bpfstats.py)."""
     mechanisms.ensure_tracefs()          # as the loader does before it plans (tracepoint ids)
     kp = mechanisms.plan()
     calls = sum(len(loader.programs_for(p, st.mechanism, kp.variant)) for p, st in kp.states.items()
                 if st.mechanism != "none")
-    return len(loader.LIFECYCLE) + len(loader.optional_programs(kp.features)) + 1 + calls
+    return len(loader.LIFECYCLE) + len(loader.separate_programs(kp.features)) + 1 + calls
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
 

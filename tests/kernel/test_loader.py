@@ -73,9 +73,10 @@ def test_forcing_a_mechanism_attaches_it_or_reports_the_probe_unattached(mechani
                 assert (st.mechanism, st.attached) == ("none", False)
                 assert st.error.startswith("no mechanism accepted") and st.reasons[mechanism]
         assert p.lifecycle.attached                  # the lifecycle programs run either way
-        optional = loader.optional_programs(p.plan.features)    # where the kernel has their tracepoints
-        assert {n for n, st in p.optional.items() if st.attached} == set(optional)
+        separate = loader.separate_programs(p.plan.features, p.variant)    # where the kernel has what they need
+        assert {n for n, st in p.separate.items() if st.attached} == set(separate)
+        separate_links = sum(len(loader._TRACEPOINTS[n]) if m == "tracepoint" else 1 for n, (_, m) in separate.items())
         calls = (sum(len(loader._TRACEPOINTS[n]) for probe in loader.PROBES
                      for n in loader.programs_for(probe, "tracepoint"))
                  if mechanism == "tracepoint" and accepted else 4 if accepted else 0)
-        assert len(p.links) == len(loader.LIFECYCLE) + len(optional) + calls
+        assert len(p.links) == len(loader.LIFECYCLE) + separate_links + calls

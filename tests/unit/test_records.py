@@ -32,7 +32,7 @@ DIRECTION_NAMES = {0: "egress", 1: "ingress"}
 FLAG_NAMES = {0: [], 1: ["read_failed"], 2: ["no_conn"], 3: ["read_failed", "no_conn"]}
 FAMILY_NAMES = {2: "ipv4", 10: "ipv6"}
 NO_COMM = {"state", "reset", "error", "destroy"}   # kinds without a task name: recorded in softirq too
-VIA_NAMES = {1: "connect", 2: "first_call"}
+VIA_NAMES = {1: "connect", 2: "first_call", 3: "accept"}
 # Written out for the errors a TCP socket reports; the rest from Python's table of Linux's numbers.
 ERRNO_NAMES = {**errno.errorcode, 32: "EPIPE", 104: "ECONNRESET", 110: "ETIMEDOUT", 111: "ECONNREFUSED",
                113: "EHOSTUNREACH"}
