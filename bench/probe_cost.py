@@ -83,6 +83,14 @@ def empty_programs(obj_path: str, mechanism: str, nettap_names: dict):
     return obj, links, fds
 
 
+def release(links, obj, app) -> None:
+    """The empty programs' links and object, then nettap."""
+    for link in links:
+        libbpf.lib().bpf_link__destroy(link)
+    libbpf.lib().bpf_object__close(obj)
+    app.close()
+
+
 def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list) -> dict:
     """case -> {program role: ns per run} for one mechanism and variant."""
     captured, other = Server(), Server()
@@ -104,10 +112,7 @@ def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list) -
             d = delta(own_program_stats(fds), before)
             rows[case] = {k: ns(d, k) for k in fds}
     finally:
-        for link in links:
-            libbpf.lib().bpf_link__destroy(link)
-        libbpf.lib().bpf_object__close(obj)
-        app.close()
+        release(links, obj, app)
     return rows
 
 
@@ -161,10 +166,7 @@ def measure_lifecycle(variant: str, empty_obj: str, n: int) -> dict:
             rows[case] = {short: (ns(d, f"nettap {short}"), ns(d, f"empty {short}"), d[f"nettap {short}"][0])
                           for short in names}
     finally:
-        for link in links:
-            libbpf.lib().bpf_link__destroy(link)
-        libbpf.lib().bpf_object__close(obj)
-        app.close()
+        release(links, obj, app)
     return rows
 
 

@@ -273,6 +273,9 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
                 # the jump labels the tests' tracepoints switch stay switched on (see the script)
                 "mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing\n"
                 f"/usr/bin/python3 scripts/hold_syscall_tracepoints.py 2> {g}.hold & hold=$!\n"
+                # nothing else runs while it switches the labels on (6.12 once hit the int3 of
+                # the syscall exit label in pytest's start-up, in the middle of that rewrite)
+                f"while kill -0 $hold 2>/dev/null && ! grep -q holding {g}.hold; do sleep 0.2; done\n"
                 f"{shlex.join(stop)} .venv/bin/python -m pytest {shlex.join(pytest)} > {g}.log 2>&1\n"
                 f"echo $? > {g}.rc\n"
                 "kill $hold\n")
@@ -296,14 +299,21 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
                 log(f"{name}: guest still running after {timeout} s, killed")
             finally:
                 kill(p)
-        # The kernel died before the script ran (no .release): an emulated boot
-        # can panic (6.12.118 did, once in a few boots: an int3 Oops while
-        # the kernel patched its own text under TCG). That is no test result:
-        # boot again while time is left, keeping the failed boot's console.
-        if os.path.exists(f"{out}/{name}.release") or attempt == BOOT_ATTEMPTS \
-                or timeout - (time.monotonic() - start) < 2 * PYTEST_GRACE:
+        # The kernel died before the tests started (no .release, or pytest
+        # wrote nothing): an emulated kernel can panic while it patches its
+        # own text (6.12.118 did, once in a few boots: an int3 Oops at boot,
+        # and once as the syscall tracepoints were switched on before the
+        # tests). That is no test result: boot again while time is left,
+        # keeping the failed boot's console.
+        log_path = f"{out}/{name}.log"
+        started = os.path.exists(f"{out}/{name}.release") and os.path.exists(log_path) \
+            and os.path.getsize(log_path) > 0
+        if started or attempt == BOOT_ATTEMPTS or timeout - (time.monotonic() - start) < 2 * PYTEST_GRACE:
             break
         os.replace(f"{out}/{name}.console.log", f"{out}/{name}.console.{attempt}.log")
+        for ext in ("release", "boot", "unpacked", "hold", "log", "rc", "xml"):
+            if os.path.exists(f"{out}/{name}.{ext}"):
+                os.remove(f"{out}/{name}.{ext}")
         log(f"{name}: the guest did not start the tests (see {out}/{name}.console.{attempt}.log): "
             f"booting again")
     took = time.monotonic() - start
