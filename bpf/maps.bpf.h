@@ -80,12 +80,12 @@ struct {
 	__type(value, __u64);
 } ringbuf_drops SEC(".maps");
 
-/* Captured sockets' state changes, resets and errors (rows: NETTAP_OBS_*). */
+/* Captured sockets' state changes, resets and errors (struct nettap_obs_counters). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NETTAP_OBS_ROWS);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct nettap_obs_counters);
 } obs_counters SEC(".maps");
 
 /* ---- rings (sizes are defaults; user space sets the configured ones) ---- */

@@ -49,10 +49,12 @@ static __always_inline void obs_submit(void *r)
 
 static __always_inline void obs_count(__u32 row)
 {
-	__u64 *n = bpf_map_lookup_elem(&obs_counters, &row);
+	struct nettap_obs_counters *c;
+	__u32 zero = 0;
 
-	if (n)
-		__sync_fetch_and_add(n, 1); /* per-CPU, atomic for PREEMPT_RT (maps.bpf.h) */
+	c = bpf_map_lookup_elem(&obs_counters, &zero);
+	if (c && row < NETTAP_OBS_ROWS) /* per-CPU, added atomically for PREEMPT_RT (maps.bpf.h) */
+		__sync_fetch_and_add(&c->rows[row], 1);
 }
 
 /* The owner of a captured socket: the current task, once per connection

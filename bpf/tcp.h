@@ -108,6 +108,12 @@ struct nettap_kernel {
 	__u32 has_ancestor_cgroup_id; /* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
 };
 
+/* The obs_counters map's one per-CPU value: rows NETTAP_OBS_* (one lookup
+ * reads them all; batched lookups of array maps came after Linux 5.10). */
+struct nettap_obs_counters {
+	__u64 rows[NETTAP_OBS_ROWS];
+};
+
 /* Per-probe counters: one per-CPU array row per probe. */
 struct nettap_probe_counters {
 	__u64 calls;

@@ -68,7 +68,7 @@ class Nettap:
             self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)
             self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
-            self._obs = PerCpuArray(fds["obs_counters"], "<u8")
+            self._obs = PerCpuArray(fds["obs_counters"], ("<u8", (tcp_h.OBS_ROWS,)))
             # Without a sink the capture rings are counted, not copied out.
             keep = config.output.type != "none"
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
@@ -91,8 +91,9 @@ class Nettap:
         return {r: self._drops.sum(i)[""] for i, r in enumerate(RINGS)}
 
     def obs_counts(self):
-        """The obs_counters rows (NETTAP_OBS_*), summed over CPUs."""
-        return self._obs.sum_rows(tcp_h.OBS_ROWS)
+        """The obs_counters rows (NETTAP_OBS_*), summed over CPUs: a uint64 array."""
+        per_cpu = self._obs.read(0)
+        return per_cpu.sum(axis=0, dtype=per_cpu.dtype)
 
     def known_map_entries(self) -> Dict[str, int]:
         cur = self.target_maps.current

@@ -98,8 +98,6 @@ _SIGNATURES = {
     "libbpf_probe_bpf_helper": (c_int, [c_int, c_int, c_void_p]),
     "bpf_map_update_elem": (c_int, [c_int, c_void_p, c_void_p, c_uint64]),
     "bpf_map_lookup_elem": (c_int, [c_int, c_void_p, c_void_p]),
-    "bpf_map_lookup_batch": (c_int, [c_int, c_void_p, c_void_p, c_void_p, c_void_p, POINTER(c_uint32),
-                                     c_void_p]),
     "bpf_map_delete_elem": (c_int, [c_int, c_void_p]),
     "bpf_map_get_next_key": (c_int, [c_int, c_void_p, c_void_p]),
     "bpf_obj_get_info_by_fd": (c_int, [c_int, c_void_p, POINTER(c_uint32)]),

@@ -75,21 +75,6 @@ class PerCpuArray:
             raw = self._buf.raw
         return self.np.frombuffer(raw, dtype=self._cpu_dtype)["v"]
 
-    def sum_rows(self, rows: int):
-        """Rows 0..rows-1 of a map of u64 values, each summed over CPUs, as a
-        numpy uint64 array: one batched lookup (Linux 5.6), not one per row."""
-        np = self.np
-        keys = ctypes.create_string_buffer(4 * rows)
-        values = np.zeros((rows, self.ncpus), dtype=np.uint64)
-        out_batch, count = ctypes.c_uint32(), ctypes.c_uint32(rows)
-        ret = libbpf.lib().bpf_map_lookup_batch(self.fd, None, ctypes.byref(out_batch), keys,
-                                                values.ctypes.data, ctypes.byref(count), None)
-        if ret < 0 and -ret != errno.ENOENT:         # ENOENT: the walk reached the map's end
-            libbpf.check("bpf_map_lookup_batch", ret)
-        if count.value != rows:
-            raise OSError(errno.EIO, f"bpf_map_lookup_batch: {count.value} of {rows} rows read")
-        return values.sum(axis=1, dtype=np.uint64)
-
     def sum(self, index: int) -> dict:
         """One row summed over CPUs, as {field: int} (or {'': int} for a scalar)."""
         rows = self.read(index)

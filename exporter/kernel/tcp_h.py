@@ -78,6 +78,9 @@ STRUCTS = {
         ('bytes', 16, '__u64', 1, 8, '', ''),
         ('chunks', 24, '__u64', 1, 8, '', ''),
     )),
+    'nettap_obs_counters': (4160, (
+        ('rows', 0, '__u64', 520, 4160, '', ''),
+    )),
     'nettap_chunk': (504, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
         ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
