@@ -441,15 +441,19 @@ def main():
         ready.sort(key=lambda k: ORDER.index(k[0]) if k[0] in ORDER else len(ORDER))
         tree = pack(out) if ready else None
         pool = ThreadPoolExecutor(max(1, a.jobs))
-        took = dict(zip((n for n, _ in ready), pool.map(
-            lambda k: boot(*k, out, a.timeout, pytest_args, deadline, tree), ready)))
+        began = {}                     # name -> wall clock at its boot (guests overlap: stages.py)
+
+        def run_guest(k):
+            began[k[0]] = time.time()
+            return boot(*k, out, a.timeout, pytest_args, deadline, tree)
+        took = dict(zip((n for n, _ in ready), pool.map(run_guest, ready)))
         for name, release in ready:
             counts, note = verdict(name, release, out)
             up = read(f"{out}/{name}.boot")
             t = f"{took[name]:.0f} s" + (f" (boot {float(up):.0f} s)" if up else "")
             rows[name] = (release, counts, note, t)
             with open(f"{out}/guests.tsv", "a") as f:   # scripts/stages.py's table
-                f.write(f"{name}\t{float(up) if up else ''}\t{took[name]:.1f}\n")
+                f.write(f"{name}\t{float(up) if up else ''}\t{took[name]:.1f}\t{began.get(name, '')}\n")
             if note and os.path.exists(f"{out}/{name}.log"):    # a failure: all it said
                 print(f"--- {name} ({release}): pytest in the guest\n{read(f'{out}/{name}.log')}")
             if os.path.exists(f"{out}/{name}.xml"):

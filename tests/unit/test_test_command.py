@@ -51,3 +51,10 @@ def test_stage_table_splits_the_host_run_by_tier_and_each_guest_into_boot_and_te
         ("kernel matrix: fetch, install, report", 50.0),
     ]
     assert total == 500.0
+    # two at a time (the fourth column: when each booted): the matrix's own work is what no guest covers
+    (tmp_path / "guests.tsv").write_text("6.1\t9.5\t200.0\t1100.0\n6.1-rt\t8.0\t300.0\t1100.5\n"
+                                         "5.10\t7.0\t100.0\t1300.0\n")
+    table, _ = _script("stages").rows(str(tmp_path))
+    assert [(n, round(s, 1)) for n, s in table][-3:] == [
+        ("guest 5.10: tests", 93.0), ("guests, wall clock (they overlap)", 300.5),
+        ("kernel matrix: fetch, install, report", 99.5)]
