@@ -44,10 +44,10 @@
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
-#define NETTAP_OBS_STATES 0   /* + oldstate * 16 + newstate (TCP states are < 16) */
-#define NETTAP_OBS_RESETS 256 /* + NETTAP_DIR_* (egress: sent, ingress: received) */
-#define NETTAP_OBS_ERRORS 264 /* + the error number (1..254; 255: any larger) */
-#define NETTAP_OBS_ROWS	  520
+#define NETTAP_OBS_STATES 0    /* + oldstate * 16 + newstate (TCP states are < 16) */
+#define NETTAP_OBS_RESETS 256  /* + NETTAP_DIR_* (egress: sent, ingress: received) */
+#define NETTAP_OBS_ERRORS 264  /* + the error number (1..254; 255: any larger) */
+#define NETTAP_OBS_ROWS	  1024 /* a power of two (obs_count masks with it) */
 
 /* capture_config.flags: which kinds of capture target exist. */
 #define NETTAP_TARGET_PID    (1U << 0)
@@ -240,7 +240,8 @@ struct NETTAP_RECORD("error", "obs_events") nettap_error {
 /* ring obs_events: a captured socket was destroyed (tcp:tcp_destroy_sock),
  * with what the kernel counted for it over its life (struct tcp_sock; the
  * byte counts are sequence space, RFC 4898's ThruOctets: a SYN and a FIN
- * count one each); pid the connection's. */
+ * count one each, but Linux 5.10 does not count a FIN received); pid the
+ * connection's. */
 struct NETTAP_RECORD("destroy", "obs_events") nettap_destroy {
 	struct nettap_hdr h;
 	__u64 bytes_acked;			  /* sent and acknowledged by the peer */

@@ -24,7 +24,7 @@ RING_COUNT = 4
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
-OBS_ROWS = 520
+OBS_ROWS = 1024
 TARGET_PID = 1
 TARGET_CGROUP = 2
 TARGET_NETNS = 4
@@ -78,8 +78,8 @@ STRUCTS = {
         ('bytes', 16, '__u64', 1, 8, '', ''),
         ('chunks', 24, '__u64', 1, 8, '', ''),
     )),
-    'nettap_obs_counters': (4160, (
-        ('rows', 0, '__u64', 520, 4160, '', ''),
+    'nettap_obs_counters': (8192, (
+        ('rows', 0, '__u64', 1024, 8192, '', ''),
     )),
     'nettap_chunk': (504, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),

@@ -140,11 +140,13 @@ def test_state_lines_follow_each_captured_connection_from_its_first_state(nettap
     assert sv_owner["ts_ns"] <= first_call and sv_owner["cgroup_id"] == _cgroup_id()
     # One destroy line each, last, with the kernel's own totals, in sequence
     # space (RFC 4898's ThruOctets): 3 x 100 bytes from the client to the
-    # server, the client's SYN and each side's FIN.
-    for conn, acked, received in ((client, 300 + 2, 1), (server, 1, 300 + 1)):
+    # server, the client's SYN and each side's FIN (a received FIN counts
+    # from Linux 6.1 of the matrix, not on 5.10).
+    for conn, acked, received in ((client, 300 + 2, 0), (server, 1, 300)):
         (d,) = [l for l in by_conn[conn] if l["type"] == "destroy"]
         assert d["ts_ns"] >= max(l["ts_ns"] for l in by_conn[conn])
-        assert (d["bytes_acked"], d["bytes_received"], d["state"]) == (acked, received, "CLOSE"), d
+        assert (d["bytes_acked"], d["state"]) == (acked, "CLOSE") and \
+            d["bytes_received"] in (received, received + 1), d
         assert d["segs_out"] > 0 and d["segs_in"] > 0 and d["netns"] == netns
     _check_lifecycle_metrics(run)
 
