@@ -47,6 +47,23 @@ static __always_inline void obs_submit(void *r)
 		(r)->netns = BPF_CORE_READ((struct sock *)(sk), __sk_common.skc_net.net, ns.inum); \
 	} while (0)
 
+/* The same, and the socket's state then with the padding after it (the
+ * kinds recorded outside a state change: reset, error, destroy). */
+#define OBS_SOCK_STATE(r, sk)                                                           \
+	do {                                                                            \
+		(r)->state = BPF_CORE_READ((struct sock *)(sk), __sk_common.skc_state); \
+		(r)->pad0 = 0;                                                          \
+		OBS_SOCK(r, sk, false);                                                 \
+	} while (0)
+
+/* The captured connection of a socket, NULL when it has none. */
+static __always_inline struct conn *captured_conn(const struct sock *sk)
+{
+	__u64 key = (__u64)sk;
+
+	return bpf_map_lookup_elem(&capture_conns, &key);
+}
+
 static __always_inline void obs_count(__u32 row)
 {
 	struct nettap_obs_counters *c;

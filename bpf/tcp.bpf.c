@@ -130,12 +130,11 @@ static __always_inline void publish_state(const struct sock *sk, struct conn *cn
 static __always_inline int on_state(const struct sock *sk, int oldstate, int newstate,
 				    const bool fetch)
 {
-	__u64 key = (__u64)sk;
 	struct conn *cn;
 
 	if (sk->sk_protocol != IPPROTO_TCP)
 		return 0;
-	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	cn = captured_conn(sk);
 	if (cn && cn->closed) { /* used again after TCP_CLOSE (connect, listen): a new life */
 		conn_forget(sk);
 		cn = NULL;
@@ -196,9 +195,7 @@ static __always_inline void publish_destroy(const struct sock *sk, struct conn *
 	r->segs_out = BPF_CORE_READ(tp, segs_out);
 	r->segs_in = BPF_CORE_READ(tp, segs_in);
 	r->total_retrans = BPF_CORE_READ(tp, total_retrans);
-	r->state = BPF_CORE_READ(sk, __sk_common.skc_state);
-	r->pad0 = 0;
-	OBS_SOCK(r, sk, false);
+	OBS_SOCK_STATE(r, sk);
 	obs_submit(r);
 }
 
@@ -213,8 +210,7 @@ static __always_inline void publish_destroy(const struct sock *sk, struct conn *
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(tcp_destroy, struct sock *sk)
 {
-	__u64 key = (__u64)sk;
-	struct conn *cn = bpf_map_lookup_elem(&capture_conns, &key);
+	struct conn *cn = captured_conn(sk);
 
 	if (!cn)
 		return 0;
@@ -229,12 +225,11 @@ int BPF_PROG(tcp_destroy, struct sock *sk)
 static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
 {
 	struct nettap_reset *r;
-	__u64 key = (__u64)sk;
 	struct conn *cn;
 
 	if (!sk) /* Linux 6.10+: a reset for no socket */
 		return 0;
-	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	cn = captured_conn(sk);
 	if (!cn) /* not captured (a timewait or request socket is never in the table) */
 		return 0;
 	obs_count(NETTAP_OBS_RESETS + direction);
@@ -242,9 +237,7 @@ static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
 	if (!r)
 		return 0;
 	r->direction = direction;
-	r->state = BPF_CORE_READ(sk, __sk_common.skc_state);
-	r->pad0 = 0;
-	OBS_SOCK(r, sk, false);
+	OBS_SOCK_STATE(r, sk);
 	obs_submit(r);
 	return 0;
 }
@@ -306,14 +299,13 @@ NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event
 SEC("tp_btf/inet_sk_error_report")
 int BPF_PROG(tcp_sk_error, const struct sock *sk)
 {
-	__u64 key = (__u64)sk;
 	struct nettap_error *r;
 	struct conn *cn;
 	int err;
 
 	if (sk->sk_protocol != IPPROTO_TCP) /* any inet socket's */
 		return 0;
-	cn = bpf_map_lookup_elem(&capture_conns, &key);
+	cn = captured_conn(sk);
 	if (!cn)
 		return 0;
 	/* tcp_disconnect reports too, after the error was read (a failed connect's): no error */
@@ -325,9 +317,7 @@ int BPF_PROG(tcp_sk_error, const struct sock *sk)
 	if (!r)
 		return 0;
 	r->errno = err;
-	r->state = BPF_CORE_READ(sk, __sk_common.skc_state);
-	r->pad0 = 0;
-	OBS_SOCK(r, sk, false);
+	OBS_SOCK_STATE(r, sk);
 	obs_submit(r);
 	return 0;
 }

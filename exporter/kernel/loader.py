@@ -221,8 +221,8 @@ class Probes:
         self.states = self.plan.states
         self.variant = self.plan.variant
         self.lifecycle = ProbeState("tcp_state", mechanism=LIFECYCLE["tcp_state"])
-        self.separate = {n: ProbeState(n, mechanism=m)
-                         for n, (_prog, m) in separate_programs(self.plan.features, self.variant).items()}
+        self._separate = separate_programs(self.plan.features, self.variant)    # probe -> (program, mechanism)
+        self.separate = {n: ProbeState(n, mechanism=m) for n, (_prog, m) in self._separate.items()}
         for n, (_m, needs, _both) in SEPARATE.items():
             if n not in self.separate:
                 since = next((f.since for f in self.plan.features if f.name == needs), "")
@@ -251,7 +251,7 @@ class Probes:
     def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
         want = {name: "lifecycle" for name in lifecycle_programs(self.variant)}
-        want.update({prog: n for n, (prog, _m) in separate_programs(self.plan.features, self.variant).items()})
+        want.update({prog: n for n, (prog, _m) in self._separate.items()})
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
@@ -297,14 +297,13 @@ class Probes:
             self._detach_from(first)
             self.lifecycle.error = str(e)
             log.error("lifecycle programs (%s) not attached: %s", ", ".join(LIFECYCLE), e)
-        progs = separate_programs(self.plan.features, self.variant)
         for name, st in self.separate.items():
             if st.mechanism == UNSUPPORTED:
                 log.info("probe %s not attached: %s", name, st.error)
                 continue
             first = len(self.links)
             try:
-                self._attach_one(progs[name][0], st.mechanism)
+                self._attach_one(self._separate[name][0], st.mechanism)
                 st.attached = True
             except OSError as e:
                 self._detach_from(first)
