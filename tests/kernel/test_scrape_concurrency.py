@@ -28,15 +28,18 @@ def counters(text):
     return {m[1] + (m[2] or ""): float(m[3]) for m in COUNTERS.finditer(text)}
 
 
-ROUNDS = emulated(150, 8)       # scrapes per thread (16 threads)
-READS = emulated(2000, 300)     # per-CPU reads per thread (16 threads)
+# In the guests every scrape and read costs ~100x: these still run 16 at
+# once there (a per-kernel map read path, e.g. 5.10 without batched lookups),
+# the host's run is the one sized to catch a rare interleaving.
+ROUNDS = emulated(150, 3)       # scrapes per thread (16 threads)
+READS = emulated(2000, 60)      # per-CPU reads per thread (16 threads)
 
 
 def test_sixteen_concurrent_scrapes_agree(tmp_path):
     srv = Server()
     n = Nettap(tmp_path, {"captures": [{"port": srv.port}]})
     try:
-        N = emulated(2000, 300)
+        N = emulated(2000, 100)
         send_messages(srv.port, N, 64)
         srv.wait_received(1)
         wait_for(lambda: n.sample("nettap_probe_calls_total", probe="tcp_sendmsg") == N, what="calls")
