@@ -53,6 +53,23 @@ struct {
 	__type(value, __u64);
 } capture_conns_live SEC(".maps");
 
+/* The table's front door: per slot, how many entries' sockets hash to it.
+ * The lifecycle programs run for every socket of the node, nearly all of
+ * them not captured; a table lookup reads a bucket of a 1 MiB array at
+ * random (a cache miss, about the cost of an empty program), a slot one of
+ * 64 KiB that stays cached. A slot at 0 means: no entry. Counted up before
+ * an insert and down after a delete, so a slot is never below its entries;
+ * from every program type and on every kernel (socket-local storage is
+ * written by tracing programs only, since Linux 5.11, and the send path's
+ * fallbacks are not tracing programs). */
+#define NETTAP_CONN_SLOTS_BITS 13
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << NETTAP_CONN_SLOTS_BITS);
+	__type(key, __u32);
+	__type(value, __u64); /* an array's values are 8-aligned: u32 takes as much */
+} capture_conns_slots SEC(".maps");
+
 /* Connection ids for the compat programs: per-CPU sequences (see conn_get). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -72,6 +89,59 @@ static __always_inline void conns_live_add(__s64 d)
 
 	if (n)
 		__sync_fetch_and_add(n, d);
+}
+
+/* A socket's slot: its address less the cache-line bits, Fibonacci-hashed.
+ * The verifier refuses to shift or multiply a pointer (a tracing program's
+ * socket is one): the address is copied as bytes from the stack, where a
+ * copy is a number. */
+static __always_inline __u64 *conn_slot(__u64 key)
+{
+	__u64 addr = 0;
+	__u32 i;
+
+	bpf_probe_read_kernel(&addr, sizeof(addr), &key);
+	i = (__u32)(((addr >> 6) * 0x9E3779B97F4A7C15ULL) >> (64 - NETTAP_CONN_SLOTS_BITS));
+	return bpf_map_lookup_elem(&capture_conns_slots, &i);
+}
+
+/* The socket's entry, NULL when it has none (most often told by its slot). */
+static __always_inline struct conn *conn_lookup(__u64 key)
+{
+	__u64 *slot = conn_slot(key);
+
+	if (slot && !*slot)
+		return NULL;
+	return bpf_map_lookup_elem(&capture_conns, &key);
+}
+
+/* A new entry (BPF_NOEXIST: a racing thread may have inserted it first). */
+static __always_inline long conn_insert(__u64 key, struct conn *fresh)
+{
+	__u64 *slot = conn_slot(key);
+	long err;
+
+	if (!slot)
+		return -1;
+	__sync_fetch_and_add(slot, 1);
+	err = bpf_map_update_elem(&capture_conns, &key, fresh, BPF_NOEXIST);
+	if (err)
+		__sync_fetch_and_add(slot, -1);
+	else
+		conns_live_add(1);
+	return err;
+}
+
+static __always_inline void conn_delete(__u64 key)
+{
+	__u64 *slot;
+
+	if (bpf_map_delete_elem(&capture_conns, &key))
+		return;
+	conns_live_add(-1);
+	slot = conn_slot(key);
+	if (slot)
+		__sync_fetch_and_add(slot, -1);
 }
 
 static __always_inline void count_drop(__u32 ring, __u64 n)
@@ -199,7 +269,7 @@ static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *f
 /* The connection of a socket, created at its first captured call. */
 static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool fetch)
 {
-	struct conn *cn = bpf_map_lookup_elem(&capture_conns, &key);
+	struct conn *cn = conn_lookup(key);
 	struct conn fresh = {};
 	long err;
 
@@ -207,8 +277,7 @@ static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool 
 		if (!cn->closed)
 			return cn;
 		/* Data read after TCP_CLOSE (a peer reset): a connection of its own. */
-		if (!bpf_map_delete_elem(&capture_conns, &key))
-			conns_live_add(-1);
+		conn_delete(key);
 	}
 	if (fetch) {
 		fresh.id = __sync_fetch_and_add(&next_conn_id, 1);
@@ -225,10 +294,7 @@ static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool 
 	}
 	fresh.start_ns = bpf_ktime_get_ns();
 	fresh.pid = bpf_get_current_pid_tgid() >> 32;
-	/* BPF_NOEXIST: a racing thread may have inserted it first. */
-	err = bpf_map_update_elem(&capture_conns, &key, &fresh, BPF_NOEXIST);
-	if (!err)
-		conns_live_add(1);
+	err = conn_insert(key, &fresh);
 	cn = bpf_map_lookup_elem(&capture_conns, &key);
 	if (!cn && err)
 		emit_log(NETTAP_LOG_CONN_TABLE_FULL, probe, 0, -err, 0);

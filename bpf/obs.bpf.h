@@ -59,9 +59,7 @@ static __always_inline void obs_submit(void *r)
 /* The captured connection of a socket, NULL when it has none. */
 static __always_inline struct conn *captured_conn(const struct sock *sk)
 {
-	__u64 key = (__u64)sk;
-
-	return bpf_map_lookup_elem(&capture_conns, &key);
+	return conn_lookup((__u64)sk);
 }
 
 static __always_inline void obs_count(__u32 row)

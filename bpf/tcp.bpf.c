@@ -78,10 +78,7 @@ static __always_inline void publish_eof(const struct sock *sk, struct conn *cn, 
 
 static __always_inline void conn_forget(const struct sock *sk)
 {
-	__u64 key = (__u64)sk;
-
-	if (!bpf_map_delete_elem(&capture_conns, &key))
-		conns_live_add(-1);
+	conn_delete((__u64)sk);
 }
 
 /* Capture decided at a socket's first state: an active open (CLOSE ->

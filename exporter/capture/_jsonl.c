@@ -639,7 +639,7 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
     return out;
 }
 
-/* scan(kinds, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop)
+/* scan(kinds, data, start, avail, max_records, mode[, counts]) -> (bytes or None, consumed, kept, bad, stop)
  *
  * nettap's ring reader: one pass over the committed records of a BPF ring
  * buffer's data area (`data`, the mapped pages, mapped once; its size a power
@@ -657,6 +657,8 @@ static PyObject *jsonl_format(PyObject *self, PyObject *args)
  * mode 0: count the kept records; 1: their JSON lines, formatted in place;
  * 2: a copy of their bodies, back to back (a ring of one kind only).
  * stop: 0 avail reached, 1 a BUSY record, 2 max_records reached, 3 cut short.
+ * counts, when given: a writable buffer of KINDS_MAX uint64, each kept
+ * record added to its kind's.
  * A record whose body crosses the end of the area is copied whole first. */
 #define RB_BUSY_ (1u << 31)
 #define RB_DISCARD_ (1u << 30)
@@ -669,9 +671,9 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
 {
     int mode;
     unsigned long long mask;
-    PyObject *obj;
+    PyObject *obj, *counts_obj = NULL;
     Py_ssize_t start, avail, max_records;
-    if (!PyArg_ParseTuple(args, "KOnnni:scan", &mask, &obj, &start, &avail, &max_records, &mode))
+    if (!PyArg_ParseTuple(args, "KOnnni|O:scan", &mask, &obj, &start, &avail, &max_records, &mode, &counts_obj))
         return NULL;
     /* The kinds the ring carries: the shortest step a kept record takes, the
      * most output one can give. */
@@ -693,15 +695,32 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "scan: kinds 0x%llx: one kind or more (one to copy)", mask);
         return NULL;
     }
+    Py_buffer cview = {0};
+    uint64_t *counts = NULL;
+    if (counts_obj != NULL && counts_obj != Py_None) {
+        if (PyObject_GetBuffer(counts_obj, &cview, PyBUF_WRITABLE) < 0)
+            return NULL;
+        if (cview.len != KINDS_MAX * (Py_ssize_t)sizeof(uint64_t) || (uintptr_t)cview.buf % 8) {
+            PyErr_Format(PyExc_ValueError, "scan: counts of %zd bytes, not %d aligned uint64", cview.len, KINDS_MAX);
+            PyBuffer_Release(&cview);
+            return NULL;
+        }
+        counts = cview.buf;
+    }
     Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) {
+        if (counts)
+            PyBuffer_Release(&cview);
         return NULL;
+    }
     Py_ssize_t size = view.len;
     if (size < (Py_ssize_t)step_min || (size & (size - 1)) || start < 0 || start >= size || start % 8 ||
         avail < 0 || max_records < 0 || mode < SCAN_COUNT || mode > SCAN_COPY || rsize_max > RECORD_MAX) {
         PyErr_Format(PyExc_ValueError, "scan: bad geometry (size %zd, start %zd, avail %zd, max %zd, mode %d)",
                      size, start, avail, max_records, mode);
         PyBuffer_Release(&view);
+        if (counts)
+            PyBuffer_Release(&cview);
         return NULL;
     }
     if (avail > size)
@@ -779,10 +798,14 @@ static PyObject *jsonl_scan(PyObject *self, PyObject *args)
             memcpy(p, rec, len);
             p += len;
         }
+        if (counts)
+            counts[k]++;
         kept++;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
+    if (counts)
+        PyBuffer_Release(&cview);
     if (nomem)
         return PyErr_NoMemory();
     PyObject *out = Py_None;
@@ -1011,7 +1034,7 @@ static PyMethodDef methods[] = {
      "flags as (bit, quoted name)), per kind number (record size, rows (prefix, op, offset, width, arg, "
      "arg_width)) or None, and (offset, bytes) of the kind number in every record's header."},
     {"scan", jsonl_scan, METH_VARARGS,
-     "scan(kinds, data, start, avail, max_records, mode) -> (bytes or None, consumed, kept, bad, stop): "
+     "scan(kinds, data, start, avail, max_records, mode[, counts]) -> (bytes or None, consumed, kept, bad, stop): "
      "one pass over a ring's committed records of the kinds in the mask (mode 0 count, 1 JSON lines, "
      "2 copies); runs without the GIL."},
     {"line_max", jsonl_line_max, METH_VARARGS,

@@ -73,6 +73,7 @@ NUMBERS = {kind: n for n, kind in tcp_h.NAMES["KIND"].items()}
 DTYPES = {kind: dtype_of(struct) for kind, (_, struct) in tcp_h.RECORDS.items()}
 RING_KINDS = {ring: tuple(k for k, (r, _) in tcp_h.RECORDS.items() if r == ring) for ring in RINGS}
 # ring -> the scan's mask of the kinds it accepts there (bit n: kind number n).
+KINDS_MAX = 32      # _jsonl.c's: kind numbers 0-31, the mask's bits and the scan's counts
 MASKS = {ring: sum(1 << NUMBERS[k] for k in kinds) for ring, kinds in RING_KINDS.items()}
 # The rings that carry one kind (all of them today), by that kind: its dtype,
 # name (the JSON "type"), struct and number (the writer's and the scan's).

@@ -98,6 +98,7 @@ class RingMemory:
         self._data = memoryview(self._prod_map)[page:page + size]
         self.kinds = MASKS[name]
         self.drained = 0
+        self.kind_drained = np.zeros(records.KINDS_MAX, dtype=np.uint64)   # by kind number
         self.bad = 0
         self.copy = copy     # False: records are counted and released, not copied out
 
@@ -122,7 +123,7 @@ class RingMemory:
             return None
         mode = _LINES if lines else _COUNT if discard or not self.copy or self.record is None else _COPY
         data, consumed, kept, bad, stop = records.compiled.scan(
-            self.kinds, self._data, cons & self.mask, prod - cons, max_records, mode)
+            self.kinds, self._data, cons & self.mask, prod - cons, max_records, mode, self.kind_drained)
         if not consumed:                               # a BUSY record first
             return None
         self._cons[0] = cons + consumed                # release (x86-64: plain store)

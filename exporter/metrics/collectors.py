@@ -117,6 +117,8 @@ class PipelineCollector(Collector):
          "unsupported where the kernel lacks what it needs.",
          ["probe", "mechanism"]),
         (CounterMetricFamily, "nettap_ringbuf_records_drained", "Records read from the ring by user space.", ["ring"]),
+        (CounterMetricFamily, "nettap_ringbuf_records_drained_by_kind",
+         "Records read from the ring by user space, by record kind (a ring may carry several).", ["ring", "kind"]),
         (GaugeMetricFamily, "nettap_ringbuf_capacity_bytes", "Data size of the ring.", ["ring"]),
         (GaugeMetricFamily, "nettap_ringbuf_pending_bytes", "Bytes produced into the ring and not yet consumed.",
          ["ring"]),
@@ -139,7 +141,8 @@ class PipelineCollector(Collector):
         return _families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        attached, drained, cap, pending, lost, written, errors, nbytes, variant, feats = _families(self.SPECS)
+        attached, drained, by_kind, cap, pending, lost, written, errors, nbytes, variant, feats = \
+            _families(self.SPECS)
         probes = self.app.probes
         for probe, st in probes.all_states().items():
             attached.add_metric([probe, st.reported], 1 if st.attached else 0)
@@ -148,6 +151,9 @@ class PipelineCollector(Collector):
             feats.add_metric([f.name, f.since], 1 if f.present else 0)
         for name, ring in self.app.rings.items():
             drained.add_metric([name], ring.drained)
+            for number, kind in tcp_h.NAMES["KIND"].items():
+                if tcp_h.RECORDS[kind][0] == name:
+                    by_kind.add_metric([name, kind], int(ring.kind_drained[number]))
             cap.add_metric([name], ring.size)
             pending.add_metric([name], ring.pending_bytes())
         pipe = self.app.pipeline
@@ -159,7 +165,7 @@ class PipelineCollector(Collector):
             written.add_metric([sink.name], sink.written)
             errors.add_metric([sink.name], sink.errors)
             nbytes.add_metric([sink.name], sink.bytes_written)
-        return [attached, drained, cap, pending, lost, written, errors, nbytes, variant, feats]
+        return [attached, drained, by_kind, cap, pending, lost, written, errors, nbytes, variant, feats]
 
 
 class BuildInfoCollector(Collector):

@@ -16,7 +16,7 @@ import pyroute2.config
 
 from exporter import config
 from exporter.commands.daemon import Nettap
-from exporter.kernel import features, loader, maps, mechanisms
+from exporter.kernel import features, loader, maps, mechanisms, tcp_h
 
 # pyroute2 gives the child process that creates a network namespace 2 s to
 # answer; under emulation (the kernel matrix's guests) forking takes longer.
@@ -220,6 +220,16 @@ def live_conn_ids(app):
     return ids
 
 
+def conn_slots_total(app):
+    """The sum of capture_conns_slots (bpf/conn.bpf.h): every entry of the
+    connection table counted once in its socket's slot, so always its
+    number of entries once no program runs."""
+    fd = app.probes.map_fds["capture_conns_slots"]
+    _, _, size, entries = app.probes.map_info["capture_conns_slots"]
+    return sum(int.from_bytes(maps.lookup(fd, i.to_bytes(4, "little"), size), "little", signed=True)
+               for i in range(entries))
+
+
 class Window:
     """A test's part of a Shared Run, with the Run's interface: retargeted to
     the test's doc; counters, drops and drained records counted from the
@@ -236,6 +246,7 @@ class Window:
         self.offset = self.out.stat().st_size if self.out.exists() else 0
         self._counters, self._drops, self._obs = self.app.counters(), self.app.drops(), self.app.obs_counts()
         self._drained = {n: r.drained for n, r in self.app.rings.items()}
+        self._by_kind = sum(r.kind_drained for r in self.app.rings.values()).copy()
 
     def counters(self):
         return {p: {k: v - self._counters[p][k] for k, v in c.items()} for p, c in self.app.counters().items()}
@@ -258,6 +269,8 @@ class Window:
             f.seek(self.offset)
             lines = records_only([json.loads(l) for l in f.read().splitlines()])
         drained = {n: r.drained - self._drained[n] for n, r in self.app.rings.items()}
+        by_kind = sum(r.kind_drained for r in self.app.rings.values()) - self._by_kind
+        self.kinds_drained = {kind: int(by_kind[n]) for n, kind in tcp_h.NAMES["KIND"].items() if by_kind[n]}
         self.apply({"captures": []})
         self.window_lines = lines             # every connection's: what the kernel counters count
         mine = [l for l in lines if l.get("conn_id") not in self.shared.seen]

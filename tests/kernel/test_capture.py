@@ -14,7 +14,7 @@ import pytest
 import socket
 import threading
 
-from conftest import dropped_children, kernel_modes, live_conn_ids, streams
+from conftest import conn_slots_total, dropped_children, kernel_modes, live_conn_ids, streams
 from exporter.capture import records as R, targets
 from exporter.kernel import maps
 from exporter.kernel.mechanisms import preempt_rt
@@ -328,6 +328,8 @@ def _check_lifecycle_metrics(run):
             want[("nettap_tcp_socket_errors_total", ("errno", l["errno"]))] += 1
     assert got == want
     assert b"nettap_tcp_resets_total{direction=\"sent\"}" in generate_latest(reg)
+    # What the drain took, by kind (nettap_ringbuf_records_drained_by_kind_total), is what was written.
+    assert run.kinds_drained == Counter(l["type"] for l in run.window_lines)
 
 
 def cl_port(lines, port):
@@ -852,6 +854,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
         misses = {k: v for k, v in own_program_misses(run.app.probes.prog_fds).items() if v}
         counters = run.counters()
         live = run.app.known_map_entries()["capture_conns"]
+        slots = conn_slots_total(run.app)
         lines, drained = run.finish()
     finally:
         for p in procs:
@@ -902,7 +905,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     else:
         assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
     assert {(e["tx_bytes"], e["rx_bytes"]) for e in eofs if e["dport"] != port} == {(0, 1)}
-    assert live == 0, rate                   # every entry went with its socket
+    assert live == 0 and slots == 0, rate    # every entry went with its socket, and its slot's count
 
 
 RESETS = 200

@@ -50,8 +50,12 @@ DROPS = {"capture_chunks": 3, "capture_eof": 0, "logs": 1}
 
 
 class FakeRing:
-    def __init__(self, drained: int, size: int, pending: int):
-        self.drained, self.size, self._pending = drained, size, pending
+    def __init__(self, size: int, pending: int, **by_kind: int):
+        self.drained, self.size, self._pending = sum(by_kind.values()), size, pending
+        self.kind_drained = np.zeros(32, dtype=np.uint64)
+        numbers = {kind: n for n, kind in tcp_h.NAMES["KIND"].items()}
+        for kind, n in by_kind.items():
+            self.kind_drained[numbers[kind]] = n
 
     def pending_bytes(self) -> int:
         return self._pending
@@ -88,9 +92,10 @@ def fake_app():
             variant="compat",
             plan=SimpleNamespace(features=[Feature("BPF ring buffer", "5.8", True, "probe"),
                                            Feature("bpf_rdonly_cast", "6.2", False, "vmlinux BTF")])),
-        rings={"capture_chunks": FakeRing(1557, 16 << 20, 4096),
-               "capture_eof": FakeRing(12, 256 << 10, 0),
-               "logs": FakeRing(2, 64 << 10, 0)},
+        rings={"capture_chunks": FakeRing(16 << 20, 4096, chunk=1557),
+               "capture_eof": FakeRing(256 << 10, 0, eof=12),
+               "logs": FakeRing(64 << 10, 0, log=2),
+               "obs_events": FakeRing(1 << 20, 0, state=40, owner=8, reset=2, error=1, destroy=7)},
         pipeline=SimpleNamespace(lost={"queue": 5, "decode": 1},
                                  sink=SimpleNamespace(name="jsonl", written=1550, errors=2, lost=2,
                                                     bytes_written=421600)),

@@ -140,6 +140,16 @@ def test_a_ring_of_two_kinds_gives_each_its_lines_in_ring_order():
     assert R.compiled.scan(mask, area, 0, len(buf), 100, 0)[1:] == (len(buf), 3, 1, 0)
     with pytest.raises(ValueError, match="one to copy"):          # copies are of one dtype
         R.compiled.scan(mask, area, 0, len(buf), 100, COPY)
+    counts = np.zeros(R.KINDS_MAX, dtype=np.uint64)               # kept records by kind, added to
+    for mode in (0, 1):
+        R.compiled.scan(mask, area, 0, len(buf), 100, mode, counts)
+    want = np.zeros(R.KINDS_MAX, dtype=np.uint64)
+    want[R.KINDS["logs"]], want[R.KINDS["capture_eof"]] = 4, 2
+    assert (counts == want).all()
+    for bad in (np.zeros(R.KINDS_MAX - 1, dtype=np.uint64), bytes(8 * R.KINDS_MAX)):   # short; read-only
+        with pytest.raises((ValueError, BufferError, TypeError)):
+            R.compiled.scan(mask, area, 0, len(buf), 100, 0, bad)
+    assert (counts == want).all()
 
 
 @pytest.mark.parametrize("mask", [0, 1, 1 << 20, 1 << 40])
