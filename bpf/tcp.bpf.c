@@ -99,7 +99,8 @@ static __always_inline struct conn *state_decide(const struct sock *sk, int olds
 	cfg = active_config();
 	if (!cfg)
 		return NULL;
-	if (!(active && task_matches(cfg)) && !sock_matches(cfg, (struct sock *)sk, false))
+	/* sk is a BTF pointer here (tp_btf): direct loads on every kernel. */
+	if (!(active && task_matches(cfg)) && !sock_matches(cfg, (struct sock *)sk, true))
 		return NULL;
 	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_SENDMSG, fetch);
 	if (cn && !active)

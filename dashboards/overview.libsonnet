@@ -54,8 +54,8 @@ local lib = import 'lib.libsonnet';
               lib.target(q('nettap_ringbuf_pending_bytes{%(sel)s} / nettap_ringbuf_capacity_bytes{%(sel)s}'), '{{instance}} {{ring}}'),
             ], description='Bytes produced but not yet consumed, over the ring size. Reserves fail when it reaches 100%.', w=8, max=1),
             lib.timeseries('Records drained', 'ops', [
-              lib.target(q('sum by (ring) (rate(nettap_ringbuf_records_drained_total{%(sel)s}[$__rate_interval]))'), '{{ring}}'),
-            ], description='Records user space reads from each ring.', w=8),
+              lib.target(q('sum by (ring, kind) (rate(nettap_ringbuf_records_drained_by_kind_total{%(sel)s}[$__rate_interval]))'), '{{ring}} {{kind}}'),
+            ], description='Records user space reads from each ring, by kind (obs_events carries state, owner, reset, error and destroy records).', w=8),
             lib.timeseries('Records lost after the ring', 'ops', [
               lib.target(q('sum by (instance, stage) (rate(nettap_records_lost_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{stage}}'),
             ], description='queue: user-space queue full; sink: sink write failed; decode: record failed to decode.'),

@@ -221,13 +221,17 @@ def live_conn_ids(app):
 
 
 def conn_slots_total(app):
-    """The sum of capture_conns_slots (bpf/conn.bpf.h): every entry of the
-    connection table counted once in its socket's slot, so always its
-    number of entries once no program runs."""
+    """The sum of the counts in capture_conns_slots (bpf/conn.bpf.h: two
+    32-bit slots to a word): every entry of the connection table counted once
+    in its socket's slot, so always its number of entries once no program
+    runs."""
     fd = app.probes.map_fds["capture_conns_slots"]
     _, _, size, entries = app.probes.map_info["capture_conns_slots"]
-    return sum(int.from_bytes(maps.lookup(fd, i.to_bytes(4, "little"), size), "little", signed=True)
-               for i in range(entries))
+    total = 0
+    for i in range(entries):
+        word = int.from_bytes(maps.lookup(fd, i.to_bytes(4, "little"), size), "little")
+        total += (word & 0xffffffff) + (word >> 32)
+    return total
 
 
 class Window:

@@ -151,6 +151,52 @@ def test_state_lines_follow_each_captured_connection_from_its_first_state(nettap
     _check_lifecycle_metrics(run)
 
 
+
+def test_sockets_sharing_a_front_door_slot_are_each_followed(nettap_run):
+    """More captured sockets open at once than the connection table's front
+    door has slots (capture_conns_slots: 1,024, bpf/conn.bpf.h), so some
+    share one: each socket still gets its states from its first to CLOSE and
+    its eof, and once all are destroyed every slot is back at 0."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    pairs = 600                                   # 1,200 captured sockets
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * pairs)), hard))
+    lsn = socket.create_server(("127.0.0.1", 0), backlog=pairs)
+    port = lsn.getsockname()[1]
+    socks = []
+    try:
+        run = nettap_run({"captures": [{"port": port}]})
+        for _ in range(pairs):
+            socks.append(socket.create_connection(("127.0.0.1", port)))
+            socks.append(lsn.accept()[0])
+        wait_for(lambda: run.app.known_map_entries()["capture_conns"] >= 2 * pairs, what="every socket's entry")
+        entries = run.app.known_map_entries()["capture_conns"]
+        assert conn_slots_total(run.app) == entries   # each counted once, in a slot some share
+    finally:
+        for s in socks:
+            s.close()
+        lsn.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    wait_for(lambda: run.app.known_map_entries()["capture_conns"] == 0, what="every entry gone with its socket")
+    assert conn_slots_total(run.app) == 0
+    lines, _ = run.finish()
+    dropped = dropped_children(lines)
+    states, eofs = Counter(), Counter()
+    for l in lines:
+        if l["conn_id"] in dropped:
+            continue
+        if l["type"] == "state":
+            states[l["conn_id"]] += 1
+            if l["newstate"] == "CLOSE":
+                states[(l["conn_id"], "closed")] += 1
+        elif l["type"] == "eof":
+            eofs[l["conn_id"]] += 1
+    conns = {c for c in states if not isinstance(c, tuple)}
+    assert len(conns) == 2 * pairs
+    assert all(states[(c, "closed")] == 1 and states[c] >= 3 for c in conns)
+    assert set(eofs) == conns and set(eofs.values()) == {1}
+
+
 ACCEPTOR = r"""
 import socket, sys
 lsn = socket.create_server(("127.0.0.1", 0))
