@@ -232,14 +232,54 @@ class Probes:
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
         try:
-            self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
-            self._configure(ring_sizes or {})
-            libbpf.call("bpf_object__load", self.obj)
+            self._load(path, ring_sizes or {})
             self._collect_fds()
             self._attach()
         except BaseException:
             self.close()
             raise
+
+    def _open(self, path: str, ring_sizes: dict, want: dict | None = None) -> None:
+        self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
+        configure(self.obj, self.plan.features, self.variant,
+                  self._wanted_programs() if want is None else want, ring_sizes)
+
+    def _load(self, path: str, ring_sizes: dict) -> None:
+        """Open, configure and load the object. Where the kernel refuses it,
+        the separately reported programs (accept, socket errors) are loaded
+        one by one: one the kernel refuses alone is reported unattached
+        (mechanism none, with the kernel's error) and the rest loads without
+        it. A refusal of anything else is nettap's failure to start."""
+        self._open(path, ring_sizes)
+        try:
+            libbpf.call("bpf_object__load", self.obj)
+            return
+        except OSError as e:
+            failure = e
+        self._close_object()
+        refused = {}
+        for probe, (prog, _m) in self._separate.items():
+            self._open(path, ring_sizes, want={prog: probe})
+            try:
+                libbpf.call("bpf_object__load", self.obj)
+            except OSError as e:
+                refused[probe] = e
+            finally:
+                self._close_object()
+        if not refused:
+            raise failure
+        for probe, e in refused.items():
+            del self._separate[probe]
+            st = self.separate[probe]
+            st.mechanism, st.error = "none", f"the kernel refused its program: {e}"
+            log.error("probe %s not loaded: %s", probe, st.error)
+        self._open(path, ring_sizes)
+        libbpf.call("bpf_object__load", self.obj)
+
+    def _close_object(self) -> None:
+        if self.obj:
+            libbpf.lib().bpf_object__close(self.obj)
+            self.obj = 0
 
     # -- setup --
     def _programs(self):
@@ -256,9 +296,6 @@ class Probes:
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
         return want
-
-    def _configure(self, ring_sizes: dict) -> None:
-        configure(self.obj, self.plan.features, self.variant, self._wanted_programs(), ring_sizes)
 
     def _collect_fds(self) -> None:
         lb = libbpf.lib()
@@ -300,6 +337,8 @@ class Probes:
         for name, st in self.separate.items():
             if st.mechanism == UNSUPPORTED:
                 log.info("probe %s not attached: %s", name, st.error)
+                continue
+            if name not in self._separate:          # refused at load (_load): said there
                 continue
             first = len(self.links)
             try:
@@ -344,10 +383,7 @@ class Probes:
         """Detach and close the object (frees programs and maps once no fd
         refers to them). Safe to call twice."""
         self.detach()
-        lb = libbpf.lib()
-        if self.obj:
-            lb.bpf_object__close(self.obj)
-            self.obj = 0
+        self._close_object()
         self.prog_fds = {}
         self.map_fds = {}
 

@@ -47,6 +47,41 @@ def test_every_lifecycle_program_passes_the_verifier():
         _load_only(progs, variant)
 
 
+def _refusing(monkeypatch, prefix):
+    """The loader's configure, then the programs named prefix* made socket
+    filters: the kernel refuses what they call (tracing helpers, context)."""
+    real = loader.configure
+
+    def configure(obj, feats, variant, want, ring_sizes):
+        real(obj, feats, variant, want, ring_sizes)
+        for name, prog in loader.object_programs(obj):
+            if name.startswith(prefix) and name in want:
+                libbpf.call("bpf_program__set_type", prog, 1)    # BPF_PROG_TYPE_SOCKET_FILTER
+    monkeypatch.setattr(loader, "configure", configure)
+
+
+def test_a_separate_program_the_kernel_refuses_is_reported_and_the_rest_loads(monkeypatch):
+    """A kernel whose verifier refuses one of the separately reported
+    programs (the accept hook here) still runs nettap: that probe reported
+    unattached with the kernel's error, every other probe attached."""
+    _refusing(monkeypatch, "tcp_accept")
+    with loader.Probes() as p:
+        states = p.all_states()
+        acc = states["tcp_accept"]
+        assert (acc.mechanism, acc.attached, acc.reported) == ("none", False, "none")
+        assert acc.error.startswith("the kernel refused its program: ")
+        assert not any(n.startswith("tcp_accept") for n in p.prog_fds)
+        assert states["tcp_state"].attached
+        others = {n: s for n, s in states.items() if n != "tcp_accept" and s.mechanism not in ("none", "unsupported")}
+        assert others and all(s.attached for s in others.values()), others
+
+
+def test_a_refused_lifecycle_program_is_a_failure_to_start(monkeypatch):
+    _refusing(monkeypatch, "tcp_state")
+    with pytest.raises(OSError):
+        loader.Probes()
+
+
 def test_fentry_programs_load_exactly_where_the_loader_says_fentry_works():
     accepted = "fentry" in {m for m, _ in kernel_modes()}
     for variant in _variants():
