@@ -315,6 +315,7 @@ int BPF_PROG(tcp_sk_error, const struct sock *sk)
 	if (!r)
 		return 0;
 	r->errno = err;
+	r->errno_name = err;
 	OBS_SOCK_STATE(r, sk);
 	obs_submit(r);
 	return 0;

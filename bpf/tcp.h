@@ -226,11 +226,12 @@ struct NETTAP_RECORD("owner", "obs_events") nettap_owner {
  * reset, an ICMP error); pid the connection's. */
 struct NETTAP_RECORD("error", "obs_events") nettap_error {
 	struct nettap_hdr h;
-	__u32 errno NETTAP_JSON("enum:errno");	  /* the socket's error (sk_err), by its name */
-	__u16 family NETTAP_JSON("family");	  /* AF_INET or AF_INET6 */
-	__u16 sport;				  /* local port */
-	__u16 dport;				  /* remote port */
-	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
+	__u32 errno;				    /* the socket's error (sk_err), its number */
+	__u32 errno_name NETTAP_JSON("enum:errno"); /* the same, by its name */
+	__u16 family NETTAP_JSON("family");	    /* AF_INET or AF_INET6 */
+	__u16 sport;				    /* local port */
+	__u16 dport;				    /* remote port */
+	__u8 state NETTAP_JSON("enum:tcp_state");   /* the socket's state then */
 	__u8 pad0 NETTAP_JSON("-");
 	__u32 netns;			    /* inode of the socket's network namespace */
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */

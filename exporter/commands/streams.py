@@ -35,7 +35,7 @@ _LOG = {"code": _STR}
 _STATE = {"conn_id": _INT, "ts_ns": _INT, "oldstate": _STR, "newstate": _STR}
 _RESET = {"conn_id": _INT, "ts_ns": _INT, "direction": _STR, "state": _STR}
 _OWNER = {"conn_id": _INT, "ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "cgroup_id": _INT, "via": _STR}
-_ERROR = {"conn_id": _INT, "ts_ns": _INT, "errno": _STR, "state": _STR}
+_ERROR = {"conn_id": _INT, "ts_ns": _INT, "errno": _INT, "errno_name": _STR, "state": _STR}
 _DESTROY = {"conn_id": _INT, "ts_ns": _INT, "bytes_acked": _INT, "bytes_received": _INT, "segs_out": _INT,
             "segs_in": _INT, "total_retrans": _INT, "state": _STR}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
@@ -48,7 +48,7 @@ LIFECYCLE = {
     "reset": lambda r: f"reset {'sent' if r['direction'] == 'egress' else 'received'} in {r['state']}",
     "owner": lambda r: (f"owner pid {r['pid']} tid {r['tid']} ({r['comm']}), cgroup {r['cgroup_id']}, "
                         f"learnt at its {r['via'].replace('_', ' ')}"),
-    "error": lambda r: f"error {r['errno']} in {r['state']}",
+    "error": lambda r: f"error {r['errno_name']} in {r['state']}",
     "destroy": lambda r: (f"destroyed in {r['state']}: {r['bytes_acked']} B acknowledged, "
                           f"{r['bytes_received']} B received, {r['segs_out']} segments out, {r['segs_in']} in, "
                           f"{r['total_retrans']} retransmitted"),

@@ -191,20 +191,21 @@ STRUCTS = {
         ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
         ('comm', 80, 'char', 16, 16, 'text', "the owner's thread's task name"),
     )),
-    'nettap_error': (72, (
+    'nettap_error': (80, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
         ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
         ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
-        ('errno', 24, '__u32', 1, 4, 'enum:errno', "the socket's error (sk_err), by its name"),
-        ('family', 28, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
-        ('sport', 30, '__u16', 1, 2, '', 'local port'),
-        ('dport', 32, '__u16', 1, 2, '', 'remote port'),
-        ('state', 34, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
-        ('pad0', 35, '__u8', 1, 1, '-', ''),
-        ('netns', 36, '__u32', 1, 4, '', "inode of the socket's network namespace"),
-        ('saddr', 40, '__u8', 16, 16, 'addr', 'local address'),
-        ('daddr', 56, '__u8', 16, 16, 'addr', 'remote address'),
+        ('errno', 24, '__u32', 1, 4, '', "the socket's error (sk_err), its number"),
+        ('errno_name', 28, '__u32', 1, 4, 'enum:errno', 'the same, by its name'),
+        ('family', 32, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 34, '__u16', 1, 2, '', 'local port'),
+        ('dport', 36, '__u16', 1, 2, '', 'remote port'),
+        ('state', 38, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
+        ('pad0', 39, '__u8', 1, 1, '-', ''),
+        ('netns', 40, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 44, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 60, '__u8', 16, 16, 'addr', 'remote address'),
     )),
     'nettap_destroy': (96, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
@@ -241,4 +242,4 @@ RECORDS = {
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 80, 'destroy': 104}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104}

@@ -283,7 +283,7 @@ def test_resets_sent_and_received_by_captured_sockets(nettap_run, mode):
     # Their errors, where the kernel has sock:inet_sk_error_report (5.14): the
     # refused connect's ECONNREFUSED, the reset client's ECONNRESET (and the
     # aborting server's, from tcp_disconnect).
-    errors = sorted((l["errno"], l["dport"]) for l in lines if l["type"] == "error")
+    errors = sorted((l["errno_name"], l["dport"]) for l in lines if l["type"] == "error")
     err_probe = run.app.probes.separate["tcp_sk_error"]
     if _has_feature(run, "sock:inet_sk_error_report"):
         assert err_probe.attached, err_probe.error
@@ -326,7 +326,7 @@ def test_a_connect_that_times_out_reports_etimedout(nettap_run, mode):
     assert [(l["oldstate"], l["newstate"]) for l in mine if l["type"] == "state"] == [
         ("CLOSE", "SYN_SENT"), ("SYN_SENT", "CLOSE")]
     assert not [l for l in mine if l["type"] == "reset"]
-    errors = [(l["errno"], l["state"]) for l in mine if l["type"] == "error"]
+    errors = [(l["errno_name"], l["state"]) for l in mine if l["type"] == "error"]
     if _has_feature(run, "sock:inet_sk_error_report"):
         assert [e for e, _ in errors] == ["ETIMEDOUT"], mine
     else:
@@ -371,7 +371,8 @@ def _check_lifecycle_metrics(run):
             direction = {"egress": "sent", "ingress": "received"}[l["direction"]]
             want[("nettap_tcp_resets_total", ("direction", direction))] += 1
         elif l["type"] == "error":
-            want[("nettap_tcp_socket_errors_total", ("errno", l["errno"]))] += 1
+            want[("nettap_tcp_socket_errors_total", ("errno", l["errno_name"]))] += 1
+            assert R.ERRNO_NAMES[l["errno"]] == l["errno_name"]
     assert got == want
     assert b"nettap_tcp_resets_total{direction=\"sent\"}" in generate_latest(reg)
     # What the drain took, by kind (nettap_ringbuf_records_drained_by_kind_total), is what was written.

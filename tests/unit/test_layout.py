@@ -87,7 +87,7 @@ def test_struct_layout_matches_btf(btf, cname):
 def test_known_struct_sizes(btf):
     assert {c: _struct(btf, c)["size"] for c in LAYOUTS} == {
         "nettap_hdr": 24, "nettap_chunk": 504, "nettap_eof": 128, "nettap_log": 72, "nettap_state": 72,
-        "nettap_reset": 72, "nettap_owner": 96, "nettap_error": 72, "nettap_destroy": 96,
+        "nettap_reset": 72, "nettap_owner": 96, "nettap_error": 80, "nettap_destroy": 96,
         "nettap_capture_config": 28, "nettap_probe_counters": 32}
 
 
@@ -107,7 +107,7 @@ def test_ring_strides():
     assert {r: R.stride(d) for r, d in R.RECORDS.items()} == {
         "capture_chunks": 512, "capture_eof": 136, "logs": 80}
     assert {k: R.stride(d) for k, d in R.DTYPES.items()} == {
-        "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 80, "owner": 104, "error": 80,
+        "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 80, "owner": 104, "error": 88,
         "destroy": 104}
 
 

@@ -137,8 +137,8 @@ def test_a_connections_life_is_shown_before_its_streams(tmp_path, capsys):
         '"pid":1,"saddr":"0.0.0.0","sport":0,"tid":3,"ts_ns":600,"type":"owner","via":"connect"}',
         '{"conn_id":9,"daddr":"192.0.2.2","direction":"ingress","dport":80,"family":"ipv4","netns":1,"pid":1,'
         '"saddr":"192.0.2.1","sport":40000,"state":"ESTABLISHED","ts_ns":2000500,"type":"reset"}',
-        '{"conn_id":9,"daddr":"192.0.2.2","dport":80,"errno":"ECONNRESET","family":"ipv4","netns":1,"pid":1,'
-        '"saddr":"192.0.2.1","sport":40000,"state":"CLOSE","ts_ns":2000700,"type":"error"}',
+        '{"conn_id":9,"daddr":"192.0.2.2","dport":80,"errno":104,"errno_name":"ECONNRESET","family":"ipv4",'
+        '"netns":1,"pid":1,"saddr":"192.0.2.1","sport":40000,"state":"CLOSE","ts_ns":2000700,"type":"error"}',
         '{"bytes_acked":5,"bytes_received":0,"conn_id":9,"daddr":"192.0.2.2","dport":80,"family":"ipv4",'
         '"netns":1,"pid":1,"saddr":"192.0.2.1","segs_in":2,"segs_out":3,"sport":40000,"state":"CLOSE",'
         '"total_retrans":0,"ts_ns":3000500,"type":"destroy"}',

@@ -111,7 +111,8 @@ def test_golden_independent(kind):
         if kind in ("reset", "error", "destroy"):
             assert obj["state"] == TCP_STATE_NAMES.get(spec.get("state", 0), str(spec.get("state", 0)))
         if kind == "error":
-            assert obj["errno"] == ERRNO_NAMES.get(spec.get("errno", 0), str(spec.get("errno", 0)))
+            name = spec.get("errno_name", 0)
+            assert obj["errno_name"] == ERRNO_NAMES.get(name, str(name))
         elif kind == "owner":
             assert obj["via"] == VIA_NAMES.get(spec.get("via", 0), str(spec.get("via", 0)))
         elif kind == "chunk":
