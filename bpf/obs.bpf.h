@@ -59,7 +59,7 @@ static __always_inline void obs_submit(void *r)
 /* The captured connection of a socket, NULL when it has none. */
 static __always_inline struct conn *captured_conn(const struct sock *sk)
 {
-	return conn_lookup((__u64)sk);
+	return conn_lookup_btf(sk);
 }
 
 static __always_inline void obs_count(__u32 row)

@@ -224,14 +224,21 @@ def conn_slots_total(app):
     """The sum of the counts in capture_conns_slots (bpf/conn.bpf.h: two
     32-bit slots to a word): every entry of the connection table counted once
     in its socket's slot, so always its number of entries once no program
-    runs."""
+    runs. Each of capture_conns_groups' counts must then be the sum of its
+    group's slots (64 consecutive ones); checked here."""
     fd = app.probes.map_fds["capture_conns_slots"]
     _, _, size, entries = app.probes.map_info["capture_conns_slots"]
-    total = 0
+    slots = []
     for i in range(entries):
         word = int.from_bytes(maps.lookup(fd, i.to_bytes(4, "little"), size), "little")
-        total += (word & 0xffffffff) + (word >> 32)
-    return total
+        slots += [word & 0xffffffff, word >> 32]
+    fd = app.probes.map_fds["capture_conns_groups"]
+    _, _, size, _ = app.probes.map_info["capture_conns_groups"]
+    raw = maps.lookup(fd, (0).to_bytes(4, "little"), size)
+    groups = [int.from_bytes(raw[i:i + 4], "little") for i in range(0, size, 4)]
+    per = len(slots) // len(groups)
+    assert groups == [sum(slots[g * per:(g + 1) * per]) for g in range(len(groups))], (groups, slots)
+    return sum(slots)
 
 
 class Window:
