@@ -31,6 +31,8 @@ struct conn {
 	__u64 rx_off; /* also the bytes received */
 	__u64 tx_calls;
 	__u64 rx_calls;
+	__u64 tls_tx_off; /* TLS plaintext sent (tls.bpf.h) */
+	__u64 tls_rx_off; /* TLS plaintext received */
 	__u32 pid;
 	__u16 closed; /* reached TCP_CLOSE, its eof published: kept until the socket is
 		       * destroyed (a reset it sends follows its CLOSE), then removed */
@@ -378,31 +380,38 @@ static __always_inline struct conn *conn_get(__u64 key, __u32 probe, const bool 
 	return cn;
 }
 
-/* Move a direction's stream offset past ret bytes; returns where the call's
- * bytes start. With fetch, two threads moving bytes on one socket at once
- * each get a distinct range; without (before 5.12) they may overlap. */
+/* Move a stream's offset past ret bytes; returns where the call's bytes
+ * start. With fetch, two threads moving bytes on one socket at once each get
+ * a distinct range; without (before 5.12) they may overlap. A TLS probe
+ * moves the plaintext's offsets, apart from the TCP bytes'. */
 static __always_inline __u64 conn_advance(struct conn *cn, __u32 probe, long ret, const bool fetch)
 {
-	__u64 off;
+	__u64 *off, *calls = NULL, at;
 
-	if (probe == NETTAP_PROBE_TCP_SENDMSG) {
-		if (fetch) {
-			off = __sync_fetch_and_add(&cn->tx_off, ret);
-		} else {
-			off = cn->tx_off;
-			__sync_fetch_and_add(&cn->tx_off, ret);
-		}
-		__sync_fetch_and_add(&cn->tx_calls, 1);
-	} else {
-		if (fetch) {
-			off = __sync_fetch_and_add(&cn->rx_off, ret);
-		} else {
-			off = cn->rx_off;
-			__sync_fetch_and_add(&cn->rx_off, ret);
-		}
-		__sync_fetch_and_add(&cn->rx_calls, 1);
+	switch (probe) {
+	case NETTAP_PROBE_TCP_SENDMSG:
+		off = &cn->tx_off;
+		calls = &cn->tx_calls;
+		break;
+	case NETTAP_PROBE_TCP_RECVMSG:
+		off = &cn->rx_off;
+		calls = &cn->rx_calls;
+		break;
+	case NETTAP_PROBE_SSL_WRITE:
+		off = &cn->tls_tx_off;
+		break;
+	default:
+		off = &cn->tls_rx_off;
 	}
-	return off;
+	if (fetch) {
+		at = __sync_fetch_and_add(off, ret);
+	} else {
+		at = *off;
+		__sync_fetch_and_add(off, ret);
+	}
+	if (calls)
+		__sync_fetch_and_add(calls, 1);
+	return at;
 }
 
 #endif /* NETTAP_CONN_BPF_H */

@@ -16,6 +16,7 @@
 
 #include "filter.bpf.h"
 #include "obs.bpf.h"
+#include "tls.bpf.h"
 
 /* Ring bytes one chunk takes: the record and its 8-byte ring header. */
 #define CHUNK_STRIDE (sizeof(struct nettap_chunk) + 8)
@@ -144,6 +145,7 @@ static __always_inline int enter_sock(__u32 probe, struct sock *sk, struct call_
 	in->task_start = fast ? 0 : task_start_time();
 	in->probe = probe;
 	inflight_hold(in);
+	tls_learn(bpf_get_current_pid_tgid(), (__u64)sk);
 	return 0;
 }
 
@@ -246,58 +248,36 @@ static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 
 /* ---- return ---------------------------------------------------------------- */
 
-static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
+/* Publish the ret bytes of a call on sk (in->buf, in->iovcnt, in->skip as
+ * its entry saw them) as chunks of connection cn (NULL: none, conn_id 0),
+ * starting at stream offset `at`. Counts the bytes and chunks in c. */
+static __always_inline void emit_call(struct inflight *in, struct nettap_probe_counters *c,
+				      struct nettap_capture_config *cfg, __u32 probe,
+				      struct sock *sk, struct conn *cn, __u64 at, __u8 flags,
+				      long ret, const bool fast)
 {
+	struct nettap_chunk *hdr = &in->hdr;
+	struct emit_state *st = &in->st;
 	__u64 id = bpf_get_current_pid_tgid();
-	struct nettap_capture_config *cfg;
-	struct inflight *in;
-	struct nettap_probe_counters *c;
-	struct nettap_chunk *hdr;
-	struct emit_state *st;
-	struct conn *cn;
-	struct sock *sk;
-	__u32 zero = 0;
 
-	/* Every return on the node runs this: leave on one load when the
-	 * thread's slot holds no call (the common case, a call not kept). */
-	if (!*inflight_slot(id))
-		return 0;
-	in = inflight_find(id, fast);
-	if (!in || !in->valid || in->probe != probe)
-		return 0;
-	c = counters(probe);
-	cfg = bpf_map_lookup_elem(&capture_config, &zero);
-	if (!c || !cfg)
-		goto out;
-	__sync_fetch_and_add(&c->returns, 1);
-	if (ret <= 0)
-		goto out;
 	__sync_fetch_and_add(&c->bytes, ret);
-
-	hdr = &in->hdr;
-	st = &in->st;
-	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
-	cn = conn_get(in->sk, probe, fast);
-	hdr->flags = 0;
+	hdr->flags = flags;
 	if (cn) {
-		if (!cn->owned) {     /* its first captured call, and no connect named its owner */
-			if (!cn->pid) /* decided in softirq (tcp.bpf.c): its owner is this caller */
-				cn->pid = id >> 32;
-			publish_owner(sk, cn, NETTAP_VIA_FIRST_CALL, fast);
-		}
-		hdr->call_offset = conn_advance(cn, probe, ret, fast);
+		hdr->call_offset = at;
 		hdr->h.conn_id = cn->id;
 	} else {
 		hdr->call_offset = 0;
 		hdr->h.conn_id = 0;
-		hdr->flags = NETTAP_CHUNK_F_NO_CONN;
+		hdr->flags |= NETTAP_CHUNK_F_NO_CONN;
 	}
 	hdr->h.ts_ns = bpf_ktime_get_ns();
 	hdr->h.kind = NETTAP_KIND_CHUNK;
 	hdr->h.pid = id >> 32;
 	hdr->call_len = ret;
 	hdr->tid = (__u32)id;
-	hdr->direction = probe == NETTAP_PROBE_TCP_SENDMSG ? NETTAP_DIR_EGRESS : NETTAP_DIR_INGRESS;
+	hdr->direction = (probe == NETTAP_PROBE_TCP_SENDMSG || probe == NETTAP_PROBE_SSL_WRITE)
+				 ? NETTAP_DIR_EGRESS
+				 : NETTAP_DIR_INGRESS;
 	read_addrs(sk, fast, &hdr->family, &hdr->sport, &hdr->dport, hdr->saddr, hdr->daddr);
 	bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
 
@@ -305,7 +285,7 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 		/* Kernel pages behind the call (sendfile, splice): counted, and
 		 * said once per call, but no chunk pretends to carry its bytes. */
 		emit_log(NETTAP_LOG_PAYLOAD_UNREADABLE, probe, hdr->h.conn_id, in->iter_type, ret);
-		goto out;
+		return;
 	}
 	__builtin_memset(st, 0, sizeof(*st));
 	st->probe = probe;
@@ -335,6 +315,44 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	__sync_fetch_and_add(&c->chunks, st->published);
 	if (st->dropped)
 		count_drop(NETTAP_RING_CAPTURE_CHUNKS, st->dropped);
+}
+
+static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
+{
+	__u64 id = bpf_get_current_pid_tgid(), at = 0;
+	struct nettap_capture_config *cfg;
+	struct inflight *in;
+	struct nettap_probe_counters *c;
+	struct conn *cn;
+	struct sock *sk;
+	__u32 zero = 0;
+
+	/* Every return on the node runs this: leave on one load when the
+	 * thread's slot holds no call (the common case, a call not kept). */
+	if (!*inflight_slot(id))
+		return 0;
+	in = inflight_find(id, fast);
+	if (!in || !in->valid || in->probe != probe)
+		return 0;
+	c = counters(probe);
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	if (!c || !cfg)
+		goto out;
+	__sync_fetch_and_add(&c->returns, 1);
+	if (ret <= 0)
+		goto out;
+
+	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
+	cn = conn_get(in->sk, probe, fast);
+	if (cn) {
+		if (!cn->owned) {     /* its first captured call, and no connect named its owner */
+			if (!cn->pid) /* decided in softirq (tcp.bpf.c): its owner is this caller */
+				cn->pid = id >> 32;
+			publish_owner(sk, cn, NETTAP_VIA_FIRST_CALL, fast);
+		}
+		at = conn_advance(cn, probe, ret, fast);
+	}
+	emit_call(in, c, cfg, probe, sk, cn, at, 0, ret, fast);
 out:
 	inflight_end(in, id, fast);
 	return 0;

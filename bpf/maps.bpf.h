@@ -193,7 +193,7 @@ __u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
  * different cache lines. With tid & mask they shared one (16 slots a line),
  * and every captured call's locked add bounced it between their CPUs: the
  * hottest instruction of the captured entry. */
-static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
+static __always_inline __u32 thread_slot(__u64 pid_tgid)
 {
 	__u32 tid = (__u32)pid_tgid, line = (tid & 63) << 4, slot = (tid >> 6) & 15;
 
@@ -201,7 +201,12 @@ static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
 	 * or ("unbounded min value"), and clang writes an add of disjoint bits
 	 * as one unless it cannot see the bits. */
 	barrier_var(slot);
-	return &inflight_slots[(line + slot) & (NETTAP_INFLIGHT_SLOTS - 1)];
+	return (line + slot) & (NETTAP_INFLIGHT_SLOTS - 1);
+}
+
+static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
+{
+	return &inflight_slots[thread_slot(pid_tgid)];
 }
 
 /* A zeroed struct inflight to insert from: too big for the BPF stack. */

@@ -20,11 +20,14 @@
  *   emit.bpf.h         entry and return bodies: chunking
  *   entry_tp.bpf.h     syscall-tracepoint entry points
  *   entry_func.bpf.h   fentry/fexit and kprobe/kretprobe entry points
+ *   tls.bpf.h          TLS calls in flight, and how each learns its socket
+ *   entry_tls.bpf.h    uprobes on libssl: TLS plaintext
  *   tcp.bpf.c          this file: the lifecycle programs (states, eof, accept,
  *                      resets, errors, destruction)
  */
 #include "entry_tp.bpf.h"
 #include "entry_func.bpf.h"
+#include "entry_tls.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */

@@ -33,7 +33,9 @@
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG 0
 #define NETTAP_PROBE_TCP_RECVMSG 1
-#define NETTAP_PROBE_COUNT	 2
+#define NETTAP_PROBE_SSL_WRITE	 2 /* SSL_write, SSL_write_ex: plaintext sent */
+#define NETTAP_PROBE_SSL_READ	 3 /* SSL_read, SSL_read_ex: plaintext received */
+#define NETTAP_PROBE_COUNT	 4
 
 /* Ring indexes: rows of the ringbuf_drops map, and the `ring` label. */
 #define NETTAP_RING_CAPTURE_CHUNKS 0
@@ -71,6 +73,7 @@
 /* nettap_chunk.flags */
 #define NETTAP_CHUNK_F_READ_FAILED (1U << 0) /* payload could not be read; zeroed */
 #define NETTAP_CHUNK_F_NO_CONN	   (1U << 1) /* conn table full: conn_id 0, offsets unknown */
+#define NETTAP_CHUNK_F_TLS	   (1U << 2) /* TLS plaintext (libssl): its own offsets */
 
 /* nettap_owner.via: how nettap learnt a captured socket's owner */
 #define NETTAP_VIA_CONNECT    1 /* its connect, in the connecting task */

@@ -22,7 +22,7 @@ from exporter.commands.streams import (LIFECYCLE, Capture, Conn, Problems, Strea
 # ---- text output ---------------------------------------------------------
 
 def listing(cap: Capture, conns: List[Conn], out) -> None:
-    rows = [("CONN", "LOCAL", "REMOTE", "PID", "COMM", "TX", "RX", "TRUNCATED", "GAPS", "CLOSED")]
+    rows = [("CONN", "LOCAL", "REMOTE", "PID", "COMM", "TX", "RX", "TRUNCATED", "GAPS", "CLOSED", "TLS")]
     for c in conns:
         trunc_calls = trunc_bytes = gaps = gap_bytes = 0
         for d, s in c.streams.items():
@@ -37,7 +37,9 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
                      pid, escape(c.comm), str(c.streams["egress"].end(c.total("egress"))),
                      str(c.streams["ingress"].end(c.total("ingress"))),
                      f"{trunc_calls} call{'s' * (trunc_calls > 1)}, {trunc_bytes} B" if trunc_calls else "-",
-                     f"{gaps}, {gap_bytes} B" if gaps else "-", "yes" if c.eof else "no"))
+                     f"{gaps}, {gap_bytes} B" if gaps else "-", "yes" if c.eof else "no",
+                     # plaintext bytes sent/received through libssl on its socket
+                     f"{c.tls['egress'].end()}/{c.tls['ingress'].end()}" if c.tls else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
@@ -95,27 +97,33 @@ def streams(c: Conn, out, hexdump: bool, events=()) -> None:
     for ts, text in events:
         out.write(f"  +{(ts - events[0][0]) / 1e6:.3f} ms  {text}\n")
     for d, s in c.streams.items():
-        end = s.end(c.total(d))
-        frm, to = c.ends(d)
-        runs = s.runs()
-        holes = s.holes(c.total(d))
-        out.write(f"==> {d} {frm} -> {to}: {end} bytes in {len(s.calls)} call(s), "
-                  f"{sum(len(b) for _, b in runs)} captured\n")
-        at_line_start = True
-        for off, item in sorted([(o, b) for o, b in runs] + [(o, h) for o, *h in holes],
-                                key=lambda x: x[0]):
-            if isinstance(item, bytes):
-                if hexdump:
-                    out.writelines(_hexdump(off, item))
-                else:
-                    t = _text(item)
-                    out.write(t)
-                    at_line_start = t.endswith("\n")
+        _stream(out, d, s, c.total(d), *c.ends(d), hexdump)
+    for d, s in c.tls.items():             # its TLS plaintext, after the bytes on the wire
+        _stream(out, f"tls {d}", s, 0, *c.ends(d), hexdump, what="plaintext bytes")
+
+
+def _stream(out, label: str, s: Stream, total: int, frm: str, to: str, hexdump: bool,
+            what: str = "bytes") -> None:
+    end = s.end(total)
+    runs = s.runs()
+    holes = s.holes(total)
+    out.write(f"==> {label} {frm} -> {to}: {end} {what} in {len(s.calls)} call(s), "
+              f"{sum(len(b) for _, b in runs)} captured\n")
+    at_line_start = True
+    for off, item in sorted([(o, b) for o, b in runs] + [(o, h) for o, *h in holes],
+                            key=lambda x: x[0]):
+        if isinstance(item, bytes):
+            if hexdump:
+                out.writelines(_hexdump(off, item))
             else:
-                out.write(("" if at_line_start else "\n") + _hole_text(off, *item, s) + "\n")
-                at_line_start = True
-        if not at_line_start:
-            out.write("\n")
+                t = _text(item)
+                out.write(t)
+                at_line_start = t.endswith("\n")
+        else:
+            out.write(("" if at_line_start else "\n") + _hole_text(off, *item, s) + "\n")
+            at_line_start = True
+    if not at_line_start:
+        out.write("\n")
 
 
 # ---- the command ---------------------------------------------------------

@@ -271,13 +271,22 @@ class Conn:
         self.pids = {rec["pid"]}
         self.first_ts = rec["ts_ns"]
         self.streams = {d: Stream(keep) for d in DIRECTIONS}
+        # TLS plaintext of the connection (chunks flagged tls: libssl's
+        # calls on its socket), with offsets of its own; empty when none.
+        self.tls: Dict[str, Stream] = {}
+        self._keep = keep
         self.eof: Optional[dict] = None
 
     def add(self, rec: dict) -> None:
         self.pids.add(rec["pid"])
         self.first_ts = min(self.first_ts, rec["ts_ns"])
         if rec["type"] == "chunk":
-            self.streams[rec["direction"]].add(rec)
+            if "tls" in rec["flags"]:
+                if not self.tls:
+                    self.tls = {d: Stream(self._keep) for d in DIRECTIONS}
+                self.tls[rec["direction"]].add(rec)
+            else:
+                self.streams[rec["direction"]].add(rec)
         else:
             self.eof = rec
 

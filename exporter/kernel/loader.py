@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 import threading
-from exporter.kernel import features, libbpf, tcp_h
+from exporter.kernel import features, libbpf, tcp_h, tls
 from exporter.kernel.mechanisms import UNSUPPORTED, Plan, ProbeState, ensure_tracefs, plan
 
 log = logging.getLogger(__name__)
@@ -228,6 +228,10 @@ class Probes:
                 since = next((f.since for f in self.plan.features if f.name == needs), "")
                 self.separate[n] = ProbeState(n, mechanism=UNSUPPORTED,
                                               error=f"this kernel has no {needs} (Linux {since}+)")
+        ok, why = tls.supported()
+        self.tls_states = {p: ProbeState(p, mechanism="uprobe" if ok else UNSUPPORTED, error=why)
+                           for p in tls.PROBES}
+        self.tls: tls.TlsProbes | None = None
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
@@ -235,6 +239,7 @@ class Probes:
             self._load(path, ring_sizes or {})
             self._collect_fds()
             self._attach()
+            self._attach_tls()
         except BaseException:
             self.close()
             raise
@@ -295,6 +300,8 @@ class Probes:
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
+        if self.tls_states["ssl_write"].mechanism != UNSUPPORTED:
+            want.update({p: "tls" for p in tls.programs(self.variant)})
         return want
 
     def _collect_fds(self) -> None:
@@ -367,10 +374,33 @@ class Probes:
                 st.mechanism = "none"
                 log.error("probe %s not attached: %s", probe, e)
 
+    def _attach_tls(self) -> None:
+        """The TLS uprobes, on every libssl file found now (tls.py); a node
+        without one has nothing to attach to (not a failure)."""
+        if self.tls_states["ssl_write"].mechanism == UNSUPPORTED:
+            return
+        self.tls = tls.TlsProbes(self.obj, self.variant, self.links)
+        self.rescan_tls()
+
+    def rescan_tls(self) -> None:
+        """Attach the TLS uprobes to libssl files not seen before (processes
+        started since), and say per probe whether any file carries them."""
+        if self.tls is None:
+            return
+        self.tls.scan()
+        for p, st in self.tls_states.items():
+            st.attached = self.tls.symbols[p] > 0
+            if st.attached:
+                st.error = ""
+            elif self.tls.failed:
+                st.error = "; ".join(f"{f}: {why}" for f, why in self.tls.failed.items())
+            else:                        # nothing to attach to: not a failure
+                st.mechanism, st.error = UNSUPPORTED, "no libssl.so file on this node"
+
     def all_states(self) -> dict:
         """probe -> ProbeState, every probe: the call probes, the lifecycle
-        (tcp_state) and the lifecycle programs reported separately."""
-        return {**self.states, "tcp_state": self.lifecycle, **self.separate}
+        (tcp_state), the lifecycle programs reported separately and TLS."""
+        return {**self.states, "tcp_state": self.lifecycle, **self.separate, **self.tls_states}
 
     # -- lifetime --
     def detach(self) -> None:

@@ -20,6 +20,9 @@ from exporter.util.mounts import read as read_mountinfo
 
 log = logging.getLogger(__name__)
 
+# The probes attached by one of MECHANISMS (the TLS probes are uprobes: tls.py).
+CALL_PROBES = tuple(p for p in PROBES if p.startswith("tcp_"))
+
 TRACEFS = "/sys/kernel/tracing"
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 MECHANISMS = ("fentry", "kprobe", "tracepoint")
@@ -178,7 +181,7 @@ def plan(forced: str | None = None, variant: str | None = None) -> Plan:
     try:
         feats = features.probe(btf)
         chosen, why = features.choose_variant(feats, variant)
-        for probe in PROBES:
+        for probe in CALL_PROBES:
             st = ProbeState(probe)
             checks = {"fentry": lambda probe=probe: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
                       "kprobe": lambda: kp, "tracepoint": lambda: tp}

@@ -15,7 +15,9 @@ KIND_ERROR = 7
 KIND_DESTROY = 8
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
-PROBE_COUNT = 2
+PROBE_SSL_WRITE = 2
+PROBE_SSL_READ = 3
+PROBE_COUNT = 4
 RING_CAPTURE_CHUNKS = 0
 RING_CAPTURE_EOF = 1
 RING_LOGS = 2
@@ -38,6 +40,7 @@ DIR_EGRESS = 0
 DIR_INGRESS = 1
 CHUNK_F_READ_FAILED = 1
 CHUNK_F_NO_CONN = 2
+CHUNK_F_TLS = 4
 VIA_CONNECT = 1
 VIA_FIRST_CALL = 2
 VIA_ACCEPT = 3
@@ -49,15 +52,15 @@ LOG_PAYLOAD_UNREADABLE = 5
 
 # The #defines that name values, by group: NETTAP_<GROUP>_<NAME> -> {value: name}.
 NAMES = {
-    'CHUNK_F': {1: 'read_failed', 2: 'no_conn'},
+    'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
     'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
-    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg'},
+    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
 }
-PROBES = ('tcp_sendmsg', 'tcp_recvmsg')
+PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events')
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is

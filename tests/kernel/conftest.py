@@ -138,11 +138,12 @@ def records_only(lines):
     return [l for l in lines if l["type"] not in ("start", "stop", "clock")]
 
 
-def streams(lines, direction):
-    """conn_id -> bytes of that direction, reassembled by offset."""
+def streams(lines, direction, tls=False):
+    """conn_id -> bytes of that direction, reassembled by offset: the TCP
+    bytes, or with tls the TLS plaintext (its own offsets)."""
     parts = defaultdict(list)
     for l in lines:
-        if l["type"] == "chunk" and l["direction"] == direction:
+        if l["type"] == "chunk" and l["direction"] == direction and ("tls" in l["flags"]) == tls:
             parts[l["conn_id"]].append((l["offset"], base64.b64decode(l["data"])))
     out = {}
     for cid, ps in parts.items():

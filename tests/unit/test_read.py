@@ -50,11 +50,11 @@ def test_rotated_sets_are_ordered_oldest_first():
 
 
 LISTING = """\
-CONN  LOCAL                REMOTE             PID   COMM     TX    RX    TRUNCATED       GAPS      CLOSED
-1     192.0.2.1:40000      198.51.100.2:80    1000  curl     48    1000  -               -         yes
-2     [2001:db8::1]:50000  [2001:db8::2]:443  2000  python3  5104  605   1 call, 4000 B  1, 300 B  no
-3     127.0.0.1:8080       127.0.0.1:41000    3000  nginx    7     206   -               1, 200 B  yes
-1     192.0.2.1:40001      198.51.100.2:80    1001  curl     5     0     -               -         no
+CONN  LOCAL                REMOTE             PID   COMM     TX    RX    TRUNCATED       GAPS      CLOSED  TLS
+1     192.0.2.1:40000      198.51.100.2:80    1000  curl     48    1000  -               -         yes     -
+2     [2001:db8::1]:50000  [2001:db8::2]:443  2000  python3  5104  605   1 call, 4000 B  1, 300 B  no      -
+3     127.0.0.1:8080       127.0.0.1:41000    3000  nginx    7     206   -               1, 200 B  yes     -
+1     192.0.2.1:40001      198.51.100.2:80    1001  curl     5     0     -               -         no      -
 4 connection(s) of 4; records: 16 chunk, 2 eof, 1 log
 1 chunk(s) without a connection (conn_id 0: nettap's connection table was full): in no stream
 log records: conn_table_full 1

@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * entry_tls.bpf.h: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read and
+ * SSL_read_ex (OpenSSL 1.1.1 and 3.x), attached by user space to every
+ * libssl file it finds (exporter/kernel/tls.py). The plaintext is published
+ * at the return, as chunks flagged NETTAP_CHUNK_F_TLS of the socket's
+ * connection (tls.bpf.h says how the socket is known), with offsets of
+ * their own: a retried or partial write publishes what it wrote, once.
+ */
+#ifndef NETTAP_ENTRY_TLS_BPF_H
+#define NETTAP_ENTRY_TLS_BPF_H
+
+#include <bpf/bpf_tracing.h>
+#include "emit.bpf.h"
+
+static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 outp, __u32 ex)
+{
+	struct nettap_capture_config *cfg = active_config();
+	__u64 id = bpf_get_current_pid_tgid();
+	struct tls_key key = { .pid_tgid = id, .probe = probe };
+	struct tls_call call = { .ssl = ssl, .buf = buf, .outp = outp, .ex = ex };
+
+	if (!cfg)
+		return 0;
+	/* Only task targets: a task they do not name is never captured. */
+	if (!(cfg->flags & (NETTAP_TARGET_PORT | NETTAP_TARGET_NETNS)) && !task_matches(cfg))
+		return 0;
+	if (!bpf_map_update_elem(&tls_calls, &key, &call, BPF_NOEXIST))
+		__sync_fetch_and_add(tls_slot(id), 1);
+	else /* left by a return that never ran, or TLS inside TLS: the inner call */
+		bpf_map_update_elem(&tls_calls, &key, &call, BPF_EXIST);
+	return 0;
+}
+
+static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
+{
+	__u64 id = bpf_get_current_pid_tgid(), at = 0, bytes = 0, *known;
+	struct tls_key key = { .pid_tgid = id, .probe = probe };
+	struct tls_sock_key skey = {};
+	struct nettap_capture_config *cfg;
+	struct nettap_probe_counters *c;
+	struct tls_call call, *f;
+	struct inflight *in;
+	struct conn *cn;
+	struct sock *sk;
+
+	if (!*tls_slot(id))
+		return 0;
+	f = bpf_map_lookup_elem(&tls_calls, &key);
+	if (!f)
+		return 0;
+	call = *f;
+	bpf_map_delete_elem(&tls_calls, &key);
+	__sync_fetch_and_add(tls_slot(id), -1);
+	skey.ssl = call.ssl;
+	skey.tgid = id >> 32;
+	if (call.sk) {
+		bpf_map_update_elem(&tls_socks, &skey, &call.sk, BPF_ANY);
+	} else {
+		/* No TCP call inside: served from libssl's buffer, or not captured. */
+		known = bpf_map_lookup_elem(&tls_socks, &skey);
+		if (!known)
+			return 0;
+		call.sk = *known;
+	}
+	cfg = active_config();
+	c = counters(probe);
+	if (!cfg || !c)
+		return 0;
+	sk = fast ? KCAST(struct sock, call.sk) : (struct sock *)call.sk;
+	/* The targets may have changed since the socket was learnt. */
+	if (!task_matches(cfg) && !sock_matches(cfg, sk, fast))
+		return 0;
+	__sync_fetch_and_add(&c->calls, 1);
+	__sync_fetch_and_add(&c->returns, 1);
+	if (call.ex) {
+		if (ret == 1 && call.outp)
+			bpf_probe_read_user(&bytes, sizeof(bytes), (void *)call.outp);
+	} else if (ret > 0) {
+		bytes = ret;
+	}
+	if (!bytes || bytes > 0x7fffffff)
+		return 0;
+	cn = bpf_map_lookup_elem(&capture_conns, &call.sk);
+	if (cn)
+		at = conn_advance(cn, probe, bytes, fast);
+	/* The thread's TCP call scratch: no TCP call is in flight in user space. */
+	in = inflight_create(fast);
+	if (!in)
+		return 0;
+	in->buf = call.buf;
+	in->iovcnt = 0;
+	in->skip = 0;
+	in->iov_kernel = 0;
+	in->unreadable = 0;
+	emit_call(in, c, cfg, probe, sk, cn, at, NETTAP_CHUNK_F_TLS, bytes, fast);
+	inflight_end(in, id, fast);
+	return 0;
+}
+
+#define NETTAP_TLS_ENTRY(name, probe, ex)                                                  \
+	SEC("uprobe")                                                                      \
+	int BPF_KPROBE(name, void *ssl, void *buf, __u64 num, void *outp)                  \
+	{                                                                                  \
+		return tls_enter(probe, (__u64)ssl, (__u64)buf, ex ? (__u64)outp : 0, ex); \
+	}
+
+/* One entry program per symbol (the plain and _ex calls differ in what they
+ * return), one return program per direction and variant. */
+NETTAP_TLS_ENTRY(ssl_write_enter, NETTAP_PROBE_SSL_WRITE, 0)
+NETTAP_TLS_ENTRY(ssl_write_ex_enter, NETTAP_PROBE_SSL_WRITE, 1)
+NETTAP_TLS_ENTRY(ssl_read_enter, NETTAP_PROBE_SSL_READ, 0)
+NETTAP_TLS_ENTRY(ssl_read_ex_enter, NETTAP_PROBE_SSL_READ, 1)
+
+#define NETTAP_TLS_EXIT(name, probe)                 \
+	SEC("uretprobe")                             \
+	int BPF_KRETPROBE(name, long ret)            \
+	{                                            \
+		return tls_exit(probe, ret, FAST);   \
+	}                                            \
+	SEC("uretprobe")                             \
+	int BPF_KRETPROBE(name##_compat, long ret)   \
+	{                                            \
+		return tls_exit(probe, ret, COMPAT); \
+	}
+
+NETTAP_TLS_EXIT(ssl_write_exit, NETTAP_PROBE_SSL_WRITE)
+NETTAP_TLS_EXIT(ssl_read_exit, NETTAP_PROBE_SSL_READ)
+
+#endif /* NETTAP_ENTRY_TLS_BPF_H */

@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * tls.bpf.h: the state of the TLS calls in flight (SSL_write, SSL_write_ex,
+ * SSL_read, SSL_read_ex of libssl: entry_tls.bpf.h), and how each learns its
+ * socket.
+ *
+ * No structure of libssl is read (its layout changes between versions): an
+ * SSL call's socket is the one of the TCP call it makes inside itself, in
+ * the same thread. The captured entry of tcp_sendmsg/tcp_recvmsg (every
+ * mechanism's: enter_sock) writes its socket into the thread's open TLS
+ * calls, so a TLS call is captured exactly when its TCP calls are (the same
+ * targets, decided by the same filter). A read libssl serves from its own
+ * buffer makes no TCP call: the socket learnt last time for that SSL object
+ * of that process is kept in tls_socks.
+ */
+#ifndef NETTAP_TLS_BPF_H
+#define NETTAP_TLS_BPF_H
+
+#include "maps.bpf.h"
+
+struct tls_key {
+	__u64 pid_tgid;
+	__u32 probe; /* NETTAP_PROBE_SSL_*: a write and a read in flight at once
+		      * (a handshake inside SSL_read) keep apart */
+	__u32 pad;
+};
+
+struct tls_call {
+	__u64 ssl;  /* the SSL object */
+	__u64 buf;  /* the caller's plaintext buffer */
+	__u64 outp; /* _ex: where the byte count is written */
+	__u64 sk;   /* the socket, once a captured TCP call inside told it */
+	__u32 ex;   /* SSL_*_ex: returns 1, the count in *outp */
+	__u32 pad;
+};
+
+/* Per thread and probe: the TLS call between its entry and its return. A
+ * thread that dies inside a call leaves its entry until its id is reused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, struct tls_key);
+	__type(value, struct tls_call);
+} tls_calls SEC(".maps");
+
+struct tls_sock_key {
+	__u64 ssl;
+	__u32 tgid;
+	__u32 pad;
+};
+
+/* (process, SSL object) -> its socket, as its last TCP call inside a TLS
+ * call told it; the least recently used go first. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct tls_sock_key);
+	__type(value, __u64);
+} tls_socks SEC(".maps");
+
+/* TLS calls in flight per slot of the thread id (inflight_slot's), so the
+ * captured TCP entry knows with one load that its thread has none. */
+__u32 tls_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.tls");
+
+static __always_inline __u32 *tls_slot(__u64 pid_tgid)
+{
+	return &tls_slots[thread_slot(pid_tgid)];
+}
+
+/* A captured TCP call on sk began in this thread: the thread's TLS calls
+ * that have no socket yet take it. */
+static __always_inline void tls_learn(__u64 pid_tgid, __u64 sk)
+{
+	struct tls_key key = { .pid_tgid = pid_tgid };
+	struct tls_call *f;
+
+	if (!*tls_slot(pid_tgid))
+		return;
+	key.probe = NETTAP_PROBE_SSL_WRITE;
+	f = bpf_map_lookup_elem(&tls_calls, &key);
+	if (f && !f->sk)
+		f->sk = sk;
+	key.probe = NETTAP_PROBE_SSL_READ;
+	f = bpf_map_lookup_elem(&tls_calls, &key);
+	if (f && !f->sk)
+		f->sk = sk;
+}
+
+#endif /* NETTAP_TLS_BPF_H */

@@ -1,0 +1,226 @@
+"""TLS plaintext: the real TLS uprobes on the system's libssl, driven by real
+TLS connections on loopback (Python's ssl: SSL_read_ex/SSL_write_ex; curl:
+SSL_read/SSL_write through its own BIO), compared byte for byte with what
+the peers sent."""
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from conftest import streams
+from exporter.commands import cli
+from exporter.kernel import tls
+from procs import free_port
+from traffic import payload
+
+pytestmark = pytest.mark.skipif(not tls.supported()[0] or not tls.system_files(),
+                                reason="no uprobes, or no libssl.so on this machine")
+
+# Sizes around the chunk's 396 bytes, two TLS records (16 KiB each), and more.
+SIZES = (1, 395, 396, 397, 16385, 40000)
+
+ECHO_SERVER = r"""
+import socket, ssl, sys
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+lsn = socket.create_server(("127.0.0.1", int(sys.argv[3])))
+print("listening", flush=True)
+c, _ = lsn.accept()
+s = ctx.wrap_socket(c, server_side=True)
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    if d == b"small":              # one 100-byte record, which the client reads 10 bytes a call
+        s.sendall(bytes(range(100)))
+        continue
+    s.sendall(d)
+s.close()
+"""
+
+ECHO_CLIENT = r"""
+import socket, ssl, sys
+sys.path.insert(0, sys.argv[3])
+from traffic import payload
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.load_verify_locations(sys.argv[2])
+ctx.check_hostname = False
+if len(sys.argv) > 5:                # wait until told (a pid target names this process first)
+    sys.stdin.readline()
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
+for i, n in enumerate(int(x) for x in sys.argv[4].split(",")):
+    msg = payload(n, seed=i)
+    s.sendall(msg)
+    got = b""
+    while len(got) < n:
+        got += s.recv(n - len(got))
+    assert got == msg
+s.sendall(b"small")
+got = b"".join(s.recv(10) for _ in range(10))    # 9 of 10 served from libssl's buffer
+assert got == bytes(range(100)), got
+s.close()
+"""
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    key, crt = d / "k.pem", d / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", crt, "-days", "1", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+    return str(crt), str(key)
+
+
+def echo_pair(cert, port, sizes=SIZES, before_connect=None):
+    """A TLS echo server on port and a client that sends each size once and
+    reads it back, then a 100-byte record read 10 bytes a call; returns (the
+    client's pid, the bytes the client sent). before_connect(pid): called
+    before the client connects."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    srv = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, *cert, str(port)], stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        assert srv.stdout.readline().strip() == "listening"
+        wait = ["wait"] if before_connect else []
+        cli = subprocess.Popen([sys.executable, "-c", ECHO_CLIENT, str(port), cert[0], here,
+                                ",".join(map(str, sizes)), *wait], stdin=subprocess.PIPE)
+        if before_connect:
+            before_connect(cli.pid)
+            cli.stdin.write(b"go\n")
+        cli.stdin.close()
+        assert cli.wait(timeout=120) == 0
+        assert srv.wait(timeout=60) == 0
+    finally:
+        srv.kill()
+        srv.stdout.close()
+    sent = b"".join(payload(n, seed=i) for i, n in enumerate(sizes)) + b"small"
+    return cli.pid, sent
+
+
+def tls_lines(lines):
+    return [l for l in lines if l["type"] == "chunk" and "tls" in l["flags"]]
+
+
+def by_port(lines, port, tls_only):
+    """(direction, 'client'|'server') -> conn_ids of chunks of a connection to port."""
+    out = defaultdict(set)
+    for l in lines:
+        if l["type"] != "chunk" or ("tls" in l["flags"]) != tls_only:
+            continue
+        side = "server" if l["sport"] == port else "client" if l["dport"] == port else None
+        if side:
+            out[(l["direction"], side)].add(l["conn_id"])
+    return out
+
+
+def test_tls_echo_by_port(nettap_run, mode, cert):
+    port = free_port()
+    run = nettap_run({"captures": [{"port": port}], "capture": {"max_payload_bytes": 65736}})
+    before = run.counters()
+    _, sent = echo_pair(cert, port)
+    echo_pair(cert, free_port(), sizes=(500,))      # not captured: adds nothing
+    c = run.counters()
+    lines, _ = run.finish()
+    tl = tls_lines(lines)
+    assert tl, "no TLS chunk"
+    assert all(port in (l["sport"], l["dport"]) for l in tl)
+    # Each side's plaintext, byte for byte and in order, on its connection.
+    echoed = sent.replace(b"small", bytes(range(100)))
+    assert sorted(streams(tl, "egress", tls=True).values()) == sorted([sent, echoed])
+    assert sorted(streams(tl, "ingress", tls=True).values()) == sorted([sent, echoed])
+    # The TLS chunks' connections are their sockets' TCP connections.
+    tls_ids, tcp_ids = by_port(lines, port, True), by_port(lines, port, False)
+    for key, ids in tls_ids.items():
+        assert len(ids) == 1 and 0 not in ids and ids == tcp_ids[key], (key, ids, tcp_ids[key])
+    # The ciphertext is not the plaintext.
+    tcp = streams(lines, "egress")
+    assert not any(payload(40000, seed=5)[:64] in b for b in tcp.values())
+    w, r = c["ssl_write"], c["ssl_read"]
+    assert w["bytes"] - before["ssl_write"]["bytes"] == 2 * len(sent) - len(b"small") + 100
+    assert r["bytes"] - before["ssl_read"]["bytes"] == 2 * len(sent) - len(b"small") + 100
+    assert w["calls"] - before["ssl_write"]["calls"] == w["returns"] - before["ssl_write"]["returns"]
+    # libssl served 9 of the client's 10 reads of the 100-byte record from
+    # its buffer, with no TCP call inside: each still on the connection.
+    client_in = [l for l in tl if l["dport"] == port and l["direction"] == "ingress"]
+    assert [l["len"] for l in client_in[-10:]] == [10] * 10
+
+
+def test_tls_of_a_pid_target_only(nettap_run, mode, cert):
+    """A pid target: its process's plaintext, not its peer's (another process)."""
+    port = free_port()
+    run = nettap_run({"captures": [], "capture": {"max_payload_bytes": 65736}})
+    pids = []
+
+    def target(pid):
+        pids.append(pid)
+        run.apply({"captures": [{"pid": pid}], "capture": {"max_payload_bytes": 65736}})
+
+    _, sent = echo_pair(cert, port, sizes=(1, 397, 20000), before_connect=target)
+    lines, _ = run.finish()
+    tl = tls_lines(lines)
+    assert {l["pid"] for l in tl} == set(pids)
+    echoed = sent.replace(b"small", bytes(range(100)))
+    assert list(streams(tl, "egress", tls=True).values()) == [sent]
+    assert list(streams(tl, "ingress", tls=True).values()) == [echoed]
+    assert {l["dport"] for l in tl} == {port}
+
+
+HTTPS_ECHO = r"""
+import http.server, ssl, sys
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.HTTPServer(("127.0.0.1", int(sys.argv[3])), Echo)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print("listening", flush=True)
+srv.handle_request()
+"""
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="no curl")
+def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
+    """curl calls SSL_write/SSL_read (not _ex) through a BIO of its own."""
+    port = free_port()
+    body = payload(3000, seed=3)
+    (tmp_path / "body").write_bytes(body)
+    run = nettap_run({"captures": [{"port": port}], "capture": {"max_payload_bytes": 65736}})
+    srv = subprocess.Popen([sys.executable, "-c", HTTPS_ECHO, *cert, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "listening"
+        out = subprocess.run(["curl", "-sS", "-k", "--http1.1", "--data-binary", f"@{tmp_path / 'body'}",
+                              "-H", "Content-Type: application/octet-stream",
+                              f"https://127.0.0.1:{port}/x"], capture_output=True, check=True, timeout=60)
+        assert out.stdout == body
+        srv.wait(timeout=30)
+    finally:
+        srv.kill()
+        srv.stdout.close()
+    lines, _ = run.finish()
+    curl = [l for l in tls_lines(lines) if l["comm"] == "curl"]
+    req = b"".join(s for s in streams(curl, "egress", tls=True).values())
+    resp = b"".join(s for s in streams(curl, "ingress", tls=True).values())
+    assert req.startswith(b"POST /x HTTP/1.1\r\n") and req.endswith(b"\r\n\r\n" + body)
+    assert resp.startswith(b"HTTP/1.0 200 OK\r\n") and resp.endswith(b"\r\n\r\n" + body)
+    # nettap read: the TLS streams beside the connection's TCP ones
+    conn = next(l["conn_id"] for l in curl)
+    capsys.readouterr()
+    assert cli.main(["read", str(run.out), "--port", str(port)]) == 0
+    listing = capsys.readouterr().out
+    row = next(r.split() for r in listing.splitlines() if r.startswith(f"{conn} "))
+    assert row[-1] == f"{len(req)}/{len(resp)}"
+    assert cli.main(["read", str(run.out), "--conn", str(conn)]) == 0
+    text = capsys.readouterr().out
+    assert "==> tls egress 127.0.0.1:" in text and "POST /x HTTP/1.1" in text
+    assert text.index("==> egress") < text.index("==> tls egress") < text.index("==> tls ingress")
