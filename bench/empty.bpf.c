@@ -43,3 +43,10 @@ SEC("tp_btf/inet_sk_error_report")
 int empty_lc_sk_error(void *ctx) { return 0; }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* libssl's SSL_write_ex and SSL_read_ex (uprobes, attached by the benchmark). */
+SEC("uprobe")
+int empty_ssl_enter(void *ctx) { return 0; }
+
+SEC("uretprobe")
+int empty_ssl_exit(void *ctx) { return 0; }

@@ -117,8 +117,9 @@ class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode"
 
 
 class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
-                                  "bpf_stats_scope log_level",
-                        defaults=((), 4096, Output(), tuple(DEFAULT_RING_BYTES.items()), False, "own", "info"))):
+                                  "bpf_stats_scope log_level tls",
+                        defaults=((), 4096, Output(), tuple(DEFAULT_RING_BYTES.items()), False, "own", "info",
+                                  False))):
     __slots__ = ()
 
     @property
@@ -226,9 +227,12 @@ def parse(doc) -> Config:
         raise ConfigError(f"captures: must be a list, got {type(caps).__name__}")
     captures = tuple(_target(item, f"captures[{i}]") for i, item in enumerate(caps))
 
-    cap = _map(top.get("capture"), "capture", ("max_payload_bytes",))
+    cap = _map(top.get("capture"), "capture", ("max_payload_bytes", "tls"))
     max_payload = _int(cap.get("max_payload_bytes", DEFAULT.max_payload_bytes),
                        "capture.max_payload_bytes", 0, MAX_PAYLOAD_BYTES)
+    tls = cap.get("tls", DEFAULT.tls)
+    if not isinstance(tls, bool):
+        raise ConfigError(f"capture.tls: must be true or false, got {quote(tls)}")
 
     out = _map(top.get("output"), "output", ("type", "path", "max_bytes", "backups", "queue_bytes", "queue_records",
                                               "mode"))
@@ -258,7 +262,7 @@ def parse(doc) -> Config:
     scope = _choice(stats.get("scope", "own"), "diagnostics.bpfStats.scope", STATS_SCOPES)
 
     level = _choice(top.get("log_level", "info"), "log_level", LOG_LEVELS)
-    return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level)
+    return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls)
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: 4x faster

@@ -186,6 +186,9 @@ class Nettap:
                     pending.extend(f"rings.{r}" for r in changed)
                 self.target_maps.apply(resolved, config.max_payload_bytes,
                                        capture_filter.wakeup_thresholds(old.ring_bytes))
+                # TLS uprobes on or off; when on, on the libssl files of the
+                # processes started since the last look too
+                self.probes.set_tls(config.tls)
             except BaseException:
                 if sink:
                     sink.close()

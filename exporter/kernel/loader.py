@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from exporter.kernel import features, libbpf, tcp_h, tls
-from exporter.kernel.mechanisms import UNSUPPORTED, Plan, ProbeState, ensure_tracefs, plan
+from exporter.kernel.mechanisms import DISABLED, UNSUPPORTED, Plan, ProbeState, ensure_tracefs, plan
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ _TP_PLAN: dict = {
 LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf", "tcp_rst_sent": "tp_btf",
              "tcp_rst_recv": "tp_btf"}
 _LIFECYCLE_VARIANTS = ("tcp_state",)
+TLS_OFF = "capture.tls is off"
 # Lifecycle programs each reported as a probe of its own, so that one that
 # cannot attach stops only itself: name -> (mechanism, the feature it needs
 # (features.py) or None, whether it comes in both variants). Where the kernel
@@ -229,7 +230,8 @@ class Probes:
                 self.separate[n] = ProbeState(n, mechanism=UNSUPPORTED,
                                               error=f"this kernel has no {needs} (Linux {since}+)")
         ok, why = tls.supported()
-        self.tls_states = {p: ProbeState(p, mechanism="uprobe" if ok else UNSUPPORTED, error=why)
+        self.tls_ok = ok
+        self.tls_states = {p: ProbeState(p, mechanism=DISABLED if ok else UNSUPPORTED, error=why or TLS_OFF)
                            for p in tls.PROBES}
         self.tls: tls.TlsProbes | None = None
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
@@ -239,7 +241,6 @@ class Probes:
             self._load(path, ring_sizes or {})
             self._collect_fds()
             self._attach()
-            self._attach_tls()
         except BaseException:
             self.close()
             raise
@@ -300,7 +301,7 @@ class Probes:
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
-        if self.tls_states["ssl_write"].mechanism != UNSUPPORTED:
+        if self.tls_ok:
             want.update({p: "tls" for p in tls.programs(self.variant)})
         return want
 
@@ -374,12 +375,21 @@ class Probes:
                 st.mechanism = "none"
                 log.error("probe %s not attached: %s", probe, e)
 
-    def _attach_tls(self) -> None:
-        """The TLS uprobes, on every libssl file found now (tls.py); a node
-        without one has nothing to attach to (not a failure)."""
-        if self.tls_states["ssl_write"].mechanism == UNSUPPORTED:
+    def set_tls(self, on: bool) -> None:
+        """capture.tls: attach the TLS uprobes to every libssl file found now
+        (tls.py), or detach them all. Loaded either way (where the kernel has
+        uprobes), so switching needs no reload."""
+        if not self.tls_ok:
             return
-        self.tls = tls.TlsProbes(self.obj, self.variant, self.links)
+        if not on:
+            if self.tls is not None:
+                destroy_links(self.tls.links)
+                self.tls = None
+            for st in self.tls_states.values():
+                st.mechanism, st.attached, st.error = DISABLED, False, TLS_OFF
+            return
+        if self.tls is None:
+            self.tls = tls.TlsProbes(self.obj, self.variant)
         self.rescan_tls()
 
     def rescan_tls(self) -> None:
@@ -389,6 +399,7 @@ class Probes:
             return
         self.tls.scan()
         for p, st in self.tls_states.items():
+            st.mechanism = "uprobe"
             st.attached = self.tls.symbols[p] > 0
             if st.attached:
                 st.error = ""
@@ -406,6 +417,9 @@ class Probes:
     def detach(self) -> None:
         """Destroy every link: no program runs, so nothing is published, after
         this; the maps stay until close(). Safe to call twice."""
+        if self.tls is not None:
+            self.links += self.tls.links
+            self.tls.links = []
         destroy_links(self.links)
         self.links = []
 

@@ -135,6 +135,7 @@ def ensure_tracefs() -> None:
 
 
 UNSUPPORTED = "unsupported"      # a probe this kernel cannot have (a tracepoint it lacks)
+DISABLED = "disabled"            # a probe the config switches off (capture.tls)
 
 
 class ProbeState:
@@ -152,9 +153,10 @@ class ProbeState:
     @property
     def reported(self) -> str:
         """nettap_probe_attached's mechanism label: the mechanism once attached;
-        "unsupported" where the kernel lacks what the probe needs (not a
-        failure: NettapProbeAttachFailed ignores it); else none."""
-        return self.mechanism if self.attached or self.mechanism == UNSUPPORTED else "none"
+        "unsupported" where the kernel lacks what the probe needs, "disabled"
+        where the config switches it off (neither a failure:
+        NettapProbeAttachFailed ignores them); else none."""
+        return self.mechanism if self.attached or self.mechanism in (UNSUPPORTED, DISABLED) else "none"
 
     def __repr__(self) -> str:
         return (f"ProbeState({self.probe!r}, mechanism={self.mechanism!r}, attached={self.attached}, "

@@ -89,9 +89,15 @@ def mapped_files(proc: str = "/proc") -> list:
             continue
         for line in data.decode(errors="replace").splitlines():
             parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/") and is_libssl(parts[5]) \
-                    and "x" in parts[1]:
-                found.append(os.path.join(proc, pid, "root") + parts[5].removesuffix(" (deleted)"))
+            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+                continue
+            path = parts[5].removesuffix(" (deleted)")
+            if not is_libssl(path):
+                continue
+            if path != parts[5]:        # replaced on disk since (an upgrade): the mapped file itself
+                found.append(os.path.join(proc, pid, "map_files", parts[0]))
+            else:
+                found.append(os.path.join(proc, pid, "root") + path)
     return found
 
 
@@ -105,19 +111,25 @@ class bpf_uprobe_opts(Structure):
 _ATTACH = "bpf_program__attach_uprobe_opts"
 
 
-def _attach_fn():
+def attach_uprobe(prog: int, path: str, sym: str, retprobe: bool) -> int:
+    """A link of program prog (a bpf_program *) on sym of the file at path,
+    in every process (pid -1); OSError as libbpf reports it (ENOENT: the file
+    has no such symbol)."""
     fn = getattr(libbpf.lib(), _ATTACH)
     fn.restype = c_void_p
     fn.argtypes = [c_void_p, c_int, c_char_p, c_size_t, ctypes.POINTER(bpf_uprobe_opts)]
-    return fn
+    opts = bpf_uprobe_opts(sz=ctypes.sizeof(bpf_uprobe_opts), retprobe=retprobe, func_name=sym.encode())
+    ctypes.set_errno(0)
+    return libbpf.check_ptr(f"{_ATTACH}({sym})", fn(prog, -1, path.encode(), 0, ctypes.byref(opts)))
 
 
 class TlsProbes:
-    """The TLS uprobes of one loaded object: which files carry them, and the
-    links (destroyed by the loader with its own)."""
+    """The TLS uprobes of one loaded object: which files carry them, and
+    their links (the loader destroys them)."""
 
-    def __init__(self, obj: int, variant: str, links: list):
-        self.obj, self.variant, self.links = obj, variant, links
+    def __init__(self, obj: int, variant: str):
+        self.obj, self.variant = obj, variant
+        self.links: list = []
         self.files: dict = {}       # (dev, ino) -> path attached
         self.failed: dict = {}      # path -> why not
         self.symbols: dict = {p: 0 for p in PROBES}   # probe -> symbols attached, all files
@@ -126,11 +138,7 @@ class TlsProbes:
         return libbpf.call_ptr("bpf_object__find_program_by_name", self.obj, name.encode())
 
     def _link(self, prog: str, path: str, sym: str, retprobe: bool) -> int:
-        opts = bpf_uprobe_opts(sz=ctypes.sizeof(bpf_uprobe_opts), retprobe=retprobe,
-                               func_name=sym.encode())
-        ctypes.set_errno(0)
-        link = _attach_fn()(self._prog(prog), -1, path.encode(), 0, ctypes.byref(opts))
-        return libbpf.check_ptr(f"{_ATTACH}({sym})", link)
+        return attach_uprobe(self._prog(prog), path, sym, retprobe)
 
     def attach_file(self, path: str) -> bool:
         """Attach every TLS symbol the file has; False (and why, in failed)

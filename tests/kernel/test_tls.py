@@ -119,7 +119,7 @@ def by_port(lines, port, tls_only):
 
 def test_tls_echo_by_port(nettap_run, mode, cert):
     port = free_port()
-    run = nettap_run({"captures": [{"port": port}], "capture": {"max_payload_bytes": 65736}})
+    run = nettap_run({"captures": [{"port": port}], "capture": {"max_payload_bytes": 65736, "tls": True}})
     before = run.counters()
     _, sent = echo_pair(cert, port)
     echo_pair(cert, free_port(), sizes=(500,))      # not captured: adds nothing
@@ -152,12 +152,12 @@ def test_tls_echo_by_port(nettap_run, mode, cert):
 def test_tls_of_a_pid_target_only(nettap_run, mode, cert):
     """A pid target: its process's plaintext, not its peer's (another process)."""
     port = free_port()
-    run = nettap_run({"captures": [], "capture": {"max_payload_bytes": 65736}})
+    run = nettap_run({"captures": [], "capture": {"max_payload_bytes": 65736, "tls": True}})
     pids = []
 
     def target(pid):
         pids.append(pid)
-        run.apply({"captures": [{"pid": pid}], "capture": {"max_payload_bytes": 65736}})
+        run.apply({"captures": [{"pid": pid}], "capture": {"max_payload_bytes": 65736, "tls": True}})
 
     _, sent = echo_pair(cert, port, sizes=(1, 397, 20000), before_connect=target)
     lines, _ = run.finish()
@@ -195,7 +195,7 @@ def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
     port = free_port()
     body = payload(3000, seed=3)
     (tmp_path / "body").write_bytes(body)
-    run = nettap_run({"captures": [{"port": port}], "capture": {"max_payload_bytes": 65736}})
+    run = nettap_run({"captures": [{"port": port}], "capture": {"max_payload_bytes": 65736, "tls": True}})
     srv = subprocess.Popen([sys.executable, "-c", HTTPS_ECHO, *cert, str(port)], stdout=subprocess.PIPE, text=True)
     try:
         assert srv.stdout.readline().strip() == "listening"
@@ -224,3 +224,23 @@ def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "==> tls egress 127.0.0.1:" in text and "POST /x HTTP/1.1" in text
     assert text.index("==> egress") < text.index("==> tls egress") < text.index("==> tls ingress")
+
+
+def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert):
+    """capture.tls false (the default): no uprobe on libssl (every TLS call
+    of the node would pay its trap), the TLS probes reported disabled (not a
+    failure); switched on by a reload, no restart."""
+    port = free_port()
+    run = nettap_run({"captures": [{"port": port}]})
+    states = run.app.probes.tls_states
+    assert {p: (st.reported, st.attached) for p, st in states.items()} == \
+        {"ssl_write": ("disabled", False), "ssl_read": ("disabled", False)}
+    assert run.app.probes.tls is None
+    echo_pair(cert, port, sizes=(100,))
+    run.apply({"captures": [{"port": port}], "capture": {"tls": True}})
+    assert {p: (st.reported, st.attached) for p, st in states.items()} == \
+        {"ssl_write": ("uprobe", True), "ssl_read": ("uprobe", True)}
+    _, sent = echo_pair(cert, port, sizes=(100,))
+    lines, _ = run.finish()
+    assert sorted(streams(tls_lines(lines), "egress", tls=True).values()) == \
+        sorted([sent, sent.replace(b"small", bytes(range(100)))])      # the second pair's only
