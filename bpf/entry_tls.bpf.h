@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * entry_tls.bpf.h: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read and
- * SSL_read_ex (OpenSSL 1.1.1 and 3.x), attached by user space to every
+ * entry_tls.bpf.h: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read,
+ * SSL_read_ex and SSL_do_handshake (OpenSSL 1.1.1 and 3.x), attached by user space to every
  * libssl file it finds (exporter/kernel/tls.py). The plaintext is published
  * at the return, as chunks flagged NETTAP_CHUNK_F_TLS of the socket's
  * connection (tls.bpf.h says how the socket is known), with offsets of
@@ -20,6 +20,9 @@ static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 ou
 	struct tls_key key = { .pid_tgid = id, .probe = probe };
 	struct tls_call call = { .ssl = ssl, .buf = buf, .outp = outp, .ex = ex };
 
+	if (probe == NETTAP_PROBE_SSL_HANDSHAKE)
+		call.start_ns = bpf_ktime_get_ns();
+
 	if (!cfg)
 		return 0;
 	/* Only task targets: a task they do not name is never captured. */
@@ -32,44 +35,59 @@ static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 ou
 	return 0;
 }
 
-static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
+/* The thread's call of probe returned: its state taken (and removed), its
+ * socket known (learnt inside it, or earlier for its SSL object) and still
+ * a target's; false otherwise. */
+static __always_inline bool tls_take(__u32 probe, struct tls_call *call,
+				     struct nettap_capture_config **cfg, const bool fast)
 {
-	__u64 id = bpf_get_current_pid_tgid(), at = 0, bytes = 0, *known;
+	__u64 id = bpf_get_current_pid_tgid(), *known;
 	struct tls_key key = { .pid_tgid = id, .probe = probe };
 	struct tls_sock_key skey = {};
-	struct nettap_capture_config *cfg;
-	struct nettap_probe_counters *c;
-	struct tls_call call, *f;
-	struct inflight *in;
-	struct conn *cn;
+	struct tls_call *f;
 	struct sock *sk;
 
 	if (!*tls_slot(id))
-		return 0;
+		return false;
 	f = bpf_map_lookup_elem(&tls_calls, &key);
 	if (!f)
-		return 0;
-	call = *f;
+		return false;
+	*call = *f;
 	bpf_map_delete_elem(&tls_calls, &key);
 	__sync_fetch_and_add(tls_slot(id), -1);
-	skey.ssl = call.ssl;
+	skey.ssl = call->ssl;
 	skey.tgid = id >> 32;
-	if (call.sk) {
-		bpf_map_update_elem(&tls_socks, &skey, &call.sk, BPF_ANY);
+	if (call->sk) {
+		bpf_map_update_elem(&tls_socks, &skey, &call->sk, BPF_ANY);
 	} else {
 		/* No TCP call inside: served from libssl's buffer, or not captured. */
 		known = bpf_map_lookup_elem(&tls_socks, &skey);
 		if (!known)
-			return 0;
-		call.sk = *known;
+			return false;
+		call->sk = *known;
 	}
-	cfg = active_config();
-	c = counters(probe);
-	if (!cfg || !c)
-		return 0;
-	sk = fast ? KCAST(struct sock, call.sk) : (struct sock *)call.sk;
+	*cfg = active_config();
+	if (!*cfg)
+		return false;
+	sk = fast ? KCAST(struct sock, call->sk) : (struct sock *)call->sk;
 	/* The targets may have changed since the socket was learnt. */
-	if (!task_matches(cfg) && !sock_matches(cfg, sk, fast))
+	return task_matches(*cfg) || sock_matches(*cfg, sk, fast);
+}
+
+static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
+{
+	__u64 id = bpf_get_current_pid_tgid(), at = 0, bytes = 0;
+	struct nettap_capture_config *cfg = NULL;
+	struct nettap_probe_counters *c;
+	struct tls_call call = {};
+	struct inflight *in;
+	struct conn *cn;
+	struct sock *sk;
+
+	if (!tls_take(probe, &call, &cfg, fast) || !cfg)
+		return 0;
+	c = counters(probe);
+	if (!c)
 		return 0;
 	__sync_fetch_and_add(&c->calls, 1);
 	__sync_fetch_and_add(&c->returns, 1);
@@ -81,6 +99,7 @@ static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
 	}
 	if (!bytes || bytes > 0x7fffffff)
 		return 0;
+	sk = fast ? KCAST(struct sock, call.sk) : (struct sock *)call.sk;
 	cn = bpf_map_lookup_elem(&capture_conns, &call.sk);
 	if (cn)
 		at = conn_advance(cn, probe, bytes, fast);
@@ -95,6 +114,48 @@ static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
 	in->unreadable = 0;
 	emit_call(in, c, cfg, probe, sk, cn, at, NETTAP_CHUNK_F_TLS, bytes, fast);
 	inflight_end(in, id, fast);
+	return 0;
+}
+
+/* ring obs_events: a handshake's duration and outcome. */
+static __always_inline int tls_handshake_exit(long ret, const bool fast)
+{
+	struct nettap_capture_config *cfg = NULL;
+	struct nettap_probe_counters *c;
+	struct nettap_tls_handshake *r;
+	struct tls_call call = {};
+	struct conn *cn;
+	struct sock *sk;
+	__u64 id;
+
+	if (!tls_take(NETTAP_PROBE_SSL_HANDSHAKE, &call, &cfg, fast))
+		return 0;
+	c = counters(NETTAP_PROBE_SSL_HANDSHAKE);
+	if (c) {
+		__sync_fetch_and_add(&c->calls, 1);
+		__sync_fetch_and_add(&c->returns, 1);
+	}
+	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
+	if (!r) {
+		count_drop(NETTAP_RING_OBS_EVENTS, 1);
+		return 0;
+	}
+	id = bpf_get_current_pid_tgid();
+	cn = bpf_map_lookup_elem(&capture_conns, &call.sk);
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.conn_id = cn ? cn->id : 0;
+	r->h.kind = NETTAP_KIND_TLS_HANDSHAKE;
+	r->h.pid = id >> 32;
+	r->duration_ns = r->h.ts_ns - call.start_ns;
+	r->tid = (__u32)id;
+	r->outcome = ret == 1	? NETTAP_TLS_HS_DONE
+		     : ret == 0 ? NETTAP_TLS_HS_FAILED
+				: NETTAP_TLS_HS_NOT_DONE;
+	r->pad0 = 0;
+	sk = fast ? KCAST(struct sock, call.sk) : (struct sock *)call.sk;
+	OBS_SOCK(r, sk, fast);
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	obs_submit(r);
 	return 0;
 }
 
@@ -114,17 +175,35 @@ NETTAP_TLS_ENTRY(ssl_read_ex_enter, NETTAP_PROBE_SSL_READ, 1)
 
 #define NETTAP_TLS_EXIT(name, probe)                 \
 	SEC("uretprobe")                             \
-	int BPF_KRETPROBE(name, long ret)            \
+	int BPF_KRETPROBE(name, int ret)             \
 	{                                            \
 		return tls_exit(probe, ret, FAST);   \
 	}                                            \
 	SEC("uretprobe")                             \
-	int BPF_KRETPROBE(name##_compat, long ret)   \
+	int BPF_KRETPROBE(name##_compat, int ret)    \
 	{                                            \
 		return tls_exit(probe, ret, COMPAT); \
 	}
 
 NETTAP_TLS_EXIT(ssl_write_exit, NETTAP_PROBE_SSL_WRITE)
 NETTAP_TLS_EXIT(ssl_read_exit, NETTAP_PROBE_SSL_READ)
+
+SEC("uprobe")
+int BPF_KPROBE(ssl_handshake_enter, void *ssl)
+{
+	return tls_enter(NETTAP_PROBE_SSL_HANDSHAKE, (__u64)ssl, 0, 0, 0);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(ssl_handshake_exit, int ret)
+{
+	return tls_handshake_exit(ret, FAST);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(ssl_handshake_exit_compat, int ret)
+{
+	return tls_handshake_exit(ret, COMPAT);
+}
 
 #endif /* NETTAP_ENTRY_TLS_BPF_H */

@@ -21,21 +21,23 @@
 
 /* Record kinds: nettap_hdr.kind, and the line's "type" (the kind's name in
  * NETTAP_RECORD). 0 is no kind: zeroed memory is never a record. */
-#define NETTAP_KIND_CHUNK   1
-#define NETTAP_KIND_EOF	    2
-#define NETTAP_KIND_LOG	    3
-#define NETTAP_KIND_STATE   4
-#define NETTAP_KIND_RESET   5
-#define NETTAP_KIND_OWNER   6
-#define NETTAP_KIND_ERROR   7
-#define NETTAP_KIND_DESTROY 8
+#define NETTAP_KIND_CHUNK	  1
+#define NETTAP_KIND_EOF		  2
+#define NETTAP_KIND_LOG		  3
+#define NETTAP_KIND_STATE	  4
+#define NETTAP_KIND_RESET	  5
+#define NETTAP_KIND_OWNER	  6
+#define NETTAP_KIND_ERROR	  7
+#define NETTAP_KIND_DESTROY	  8
+#define NETTAP_KIND_TLS_HANDSHAKE 9
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
-#define NETTAP_PROBE_TCP_SENDMSG 0
-#define NETTAP_PROBE_TCP_RECVMSG 1
-#define NETTAP_PROBE_SSL_WRITE	 2 /* SSL_write, SSL_write_ex: plaintext sent */
-#define NETTAP_PROBE_SSL_READ	 3 /* SSL_read, SSL_read_ex: plaintext received */
-#define NETTAP_PROBE_COUNT	 4
+#define NETTAP_PROBE_TCP_SENDMSG   0
+#define NETTAP_PROBE_TCP_RECVMSG   1
+#define NETTAP_PROBE_SSL_WRITE	   2 /* SSL_write, SSL_write_ex: plaintext sent */
+#define NETTAP_PROBE_SSL_READ	   3 /* SSL_read, SSL_read_ex: plaintext received */
+#define NETTAP_PROBE_SSL_HANDSHAKE 4 /* SSL_do_handshake (SSL_connect, SSL_accept call it) */
+#define NETTAP_PROBE_COUNT	   5
 
 /* Ring indexes: rows of the ringbuf_drops map, and the `ring` label. */
 #define NETTAP_RING_CAPTURE_CHUNKS 0
@@ -79,6 +81,13 @@
 #define NETTAP_VIA_CONNECT    1 /* its connect, in the connecting task */
 #define NETTAP_VIA_FIRST_CALL 2 /* its first captured send or receive */
 #define NETTAP_VIA_ACCEPT     3 /* its accept, in the accepting task */
+
+/* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
+ * below 0 (an error, or a non-blocking socket's "want read/write": the
+ * caller calls again) */
+#define NETTAP_TLS_HS_DONE     1
+#define NETTAP_TLS_HS_FAILED   2
+#define NETTAP_TLS_HS_NOT_DONE 3
 
 /* nettap_log.code */
 // clang-format off
@@ -261,6 +270,25 @@ struct NETTAP_RECORD("destroy", "obs_events") nettap_destroy {
 	__u32 netns;			    /* inode of the socket's network namespace */
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+};
+
+/* ring obs_events: a TLS handshake on a captured socket (libssl's
+ * SSL_do_handshake, from its call to its return; its socket learnt as for
+ * TLS chunks: tls.bpf.h); pid the calling process's. A handshake libssl
+ * makes inside a first SSL_read or SSL_write is not seen. */
+struct NETTAP_RECORD("tls_handshake", "obs_events") nettap_tls_handshake {
+	struct nettap_hdr h;
+	__u64 duration_ns;				/* from the call to its return */
+	__u32 tid;					/* the calling thread */
+	__u16 family NETTAP_JSON("family");		/* AF_INET or AF_INET6 */
+	__u16 sport;					/* local port */
+	__u16 dport;					/* remote port */
+	__u8 outcome NETTAP_JSON("enum:NETTAP_TLS_HS"); /* what SSL_do_handshake returned */
+	__u8 pad0 NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	char comm[16] NETTAP_JSON("text");  /* the calling thread's task name */
 };
 
 /* ring logs: a problem met by a BPF program; pid the calling process's,

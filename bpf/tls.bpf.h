@@ -26,11 +26,12 @@ struct tls_key {
 };
 
 struct tls_call {
-	__u64 ssl;  /* the SSL object */
-	__u64 buf;  /* the caller's plaintext buffer */
-	__u64 outp; /* _ex: where the byte count is written */
-	__u64 sk;   /* the socket, once a captured TCP call inside told it */
-	__u32 ex;   /* SSL_*_ex: returns 1, the count in *outp */
+	__u64 ssl;	/* the SSL object */
+	__u64 buf;	/* the caller's plaintext buffer */
+	__u64 outp;	/* _ex: where the byte count is written */
+	__u64 sk;	/* the socket, once a captured TCP call inside told it */
+	__u64 start_ns; /* SSL_do_handshake: when it was called */
+	__u32 ex;	/* SSL_*_ex: returns 1, the count in *outp */
 	__u32 pad;
 };
 
@@ -82,6 +83,10 @@ static __always_inline void tls_learn(__u64 pid_tgid, __u64 sk)
 	if (f && !f->sk)
 		f->sk = sk;
 	key.probe = NETTAP_PROBE_SSL_READ;
+	f = bpf_map_lookup_elem(&tls_calls, &key);
+	if (f && !f->sk)
+		f->sk = sk;
+	key.probe = NETTAP_PROBE_SSL_HANDSHAKE;
 	f = bpf_map_lookup_elem(&tls_calls, &key);
 	if (f && !f->sk)
 		f->sk = sk;

@@ -38,10 +38,12 @@ _OWNER = {"conn_id": _INT, "ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR
 _ERROR = {"conn_id": _INT, "ts_ns": _INT, "errno": _INT, "errno_name": _STR, "state": _STR}
 _DESTROY = {"conn_id": _INT, "ts_ns": _INT, "bytes_acked": _INT, "bytes_received": _INT, "segs_out": _INT,
             "segs_in": _INT, "total_retrans": _INT, "state": _STR}
+_HANDSHAKE = {"conn_id": _INT, "ts_ns": _INT, "duration_ns": _INT, "outcome": _STR, "pid": _INT}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
-           "error": _ERROR, "destroy": _DESTROY, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
+           "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "clock": _CLOCK, "start": _MARK,
+           "stop": _MARK}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
@@ -52,6 +54,8 @@ LIFECYCLE = {
     "destroy": lambda r: (f"destroyed in {r['state']}: {r['bytes_acked']} B acknowledged, "
                           f"{r['bytes_received']} B received, {r['segs_out']} segments out, {r['segs_in']} in, "
                           f"{r['total_retrans']} retransmitted"),
+    "tls_handshake": lambda r: (f"TLS handshake {r['outcome'].replace('_', ' ')} after "
+                                f"{r['duration_ns'] / 1e6:.3f} ms, pid {r['pid']}"),
 }
 # The largest value each integer field can hold in the kernel's record
 # (bpf/tcp.h); a larger one is not nettap's and would break the pcap.

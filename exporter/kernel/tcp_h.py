@@ -13,11 +13,13 @@ KIND_RESET = 5
 KIND_OWNER = 6
 KIND_ERROR = 7
 KIND_DESTROY = 8
+KIND_TLS_HANDSHAKE = 9
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
 PROBE_SSL_READ = 3
-PROBE_COUNT = 4
+PROBE_SSL_HANDSHAKE = 4
+PROBE_COUNT = 5
 RING_CAPTURE_CHUNKS = 0
 RING_CAPTURE_EOF = 1
 RING_LOGS = 2
@@ -44,6 +46,9 @@ CHUNK_F_TLS = 4
 VIA_CONNECT = 1
 VIA_FIRST_CALL = 2
 VIA_ACCEPT = 3
+TLS_HS_DONE = 1
+TLS_HS_FAILED = 2
+TLS_HS_NOT_DONE = 3
 LOG_READ_USER_FAILED = 1
 LOG_CONN_TABLE_FULL = 2
 LOG_INFLIGHT_FULL = 3
@@ -54,13 +59,14 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
-    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read'},
+    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events'},
+    'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
 }
-PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read')
+PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events')
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
@@ -229,6 +235,23 @@ STRUCTS = {
         ('saddr', 64, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 80, '__u8', 16, 16, 'addr', 'remote address'),
     )),
+    'nettap_tls_handshake': (96, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('duration_ns', 24, '__u64', 1, 8, '', 'from the call to its return'),
+        ('tid', 32, '__u32', 1, 4, '', 'the calling thread'),
+        ('family', 36, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 38, '__u16', 1, 2, '', 'local port'),
+        ('dport', 40, '__u16', 1, 2, '', 'remote port'),
+        ('outcome', 42, '__u8', 1, 1, 'enum:NETTAP_TLS_HS', 'what SSL_do_handshake returned'),
+        ('pad0', 43, '__u8', 1, 1, '-', ''),
+        ('netns', 44, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
+        ('comm', 80, 'char', 16, 16, 'text', "the calling thread's task name"),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -242,7 +265,8 @@ RECORDS = {
     'owner': ('obs_events', 'nettap_owner'),
     'error': ('obs_events', 'nettap_error'),
     'destroy': ('obs_events', 'nettap_destroy'),
+    'tls_handshake': ('obs_events', 'nettap_tls_handshake'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104}

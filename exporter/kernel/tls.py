@@ -29,13 +29,15 @@ from exporter.kernel import libbpf
 log = logging.getLogger(__name__)
 
 UPROBE_PMU = "/sys/bus/event_source/devices/uprobe/type"
-PROBES = ("ssl_write", "ssl_read")
-# probe -> the symbols it covers: (symbol, entry program, return program)
+PROBES = ("ssl_write", "ssl_read", "ssl_handshake")
+# probe -> the symbols it covers: (symbol, its entry program)
 SYMBOLS = {
     "ssl_write": (("SSL_write", "ssl_write_enter"), ("SSL_write_ex", "ssl_write_ex_enter")),
     "ssl_read": (("SSL_read", "ssl_read_enter"), ("SSL_read_ex", "ssl_read_ex_enter")),
+    "ssl_handshake": (("SSL_do_handshake", "ssl_handshake_enter"),),
 }
-RETURNS = {"ssl_write": "ssl_write_exit", "ssl_read": "ssl_read_exit"}
+# probe -> its return program (the fast variant's name; compat's ends in _compat)
+RETURNS = {"ssl_write": "ssl_write_exit", "ssl_read": "ssl_read_exit", "ssl_handshake": "ssl_handshake_exit"}
 # The linker's directories on Debian, Red Hat, Alpine and the like.
 SYSTEM_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib",
                "/lib/*-linux-gnu", "/usr/lib/*-linux-gnu")

@@ -136,6 +136,11 @@ def test_tls_echo_by_port(nettap_run, mode, cert):
     tls_ids, tcp_ids = by_port(lines, port, True), by_port(lines, port, False)
     for key, ids in tls_ids.items():
         assert len(ids) == 1 and 0 not in ids and ids == tcp_ids[key], (key, ids, tcp_ids[key])
+    # Both ends' handshakes (Python's do_handshake: SSL_do_handshake), done, on their connections.
+    hs = [l for l in lines if l["type"] == "tls_handshake" and port in (l["sport"], l["dport"])]
+    assert sorted(l["outcome"] for l in hs) == ["done", "done"], hs
+    assert {l["conn_id"] for l in hs} == {i for ids in tcp_ids.values() for i in ids}
+    assert all(0 < l["duration_ns"] < 60e9 for l in hs)
     # The ciphertext is not the plaintext.
     tcp = streams(lines, "egress")
     assert not any(payload(40000, seed=5)[:64] in b for b in tcp.values())
@@ -224,6 +229,8 @@ def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "==> tls egress 127.0.0.1:" in text and "POST /x HTTP/1.1" in text
     assert text.index("==> egress") < text.index("==> tls egress") < text.index("==> tls ingress")
+    # curl's SSL_connect runs SSL_do_handshake: its handshake is in the connection's life
+    assert "TLS handshake done after " in text
 
 
 def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert):
@@ -234,12 +241,12 @@ def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert):
     run = nettap_run({"captures": [{"port": port}]})
     states = run.app.probes.tls_states
     assert {p: (st.reported, st.attached) for p, st in states.items()} == \
-        {"ssl_write": ("disabled", False), "ssl_read": ("disabled", False)}
+        dict.fromkeys(tls.PROBES, ("disabled", False))
     assert run.app.probes.tls is None
     echo_pair(cert, port, sizes=(100,))
     run.apply({"captures": [{"port": port}], "capture": {"tls": True}})
     assert {p: (st.reported, st.attached) for p, st in states.items()} == \
-        {"ssl_write": ("uprobe", True), "ssl_read": ("uprobe", True)}
+        dict.fromkeys(tls.PROBES, ("uprobe", True))
     _, sent = echo_pair(cert, port, sizes=(100,))
     lines, _ = run.finish()
     assert sorted(streams(tls_lines(lines), "egress", tls=True).values()) == \
