@@ -206,4 +206,59 @@ int BPF_KRETPROBE(ssl_handshake_exit_compat, int ret)
 	return tls_handshake_exit(ret, COMPAT);
 }
 
+/* ring dlopen: a libssl file mapped to run (mmap(2) with PROT_EXEC of a
+ * file the name of which starts with "libssl.so": the dynamic linker maps
+ * each library so, at exec and at dlopen). Attached only while capture.tls
+ * is on; the integer tests end nearly every mmap at once. */
+#define PROT_EXEC 4
+#define LIBSSL	  "libssl.so"
+
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int tls_mmap(struct trace_event_raw_sys_enter *ctx)
+{
+	struct nettap_capture_config *cfg;
+	struct nettap_dlopen *r;
+	struct inode *inode;
+	struct file *file;
+	char name[sizeof(LIBSSL)] = {};
+	__u64 id;
+
+	if (!(ctx->args[2] & PROT_EXEC) || (long)(int)ctx->args[4] < 0)
+		return 0;
+	cfg = active_config();
+	if (!cfg)
+		return 0;
+	if (!(cfg->flags & (NETTAP_TARGET_PORT | NETTAP_TARGET_NETNS)) && !task_matches(cfg))
+		return 0;
+	file = fd_to_file(ctx->args[4], false);
+	if (!file)
+		return 0;
+	bpf_probe_read_kernel(name, sizeof(name) - 1,
+			      BPF_CORE_READ(file, f_path.dentry, d_name.name));
+#pragma unroll
+	for (int i = 0; i < sizeof(LIBSSL) - 1; i++)
+		if (name[i] != LIBSSL[i])
+			return 0;
+	r = bpf_ringbuf_reserve(&dlopen, sizeof(*r), 0);
+	if (!r) {
+		count_drop(NETTAP_RING_DLOPEN, 1);
+		return 0;
+	}
+	id = bpf_get_current_pid_tgid();
+	inode = BPF_CORE_READ(file, f_inode);
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.conn_id = 0;
+	r->h.kind = NETTAP_KIND_DLOPEN;
+	r->h.pid = id >> 32;
+	r->ino = BPF_CORE_READ(inode, i_ino);
+	r->dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	r->tid = (__u32)id;
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	__builtin_memset(r->name, 0, sizeof(r->name));
+	bpf_probe_read_kernel_str(r->name, sizeof(r->name),
+				  BPF_CORE_READ(file, f_path.dentry, d_name.name));
+	bpf_ringbuf_submit(r, 0);
+	return 0;
+}
+
 #endif /* NETTAP_ENTRY_TLS_BPF_H */

@@ -110,6 +110,11 @@ struct {
 	__uint(max_entries, 1 << 20);
 } obs_events SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 << 10);
+} dlopen SEC(".maps");
+
 /* ---- one call, from its entry to its return ----------------------------- */
 
 /* How far one call's chunking got. */

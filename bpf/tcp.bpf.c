@@ -40,6 +40,7 @@ struct nettap_owner btf_nettap_owner __attribute__((unused));
 struct nettap_error btf_nettap_error __attribute__((unused));
 struct nettap_destroy btf_nettap_destroy __attribute__((unused));
 struct nettap_tls_handshake btf_nettap_tls_handshake __attribute__((unused));
+struct nettap_dlopen btf_nettap_dlopen __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs

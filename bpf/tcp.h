@@ -30,6 +30,7 @@
 #define NETTAP_KIND_ERROR	  7
 #define NETTAP_KIND_DESTROY	  8
 #define NETTAP_KIND_TLS_HANDSHAKE 9
+#define NETTAP_KIND_DLOPEN	  10
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG   0
@@ -44,7 +45,8 @@
 #define NETTAP_RING_CAPTURE_EOF	   1
 #define NETTAP_RING_LOGS	   2
 #define NETTAP_RING_OBS_EVENTS	   3
-#define NETTAP_RING_COUNT	   4
+#define NETTAP_RING_DLOPEN	   4
+#define NETTAP_RING_COUNT	   5
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
@@ -289,6 +291,19 @@ struct NETTAP_RECORD("tls_handshake", "obs_events") nettap_tls_handshake {
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
 	char comm[16] NETTAP_JSON("text");  /* the calling thread's task name */
+};
+
+/* ring dlopen: a process mapped a libssl file to run it (mmap with
+ * PROT_EXEC: the dynamic linker at exec or at dlopen), while capture.tls is
+ * on; pid the process's. User space attaches the TLS uprobes to that file
+ * if it has not yet (exporter/kernel/tls.py). */
+struct NETTAP_RECORD("dlopen", "dlopen") nettap_dlopen {
+	struct nettap_hdr h;
+	__u64 ino;			   /* the file's inode number */
+	__u32 dev;			   /* its file system's device, (major << 20) | minor */
+	__u32 tid;			   /* the mapping thread */
+	char comm[16] NETTAP_JSON("text"); /* the mapping thread's task name */
+	char name[16] NETTAP_JSON("text"); /* the file's name, no directory (libssl.so.*) */
 };
 
 /* ring logs: a problem met by a BPF program; pid the calling process's,

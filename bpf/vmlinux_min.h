@@ -122,8 +122,26 @@ struct socket {
 	struct sock *sk;
 };
 
+struct super_block {
+	__u32 s_dev; /* dev_t */
+};
+
 struct inode {
 	umode_t i_mode;
+	unsigned long i_ino;
+	struct super_block *i_sb;
+};
+
+struct qstr {
+	const unsigned char *name;
+};
+
+struct dentry {
+	struct qstr d_name;
+};
+
+struct path {
+	struct dentry *dentry;
 };
 
 /* A socket's inode follows its struct socket (net/socket.c, sock_alloc_inode). */
@@ -133,6 +151,7 @@ struct socket_alloc {
 };
 
 struct file {
+	struct path f_path;
 	struct inode *f_inode;
 	void *private_data;
 };

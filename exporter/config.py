@@ -40,7 +40,8 @@ MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's captu
 # threshold, dropped records in every round.
 # obs_events: state records (80 bytes in the ring, about five a connection):
 # 13,107 of them, a second of 2,600 connections/s with both ends captured.
-DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20}
+DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
+                      "dlopen": 64 << 10}
 # The user-space queue between drain and sink holds JSON lines, bounded in
 # their bytes, so a burst of large payloads cannot grow nettap's memory past
 # it; when it is full, records wait in their ring (resident already). 4 MiB

@@ -76,8 +76,13 @@ class Pipeline:
 
     def __init__(self, rings: Dict[str, RingMemory], sink: Optional[Sink],
                  queue_bytes: int = 4 << 20, poll_interval: float = POLL_INTERVAL,
-                 drops: Optional[Callable[[], Dict[str, int]]] = None, clock_interval: float = CLOCK_INTERVAL):
+                 drops: Optional[Callable[[], Dict[str, int]]] = None, clock_interval: float = CLOCK_INTERVAL,
+                 watch: Optional[Dict[str, Callable[[object], None]]] = None):
+        """watch: ring -> a function the drain thread gives each batch of that
+        ring's records (a numpy array, copied out of the ring), before they
+        are formatted: the rings user space acts on (logs always)."""
         self.rings = rings
+        self.watch: Dict[str, Callable[[object], None]] = {"logs": self._log_bpf_problems, **(watch or {})}
         self._drops = drops                      # ring -> records the kernel dropped, since load
         self.clock_interval = clock_interval
         self._clock_next = 0.0
@@ -133,7 +138,7 @@ class Pipeline:
                 if self.sink is None:
                     b = ring.read(n)                    # counted (and logs kept), not formatted
                 elif self._room() or self._wait_for_room(deadline):
-                    b = ring.read(n) if ring.name == "logs" else self._read_lines(ring, n)
+                    b = ring.read(n) if ring.name in self.watch else self._read_lines(ring, n)
                 elif deadline is None and ring.pending_bytes() * RING_HIGH <= ring.size:
                     waiting = True                      # leave them in the ring for now
                     break
@@ -146,10 +151,10 @@ class Pipeline:
                 if b.bad:
                     with self._cv:                  # one lock for every count scrapes read
                         self.lost["decode"] += b.bad
-                if ring.name == "logs":
-                    self._log_bpf_problems(b)
-                    if self.sink and b.count:
-                        b.data = self._format_logs(b.records)
+                if ring.name in self.watch and b.records is not None and b.count:
+                    self._watched(ring.name, b.records)
+                    if self.sink:
+                        b.data = self._format_copied(ring.name, b.records)
                 if b.data:
                     self._enqueue(b.data, b.count)
                 if not b.full:                      # caught up (or at a BUSY record)
@@ -166,11 +171,21 @@ class Pipeline:
             self._format_failed(ring.name, b.count if b else 0)
             return b
 
-    def _format_logs(self, recs) -> bytes:
+    def _watched(self, ring: str, recs) -> None:
+        """A watched ring's batch to its function, which must not stop the drain."""
         try:
-            return records.jsonl("logs", recs)
+            self.watch[ring](recs)
         except Exception:
-            self._format_failed("logs", len(recs))
+            now = time.monotonic()
+            if now - self._log_times.get(("watch", ring), -LOSS_LOG_INTERVAL) >= LOSS_LOG_INTERVAL:
+                self._log_times[("watch", ring)] = now
+                log.error("acting on %s records failed: %s", ring, traceback.format_exc().rstrip())
+
+    def _format_copied(self, ring: str, recs) -> bytes:
+        try:
+            return records.jsonl(ring, recs)
+        except Exception:
+            self._format_failed(ring, len(recs))
             return b""
 
     def _format_failed(self, ring: str, count: int) -> None:
@@ -293,12 +308,12 @@ class Pipeline:
             if old:
                 old.close()
 
-    def _log_bpf_problems(self, b: Batch) -> None:
+    def _log_bpf_problems(self, recs) -> None:
         now = time.monotonic()
-        for code in set(b.records["code"].tolist()):
+        for code in set(recs["code"].tolist()):
             if now - self._log_times.get(code, 0) > 10:
                 self._log_times[code] = now
-                n = int((b.records["code"] == code).sum())
+                n = int((recs["code"] == code).sum())
                 log.warning("BPF programs reported %s (%d in this batch)",
                             records.LOG_CODES.get(code, code), n)
 

@@ -71,12 +71,12 @@ class Nettap:
             self._obs = PerCpuArray(fds["obs_counters"], ("<u8", (tcp_h.OBS_ROWS,)))
             # Without a sink the capture rings are counted, not copied out.
             keep = config.output.type != "none"
-            self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r == "logs")
+            self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r in ("logs", "dlopen"))
                           for r in RINGS}
             self.apply(config)
             self.target_watch = capture_filter.TargetWatch(self.target_maps, self._lock).start()
             self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes,
-                                     drops=self.drops)
+                                     drops=self.drops, watch={"dlopen": self._libssl_mapped})
             self.pipeline.start()
             self.ready.set()
         except BaseException:
@@ -200,6 +200,12 @@ class Nettap:
             logging.getLogger().setLevel((self.log_level or config.log_level).upper())
             self.config = config._replace(rings=old.rings)    # rings: as loaded
             self.reloads.restart_pending = ", ".join(pending)
+
+    def _libssl_mapped(self, recs) -> None:
+        """dlopen records (the drain thread): the TLS uprobes on the libssl
+        files those processes map, where not attached yet."""
+        with self._lock:                # apply() switches TLS from another thread
+            self.probes.tls_mapped(sorted(set(recs["pid"].tolist())))
 
     def _open_sink(self, output) -> Optional[sinks.Sink]:
         """The sink for output, opened: a path nettap cannot (or must not)

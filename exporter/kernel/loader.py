@@ -398,6 +398,15 @@ class Probes:
         if self.tls is None:
             return
         self.tls.scan()
+        self._tls_states()
+
+    def tls_mapped(self, pids) -> None:
+        """These processes mapped a libssl file (the dlopen ring): attach to
+        it if it is new."""
+        if self.tls is not None and self.tls.attach_mapped(pids):
+            self._tls_states()
+
+    def _tls_states(self) -> None:
         for p, st in self.tls_states.items():
             st.mechanism = "uprobe"
             st.attached = self.tls.symbols[p] > 0

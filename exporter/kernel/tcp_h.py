@@ -14,6 +14,7 @@ KIND_OWNER = 6
 KIND_ERROR = 7
 KIND_DESTROY = 8
 KIND_TLS_HANDSHAKE = 9
+KIND_DLOPEN = 10
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
@@ -24,7 +25,8 @@ RING_CAPTURE_CHUNKS = 0
 RING_CAPTURE_EOF = 1
 RING_LOGS = 2
 RING_OBS_EVENTS = 3
-RING_COUNT = 4
+RING_DLOPEN = 4
+RING_COUNT = 5
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
@@ -59,15 +61,15 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake'},
-    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events'},
+    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
 }
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake')
-RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events')
+RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen')
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
 # (name, offset, C type, elements, bytes, JSON form, comment).
@@ -252,6 +254,17 @@ STRUCTS = {
         ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
         ('comm', 80, 'char', 16, 16, 'text', "the calling thread's task name"),
     )),
+    'nettap_dlopen': (72, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('ino', 24, '__u64', 1, 8, '', "the file's inode number"),
+        ('dev', 32, '__u32', 1, 4, '', "its file system's device, (major << 20) | minor"),
+        ('tid', 36, '__u32', 1, 4, '', 'the mapping thread'),
+        ('comm', 40, 'char', 16, 16, 'text', "the mapping thread's task name"),
+        ('name', 56, 'char', 16, 16, 'text', "the file's name, no directory (libssl.so.*)"),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -266,7 +279,8 @@ RECORDS = {
     'error': ('obs_events', 'nettap_error'),
     'destroy': ('obs_events', 'nettap_destroy'),
     'tls_handshake': ('obs_events', 'nettap_tls_handshake'),
+    'dlopen': ('dlopen', 'nettap_dlopen'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80}

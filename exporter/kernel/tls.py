@@ -51,11 +51,14 @@ def supported() -> tuple:
     return False, "this kernel has no uprobes (no uprobe PMU)"
 
 
+MMAP = "tls_mmap"          # sys_enter_mmap: a libssl file mapped to run (the dlopen ring)
+
+
 def programs(variant: str) -> list:
     """Every TLS program of a variant (the entries have one variant only)."""
     entries = [prog for syms in SYMBOLS.values() for _sym, prog in syms]
     rets = [p if variant == "fast" else f"{p}_compat" for p in RETURNS.values()]
-    return rets + entries
+    return rets + entries + [MMAP]
 
 
 def is_libssl(path: str) -> bool:
@@ -75,11 +78,11 @@ def system_files() -> list:
     return found
 
 
-def mapped_files(proc: str = "/proc") -> list:
-    """The libssl files that running processes map, as paths through each
-    process's root (its container's file system)."""
+def mapped_files(proc: str = "/proc", pids=None) -> list:
+    """The libssl files that running processes (or those of pids) map, as
+    paths through each process's root (its container's file system)."""
     found = []
-    for pid in os.listdir(proc):
+    for pid in (os.listdir(proc) if pids is None else map(str, pids)):
         if not pid.isdigit():
             continue
         try:
@@ -132,6 +135,9 @@ class TlsProbes:
     def __init__(self, obj: int, variant: str):
         self.obj, self.variant = obj, variant
         self.links: list = []
+        # libssl files mapped from now on are told on the dlopen ring
+        self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", self._prog(MMAP),
+                                          b"syscalls", b"sys_enter_mmap"))
         self.files: dict = {}       # (dev, ino) -> path attached
         self.failed: dict = {}      # path -> why not
         self.symbols: dict = {p: 0 for p in PROBES}   # probe -> symbols attached, all files
@@ -181,6 +187,16 @@ class TlsProbes:
             self.symbols[p] += counts[p]
         log.info("TLS probes attached to %s", path)
         return True
+
+    def attach_mapped(self, pids, proc: str = "/proc") -> int:
+        """Attach to the libssl files these processes map (a dlopen record's);
+        returns how many files were newly attached. A process gone already
+        (a short command) is not found: its file, if new, waits for the next
+        process that maps it, or the next rescan."""
+        before = len(self.files)
+        for path in mapped_files(proc, pids):
+            self.attach_file(path)
+        return len(self.files) - before
 
     def scan(self, proc: str = "/proc") -> int:
         """Attach to every libssl file not yet attached: the system's and the

@@ -13,7 +13,7 @@ import pytest
 from conftest import streams
 from exporter.commands import cli
 from exporter.kernel import tls
-from procs import free_port
+from procs import free_port, wait_for
 from traffic import payload
 
 pytestmark = pytest.mark.skipif(not tls.supported()[0] or not tls.system_files(),
@@ -251,3 +251,61 @@ def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert):
     lines, _ = run.finish()
     assert sorted(streams(tls_lines(lines), "egress", tls=True).values()) == \
         sorted([sent, sent.replace(b"small", bytes(range(100)))])      # the second pair's only
+
+
+LATE_CLIENT = r"""
+import socket, sys
+maps = open("/proc/self/maps").read()
+assert "libssl" not in maps, "libssl mapped before import ssl"
+print("started", flush=True)
+sys.stdin.readline()
+import ssl
+print("imported", flush=True)
+sys.stdin.readline()                   # nettap has found the file
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.load_verify_locations(sys.argv[2])
+ctx.check_hostname = False
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
+s.sendall(b"late " * 100)
+assert s.recv(1000)
+s.close()
+"""
+
+
+def test_a_libssl_file_loaded_after_start_is_found_by_its_dlopen_record(nettap_run, mode, cert, tmp_path):
+    """A process that imports ssl late, with its own copy of libssl (a new
+    file, as a container's or a venv's): a dlopen record names it, nettap
+    attaches to that file, and the process's plaintext is captured."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(os.path.realpath(tls.system_files()[0]), lib / "libssl.so.3")
+    port = free_port()
+    run = nettap_run({"captures": [{"port": port}], "capture": {"tls": True}})
+    probes = run.app.probes
+    srv = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, *cert, str(port)], stdout=subprocess.PIPE, text=True)
+    cli = subprocess.Popen([sys.executable, "-c", LATE_CLIENT, str(port), cert[0]], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, env={**os.environ, "LD_LIBRARY_PATH": str(lib)})
+    try:
+        assert srv.stdout.readline().strip() == "listening"
+        assert cli.stdout.readline().strip() == "started"
+        assert not any(p.startswith(str(lib)) or "/map_files/" in p for p in probes.tls.files.values())
+        cli.stdin.write("\n")
+        cli.stdin.flush()
+        assert cli.stdout.readline().strip() == "imported"
+        copy = os.stat(lib / "libssl.so.3")
+        wait_for(lambda: (copy.st_dev, copy.st_ino) in probes.tls.files, what="the copy attached")
+        cli.stdin.write("\n")
+        cli.stdin.close()
+        assert cli.wait(timeout=60) == 0
+        srv.wait(timeout=30)
+    finally:
+        for p in (cli, srv):
+            p.kill()
+            p.stdout.close()
+    lines, _ = run.finish()
+    dl = [l for l in lines if l["type"] == "dlopen" and l["pid"] == cli.pid]
+    assert dl and {l["name"] for l in dl} == {"libssl.so.3"}
+    assert dl[0]["ino"] == copy.st_ino
+    sent = [s for cid, s in streams(tls_lines(lines), "egress", tls=True).items()
+            if any(l["pid"] == cli.pid and l["conn_id"] == cid for l in lines if l["type"] == "chunk")]
+    assert sent == [b"late " * 100]

@@ -54,13 +54,15 @@ def test_full_config():
                   Target("netns", "/var/run/netns/blue"), Target("netns", 4026531840), Target("port", 443)),
         max_payload_bytes=65736,
         output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640),
-        rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20)),
+        rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20),
+               ("dlopen", 64 << 10)),
         bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug")
 
 
 def test_full_config_accessors():
     cfg = config.loads(FULL)
-    assert cfg.ring_bytes == {"capture_chunks": 1 << 30, "capture_eof": 4096, "logs": 8192, "obs_events": 1 << 20}
+    assert cfg.ring_bytes == {"capture_chunks": 1 << 30, "capture_eof": 4096, "logs": 8192, "obs_events": 1 << 20,
+                              "dlopen": 64 << 10}
     assert [str(t) for t in cfg.captures] == [
         "pid=4242", "cgroup=/sys/fs/cgroup/system.slice/nginx.service", "netns=/var/run/netns/blue",
         "netns=4026531840", "port=443"]
@@ -83,13 +85,15 @@ def test_default_values():
     assert (d.captures, d.max_payload_bytes, d.bpf_stats_enabled, d.bpf_stats_scope, d.log_level) == (
         (), 4096, False, "own", "info")
     assert d.output == Output("none", None, 100 << 20, 3, 4 << 20)
-    assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20}
+    assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
+                            "dlopen": 64 << 10}
 
 
 def test_partial_sections_keep_defaults():
     cfg = config.loads("output: {type: stdout}\nrings: {logs: 4096}\ndiagnostics: {bpfStats: {enabled: true}}\n")
     assert cfg.output == Output("stdout", None, 100 << 20, 3, 4 << 20)
-    assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 4096, "obs_events": 1 << 20}
+    assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 4096, "obs_events": 1 << 20,
+                              "dlopen": 64 << 10}
     assert (cfg.bpf_stats_enabled, cfg.bpf_stats_scope) == (True, "own")
 
 
@@ -145,7 +149,7 @@ def test_two_yaml_documents():
     ("diagnostics: {bpfStats: {enabled: true, extra: 1}}",
      "diagnostics.bpfStats.extra: unknown key (expected one of enabled, scope)"),
     ("rings: {bogus: 4096}",
-     "rings.bogus: unknown key (expected one of capture_chunks, capture_eof, logs, obs_events)"),
+     "rings.bogus: unknown key (expected one of capture_chunks, capture_eof, logs, obs_events, dlopen)"),
     ("output: [1]", "output: must be a mapping, got list"),
     ("diagnostics: {bpfStats: 1}", "diagnostics.bpfStats: must be a mapping, got int"),
     ("capture: {max_payload_bytes: 65737}",
