@@ -53,7 +53,14 @@ def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
     segments whose sequence number is the stream offset + 1 (initial
     sequence numbers 0), each call acknowledged by the peer, and FINs
     when it closed. nettap does not record who connected: the side with
-    the higher port (the ephemeral one) sends the SYN."""
+    the higher port (the ephemeral one) sends the SYN. A connection with
+    TLS plaintext has it as its data, in place of the bytes on the wire
+    (what Wireshark would show with the session's keys)."""
+    streams = c.tls or c.streams
+
+    def total(d: str) -> int:                   # the eof's totals count the bytes on the wire
+        return 0 if c.tls else c.total(d)
+
     v6 = c.family == "ipv6"
     af = socket.AF_INET6 if v6 else socket.AF_INET
     addr = {"egress": (socket.inet_pton(af, c.saddr), c.sport, socket.inet_pton(af, c.daddr), c.dport)}
@@ -73,7 +80,7 @@ def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
         return bytes(dpkt.ip.IP(src=src, dst=dst, p=6, ttl=64, len=20 + len(tcp), data=tcp))
 
     client = "egress" if c.sport >= c.dport else "ingress"      # egress = the local side sends
-    segs = list(heapq.merge(*[[(ts, i, d, off, data, co) for ts, off, data, co in _segments(c.streams[d])]
+    segs = list(heapq.merge(*[[(ts, i, d, off, data, co) for ts, off, data, co in _segments(streams[d])]
                               for i, d in enumerate(DIRECTIONS)]))
     t = min([s[0] for s in segs] + ([c.eof["start_ns"]] if c.eof else []) + [c.first_ts]) - 3000
     t = max(t, 0)
@@ -86,11 +93,11 @@ def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
         yield t, pkt(d, F.TH_ACK | (F.TH_PUSH if co is not None else 0), data, seq=off)
         sent[d] = max(sent[d], off + len(data))
         if co is not None:                      # the whole call was sent, captured or not
-            sent[d] = max(sent[d], co + c.streams[d].calls[co][0])
+            sent[d] = max(sent[d], co + streams[d].calls[co][0])
             yield t, pkt(peer[d], F.TH_ACK)
     if c.eof:
         for d in DIRECTIONS:
-            sent[d] = max(sent[d], c.streams[d].end(c.total(d)))
+            sent[d] = max(sent[d], streams[d].end(total(d)))
         t = max(t, c.eof["ts_ns"])
         first = "egress" if c.eof["oldstate"] in _ACTIVE_CLOSE else "ingress"
         yield t, pkt(first, F.TH_FIN | F.TH_ACK)
@@ -100,9 +107,10 @@ def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
         yield t, pkt(first, F.TH_ACK)
 
 
-def write_pcap(conns: List[Conn], path: str) -> Tuple[int, List[str]]:
+def write_pcap(conns: List[Conn], path: str) -> Tuple[int, int, List[str]]:
     """Write the connections' packets, merged in time order, to path.
-    Returns (packets written, notes on connections left out)."""
+    Returns (packets written, connections written, notes: those left out,
+    those whose payload is TLS plaintext)."""
     notes, chosen, seen = [], [], {}
     for c in conns:
         try:
@@ -118,6 +126,9 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, List[str]]:
             continue
         seen[(c.family, c.saddr, c.sport, c.daddr, c.dport)] = c
         chosen.append(c)
+        if c.tls:
+            notes.append(f"conn {c.conn_id}: its TLS plaintext (decrypted: read by nettap from the process's "
+                         f"libssl calls) is its payload, in place of the encrypted bytes on the wire")
     n = 0
     with os.fdopen(outpath.create_for_writing(path), "wb") as f:
         w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
@@ -125,4 +136,4 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, List[str]]:
             # exact: a float's rounding could make the nanoseconds 10^9
             w.writepkt_time(p, Decimal(ts) / 1_000_000_000)
             n += 1
-    return n, notes
+    return n, len(chosen), notes

@@ -192,13 +192,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.pcap:
         from exporter.commands.pcap import write_pcap
         try:
-            n, notes = write_pcap(conns, args.pcap)
+            n, written, notes = write_pcap(conns, args.pcap)
         except OSError as e:
             print(f"nettap read: cannot write {escape(args.pcap)}: {e.strerror}", file=sys.stderr)
             return 1
         for note in notes:
             print(f"nettap read: {escape(note)}", file=sys.stderr)
-        print(f"nettap read: wrote {n} packets of {len(conns) - len(notes)} connection(s) to {args.pcap}",
+        print(f"nettap read: wrote {n} packets of {written} connection(s) to {args.pcap}",
               file=sys.stderr)
         return rc
     for c in conns:

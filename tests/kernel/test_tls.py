@@ -231,6 +231,12 @@ def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
     assert text.index("==> egress") < text.index("==> tls egress") < text.index("==> tls ingress")
     # curl's SSL_connect runs SSL_do_handshake: its handshake is in the connection's life
     assert "TLS handshake done after " in text
+    # --pcap: the plaintext is the connection's payload, and nettap read says so
+    pcap = tmp_path / "tls.pcap"
+    assert cli.main(["read", str(run.out), "--conn", str(conn), "--pcap", str(pcap)]) == 0
+    assert f"conn {conn}: its TLS plaintext (decrypted" in capsys.readouterr().err
+    raw = pcap.read_bytes()
+    assert b"POST /x HTTP/1.1\r\n" in raw and body[:1000] in raw
 
 
 def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert):
