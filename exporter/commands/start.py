@@ -97,7 +97,7 @@ def load_refused(e: OSError, kernel_plan) -> str:
             + "; libbpf's log above names the program and the verifier's reason")
 
 
-def preflight(probes) -> int:
+def preflight(probes, tls_on: bool = False) -> int:
     """Print what the kernel offers, what was chosen, what attached; release all."""
     kp = probes.plan
     print(f"kernel: {os.uname().release}", flush=True)
@@ -111,9 +111,18 @@ def preflight(probes) -> int:
     print(f"tcp_state (lifecycle): {lc.mechanism if lc.attached else 'NOT ATTACHED: ' + lc.error}")
     for p, st in probes.separate.items():
         print(f"{p} (lifecycle): {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}")
+    probes.set_tls(tls_on)
+    files = ", ".join(probes.tls.files.values()) if probes.tls else ""
+    for p, st in probes.tls_states.items():
+        print(f"{p} (tls): {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}"
+              + (f" on {files}" if st.attached else ""))
+    print("tls: OpenSSL's shared libssl (libssl.so.3, libssl.so.1.1: SSL_write, SSL_write_ex, SSL_read, "
+          "SSL_read_ex, SSL_do_handshake); TLS linked into a program (Go's crypto/tls, BoringSSL, rustls) "
+          "is not seen")
     sys.stdout.flush()
     ok = all(st.attached for st in probes.states.values()) and lc.attached \
-        and all(st.attached for st in probes.separate.values() if st.reported != "unsupported")
+        and all(st.attached for st in probes.separate.values() if st.reported != "unsupported") \
+        and all(st.attached for st in probes.tls_states.values() if st.reported not in ("unsupported", "disabled"))
     probes.close()
     return 0 if ok else 1
 
@@ -175,7 +184,7 @@ def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
         return probes
     attached = time.monotonic() - t0
     if args.preflight:
-        return preflight(probes)
+        return preflight(probes, cfg.tls)
     app = _daemon(cfg, probes, args.log_level)
     if isinstance(app, int):
         return app
@@ -253,7 +262,7 @@ def _daemon(cfg, probes, log_level):
     from exporter.kernel import bpfstats, privileges
     bpfstats.STATE_PROBE.load()                 # the stats-state probe needs CAP_BPF: load it now
     try:
-        privileges.drop_after_attach()
+        privileges.drop_after_attach(tls=cfg.tls)
     except OSError as e:
         print(f"nettap: cannot drop privileges after attach: {e}", file=sys.stderr)
         probes.close()

@@ -81,9 +81,14 @@ def mask_of(caps) -> int:
     return m
 
 
-def kept(permitted: int) -> int:
+# capture.tls: uprobes are attached to libssl files found after start (the
+# dlopen ring, a reload), which takes CAP_PERFMON (a uprobe perf event).
+KEEP_WITH_TLS = ("CAP_PERFMON",)
+
+
+def kept(permitted: int, tls: bool = False) -> int:
     """The capabilities of permitted that stay after attach."""
-    keep = permitted & mask_of(KEEP)
+    keep = permitted & mask_of(KEEP + (KEEP_WITH_TLS if tls else ()))
     if keep & mask_of(("CAP_SYS_ADMIN",)):
         keep |= permitted & mask_of(KEEP_WITH_SYS_ADMIN)
     return keep
@@ -113,7 +118,7 @@ def threads(pid="self") -> dict:
     return out
 
 
-def drop_after_attach() -> int:
+def drop_after_attach(tls: bool = False) -> int:
     """Keep only :func:`kept` capabilities, set no_new_privs; returns the
     mask kept. Raises OSError if the kernel refuses (nothing is half-done:
     capset is one call), or if another thread of the process still holds
@@ -122,7 +127,7 @@ def drop_after_attach() -> int:
     inherits the dropped set from the thread that starts it)."""
     libc = _libc()
     _, permitted, _ = current()
-    keep = kept(permitted)
+    keep = kept(permitted, tls)
     hdr, data = _Header(_LINUX_CAPABILITY_VERSION_3, 0), (_Data * 2)()
     for i in (0, 1):
         data[i].effective = data[i].permitted = (keep >> (32 * i)) & 0xFFFFFFFF

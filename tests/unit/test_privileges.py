@@ -39,3 +39,9 @@ def test_readme_lists_exactly_the_required_capabilities():
     assert before == list(privileges.REQUIRED_BEFORE_6_2)
     kept_after = re.findall(r"^\| `(CAP_[A-Z_]+)` \|(?:[^|]*\|){2} kept", section, re.M)
     assert sorted(kept_after) == sorted(privileges.KEEP + privileges.KEEP_WITH_SYS_ADMIN)
+
+
+def test_capture_tls_keeps_perfmon_for_libssl_files_found_later():
+    required = mask_of(privileges.REQUIRED)
+    assert kept(required, tls=True) == mask_of(["CAP_PERFMON"])
+    assert kept(required, tls=False) == 0
