@@ -20,14 +20,13 @@ static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 ou
 	struct tls_key key = { .pid_tgid = id, .probe = probe };
 	struct tls_call call = { .ssl = ssl, .buf = buf, .outp = outp, .ex = ex };
 
-	if (probe == NETTAP_PROBE_SSL_HANDSHAKE)
-		call.start_ns = bpf_ktime_get_ns();
-
 	if (!cfg)
 		return 0;
 	/* Only task targets: a task they do not name is never captured. */
 	if (!(cfg->flags & (NETTAP_TARGET_PORT | NETTAP_TARGET_NETNS)) && !task_matches(cfg))
 		return 0;
+	if (probe == NETTAP_PROBE_SSL_HANDSHAKE)
+		call.start_ns = bpf_ktime_get_ns();
 	if (!bpf_map_update_elem(&tls_calls, &key, &call, BPF_NOEXIST))
 		__sync_fetch_and_add(tls_slot(id), 1);
 	else /* left by a return that never ran, or TLS inside TLS: the inner call */
