@@ -285,10 +285,11 @@ def _mechanisms(app) -> dict:
 
 def _log_attached(app, attached: float, ready: float) -> None:
     mechs = _mechanisms(app)
-    up = {p: m for p, m in mechs.items() if m not in ("none", "unsupported")}
+    off = ("unsupported", "disabled")           # neither can attach here: not counted
+    up = {p: m for p, m in mechs.items() if m not in ("none",) + off}
     if up:
         log.info("%d of %d probes attached in %.3f s (%s), ready in %.3f s", len(up),
-                 len([m for m in mechs.values() if m != "unsupported"]), attached,
+                 len([m for m in mechs.values() if m not in off]), attached,
                  ", ".join(f"{p}={m}" for p, m in up.items()), ready)
     else:                                       # the loader logged why, probe by probe
         log.warning("no probe attached, in %.3f s", attached)

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from exporter.kernel import features, libbpf, tcp_h, tls
-from exporter.kernel.mechanisms import DISABLED, UNSUPPORTED, Plan, ProbeState, ensure_tracefs, plan
+from exporter.kernel.mechanisms import CALL_PROBES, DISABLED, UNSUPPORTED, Plan, ProbeState, ensure_tracefs, plan
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ def _bpf_dir() -> str:
 
 BPF_DIR = os.environ.get("NETTAP_BPF_DIR") or _bpf_dir()
 
-PROBES, RINGS = tcp_h.PROBES, tcp_h.RINGS
+RINGS = tcp_h.RINGS
+PROBES = CALL_PROBES            # the probes a mechanism attaches (TLS: tls.PROBES, uprobes)
 
 TRACEFS = "/sys/kernel/tracing"
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"

@@ -199,11 +199,13 @@ def test_log_says_attached_only_for_what_attached(tmp_path):
             p.wait(30)
     attached = {probe: mech for mech, probe in re.findall(r'^nettap_probe_attached\{mechanism="(\w+)",probe="(\w+)"\}',
                                                           metrics, re.M)}
-    # the two call probes, the lifecycle, tcp_accept and tcp_sk_error ("unsupported" where the kernel lacks it)
-    assert len(attached) == 5, metrics
+    # the two call probes, the lifecycle, tcp_accept and tcp_sk_error ("unsupported" where the kernel
+    # lacks it), and the three TLS probes ("disabled": capture.tls is off)
+    assert len(attached) == 8, metrics
     text = (tmp_path / "log").read_text()
-    up = {p: m for p, m in attached.items() if m not in ("none", "unsupported")}
-    can = len([m for m in attached.values() if m != "unsupported"])
+    off = ("unsupported", "disabled")
+    up = {p: m for p, m in attached.items() if m not in ("none",) + off}
+    can = len([m for m in attached.values() if m not in off])
     if up:
         line = next(l for l in text.splitlines() if " probes attached in " in l)
         assert f"{len(up)} of {can} probes attached in " in line

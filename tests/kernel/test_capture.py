@@ -50,7 +50,7 @@ def test_port_target_counts_exactly_and_captures_bytes(nettap_run, mode):
     assert rcv["bytes"] == N * S
     assert rcv["calls"] == rcv["returns"] >= 2          # data reads + the read of EOF
     assert srv.received == [sent]
-    assert run.drops() == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0}
+    assert run.drops() == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0, "dlopen": 0}
 
     lines, drained = run.finish()
     egress, ingress = streams(lines, "egress"), streams(lines, "ingress")
@@ -999,7 +999,7 @@ def test_peer_reset_entries_die_with_their_socket(nettap_run, mode):
     live = run.app.known_map_entries()["capture_conns"]
     drops = run.drops()
     lines, _ = run.finish()
-    assert drops == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0}
+    assert drops == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0, "dlopen": 0}
     client = [l for l in lines if l["type"] in ("chunk", "eof") and l["dport"] == port]
     owner = {}
     for l in client:                                 # a conn_id is one socket's, by its own port

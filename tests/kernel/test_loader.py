@@ -5,7 +5,7 @@ the kernel is asked."""
 import pytest
 
 from conftest import kernel_modes
-from exporter.kernel import features, libbpf, loader, mechanisms
+from exporter.kernel import features, libbpf, loader, mechanisms, tls
 
 
 
@@ -34,6 +34,14 @@ def test_every_variant_the_kernel_runs_passes_the_verifier(mechanism):
     for variant in _variants():
         progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, mechanism, variant)]
         _load_only(progs, variant)
+
+
+def test_every_tls_program_passes_the_verifier():
+    # the uprobes on libssl and the dlopen ring's mmap tracepoint, in each variant
+    if not tls.supported()[0]:
+        pytest.skip(tls.supported()[1])
+    for variant in _variants():
+        _load_only(tls.programs(variant), variant)
 
 
 def test_every_lifecycle_program_passes_the_verifier():
@@ -72,7 +80,8 @@ def test_a_separate_program_the_kernel_refuses_is_reported_and_the_rest_loads(mo
         assert acc.error.startswith("the kernel refused its program: ")
         assert not any(n.startswith("tcp_accept") for n in p.prog_fds)
         assert states["tcp_state"].attached
-        others = {n: s for n, s in states.items() if n != "tcp_accept" and s.mechanism not in ("none", "unsupported")}
+        others = {n: s for n, s in states.items()
+                  if n != "tcp_accept" and s.mechanism not in ("none", "unsupported", "disabled")}
         assert others and all(s.attached for s in others.values()), others
 
 
