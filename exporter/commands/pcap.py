@@ -110,7 +110,8 @@ def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
 def write_pcap(conns: List[Conn], path: str) -> Tuple[int, int, List[str]]:
     """Write the connections' packets, merged in time order, to path.
     Returns (packets written, connections written, notes: those left out,
-    those whose payload is TLS plaintext)."""
+    those whose payload is TLS plaintext). A file with TLS plaintext is
+    pcapng, so that a comment can say which packets were decrypted."""
     notes, chosen, seen = [], [], {}
     for c in conns:
         try:
@@ -130,10 +131,40 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, int, List[str]]:
             notes.append(f"conn {c.conn_id}: its TLS plaintext (decrypted: read by nettap from the process's "
                          f"libssl calls) is its payload, in place of the encrypted bytes on the wire")
     n = 0
+    merged = heapq.merge(*[((ts, bool(c.tls), p) for ts, p in packets(c)) for c in chosen], key=lambda x: x[0])
     with os.fdopen(outpath.create_for_writing(path), "wb") as f:
-        w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
-        for ts, p in heapq.merge(*[packets(c) for c in chosen], key=lambda x: x[0]):
-            # exact: a float's rounding could make the nanoseconds 10^9
-            w.writepkt_time(p, Decimal(ts) / 1_000_000_000)
-            n += 1
+        if not any(c.tls for c in chosen):
+            w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
+            for ts, _, p in merged:
+                # exact: a float's rounding could make the nanoseconds 10^9
+                w.writepkt_time(p, Decimal(ts) / 1_000_000_000)
+                n += 1
+        else:
+            n = _write_pcapng(f, merged)
     return n, len(chosen), notes
+
+
+_DECRYPTED = "TLS plaintext decrypted by nettap: read from the process's libssl calls, not from the wire"
+
+
+def _write_pcapng(f, merged) -> int:
+    """pcapng, for a file with TLS plaintext in it: a comment on the file and
+    on each of those connections' packets says the payload was decrypted
+    (classic pcap has no comments). Nanosecond timestamps, as the pcap."""
+    P = dpkt.pcapng
+
+    def opts(*pairs):
+        return [P.PcapngOptionLE(code=c, data=d) for c, d in pairs] + [P.PcapngOptionLE(code=P.PCAPNG_OPT_ENDOFOPT)]
+
+    shb = P.SectionHeaderBlockLE(opts=opts((P.PCAPNG_OPT_COMMENT, _DECRYPTED.encode() + b" (some connections)"),
+                                           (P.PCAPNG_OPT_SHB_USERAPPL, b"nettap read")))
+    idb = P.InterfaceDescriptionBlockLE(snaplen=262144, linktype=LINKTYPE_RAW,
+                                        opts=opts((P.PCAPNG_OPT_IF_TSRESOL, b"\x09")))
+    w = P.Writer(f, shb=shb, idb=idb)
+    n = 0
+    for ts, tls, p in merged:
+        epb = P.EnhancedPacketBlockLE(ts_high=ts >> 32, ts_low=ts & 0xFFFFFFFF, caplen=len(p), pkt_len=len(p),
+                                      pkt_data=p, opts=opts((P.PCAPNG_OPT_COMMENT, _DECRYPTED.encode())) if tls else [])
+        w.writepkt(epb)
+        n += 1
+    return n
