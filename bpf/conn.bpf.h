@@ -261,7 +261,9 @@ static __always_inline void emit_log(__u32 code, __u32 probe, __u64 conn_id, __u
 
 /* Per ring, the reader's consumer position (plus one, so 0 means none) when
  * a program last forced a wakeup. */
-__u64 ring_woken_cons[NETTAP_RING_COUNT] SEC(".data") = {};
+#define NETTAP_RING_SLOTS 8 /* a power of two >= NETTAP_RING_COUNT: the index is masked */
+_Static_assert(NETTAP_RING_COUNT <= NETTAP_RING_SLOTS, "ring_woken_cons too small");
+__u64 ring_woken_cons[NETTAP_RING_SLOTS] SEC(".data") = {};
 
 static __always_inline __u64 wakeup_flags(void *ring, __u32 ring_idx, __u32 threshold)
 {
@@ -278,7 +280,11 @@ static __always_inline __u64 wakeup_flags(void *ring, __u32 ring_idx, __u32 thre
 	 * write here costs at most one extra wakeup. */
 	if (ring_idx >= NETTAP_RING_COUNT)
 		return BPF_RB_FORCE_WAKEUP;
-	woken = &ring_woken_cons[ring_idx];
+	/* Masked behind a barrier: Linux 6.1's verifier loses the bound of
+	 * ring_idx reloaded from the stack (its address went to a helper), and
+	 * clang would drop a mask it can prove. */
+	barrier_var(ring_idx);
+	woken = &ring_woken_cons[ring_idx & (NETTAP_RING_SLOTS - 1)];
 	cons = bpf_ringbuf_query(ring, BPF_RB_CONS_POS) + 1;
 	if (*woken == cons)
 		return BPF_RB_NO_WAKEUP;
