@@ -272,8 +272,10 @@ class Nettap:
         self.ready.clear()
         # Detach first: once no program runs, the pipeline's last drain
         # reads every record that will ever be published, so each one is
-        # written or counted lost (not left in a ring nobody reads).
-        self.probes.detach()
+        # written or counted lost (not left in a ring nobody reads). Under
+        # the lock: the drain thread attaches TLS uprobes (_libssl_mapped).
+        with self._lock:
+            self.probes.detach()
         if self.target_watch:
             self.target_watch.stop()
             self.target_watch = None

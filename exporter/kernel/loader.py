@@ -390,7 +390,13 @@ class Probes:
                 st.mechanism, st.attached, st.error = DISABLED, False, TLS_OFF
             return
         if self.tls is None:
-            self.tls = tls.TlsProbes(self.obj, self.variant)
+            try:
+                self.tls = tls.TlsProbes(self.obj, self.variant)
+            except OSError as e:        # the dlopen ring's tracepoint: reported, TLS stays off
+                for st in self.tls_states.values():
+                    st.mechanism, st.attached, st.error = "none", False, f"sys_enter_mmap: {e}"
+                log.error("TLS probes not attached: %s", e)
+                return
         self.rescan_tls()
 
     def rescan_tls(self) -> None:
@@ -427,9 +433,9 @@ class Probes:
     def detach(self) -> None:
         """Destroy every link: no program runs, so nothing is published, after
         this; the maps stay until close(). Safe to call twice."""
-        if self.tls is not None:
+        if self.tls is not None:            # and no more TLS attaches (tls_mapped) from now on
             self.links += self.tls.links
-            self.tls.links = []
+            self.tls = None
         destroy_links(self.links)
         self.links = []
 
