@@ -405,24 +405,13 @@ class Probes:
         if self.tls is None:
             return
         self.tls.scan()
-        self._tls_states()
+        self.tls.report(self.tls_states)
 
     def tls_mapped(self, pids) -> None:
         """These processes mapped a libssl file (the dlopen ring): attach to
         it if it is new."""
         if self.tls is not None and self.tls.attach_mapped(pids):
-            self._tls_states()
-
-    def _tls_states(self) -> None:
-        for p, st in self.tls_states.items():
-            st.mechanism = "uprobe"
-            st.attached = self.tls.symbols[p] > 0
-            if st.attached:
-                st.error = ""
-            elif self.tls.failed:
-                st.error = "; ".join(f"{f}: {why}" for f, why in self.tls.failed.items())
-            else:                        # nothing to attach to: not a failure
-                st.mechanism, st.error = UNSUPPORTED, "no libssl.so file on this node"
+            self.tls.report(self.tls_states)
 
     def all_states(self) -> dict:
         """probe -> ProbeState, every probe: the call probes, the lifecycle

@@ -25,6 +25,7 @@ import re
 from ctypes import Structure, c_bool, c_char_p, c_int, c_size_t, c_uint64, c_void_p
 
 from exporter.kernel import libbpf
+from exporter.kernel.mechanisms import UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,18 @@ class TlsProbes:
         for path in mapped_files(proc, pids):
             self.attach_file(path)
         return len(self.files) - before
+
+    def report(self, states: dict) -> None:
+        """Each TLS probe's state (mechanisms.ProbeState): attached where some
+        file carries its symbols; a node without libssl is not a failure."""
+        for p, st in states.items():
+            st.mechanism, st.attached = "uprobe", self.symbols[p] > 0
+            if st.attached:
+                st.error = ""
+            elif self.failed:
+                st.error = "; ".join(f"{f}: {why}" for f, why in self.failed.items())
+            else:
+                st.mechanism, st.error = UNSUPPORTED, "no libssl.so file on this node"
 
     def scan(self, proc: str = "/proc") -> int:
         """Attach to every libssl file not yet attached: the system's and the
