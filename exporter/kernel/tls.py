@@ -94,8 +94,12 @@ def mapped_files(proc: str = "/proc", pids=None) -> list:
         if b"libssl.so" not in data:
             continue
         for line in data.decode(errors="replace").splitlines():
+            # Any mapping of the file, not only its executable one: a dlopen
+            # record is made at the entry of the mmap that maps the code, and
+            # may be read before that mmap returns; the dynamic linker has
+            # mapped the whole file (read-only) just before.
             parts = line.split(None, 5)
-            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            if len(parts) < 6 or not parts[5].startswith("/"):
                 continue
             path = parts[5].removesuffix(" (deleted)")
             if not is_libssl(path):
@@ -104,7 +108,7 @@ def mapped_files(proc: str = "/proc", pids=None) -> list:
                 found.append(os.path.join(proc, pid, "map_files", parts[0]))
             else:
                 found.append(os.path.join(proc, pid, "root") + path)
-    return found
+    return list(dict.fromkeys(found))           # a file has several mappings
 
 
 class bpf_uprobe_opts(Structure):

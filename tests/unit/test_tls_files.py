@@ -19,6 +19,9 @@ def test_mapped_files_are_found_through_each_process_root(tmp_path):
         "200": "7f00-7f01 r-xp 00000000 00:2a 77 /opt/app/lib/libssl.so.1.1 (deleted)\n",
         "300": "7f00-7f01 r-xp 00000000 08:01 5 /usr/lib/libssl3.so\n"
                "7f00-7f01 r-xp 00000000 00:00 0 [vdso]\n",
+        # the dynamic linker mapped the file read-only, its code not yet (a
+        # dlopen record is made at the entry of the code's mmap)
+        "500": "7f00-7f09 r--p 00000000 08:01 99 /srv/venv/lib/libssl.so.3\n",
     }.items():
         (proc / pid).mkdir()
         (proc / pid / "maps").write_text(maps)
@@ -26,6 +29,7 @@ def test_mapped_files_are_found_through_each_process_root(tmp_path):
     assert sorted(tls.mapped_files(str(proc))) == [
         f"{proc}/100/root/usr/lib/x86_64-linux-gnu/libssl.so.3",
         f"{proc}/200/map_files/7f00-7f01",             # deleted: the mapping itself
+        f"{proc}/500/root/srv/venv/lib/libssl.so.3",
     ]
 
 
