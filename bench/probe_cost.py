@@ -34,6 +34,7 @@ from exporter import config  # noqa: E402
 from exporter.kernel import features, libbpf, loader, mechanisms, tls  # noqa: E402
 from exporter.commands.daemon import Nettap  # noqa: E402
 from exporter.kernel.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
+from procs import free_port  # noqa: E402
 from traffic import Server  # noqa: E402
 
 EMPTY_PREFIX = {"tracepoint": "empty_tp", "fentry": "empty_fentry", "kprobe": "empty_kprobe"}
@@ -220,12 +221,6 @@ def tls_calls(cert: tuple, port: int, size: int, n: int) -> float:
         srv.kill()
         srv.stdout.close()
     return float(out)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure_tls(variant: str, empty_obj: str, n: int) -> tuple:

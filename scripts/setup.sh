@@ -17,6 +17,8 @@ TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 
 TEST_PKGS="$TEST_PKGS tshark"
 # tmux: the real terminal `nettap top` is tested in (send-keys, capture-pane).
 TEST_PKGS="$TEST_PKGS tmux"
+# curl, openssl: tests/kernel/test_tls.py (curl's plain SSL_write/SSL_read; the test certificate)
+TEST_PKGS="$TEST_PKGS curl openssl"
 # clang-format: tests/unit/test_lint.py checks bpf/ against bpf/.clang-format
 TEST_PKGS="$TEST_PKGS clang-format-14"
 # chromium: the landing page (/) is loaded in headless Chromium, screenshot and DOM

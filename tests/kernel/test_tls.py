@@ -194,7 +194,7 @@ srv.handle_request()
 """
 
 
-@pytest.mark.skipif(not shutil.which("curl"), reason="no curl")
+@pytest.mark.skipif(not shutil.which("curl"), reason="no curl (scripts/setup.sh test installs it)")
 def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
     """curl calls SSL_write/SSL_read (not _ex) through a BIO of its own."""
     port = free_port()
