@@ -65,8 +65,7 @@ struct {
  * the larger the array, the likelier its line is cold; the fewer the slots,
  * the likelier one is taken by a captured socket's (about live captured
  * connections / 1,024) and the table is asked after all. With the porch
- * below, 83-92 ns against the empty program's 50-63 while few captured
- * connections are open, 141-166 with 300 captured sockets open. A slot at 0
+ * below: docs/benchmarks.md ("Lifecycle programs"). A slot at 0
  * means: no entry. Counted up before an insert and down after a delete, so
  * a slot is never below its entries; from every program type and on every
  * kernel (socket-local storage is written by tracing programs only, since
