@@ -19,6 +19,8 @@ TEST_PKGS="$TEST_PKGS tshark"
 TEST_PKGS="$TEST_PKGS tmux"
 # curl, openssl: tests/kernel/test_tls.py (curl's plain SSL_write/SSL_read; the test certificate)
 TEST_PKGS="$TEST_PKGS curl openssl"
+# nats-server: the JetStream cluster nettap ingest publishes to in tests/e2e/test_ingest.py
+TEST_PKGS="$TEST_PKGS nats-server"
 # clang-format: tests/unit/test_lint.py checks bpf/ against bpf/.clang-format
 TEST_PKGS="$TEST_PKGS clang-format-14"
 # chromium: the landing page (/) is loaded in headless Chromium, screenshot and DOM

@@ -19,7 +19,8 @@ ALLOWED = {
     "capture": {"util", "kernel", "config"},
     "metrics": {"util", "kernel", "config"},
     "web": {"util", "config"},
-    "commands": {"util", "kernel", "config", "capture", "metrics", "web"},
+    "ingest": {"util", "config"},
+    "commands": {"util", "kernel", "config", "capture", "metrics", "web", "ingest"},
 }
 ROOT_MODULES = {"__init__", "__main__", "config", "_revision"}
 

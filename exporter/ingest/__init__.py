@@ -1,0 +1,2 @@
+"""nettap ingest: the capture's rotated JSON-lines files, forwarded to NATS
+JetStream in acknowledged, de-duplicated batches (docs/ingest.md)."""
