@@ -8,6 +8,26 @@
 {
   local cfg = $._config {
     kubeLabels: std.join(', ', $._config.kubeContainerLabels),
+
+    // Descriptions that read other series with the `query` template function (Go templates:
+    // the PromQL is a raw `...` string; %q quotes the alert's instance).
+    local ingestSeries(metric, more='') =
+      '%s{%s, instance=%%q%s}' % [metric, $._config.nettapIngestSelector, more],
+    local failingWith(more) =
+      '{{ with printf `increase(%s[%s]) > 0` $labels.instance | query }}' % [
+        ingestSeries('nettap_ingest_connect_errors_total', more),
+        $._config.rateInterval,
+      ]
+      + '; its connection attempts fail with {{ range $i, $s := . }}{{ if $i }} and {{ end }}{{ $s.Labels.reason }}{{ end }} errors',
+    ingestBacklogDescription:
+      'The oldest line nettap ingest on {{ $labels.instance }} has not had acknowledged was written {{ $value | humanizeDuration }} ago, and its backlog'
+      + '{{ with printf `%s` $labels.instance | query }} ({{ . | first | value | humanize1024 }}B){{ end }}' % ingestSeries('nettap_ingest_backlog_bytes')
+      + " is not shrinking: once it outgrows the capture's rotated files (output.backups files of output.max_bytes), the oldest one is rotated away unsent.",
+    ingestDisconnectedDescription:
+      'nettap ingest on {{ $labels.instance }} has not been connected to the engine (NATS) for %s' % $._config.ingestDisconnectedFor
+      + failingWith(', reason=~"auth|tls"')
+      + ': a configuration or credential problem (ingest credentials or ingest.tls), not the network'
+      + '{{ else }}' + failingWith('') + '{{ end }}{{ end }}.',
   },
 
   // Adds the runbook link every alert carries.
@@ -103,6 +123,64 @@
           annotations: {
             summary: 'A nettap probe is not attached and captures nothing.',
             description: 'Probe {{ $labels.probe }} of nettap on {{ $labels.instance }} failed to attach with fentry, kprobe and tracepoint.',
+          },
+        },
+      ]),
+
+      // nettap ingest: the capture's files to NATS JetStream. Publish errors have no alert of
+      // their own: those retried (timeout, no_responders, disconnected) show as a backlog that
+      // does not shrink, and a rejected publish loses its lines, counted as records lost.
+      group('nettap-ingest', [
+        {
+          alert: 'NettapIngestDown',
+          expr: |||
+            up{%(nettapIngestSelector)s} == 0
+          ||| % cfg,
+          'for': cfg.ingestDownFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: "nettap ingest cannot be scraped: its node's records may not be reaching the engine.",
+            description: "Prometheus has failed to scrape nettap ingest on {{ $labels.instance }} for %(ingestDownFor)s; the capture's files are its only buffer until it is back." % cfg,
+          },
+        },
+        {
+          alert: 'NettapIngestRecordsLost',
+          expr: |||
+            increase(nettap_ingest_records_lost_total{%(nettapIngestSelector)s}[%(rateInterval)s]) > 0
+          ||| % cfg,
+          'for': cfg.ingestRecordsLostFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'nettap ingest is losing records: they will never reach the engine.',
+            description: 'nettap ingest on {{ $labels.instance }} lost about {{ printf "%%.0f" $value }} records for reason {{ $labels.reason }} over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
+          // The age alone would also fire through the drain that follows a reconnect, which
+          // needs no one: only a backlog that is not shrinking alerts.
+          alert: 'NettapIngestBacklogGrowing',
+          expr: |||
+            nettap_ingest_backlog_seconds{%(nettapIngestSelector)s} > %(ingestBacklogSeconds)g
+              unless
+            deriv(nettap_ingest_backlog_seconds{%(nettapIngestSelector)s}[%(rateInterval)s]) < 0
+          ||| % cfg,
+          'for': cfg.ingestBacklogFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: "nettap ingest is falling behind; the capture's oldest file will be rotated away unsent.",
+            description: cfg.ingestBacklogDescription,
+          },
+        },
+        {
+          alert: 'NettapIngestDisconnected',
+          expr: |||
+            nettap_ingest_connected{%(nettapIngestSelector)s} == 0
+          ||| % cfg,
+          'for': cfg.ingestDisconnectedFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap ingest is not connected to the engine (NATS); its backlog grows.',
+            description: cfg.ingestDisconnectedDescription,
           },
         },
       ]),

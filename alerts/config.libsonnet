@@ -6,6 +6,10 @@
 
     // nettap's own scrape job: every nettap_*, process_* and up series it produces.
     nettapSelector: 'job="nettap"',
+    // `nettap ingest`'s scrape job (:42425): its nettap_ingest_*, process_* and up series. Keep
+    // it apart from nettapSelector's: the capture's alerts and panels would count the ingest's
+    // process_* and up series as the capture's.
+    nettapIngestSelector: 'job="nettap-ingest"',
     // cAdvisor, as scraped from the kubelet (/metrics/cadvisor) or standalone.
     cadvisorSelector: 'job="cadvisor"',
     // kube-state-metrics, for the requests, limits, restarts and termination reasons in force.
@@ -55,6 +59,28 @@
     recordsLostFor: '2m',
     // A probe that failed to attach (mechanism="none") captures nothing until fixed.
     probeAttachFailedFor: '5m',
+
+    // --- Ingest (nettap ingest -> NATS JetStream) ------------------------------------------
+
+    // The capture's rotated files (output.path, .1 .. .backups) are the ingest's buffer:
+    // what the engine has not acknowledged when the oldest file is rotated away is lost.
+    // Lost lines (reason rotated, too_large, rejected) never reach the engine: as
+    // recordsLostFor, a single burst still fires because increase() stays above zero for
+    // the whole window.
+    ingestRecordsLostFor: '2m',
+    // Age of the oldest line not yet acknowledged (0 when caught up), while it is not
+    // shrinking: the drain after a reconnect is not an alert. It fires ingestBacklogSeconds +
+    // ingestBacklogFor (15m) after acknowledgements stop: size the buffer, output.max_bytes x
+    // output.backups (300 MiB by default), to hold more than that at the busiest node's write
+    // rate (nettap_sink_bytes_written_total), or lower these.
+    ingestBacklogSeconds: 300,
+    ingestBacklogFor: '10m',
+    // Not connected to any server of ingest.servers. Connection attempts failing with
+    // reason auth or tls are a configuration or credential problem: the description says so.
+    ingestDisconnectedFor: '5m',
+    // The ingest target cannot be scraped. No absent() rule: the ingest is optional (a node
+    // may keep the capture's files for itself), so having no ingest target is not an alert.
+    ingestDownFor: '5m',
 
     // --- Exporter health ---------------------------------------------------------------
 

@@ -3,17 +3,22 @@ local lib = import 'lib.libsonnet';
 
 {
   grafanaDashboards+:: {
-    local cfg = $._config { sel: 'job=~"$job", instance=~"$instance"' },
+    local cfg = $._config {
+      sel: 'job=~"$job", instance=~"$instance"',
+      // nettap ingest is its own scrape job, on its own port: its own instance variable.
+      ingestSel: '%s, instance=~"$ingest_instance"' % $._config.nettapIngestSelector,
+    },
     local q(expr) = expr % cfg,
 
     'nettap-overview.json': lib.dashboard(
       cfg,
       uid='nettap-overview',
       title='nettap / Overview',
-      description='nettap health, capture pipeline, cost (user and kernel CPU, memory) and cgroup resources.',
+      description='nettap health, capture pipeline, ingest to NATS JetStream, cost (user and kernel CPU, memory) and cgroup resources.',
       variables=[
         lib.queryVariable('job', 'Job', q('label_values(nettap_build_info{%(nettapSelector)s}, job)')),
         lib.queryVariable('instance', 'Instance', q('label_values(nettap_build_info{job=~"$job"}, instance)'), multi=true),
+        lib.queryVariable('ingest_instance', 'Ingest instance', q('label_values(nettap_build_info{%(nettapIngestSelector)s}, instance)'), multi=true),
       ],
       rows=[
         {
@@ -63,6 +68,44 @@ local lib = import 'lib.libsonnet';
               lib.target(q('sum by (sink) (rate(nettap_sink_records_written_total{%(sel)s}[$__rate_interval]))'), '{{sink}} written'),
               lib.target(q('sum by (sink) (rate(nettap_sink_errors_total{%(sel)s}[$__rate_interval]))'), '{{sink}} errors'),
             ]),
+          ],
+        },
+        {
+          title: 'Ingest (NATS JetStream)',
+          panels: [
+            lib.stat('Ingest targets', 'none', [
+              lib.target(q('sum(up{%(ingestSel)s})'), 'up', instant=true),
+              lib.target(q('count(up{%(ingestSel)s}) - sum(up{%(ingestSel)s})'), 'down', instant=true),
+            ], description='nettap ingest targets Prometheus scrapes successfully, and those it cannot.', h=8),
+            lib.stat('Connected to the engine', 'none', [
+              lib.target(q('nettap_ingest_connected{%(ingestSel)s}'), '{{instance}}', instant=true),
+            ], description='Whether each nettap ingest is connected to a NATS server of ingest.servers. While it is not, the backlog grows.', h=8, mappings=lib.boolMapping('disconnected', 'red', 'connected', 'green')),
+            lib.timeseries('Records written vs. acknowledged', 'ops', [
+              lib.target(q('sum(rate(nettap_sink_records_written_total{%(sel)s, sink="jsonl"}[$__rate_interval]))'), 'written by the capture'),
+              lib.target(q('sum(rate(nettap_ingest_records_published_total{%(ingestSel)s}[$__rate_interval]))'), 'published (resends included)'),
+              lib.target(q('sum(rate(nettap_ingest_records_acked_total{%(ingestSel)s}[$__rate_interval]))'), 'acknowledged by the engine'),
+            ], description="Lines the capture writes to its files, lines nettap ingest publishes, and lines the engine acknowledges as newly stored (duplicates of a resend not counted), over the instances selected in both pickers. In steady state written and acknowledged are equal; acknowledged above written is a backlog draining.", w=16),
+            lib.timeseries('Backlog', 'bytes', [
+              lib.target(q('nettap_ingest_backlog_bytes{%(ingestSel)s}'), '{{instance}}'),
+            ], description="Bytes in the capture's files not yet acknowledged by the engine. The files (output.backups files of output.max_bytes) are the only buffer: past them the oldest is rotated away unsent. After an outage it drains back to about zero."),
+            lib.timeseries('Backlog age', 's', [
+              lib.target(q('nettap_ingest_backlog_seconds{%(ingestSel)s}'), '{{instance}}'),
+            ], description='Age of the oldest line not yet acknowledged (0 when caught up). It climbs one second a second while nothing is acknowledged and falls as the backlog drains. NettapIngestBacklogGrowing fires when it stays above %(ingestBacklogSeconds)d s without shrinking.' % cfg),
+            lib.timeseries('Publish errors', 'ops', [
+              lib.target(q('sum by (instance, reason) (rate(nettap_ingest_publish_errors_total{%(ingestSel)s}[$__rate_interval]))'), '{{instance}} {{reason}}'),
+            ], description='Failed publishes: timeout, no_responders (no stream for the subject) and disconnected are resent with the same id; rejected (the engine refused the message) loses its lines.', w=8),
+            lib.timeseries('Connect errors', 'ops', [
+              lib.target(q('sum by (instance, reason) (rate(nettap_ingest_connect_errors_total{%(ingestSel)s}[$__rate_interval]))'), '{{instance}} {{reason}}'),
+            ], description='Failed connection attempts to the NATS servers. auth and tls are a configuration or credential problem; refused and other, the network or the servers.', w=8),
+            lib.timeseries('Records lost in ingest', 'ops', [
+              lib.target(q('sum by (instance, reason) (rate(nettap_ingest_records_lost_total{%(ingestSel)s}[$__rate_interval]))'), '{{instance}} {{reason}}'),
+            ], description='Lines that will never reach the engine: rotated (the capture rotated their file away before the engine acknowledged them), too_large (a line larger than the server accepts), rejected (the engine refused them).', w=8),
+            lib.timeseries('Ingest process CPU (cores)', 'short', [
+              lib.target(q('rate(process_cpu_seconds_total{%(ingestSel)s}[$__rate_interval])'), '{{instance}}'),
+            ], description="nettap ingest's own CPU (its container's own requests and limits). It rises while a backlog drains."),
+            lib.timeseries('Ingest RSS', 'bytes', [
+              lib.target(q('process_resident_memory_bytes{%(ingestSel)s}'), '{{instance}}'),
+            ], description='Resident memory of nettap ingest. The lines in flight to the engine are bounded by ingest.max_in_flight_bytes.'),
           ],
         },
         {

@@ -253,6 +253,28 @@ def test_dashboard_style(name):
                     f"{panel['title']}: hard-coded range [{window}]")
 
 
+def test_ingest_row_selects_the_ingest_job():
+    """nettap ingest is its own scrape job on its own port (instance n1:42425 beside the
+    capture's n1:42424): the Ingest row filters it by its own variable, never by the capture's
+    $job and $instance, but for the capture's side of "written vs. acknowledged"."""
+    dash = _dashboards()["nettap-overview.json"]
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["ingest_instance"]["query"] == 'label_values(nettap_build_info{job="nettap-ingest"}, instance)'
+    row, exprs = None, []
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            row = p["title"]
+        elif row == "Ingest (NATS JetStream)":
+            exprs += [t["expr"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        if "nettap_sink_" in expr:
+            assert 'job=~"$job", instance=~"$instance"' in expr and 'sink="jsonl"' in expr, expr
+        else:
+            assert 'job="nettap-ingest", instance=~"$ingest_instance"' in expr, expr
+            assert "$job" not in expr and "$instance" not in expr, expr
+
+
 def test_dashboard_queries_are_plain_promql(tmp_path):
     """Every query, with Grafana's variables substituted, parses as PromQL (promtool parses
     rule expressions, so each becomes a recording rule of a throwaway file)."""
