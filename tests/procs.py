@@ -108,6 +108,50 @@ class Nettap:
         return rc
 
 
+class Ingest:
+    """`nettap ingest` as a child process, with its metrics."""
+
+    def __init__(self, tmp: Path, cfg: dict, name: str = "ingest"):
+        self.cfg_path = tmp / f"{name}.yaml"
+        self.cfg_path.write_text(yaml.safe_dump(cfg))
+        self.log_path = tmp / f"{name}.log"
+        self.port = free_port()
+        self.start()
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        self.p = subprocess.Popen([sys.executable, "-m", "exporter", "ingest", "--config", str(self.cfg_path),
+                                   "--web.listen-address", f"127.0.0.1:{self.port}"],
+                                  cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self._up(), timeout=30, what="ingest serving")
+
+    def _up(self):
+        assert self.p.poll() is None, self.text()
+        try:
+            return requests.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).ok
+        except requests.ConnectionError:
+            return False
+
+    def text(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def metrics(self) -> dict:
+        out = {}
+        for line in requests.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text.splitlines():
+            if line.startswith("nettap_ingest_"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def stop(self, sig=signal.SIGTERM) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        rc = self.p.wait(30)
+        self.log.close()
+        return rc
+
+
 class Prometheus:
     def __init__(self, tmp: Path, scrape: Dict[str, str], rule_files: List[str] = (),
                  alertmanager: Optional[str] = None, interval: str = "1s", eval_interval: str = "1s"):

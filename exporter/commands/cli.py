@@ -14,6 +14,8 @@ COMMANDS_HELP = """commands (each has its own --help):
   nettap top            every BPF program on the node, live (runs/s, ns per run, % CPU)
   nettap size --prometheus URL
                         requests and limits from nettap's own series
+  nettap ingest --config FILE
+                        forward the capture's files to NATS JetStream (the node's second process)
 """
 
 
@@ -101,7 +103,8 @@ def _decode(path: str, ring: str) -> int:
 
 
 # Commands beside the daemon: `nettap top ...`, `nettap size ...`, each with its own flags.
-COMMANDS = {"read": "exporter.commands.read", "top": "exporter.commands.top", "size": "exporter.commands.size"}
+COMMANDS = {"read": "exporter.commands.read", "top": "exporter.commands.top", "size": "exporter.commands.size",
+            "ingest": "exporter.commands.ingest"}
 
 
 def main(argv: list | None = None) -> int:

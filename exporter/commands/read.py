@@ -134,7 +134,7 @@ def _args(argv: List[str]) -> argparse.Namespace:
         description="Read nettap's JSON-lines capture files (rotated ones included, taken oldest first: "
                     "capture.jsonl.3 ... capture.jsonl.1, capture.jsonl). Without --conn or --pcap: "
                     "list the connections.")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="*", metavar="FILE")
     p.add_argument("--conn", type=int, action="append", default=[], metavar="ID",
                    help="print this connection's byte streams, each direction in stream order, "
                         "with what was not captured marked (repeatable; with --pcap: only filters)")
@@ -145,11 +145,19 @@ def _args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--pcap", metavar="OUT",
                    help="write the connections as synthesized TCP segments to the pcap file OUT "
                         "(Wireshark, tshark; times are CLOCK_MONOTONIC)")
+    p.add_argument("--nats", metavar="URL", action="append", default=[],
+                   help="read the stream nettap ingest wrote instead of files (nats://[user:password@]host:port; "
+                        "repeatable: a cluster's nodes)")
+    p.add_argument("--stream", default="NETTAP", help="with --nats: the stream (default NETTAP)")
+    p.add_argument("--node", action="append", default=[], help="with --nats: only this node's records (repeatable)")
     return p.parse_args(argv)
 
 
 def main(argv: List[str]) -> int:
     args = _args(argv)
+    if bool(args.files) == bool(args.nats):
+        print("nettap read: give capture files or --nats URL (one of them)", file=sys.stderr)
+        return 2
     try:
         return _run(args)
     except BrokenPipeError:                     # the reader went away (| head): not an error
@@ -157,8 +165,38 @@ def main(argv: List[str]) -> int:
         return 0
 
 
+def _from_stream(args: argparse.Namespace) -> list:
+    """The stream's records as in-memory files, one per node: [(name, file, size)]."""
+    import asyncio
+    import io
+    import nats
+    from exporter.ingest import source
+
+    async def fetch():
+        nc = await nats.connect(args.nats, allow_reconnect=False, max_reconnect_attempts=1, connect_timeout=5)
+        try:
+            return await source.fetch(nc, args.stream)
+        finally:
+            await nc.close()
+    by_node = source.lines(asyncio.run(fetch()))
+    out = []
+    for node, lines in sorted(by_node.items()):
+        if args.node and node not in args.node:
+            continue
+        data = b"".join(lines)
+        out.append((f"nats:{args.stream}:{node}", io.BytesIO(data), len(data)))
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     files, rc = [], 0
+    if args.nats:
+        try:
+            files = _from_stream(args)
+        except Exception as e:                  # the engine's errors: one line, not a traceback
+            print(f"nettap read: cannot read stream {escape(args.stream)} from {escape(','.join(args.nats))}: "
+                  f"{escape(str(e) or type(e).__name__)}", file=sys.stderr)
+            return 1
     for name in ordered(args.files):
         try:
             f = os.fdopen(open_regular(name), "rb")      # a FIFO is refused, never waited on

@@ -15,7 +15,8 @@ import _jsonnet
 import pytest
 import yaml
 
-from procs import ROOT, Alertmanager, Nettap, Prometheus, wait_for
+from natscluster import NatsCluster
+from procs import ROOT, Alertmanager, Ingest, Nettap, Prometheus, wait_for
 from traffic import ClientProcess, Server, send_messages
 from unit.test_mixin import dashboard_queries
 
@@ -54,11 +55,15 @@ def test_every_dashboard_query_evaluates_and_nettaps_own_return_data(tmp_path, l
     closed = socket.create_server(("127.0.0.1", 0))
     refused = closed.getsockname()[1]
     closed.close()                                # a captured port nothing listens on: resets, errors
-    n = Nettap(tmp_path, {"captures": [{"port": srv.port}, {"port": refused}],
-                          "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl")},
-                          "diagnostics": {"bpfStats": {"enabled": True, "scope": "node"}}},
-               cgroups=limited_cgroups)
-    prom = Prometheus(tmp_path, {"nettap": f"127.0.0.1:{n.port}"}, rule_files=RULES)
+    nats = NatsCluster(tmp_path / "nats", n=1).start()     # nettap ingest's engine: the Ingest row
+    cfg = {"captures": [{"port": srv.port}, {"port": refused}],
+           "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl")},
+           "diagnostics": {"bpfStats": {"enabled": True, "scope": "node"}},
+           "ingest": {"servers": nats.urls, "stream": {"storage": "memory"}}}
+    n = Nettap(tmp_path, cfg, cgroups=limited_cgroups)
+    ing = Ingest(tmp_path, cfg)
+    prom = Prometheus(tmp_path, {"nettap": f"127.0.0.1:{n.port}", "nettap-ingest": f"127.0.0.1:{ing.port}"},
+                      rule_files=RULES)
     try:
         end = time.time() + 12                    # traffic across several scrapes
         while time.time() < end:
@@ -83,7 +88,9 @@ def test_every_dashboard_query_evaluates_and_nettaps_own_return_data(tmp_path, l
         assert {r["health"] for g in groups for r in g["rules"]} == {"ok"}
     finally:
         prom.stop()
+        ing.stop()
         n.stop()
+        nats.close()
 
 
 class Webhook:

@@ -139,7 +139,7 @@ def test_two_yaml_documents():
      "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got {'pid': 1, 'port': 2}"),
     ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got {}"),
     ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got 7"),
-    ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level)"),
+    ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level, ingest)"),
     ("output: {pth: /x}",
      "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records, mode)"),
     ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls)"),

@@ -1,0 +1,141 @@
+"""`nettap ingest`: the second process of a node. It forwards the capture's
+JSON-lines files to NATS JetStream (exporter/ingest) and serves its own
+metrics on :42425 (docs/ingest.md)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from exporter import __version__
+
+log = logging.getLogger("nettap.ingest")
+
+
+def _args(argv: list) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nettap ingest",
+                                description="Forward the capture's JSON-lines files to NATS JetStream, "
+                                            "checkpointing only what the engine acknowledged.")
+    p.add_argument("--config", metavar="FILE", required=True,
+                   help="nettap's config file: its output (the files) and ingest sections")
+    p.add_argument("--web.listen-address", dest="listen", default=":42425", metavar="HOST:PORT",
+                   help="address of /metrics, /healthz, /readyz (default :42425)")
+    p.add_argument("--web.config.file", dest="web_config", metavar="FILE",
+                   help="TLS and basic auth for the endpoint (the exporter-toolkit format)")
+    p.add_argument("--check-config", action="store_true",
+                   help="validate the config, connect to the engine, check the stream, and exit")
+    p.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warning", "error"),
+                   help="override the config's log_level")
+    p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt")
+    return p.parse_args(argv)
+
+
+def load(path: str):
+    """(config, settings); raises ConfigError."""
+    from exporter import config
+    from exporter.ingest import settings
+    cfg = config.load(path)
+    return cfg, settings.parse(cfg.ingest, cfg.output)
+
+
+async def check(s) -> str:
+    """Connect once and look at the stream: what is wrong, or None."""
+    import nats
+    from exporter.ingest.publisher import StreamError, ensure_stream
+    try:
+        nc = await asyncio.wait_for(nats.connect(
+            servers=list(s.servers), allow_reconnect=False, max_reconnect_attempts=1,
+            connect_timeout=s.connect_timeout, error_cb=_quiet, **s.auth_options()), s.connect_timeout * 3)
+    except Exception as e:
+        return f"cannot connect to {', '.join(s.servers)}: {e or type(e).__name__}"
+    try:
+        info = await ensure_stream(nc, s)
+        return f"stream {info.config.name}: {info.state.messages} message(s), {info.config.num_replicas} replica(s)"
+    except StreamError as e:
+        raise RuntimeError(str(e)) from None
+    except Exception as e:
+        raise RuntimeError(f"stream {s.stream.name}: {e or type(e).__name__}") from None
+    finally:
+        await nc.close()
+
+
+async def _quiet(e) -> None:
+    pass
+
+
+def main(argv: list) -> int:
+    from exporter import config
+    from exporter.commands.start import _logging, refused
+    args = _args(argv)
+    try:
+        cfg, s = load(args.config)
+    except config.ConfigError as e:
+        return refused(e)
+    if args.check_config:
+        try:
+            said = asyncio.run(check(s))
+        except RuntimeError as e:
+            return refused(e, "engine")
+        if said.startswith("cannot connect"):
+            return refused(said, "engine")
+        print(f"{args.config}: ok; {said}")
+        return 0
+    web = None
+    if args.web_config:
+        from exporter.web import webconfig
+        try:
+            web = webconfig.Web(webconfig.load(args.web_config), args.web_config)
+        except config.ConfigError as e:
+            return refused(e, "web config")
+    _logging(args.log_level or cfg.log_level, args.log_format)
+    return _serve(args, cfg, s, web)
+
+
+def _registry(stats):
+    from prometheus_client import CollectorRegistry, gc_collector, platform_collector, process_collector
+    from exporter.ingest.stats import StatsCollector
+    from exporter.metrics.cgroup import CgroupCollector
+    from exporter.metrics.collectors import BuildInfoCollector, Guarded
+    reg = CollectorRegistry(auto_describe=False)
+    process_collector.ProcessCollector(registry=reg)
+    platform_collector.PlatformCollector(registry=reg)
+    gc_collector.GCCollector(registry=reg)
+    reg.register(Guarded({"ingest": StatsCollector(stats), "cgroup": CgroupCollector(),
+                          "build": BuildInfoCollector()}))
+    return reg
+
+
+def _serve(args, cfg, s, web) -> int:
+    from exporter.ingest.service import Service
+    from exporter.web.server import serve
+    svc = Service(s, cfg.output)
+    reg = _registry(svc.stats)
+
+    def not_ready():
+        if not svc.ready:
+            return "starting"
+        return None if svc.stats.connected else "not connected to the engine"
+    try:
+        srv = serve(args.listen, reg, svc.state, not_ready, web)
+    except (OSError, ValueError) as e:
+        print(f"nettap ingest: cannot listen on {args.listen}: {e}", file=sys.stderr)
+        return 1
+    log.info("nettap ingest %s: forwarding %s (+%d backups) to %s, stream %s, node %s; listening on %s",
+             __version__, cfg.output.path, cfg.output.backups, ",".join(s.servers), s.stream.name, s.node,
+             args.listen)
+
+    async def run():
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        await svc.run(stopping)
+    try:
+        asyncio.run(run())
+    finally:
+        srv.shutdown()
+        log.info("stopped")
+    return 0
+

@@ -1,0 +1,289 @@
+"""nettap ingest against a real NATS JetStream cluster (three nats-server
+nodes on loopback, an R3 stream): what the capture wrote arrives in the
+stream once, whatever happens to the engine or to ingest, and what cannot
+arrive is counted exactly.
+
+The files are written by the capture's own sink (exporter.capture.sinks:
+the real rotation), with records numbered so that a line lost or stored twice
+is named; the first test and the credentials test run the real capture."""
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+
+from natscluster import NATS_SERVER, NatsCluster
+from procs import ROOT, Ingest, Nettap, wait_for
+from traffic import Server, send_messages
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(NATS_SERVER is None, reason="nats-server is not installed (scripts/setup.sh test)")]
+
+
+class Writer(threading.Thread):
+    """Numbered records through the capture's sink, at about rate lines/s."""
+
+    def __init__(self, path: Path, max_bytes: int, backups: int, rate: int = 20_000, batch: int = 200):
+        super().__init__(daemon=True)
+        from exporter.capture.sinks import JsonlFileSink
+        self.sink = JsonlFileSink(str(path), max_bytes, backups)
+        self.sink.open()
+        self.rate, self.batch = rate, batch
+        self.n = 0
+        self.halt = threading.Event()
+        self.kinds = ("chunk", "chunk", "chunk", "state", "eof")
+
+    def write(self, count: int) -> None:
+        lines = []
+        for _ in range(count):
+            i = self.n
+            self.n += 1
+            lines.append(json.dumps({"conn_id": i % 97, "data": "QUJD" * (i % 7), "i": i, "ts_ns": i,
+                                     "type": self.kinds[i % 5]}, sort_keys=True, separators=(",", ":")))
+        self.sink.write(lines)
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.write(self.batch)
+            time.sleep(self.batch / self.rate)
+
+    def stop(self) -> int:
+        self.halt.set()
+        if self.ident is not None:              # started (a test may write by hand only)
+            self.join(10)
+        self.sink.close()
+        return self.n
+
+
+def config(out: Path, cluster: NatsCluster, max_bytes: int = 1 << 20, backups: int = 3, **ingest) -> dict:
+    return {"output": {"type": "jsonl", "path": str(out), "max_bytes": max_bytes, "backups": backups},
+            "ingest": {"servers": cluster.urls, "node": "node-a", "ack_timeout": "2s",
+                       "stream": {"replicas": min(3, len(cluster.urls)), "duplicate_window": "10m"}, **ingest}}
+
+
+def stream_lines(cluster: NatsCluster, stream: str = "NETTAP", **auth) -> list:
+    """Every line the stream holds, in the capture's order."""
+    import nats
+    from exporter.ingest import source
+
+    async def go():
+        nc = await nats.connect(cluster.urls, **auth)
+        try:
+            for _ in range(5):                  # a stream still electing a leader after a node was killed
+                try:
+                    return await source.fetch(nc, stream)
+                except (TimeoutError, asyncio.TimeoutError):
+                    await asyncio.sleep(2)
+            return await source.fetch(nc, stream)
+        finally:
+            await nc.close()
+    msgs = asyncio.run(go())
+    return [line for lines in source.lines(msgs).values() for line in lines]
+
+
+def numbers(lines) -> Counter:
+    return Counter(json.loads(line)["i"] for line in lines)
+
+
+def exactly_once(cluster: NatsCluster, written: int, lost=()):
+    """Every record 0..written-1 but the lost ones is in the stream, once."""
+    got = numbers(stream_lines(cluster))
+    twice = sorted(i for i, n in got.items() if n > 1)
+    missing = sorted(set(range(written)) - set(got) - set(lost))
+    assert not twice and not missing, f"{len(twice)} twice (first {twice[:5]}), {len(missing)} missing " \
+                                      f"(first {missing[:5]}) of {written}"
+    return got
+
+
+def caught_up(ing: Ingest, written_lines: int):
+    m = ing.metrics()
+    return m.get("nettap_ingest_backlog_bytes", 1) == 0 and m["nettap_ingest_records_acked_total"] >= written_lines
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with NatsCluster(tmp_path / "nats", n=3) as c:
+        yield c
+
+
+def capture_lines(tmp_path: Path) -> list:
+    """Every line of the capture's files (path and its backups)."""
+    out = []
+    for p in sorted(tmp_path.glob("capture.jsonl*")):
+        if p.name == "capture.jsonl" or p.suffix[1:].isdigit():
+            out += p.read_bytes().splitlines(True)
+    return out
+
+
+def test_a_capture_storm_arrives_whole_and_reads_back_as_the_files(tmp_path, cluster):
+    """The real capture under many short connections: the stream holds the
+    files' lines, each once (equal as multisets, so equal hashed), and
+    `nettap read --nats` lists the same connections as `nettap read` of the files."""
+    out = tmp_path / "capture.jsonl"
+    srv = Server()
+    cfg = config(out, cluster, max_bytes=4 << 20, backups=50)
+    cap = Nettap(tmp_path, {"captures": [{"port": srv.port}], **cfg})
+    ing = Ingest(tmp_path, cfg)
+    try:
+        threads = [threading.Thread(target=lambda: [send_messages(srv.port, 3, 200) for _ in range(300)])
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        srv.wait_received(1200, timeout=60)
+        wait_for(lambda: cap.sample("nettap_sink_records_written_total", sink="jsonl") >= 1200 * 4, timeout=30,
+                 what="the capture wrote a chunk and an eof per connection")
+        time.sleep(1)
+        cap.stop()                              # its stop line is the files' last
+        files = capture_lines(tmp_path)
+        wait_for(lambda: caught_up(ing, len(files)), timeout=60, what=f"{len(files)} lines acknowledged")
+        got = stream_lines(cluster)
+        assert len(got) == len(files) and Counter(got) == Counter(files)
+        by_file = subprocess.run([sys.executable, "-m", "exporter", "read", *map(str, tmp_path.glob("capture.jsonl*"))],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
+        by_stream = subprocess.run([sys.executable, "-m", "exporter", "read", "--nats", cluster.urls[0]],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert by_stream.returncode == 0, by_stream.stderr
+        # the same rows (a region's kinds are put back in order by ts_ns: two connections' first
+        # records may swap places, and the listing is in order of first appearance)
+        assert sorted(by_stream.stdout.splitlines()) == sorted(by_file.stdout.splitlines())
+        assert "2400 connection(s)" in by_stream.stdout     # both ends of each
+    finally:
+        ing.stop()
+        cap.stop()
+        srv.close()
+
+
+def test_a_node_killed_mid_stream_loses_nothing(tmp_path, cluster):
+    out = tmp_path / "capture.jsonl"
+    w = Writer(out, 1 << 20, 3)
+    ing = Ingest(tmp_path, config(out, cluster))
+    try:
+        w.start()
+        wait_for(lambda: ing.metrics()["nettap_ingest_records_acked_total"] > 5000, timeout=30, what="flowing")
+        cluster.kill(cluster.stream_leader("NETTAP"))
+        time.sleep(3)
+        written = w.stop()
+        wait_for(lambda: caught_up(ing, 0) and ing.metrics()["nettap_ingest_records_acked_total"] >= written,
+                 timeout=60, what=f"all {written} acknowledged")
+        exactly_once(cluster, written)
+        m = ing.metrics()
+        assert m['nettap_ingest_records_lost_total{reason="rotated"}'] == 0
+        assert m["nettap_ingest_records_acked_total"] == written      # stored once each
+    finally:
+        w.halt.set()
+        ing.stop()
+
+
+def test_all_nodes_down_for_a_while_then_back_drains_the_backlog(tmp_path, cluster):
+    out = tmp_path / "capture.jsonl"
+    # 21 MiB of files at ~370 KB/s: a minute of outage before the capture deletes one unforwarded
+    # (restarting the three nodes with their state took 5-21 s here)
+    w = Writer(out, 1 << 20, 20, rate=5_000)
+    ing = Ingest(tmp_path, config(out, cluster, backups=20))
+    try:
+        w.start()
+        wait_for(lambda: ing.metrics()["nettap_ingest_records_acked_total"] > 2000, timeout=30, what="flowing")
+        for i in range(3):
+            cluster.kill(i)
+        wait_for(lambda: ing.metrics()["nettap_ingest_connected"] == 0, timeout=15, what="ingest disconnected")
+        time.sleep(4)
+        behind = ing.metrics()
+        assert behind["nettap_ingest_backlog_bytes"] > 100_000 and behind["nettap_ingest_backlog_seconds"] >= 2
+        cluster.start()                         # all three: one alone has no quorum to be healthy
+        written = w.stop()
+        wait_for(lambda: caught_up(ing, written), timeout=120, what=f"the backlog of {written} drained")
+        exactly_once(cluster, written)
+        assert ing.metrics()["nettap_ingest_backlog_seconds"] == 0
+    finally:
+        w.halt.set()
+        ing.stop()
+
+
+def test_kill_9_of_ingest_mid_batch_then_restart_loses_and_doubles_nothing(tmp_path, cluster):
+    out = tmp_path / "capture.jsonl"
+    w = Writer(out, 256 << 10, 20, rate=20_000)
+    ing = Ingest(tmp_path, config(out, cluster, max_bytes=256 << 10, backups=20, batch_bytes=16384))
+    try:
+        w.start()
+        for _ in range(3):
+            wait_for(lambda: ing.metrics()["nettap_ingest_records_published_total"] > 3000, timeout=30,
+                     what="publishing")
+            ing.stop(signal.SIGKILL)
+            time.sleep(0.3)
+            ing.start()
+        written = w.stop()
+        wait_for(lambda: caught_up(ing, 0), timeout=60, what="caught up")
+        got = exactly_once(cluster, written)
+        assert sum(got.values()) == written
+        assert "resuming" in ing.text()
+    finally:
+        w.halt.set()
+        ing.stop()
+
+
+def test_a_file_rotated_away_unforwarded_is_counted_lost_exactly(tmp_path):
+    out = tmp_path / "capture.jsonl"
+    with NatsCluster(tmp_path / "nats", n=1) as c:
+        ing = Ingest(tmp_path, config(out, c, max_bytes=64 << 10, backups=2))
+        try:
+            w = Writer(out, 64 << 10, 2)
+            w.write(100)
+            wait_for(lambda: ing.metrics()["nettap_ingest_records_acked_total"] == 100, timeout=30, what="first")
+            c.stop(0)
+            wait_for(lambda: ing.metrics()["nettap_ingest_connected"] == 0, timeout=15, what="disconnected")
+            # Four files' worth while the engine is away: the capture keeps three (path, .1, .2).
+            for _ in range(60):
+                w.write(100)
+                time.sleep(0.06)                # ingest looks at the files every 50 ms
+            kept = set()
+            for p in tmp_path.iterdir():
+                if p.name == "capture.jsonl" or p.name.startswith("capture.jsonl.") and p.suffix[1:].isdigit():
+                    kept |= {json.loads(line)["i"] for line in p.read_bytes().splitlines()}
+            lost = sorted(set(range(100, w.n)) - kept)
+            assert lost, "no file was rotated away"
+            wait_for(lambda: ing.metrics()['nettap_ingest_records_lost_total{reason="rotated"}'] == len(lost),
+                     timeout=10, what=f"{len(lost)} counted lost")
+            c.start_node(0)
+            written = w.stop()
+            wait_for(lambda: caught_up(ing, 0), timeout=60, what="caught up")
+            exactly_once(c, written, lost=lost)
+            assert "rotated away before ingest forwarded it" in ing.text()
+        finally:
+            ing.stop()
+
+
+def test_wrong_credentials_a_clear_error_and_a_metric_and_the_capture_goes_on(tmp_path):
+    out = tmp_path / "capture.jsonl"
+    srv = Server()
+    with NatsCluster(tmp_path / "nats", n=1, auth={"user": "nettap", "password": "right"}) as c:
+        cfg = config(out, c, user="nettap", password="wrong")
+        cap = Nettap(tmp_path, {"captures": [{"port": srv.port}], **{"output": cfg["output"]}})
+        ing = Ingest(tmp_path, cfg)
+        try:
+            wait_for(lambda: ing.metrics()['nettap_ingest_connect_errors_total{reason="auth"}'] >= 1, timeout=20,
+                     what="an auth error counted")
+            assert ing.metrics()["nettap_ingest_connected"] == 0
+            assert "Authorization Violation" in ing.text() and "check ingest's credentials" in ing.text()
+            assert requests.get(f"http://127.0.0.1:{ing.port}/readyz", timeout=2).status_code == 503
+            before = cap.sample("nettap_sink_records_written_total", sink="jsonl") or 0
+            send_messages(srv.port, 20, 100)
+            wait_for(lambda: (cap.sample("nettap_sink_records_written_total", sink="jsonl") or 0) > before,
+                     timeout=20, what="the capture writing on")
+            chk = subprocess.run([sys.executable, "-m", "exporter", "ingest", "--config", str(ing.cfg_path),
+                                  "--check-config"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert chk.returncode == 2 and "Authorization Violation" in chk.stderr, chk
+        finally:
+            ing.stop()
+            cap.stop()
+            srv.close()

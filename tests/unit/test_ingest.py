@@ -1,0 +1,192 @@
+"""nettap ingest without an engine: its settings, how a region becomes
+messages, the checkpoint, and the forwarder over files written by the
+capture's own sink (acknowledgements given by hand)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from exporter import config
+from exporter.capture.sinks import JsonlFileSink
+from exporter.config import ConfigError
+from exporter.ingest import batches, checkpoint, settings
+from exporter.ingest.checkpoint import Checkpoint, CheckpointError
+from exporter.ingest.files import FileId, Files, count_lines, fingerprint
+from exporter.ingest.forwarder import Forwarder
+from exporter.ingest.publisher import _covers, classify
+from exporter.ingest.stats import Stats
+
+
+def parse(ingest, **output):
+    out = {"type": "jsonl", "path": "/var/lib/nettap/capture.jsonl", **output}
+    cfg = config.parse({"output": out, "ingest": ingest})
+    return settings.parse(cfg.ingest, cfg.output)
+
+
+def test_defaults_and_secrets_kept_out_of_repr(tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    s = parse({"servers": ["nats://a:4222", "tls://b:4222"], "node": "node/1", "user": "u", "password_file": str(pw)})
+    assert s.servers == ("nats://a:4222", "tls://b:4222") and s.node == "node_1"
+    assert s.password == "s3cret" and "s3cret" not in repr(s)
+    assert s.checkpoint == "/var/lib/nettap/capture.jsonl.checkpoint"
+    assert s.stream.name == "NETTAP" and s.stream.duplicate_window == 1200 and s.ack_timeout == 5
+    assert s.auth_options() == {"user": "u", "password": "s3cret"}
+
+
+@pytest.mark.parametrize("ingest, output, says", [
+    ({"servers": ["http://a"]}, {}, "ingest.servers[0]: must be a URL like nats://host:4222"),
+    ({"user": "u", "token": "t", "password": "p"}, {}, "give one way to authenticate"),
+    ({"user": "u"}, {}, "ingest.user: needs password"),
+    ({"password": "p"}, {}, "ingest.password: needs user"),
+    ({"subject": "nettap.{node}"}, {}, "must contain {node} and {kind}"),
+    ({"subject": "nettap.{node}.{kind}.{x}"}, {}, "only {node} and {kind}"),
+    ({"stream": {"duplicate_window": "2h", "max_age": "1h"}}, {}, "longer than max_age"),
+    ({"stream": {"name": "a.b"}}, {}, "ingest.stream.name"),
+    ({"ack_timeout": "soon"}, {}, "ingest.ack_timeout: must be a duration"),
+    ({"bogus": 1}, {}, "ingest.bogus: unknown key"),
+    ({}, {"backups": 0}, "output.backups must be at least 1"),
+    ({"nkey_file": "/nonexistent"}, {}, "ingest.nkey_file: /nonexistent is not a file"),
+])
+def test_a_bad_section_is_refused_naming_the_key(ingest, output, says):
+    with pytest.raises(ConfigError, match=None) as e:
+        parse(ingest, **output)
+    assert says in str(e.value)
+
+
+def test_the_capture_keeps_the_section_unread_and_ingest_needs_one():
+    assert config.parse({"ingest": {"anything": 1}}).ingest == {"anything": 1}
+    with pytest.raises(ConfigError, match="output.type must be jsonl"):
+        settings.parse({}, config.parse({}).output)
+    with pytest.raises(ConfigError, match="ingest: missing"):
+        settings.parse(None, config.parse({}).output)
+
+
+def test_a_region_splits_by_kind_in_file_order_under_ids_naming_both_ends():
+    fid = FileId(1, 2, "ab")
+    data = b'{"i":0,"type":"chunk"}\n{"i":1,"type":"eof"}\nnot json\n{"i":2,"type":"chunk"}\n{"i":3}'
+    r = batches.region(fid, 100, data, "n1", "nettap.{node}.{kind}")
+    got = {m.kind: (m.subject, m.payload, m.records, m.msg_id) for m in r.messages}
+    assert got["chunk"] == ("nettap.n1.chunk", b'{"i":0,"type":"chunk"}\n{"i":2,"type":"chunk"}\n', 2,
+                            f"n1:1:2:ab:100-{100 + len(data)}:chunk")
+    assert got["invalid"][1] == b'not json\n{"i":3}\n' and r.records == 5 and r.pending == 3
+    again = batches.region(fid, 100, data, "n1", "nettap.{node}.{kind}")
+    assert [(m.msg_id, m.payload) for m in again.messages] == [(m.msg_id, m.payload) for m in r.messages]
+
+
+def test_stream_subjects_cover():
+    assert _covers("nettap.*.*", "nettap.*.*") and _covers("nettap.>", "nettap.*.*")
+    assert not _covers("nettap.n1.*", "nettap.*.*") and not _covers("other.>", "nettap.*.*")
+    assert classify(Exception("nats: 'Authorization Violation'")) == "auth"
+    assert classify(ConnectionRefusedError(111, "Connect call failed")) == "refused"
+
+
+def test_checkpoint_round_trip_and_garbage(tmp_path):
+    p = str(tmp_path / "cp")
+    assert checkpoint.load(p) is None
+    cp = Checkpoint(FileId(5, 6, "0123456789abcdef"), 10, (20, 35))
+    checkpoint.save(p, cp)
+    assert checkpoint.load(p) == cp and oct(os.stat(p).st_mode & 0o777) == "0o600"
+    for bad in (b"{", b'{"version":1}', b'{"version":1,"file":null,"offset":9,"cuts":[5]}', b"[]"):
+        open(p, "wb").write(bad)
+        with pytest.raises(CheckpointError, match="not a nettap ingest checkpoint"):
+            checkpoint.load(p)
+
+
+def test_a_file_is_known_by_its_first_line_too(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(b'{"a"')
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert fingerprint(fd) is None                   # its first line not complete yet
+        p.write_bytes(b'{"a":1}\n{"b"')
+        assert fingerprint(fd) and count_lines(fd, 0) == 2 and count_lines(fd, 8) == 1
+    finally:
+        os.close(fd)
+
+
+def lines(start, n):
+    return [json.dumps({"i": i, "type": "chunk" if i % 3 else "state"}) for i in range(start, start + n)]
+
+
+def forwarded(fw, acked_all=True):
+    """Take what the forwarder offers; acknowledge it all; the records, in order."""
+    got = []
+    while True:
+        regions = fw.take()
+        if not regions:
+            return got
+        for r in regions:
+            for m in r.messages:
+                got += [json.loads(x)["i"] for x in m.payload.splitlines()]
+                if acked_all:
+                    fw.acked(m, False)
+
+
+def make(tmp_path, max_bytes=4096, backups=3, stats=None):
+    out = str(tmp_path / "capture.jsonl")
+    sink = JsonlFileSink(out, max_bytes, backups)
+    sink.open()
+    fw = Forwarder(Files(out, backups), out + ".checkpoint", "n1", "nettap.{node}.{kind}", stats or Stats(),
+                   batch_bytes=1024, max_in_flight=8192)
+    return sink, fw
+
+
+def test_the_forwarder_follows_rotation_in_order_and_resumes_where_acknowledged(tmp_path):
+    sink, fw = make(tmp_path)
+    fw.start()
+    sink.write(lines(0, 150))                   # several files: rotation keeps path and 3 backups
+    fw.tick()
+    got = forwarded(fw)
+    sink.write(lines(150, 50))
+    fw.tick()
+    got += forwarded(fw)
+    assert sorted(got) == list(range(200)) and fw.stats.records_acked == 200
+    fw.save_if_moved()
+    fw.close()
+    sink.write(lines(200, 10))
+    _, fw2 = make(tmp_path)
+    fw2.start()
+    fw2.tick()
+    assert sorted(forwarded(fw2)) == list(range(200, 210))    # only what was not acknowledged
+
+
+def test_after_a_crash_the_journalled_regions_are_sent_again_byte_for_byte(tmp_path):
+    sink, fw = make(tmp_path, max_bytes=1 << 20)
+    fw.start()
+    sink.write(lines(0, 100))
+    fw.tick()
+    first = [(m.msg_id, m.payload) for r in fw.take() for m in r.messages]   # sent, never acknowledged
+    sink.write(lines(100, 100))                 # more written before the restart
+    _, fw2 = make(tmp_path, max_bytes=1 << 20)
+    fw2.start()                                 # no close(): a kill -9
+    again = [(m.msg_id, m.payload) for r in fw2.take() for m in r.messages]
+    assert again[:len(first)] == first
+
+
+def test_a_file_rotated_away_unforwarded_is_counted_lost_by_its_lines(tmp_path):
+    sink, fw = make(tmp_path, max_bytes=2048, backups=1)
+    fw.start()
+    sink.write(lines(0, 10))
+    fw.tick()
+    taken = fw.take()                           # in flight, never acknowledged: an engine away
+    for i in range(10, 200, 10):
+        sink.write(lines(i, 10))
+        fw.tick()
+    kept = set()
+    for name in ("capture.jsonl", "capture.jsonl.1"):
+        kept |= {json.loads(x)["i"] for x in (tmp_path / name).read_bytes().splitlines()}
+    sent = {json.loads(x)["i"] for r in taken for m in r.messages for x in m.payload.splitlines()}
+    assert fw.stats.lost["rotated"] == len(set(range(200)) - kept - sent) > 0
+
+
+def test_a_line_no_message_can_hold_is_skipped_and_counted(tmp_path):
+    stats = Stats()
+    sink, fw = make(tmp_path, max_bytes=1 << 20, stats=stats)
+    fw.max_message = 5000
+    fw.start()
+    sink.write(lines(0, 2) + [json.dumps({"i": 2, "type": "chunk", "data": "x" * 6000})] + lines(3, 2))
+    fw.tick()
+    assert forwarded(fw) == [0, 1, 3, 4] and stats.lost["too_large"] == 1
