@@ -21,12 +21,12 @@ from exporter.ingest.stats import Stats
 
 log = logging.getLogger("nettap.ingest")
 
-READ_BYTES = 4 << 20          # at most this much is read from a file at a time
+READ_BYTES = 1 << 20          # at most this much is read from a file at a time
 
 
 class Forwarder:
     def __init__(self, files: Files, checkpoint_path: str, node: str, subject: str, stats: Stats,
-                 batch_bytes: int = 64 << 10, max_in_flight: int = 8 << 20, max_message: int = 1 << 20,
+                 batch_bytes: int = 64 << 10, max_in_flight: int = 4 << 20, max_message: int = 1 << 20,
                  clock: Callable[[], float] = None) -> None:
         import time
         self.files, self.path, self.node, self.subject = files, checkpoint_path, node, subject
@@ -262,6 +262,7 @@ class Forwarder:
 
     def _settle(self, m: Message) -> None:
         r = m.region
+        m.payload = b""                          # acknowledged: never sent again; its bytes go now
         r.pending -= 1
         if r.pending == 0:
             self._advance()
@@ -270,7 +271,8 @@ class Forwarder:
         moved = False
         while self.regions and self.regions[0].done:
             r = self.regions.popleft()
-            self.in_flight -= r.end - r.start
+            r.messages = []                      # a region and its messages refer to each other: freed now,
+            self.in_flight -= r.end - r.start    # not at the cycle collector's next pass
             if self.cur is not None and r.fid == self.cur.fid:
                 self.acked_to = r.end
             moved = True

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""nettap ingest beside the capture under the prober's storm (bench/storm.c:
+short loopback connections, 64-byte echo), publishing to a three-node
+nats-server JetStream cluster on loopback (an R3 file stream).
+
+Two passes in one run, the same storm each: A, the capture alone; B, the
+capture with ingest running beside it. Printed:
+  - lines/s the capture wrote during the storm beside lines/s ingest had
+    acknowledged by the engine, and how long after the storm the backlog took
+    to drain (the post-load drain);
+  - lines lost and stored twice: the stream read back against the files;
+  - ingest's peak RSS (VmHWM) and CPU-s;
+  - the capture's CPU-s and peak RSS in A and in B (ingest must not change them).
+
+Run as root:  .venv/bin/python bench/ingest.py [--connections 20000] [--rounds 3] [--threads 4]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))     # the test suite's nats-server cluster
+from _nettap import ROOT, build, cpu_s, free_port, metrics, nettap_cmd, start_nettap, status_mb, stop  # noqa: E402
+from natscluster import NatsCluster  # noqa: E402
+from storm_c import run_storm  # noqa: E402
+
+
+def start_ingest(cfg: str, mport: int) -> subprocess.Popen:
+    p = subprocess.Popen(nettap_cmd() + ["ingest", "--config", cfg, "--web.listen-address", f"127.0.0.1:{mport}",
+                                         "--log.level", "warning"], cwd=ROOT)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if metrics(mport).get("nettap_ingest_connected") == 1:
+                return p
+        except OSError:
+            pass
+        time.sleep(0.05)
+    stop(p)
+    raise SystemExit("ingest did not connect in 30 s")
+
+
+def written(mport: int) -> float:
+    return metrics(mport).get('nettap_sink_records_written_total{sink="jsonl"}', 0.0)
+
+
+def one_pass(a, exe, port, tmp: Path, urls, with_ingest: bool) -> dict:
+    d = tmp / ("b" if with_ingest else "a")
+    d.mkdir()
+    path = d / "capture.jsonl"
+    cfg = d / "nettap.yaml"
+    cfg.write_text(f"captures: [{{port: {port}}}]\n"
+                   f"output: {{type: jsonl, path: {path}, max_bytes: {64 << 20}, backups: 20}}\n"
+                   f"ingest: {{servers: {list(urls)}, node: bench, "
+                   f"stream: {{name: BENCH, replicas: 3, duplicate_window: 10m}}}}\n")
+    cport, iport = free_port(), free_port()
+    cap = start_nettap(str(cfg), cport)
+    ing = start_ingest(str(cfg), iport) if with_ingest else None
+    r = {}
+    try:
+        time.sleep(1)
+        c0, i0 = cpu_s(cap.pid), cpu_s(ing.pid) if ing else 0
+        w0 = written(cport)
+        t0 = time.perf_counter()
+        rates = [run_storm(exe, port, a) for _ in range(a.rounds)]
+        t_storm = time.perf_counter() - t0
+        while True:                                     # the capture's own drain
+            w1 = written(cport)
+            time.sleep(0.5)
+            if written(cport) == w1:
+                break
+        r["lines"] = w1 - w0
+        r["write_rate"] = r["lines"] / t_storm
+        r["storm_rate"] = sum(rates) / len(rates)
+        if ing:
+            deadline = time.time() + 600
+            while metrics(iport).get("nettap_ingest_backlog_bytes", 1) > 0 and time.time() < deadline:
+                time.sleep(0.1)
+            t_done = time.perf_counter() - t0
+            m = metrics(iport)
+            r["acked"] = m["nettap_ingest_records_acked_total"]
+            r["forward_rate"] = r["acked"] / t_done
+            r["drain_after"] = max(t_done - t_storm, 0.0)
+            r["lost"] = sum(v for k, v in m.items() if k.startswith("nettap_ingest_records_lost_total"))
+            r["cap_lost"] = sum(v for k, v in metrics(cport).items() if k.startswith("nettap_records_lost_total"))
+            r["ingest_cpu"] = cpu_s(ing.pid) - i0
+            r["ingest_hwm"] = status_mb(ing.pid, "VmHWM")
+        r["cap_cpu"] = cpu_s(cap.pid) - c0
+        r["cap_hwm"] = status_mb(cap.pid, "VmHWM")
+        stop(cap)                                       # its stop line, the files' last, forwarded too
+        if ing:
+            while metrics(iport).get("nettap_ingest_backlog_bytes", 1) > 0 and time.time() < deadline:
+                time.sleep(0.1)
+    finally:
+        if ing:
+            stop(ing)
+        stop(cap)
+    if with_ingest:
+        r["files"] = sorted(p for p in d.iterdir() if p.name == "capture.jsonl" or p.suffix[1:].isdigit())
+    return r
+
+
+def compare(urls, files) -> tuple:
+    """(lines missing from the stream, lines stored twice)."""
+    import nats
+    from exporter.ingest import source
+
+    async def go():
+        nc = await nats.connect(list(urls))
+        try:
+            return await source.fetch(nc, "BENCH")
+        finally:
+            await nc.close()
+    got = Counter(line for lines in source.lines(asyncio.run(go())).values() for line in lines)
+    want = Counter(line for f in files for line in f.read_bytes().splitlines(True))
+    return sum((want - got).values()), sum((got - want).values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--connections", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--bytes", type=int, default=64)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: the capture loads BPF programs")
+    exe = build("storm")
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="nettap-ingest-bench-"))
+    try:
+        with NatsCluster(tmp / "nats", n=3) as c:
+            alone = one_pass(a, exe, port, tmp, c.urls, False)
+            beside = one_pass(a, exe, port, tmp, c.urls, True)
+            missing, twice = compare(c.urls, beside["files"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\nnettap ingest under the prober's storm: {a.connections:,} connections x {a.rounds} rounds, "
+          f"{a.threads} threads, {a.bytes}-byte echo; 3-node nats-server {c_version()} R3 file stream on loopback; "
+          f"{os.cpu_count()} CPUs, kernel {os.uname().release}\n")
+    b = beside
+    print(f"capture wrote     {b['lines']:>12,.0f} lines  {b['write_rate']:>10,.0f} lines/s over the storm")
+    print(f"ingest forwarded  {b['acked']:>12,.0f} lines  {b['forward_rate']:>10,.0f} lines/s, storm start to "
+          f"backlog 0 ({b['drain_after']:.1f} s after the storm)")
+    print(f"lost: {b['lost']:.0f} counted by ingest; stream vs files: {missing} missing, {twice} stored twice; "
+          f"the capture's own losses with ingest beside it: {b['cap_lost']:.0f}")
+    print(f"ingest: peak RSS {b['ingest_hwm']:.1f} MB, CPU {b['ingest_cpu']:.2f} s "
+          f"({b['ingest_cpu'] / b['acked'] * 1e6:.2f} CPU-s per million lines)")
+    print(f"\n{'capture':<22}{'storm conn/s':>14}{'lines':>12}{'CPU-s':>8}{'peak RSS MB':>13}")
+    for name, r in (("A alone", alone), ("B with ingest beside", beside)):
+        print(f"{name:<22}{r['storm_rate']:>14,.0f}{r['lines']:>12,.0f}{r['cap_cpu']:>8.2f}{r['cap_hwm']:>13.1f}")
+    print(f"capture CPU-s per million lines: A {alone['cap_cpu'] / alone['lines'] * 1e6:.2f}, "
+          f"B {beside['cap_cpu'] / beside['lines'] * 1e6:.2f}")
+
+
+def c_version() -> str:
+    out = subprocess.run(["nats-server", "--version"], capture_output=True, text=True).stdout.strip()
+    return out.split()[-1] if out else "?"
+
+
+if __name__ == "__main__":
+    main()
