@@ -10,6 +10,8 @@ Cases, alternated A B C D, A B C D, ... (--reps times):
   B  nettap running, its capture filtered out (it captures a port nothing uses)
   C  nettap capturing nginx's port, output jsonl (a file in a temp dir)
   D  C with diagnostics.bpfStats.enabled: true
+  E  C with `nettap ingest` beside it, publishing the file to a nats-server
+     (JetStream, one node) on loopback: the capture's CPU and peak RSS against C
 
 Printed per run and per case (the median of its runs): requests/s, latency
 p50 and p99, nginx CPU (utime+stime of its master and workers, % of one
@@ -38,13 +40,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _nettap import (OUT, build, cpu_s, family_sum, free_port, label_values, metrics,  # noqa: E402
-                     start_nettap, stop)
+                     nettap_cmd, start_nettap, status_mb, stop)
 
 CASES = {
     "A": "no nettap",
     "B": "nettap, capture filtered out",
     "C": "nettap capturing nginx, jsonl",
     "D": "C + bpfStats enabled",
+    "E": "C + nettap ingest beside it",
 }
 PAGE = (b"<!DOCTYPE html>\n<html><head><title>nettap bench</title></head><body>\n"
         + b"<p>" + b"x" * 480 + b"</p>\n</body></html>\n")
@@ -100,24 +103,47 @@ def start_nginx(tmp: str, port: int, workers: int) -> subprocess.Popen:
     raise SystemExit(f"nginx did not answer; see {tmp}/error.log")
 
 
-def write_config(tmp: str, case: str, nginx_port: int, unused_port: int) -> str:
+def write_config(tmp: str, case: str, nginx_port: int, unused_port: int, nats_url: str = "") -> str:
     port = unused_port if case == "B" else nginx_port
     text = (f"captures: [{{port: {port}}}]\n"
             f"output: {{type: jsonl, path: {tmp}/capture-{case}.jsonl, max_bytes: {1 << 30}}}\n")
     if case == "D":
         text += "diagnostics: {bpfStats: {enabled: true}}\n"
+    if case == "E":
+        text += f"ingest: {{servers: [{nats_url}], node: bench, stream: {{name: OVERHEAD}}}}\n"
     cfg = os.path.join(tmp, f"{case}.yaml")
     with open(cfg, "w") as f:
         f.write(text)
     return cfg
 
 
-def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: int, unused: int) -> dict:
-    p = None
+def start_ingest(cfg: str) -> tuple:
+    iport = free_port()
+    p = subprocess.Popen(nettap_cmd() + ["ingest", "--config", cfg, "--web.listen-address", f"127.0.0.1:{iport}",
+                                         "--log.level", "warning"])
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if metrics(iport).get("nettap_ingest_connected") == 1:
+                return p, iport
+        except OSError:
+            pass
+        time.sleep(0.05)
+    stop(p)
+    raise SystemExit("nettap ingest did not connect in 30 s")
+
+
+def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: int, unused: int,
+        nats_url: str = "") -> dict:
+    p = ing = None
     if case != "A":
         mport = free_port()
-        p = start_nettap(write_config(tmp, case, nport, unused), mport)
+        cfg = write_config(tmp, case, nport, unused, nats_url)
+        p = start_nettap(cfg, mport)
+        if case == "E":
+            ing, iport = start_ingest(cfg)
         time.sleep(a.settle)
+        i0 = cpu_s(ing.pid) if ing else 0
         m0 = metrics(mport)
         c0 = cpu_s(p.pid)
     out = os.path.join(tmp, "latencies.f64")
@@ -130,7 +156,13 @@ def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: in
         if p is not None:
             c1 = cpu_s(p.pid)
             m1 = metrics(mport)
+            hwm = status_mb(p.pid, "VmHWM")
+        if ing is not None:
+            i1 = cpu_s(ing.pid)
+            acked = metrics(iport).get("nettap_ingest_records_acked_total", 0)
     finally:
+        if ing is not None:
+            stop(ing)
         if p is not None:
             stop(p)
     if r.returncode:
@@ -140,8 +172,12 @@ def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: in
                late_max_us=float(f[f.index("late_max_us") + 1]), nginx=ngx, wall=wall,
                lat=np.fromfile(out, dtype=np.float64))
     res["p50"], res["p99"] = np.percentile(res["lat"], [50, 99]) / 1000      # ms
+    if ing is not None:
+        res["ingest"] = (i1 - i0) / wall
+        res["acked"] = acked
     if p is not None:
         res["nettap"] = (c1 - c0) / wall
+        res["hwm"] = hwm
         res["drained"] = family_sum(m1, "nettap_ringbuf_records_drained_total") - \
             family_sum(m0, "nettap_ringbuf_records_drained_total")
         res["lost"] = sum(family_sum(m1, k) - family_sum(m0, k)
@@ -236,6 +272,9 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="nettap-overhead-")
     nport, unused = free_port(), free_port()
     nginx = start_nginx(tmp, nport, a.workers)
+    nats_port = free_port()
+    nats = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(nats_port), "-sd", f"{tmp}/nats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = []
     print(f"nginx {nport} (pid {nginx.pid}), {a.rate:g} requests/s, {a.connections} keep-alive connections, "
           f"{a.warmup:g} + {a.seconds:g} s a run, cases {' '.join(CASES)} alternated x {a.reps}\n")
@@ -243,13 +282,15 @@ def main() -> None:
     try:
         for rep in range(a.reps):
             for case in CASES:
-                r = run(a, case, loadgen, nginx, tmp, nport, unused)
+                r = run(a, case, loadgen, nginx, tmp, nport, unused, f"nats://127.0.0.1:{nats_port}")
                 results.append(r)
                 print(f"{case}{rep + 1:<6}{fmt(r)}", flush=True)
                 for f in os.listdir(tmp):
                     if f.startswith("capture-"):
                         os.unlink(os.path.join(tmp, f))
     finally:
+        nats.terminate()
+        nats.wait(30)
         nginx.terminate()
         nginx.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -275,7 +316,7 @@ def report(results: list, a) -> None:
           f"   spread between the A runs")
     print("\ndeltas against A (medians), beside the A/A spread:")
     base = {k: med("A", k) for k in ("p50", "p99", "nginx")}
-    for case in "BCD":
+    for case in "BCDE":
         d50, d99 = med(case, "p50") - base["p50"], med(case, "p99") - base["p99"]
         dng = (med(case, "nginx") - base["nginx"]) * 100
         within = "within" if abs(d99) <= aa["p99"] else "OUTSIDE"
@@ -283,6 +324,13 @@ def report(results: list, a) -> None:
               f"p99 {d99 * 1000:+.0f} us (A/A {aa['p99'] * 1000:.0f} us: {within} the noise), "
               f"nginx CPU {dng:+.2f} points (A/A {aa['nginx'] * 100:.2f}), "
               f"nettap {med(case, 'nettap') * 100:.2f} % of a core")
+    c, e = ([r for r in results if r["case"] == k] for k in "CE")
+    if c and e:
+        print(f"  E against C, the capture beside nettap ingest: CPU {med('C', 'nettap') * 100:.2f} -> "
+              f"{med('E', 'nettap') * 100:.2f} % of a core, peak RSS {med('C', 'hwm'):.1f} -> {med('E', 'hwm'):.1f} MB "
+              f"(C/C spread {max(r['nettap'] for r in c) * 100 - min(r['nettap'] for r in c) * 100:.2f} points, "
+              f"{max(r['hwm'] for r in c) - min(r['hwm'] for r in c):.1f} MB); ingest {med('E', 'ingest') * 100:.2f} "
+              f"% of a core, {statistics.median(r['acked'] for r in e):,.0f} lines acknowledged a run")
     d = [r for r in results if r["case"] == "D"]
     if d:
         bpf = statistics.median(r["bpf"] for r in d)

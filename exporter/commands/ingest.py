@@ -131,6 +131,9 @@ def _serve(args, cfg, s, web) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopping.set)
+        # Its default would end ingest: a SIGHUP sent to reload both processes (the capture reloads).
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
+            "SIGHUP: ingest reads its config at start only; restart it to apply a change"))
         await svc.run(stopping)
     try:
         asyncio.run(run())

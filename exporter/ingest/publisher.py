@@ -190,10 +190,11 @@ class Publisher:
         return len(self.pending) + len(self.later)
 
     async def close(self) -> None:
-        if self.nc is not None and not self.nc.is_closed:
+        nc, self.nc, self.ready = self.nc, None, False
+        if nc is not None and not nc.is_closed:
             try:
-                await self.nc.close()
-            except Exception:
+                await nc.close()
+            except Exception:                   # closing a broken connection: nothing left to do
                 pass
 
 

@@ -21,6 +21,7 @@ log = logging.getLogger("nettap.ingest")
 TICK = 0.05                  # seconds between looks at the files while nothing else wakes the loop
 SAVE_EVERY = 1.0             # the acknowledged offset is saved this often
 DRAIN_TIMEOUT = 5.0          # at stop, seconds to wait for acknowledgements in flight
+RETRY_CONNECT = 10.0         # seconds between connections that failed otherwise than nats-py retries
 
 
 class Service:
@@ -79,12 +80,20 @@ class Service:
                 "ready": pub.ready}
 
     async def _connect(self) -> None:
-        try:
-            await self.publisher.connect()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:                   # nats-py retries for ever; anything else ends ingest's use of it
-            log.error("cannot use the engine: %s", e)
+        """nats-py retries a connection for ever; what it raises instead (a
+        key or certificate it cannot use) is logged and tried again."""
+        while True:
+            try:
+                await self.publisher.connect()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.stats.connect_errors["other"] += 1
+                log.error("cannot connect to the engine: %s; trying again in %g s", e or type(e).__name__,
+                          RETRY_CONNECT)
+                await self.publisher.close()
+                await asyncio.sleep(RETRY_CONNECT)
 
     async def _drain(self) -> None:
         """At stop: a few seconds for the acks in flight, so a restart sends

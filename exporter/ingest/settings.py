@@ -135,6 +135,12 @@ def _stream(v) -> Stream:
                   max_age, max_bytes, window)
 
 
+def default_checkpoint(path: str) -> str:
+    """Beside the files, hidden: `nettap read capture.jsonl*` must not read it."""
+    d, name = os.path.split(path)
+    return os.path.join(d, f".{name}.ingest")
+
+
 def parse(sec, output) -> Settings:
     """The ingest section (a mapping from the YAML) and the config's Output."""
     if sec is None:
@@ -168,9 +174,16 @@ def parse(sec, output) -> Settings:
     if not re.match(r"^[A-Za-z0-9_.{}-]+$", subject) or ".." in subject:
         raise ConfigError(f"ingest.subject: tokens of A-Z a-z 0-9 _ - separated by dots, got {quote(subject)}")
     batch = _int(sec.get("batch_bytes", 64 << 10), "ingest.batch_bytes", 1024, 1 << 20)
-    return Settings(_servers(sec.get("servers", ["nats://127.0.0.1:4222"])), token(str(node)), subject,
-                    _str(sec.get("checkpoint", output.path + ".checkpoint"), "ingest.checkpoint"),
+    settings = Settings(_servers(sec.get("servers", ["nats://127.0.0.1:4222"])), token(str(node)), subject,
+                    _str(sec.get("checkpoint", default_checkpoint(output.path)), "ingest.checkpoint"),
                     user, password, tok, nkey, _tls(sec.get("tls")), _stream(sec.get("stream")), batch,
                     _int(sec.get("max_in_flight_bytes", 4 << 20), "ingest.max_in_flight_bytes", batch, 1 << 30),
                     duration(sec.get("ack_timeout", 5.0), "ingest.ack_timeout"),
                     duration(sec.get("connect_timeout", 5.0), "ingest.connect_timeout"))
+    if settings.tls is not None:
+        import ssl
+        try:
+            settings.auth_options()             # the certificates and key load now, or the file is refused
+        except (ssl.SSLError, OSError) as e:
+            raise ConfigError(f"ingest.tls: cannot use the certificate files: {e}") from None
+    return settings

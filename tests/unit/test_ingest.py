@@ -31,7 +31,7 @@ def test_defaults_and_secrets_kept_out_of_repr(tmp_path):
     s = parse({"servers": ["nats://a:4222", "tls://b:4222"], "node": "node/1", "user": "u", "password_file": str(pw)})
     assert s.servers == ("nats://a:4222", "tls://b:4222") and s.node == "node_1"
     assert s.password == "s3cret" and "s3cret" not in repr(s)
-    assert s.checkpoint == "/var/lib/nettap/capture.jsonl.checkpoint"
+    assert s.checkpoint == "/var/lib/nettap/.capture.jsonl.ingest"
     assert s.stream.name == "NETTAP" and s.stream.duplicate_window == 1200 and s.ack_timeout == 5
     assert s.auth_options() == {"user": "u", "password": "s3cret"}
 
@@ -49,6 +49,7 @@ def test_defaults_and_secrets_kept_out_of_repr(tmp_path):
     ({"bogus": 1}, {}, "ingest.bogus: unknown key"),
     ({}, {"backups": 0}, "output.backups must be at least 1"),
     ({"nkey_file": "/nonexistent"}, {}, "ingest.nkey_file: /nonexistent is not a file"),
+    ({"tls": {"ca_file": "/etc/hostname"}}, {}, "ingest.tls: cannot use the certificate files"),
 ])
 def test_a_bad_section_is_refused_naming_the_key(ingest, output, says):
     with pytest.raises(ConfigError, match=None) as e:
