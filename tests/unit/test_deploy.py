@@ -553,13 +553,14 @@ def demo():
 def test_demo_prometheus_config(demo, tmp_path):
     promtool = _tool("promtool")
     f = tmp_path / "prometheus.yml"
-    f.write_text(demo.prometheus_config(42424, 9090, 9093))
+    f.write_text(demo.prometheus_config(42424, 42425, 9090, 9093))
     assert "SUCCESS" in _run([promtool, "check", "config", f])
     cfg = yaml.safe_load(f.read_text())
     assert [Path(r) for r in cfg["rule_files"]] == ALERTS
     assert cfg["global"]["scrape_interval"] == "5s"
-    jobs = {j["job_name"] for j in cfg["scrape_configs"]}
-    assert {"nettap", "prometheus"} <= jobs
+    jobs = {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]] for j in cfg["scrape_configs"]}
+    assert {"nettap", "prometheus"} <= set(jobs)
+    assert jobs["nettap"] == ["127.0.0.1:42424"] and jobs[INGEST_JOB] == ["127.0.0.1:42425"]
 
 
 def test_demo_alertmanager_config(demo, tmp_path):
@@ -570,8 +571,10 @@ def test_demo_alertmanager_config(demo, tmp_path):
 
 
 def test_demo_nettap_config(demo):
-    cfg = nettap_config.loads(demo.nettap_config("/var/run/netns/nettap-demo", "/tmp/x/capture.jsonl"))
+    cfg = nettap_config.loads(demo.nettap_config("/var/run/netns/nettap-demo", "/tmp/x/capture.jsonl",
+                                                 "nats://127.0.0.1:4222"))
     assert [(t.kind, t.value) for t in cfg.captures] == [("netns", "/var/run/netns/nettap-demo")]
+    assert ingest_settings.parse(cfg.ingest, cfg.output).servers == ("nats://127.0.0.1:4222",)
 
 
 def test_demo_refuses_without_root(tmp_path):
