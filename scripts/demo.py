@@ -10,22 +10,24 @@ It starts, as child processes:
   Python's http.server on 127.0.0.1:8000 and a load generator
   (deploy/compose/loadgen.py) sending GETs at a fixed rate, one connection each;
 - nettap itself (the real CLI from the virtualenv), capturing that namespace
-  (``captures: [{netns: /var/run/netns/NAME}]``), on 127.0.0.1:42424;
-- Prometheus (Debian's /usr/bin/prometheus) scraping nettap and itself every 5s,
-  loading the mixin's rendered rules from alerts/, alerting to
+  (``captures: [{netns: /var/run/netns/NAME}]``) to JSON-lines files, on 127.0.0.1:42424;
+- a NATS server with JetStream (Debian's nats-server) on 127.0.0.1:4222, and
+  ``nettap ingest`` publishing the capture's files to it, on 127.0.0.1:42425;
+- Prometheus (Debian's /usr/bin/prometheus) scraping nettap, the ingest and itself every
+  5s, loading the mixin's rendered rules from alerts/, alerting to
 - Alertmanager (Debian's /usr/bin/prometheus-alertmanager), clustering off.
 
-Every file it writes (configs, Prometheus' and Alertmanager's storage, logs, the
-captured JSON lines) is in one temporary directory. Ports are the usual ones
-(42424, 9090, 9093) when free, else any free loopback port; ``--*-port 0``
+Every file it writes (configs, Prometheus' and Alertmanager's storage, NATS' store,
+logs, the captured JSON lines) is in one temporary directory. Ports are the usual ones
+(42424, 42425, 4222, 9090, 9093) when free, else any free loopback port; ``--*-port 0``
 always picks a free one. It prints the URLs, then runs until Ctrl-C, SIGTERM or
 ``--duration`` seconds, and then stops every child process, removes the network
 namespace and the temporary directory. Children also get SIGTERM if the demo
 itself is killed (PR_SET_PDEATHSIG).
 
 Needs root (nettap loads eBPF programs; the namespace is created under
-/var/run/netns), and Debian's prometheus and prometheus-alertmanager packages
-(``scripts/setup.sh test`` installs them).
+/var/run/netns), and Debian's prometheus, prometheus-alertmanager and nats-server
+packages (``scripts/setup.sh test`` installs them).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+NATS_SERVER = "/usr/sbin/nats-server"
 LOADGEN = ROOT / "deploy" / "compose" / "loadgen.py"
 RULES = (ROOT / "alerts" / "nettap-alerts.yaml", ROOT / "alerts" / "nettap-rules.yaml")
 WORKLOAD_PORT = 8000
@@ -62,18 +65,21 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 # ---- generated configs (also checked by tests/unit/test_deploy.py) -----------------------
 
-def nettap_config(netns_path: str, capture_path: str) -> str:
+def nettap_config(netns_path: str, capture_path: str, nats_url: str) -> str:
     doc = {
         "captures": [{"netns": netns_path}],
         "output": {"type": "jsonl", "path": capture_path, "max_bytes": 16 << 20, "backups": 1},
         "diagnostics": {"bpfStats": {"enabled": False, "scope": "own"}},
         "log_level": "info",
+        # nettap ingest's: the capture keeps it unread
+        "ingest": {"servers": [nats_url]},
     }
     return ("# nettap's config for the local demo. Edit and save: nettap applies it live\n"
-            "# (e.g. diagnostics.bpfStats.enabled: true).\n" + yaml.safe_dump(doc, sort_keys=False))
+            "# (e.g. diagnostics.bpfStats.enabled: true); nettap ingest reads it at start only.\n"
+            + yaml.safe_dump(doc, sort_keys=False))
 
 
-def prometheus_config(nettap_port: int, prometheus_port: int, alertmanager_port: int,
+def prometheus_config(nettap_port: int, ingest_port: int, prometheus_port: int, alertmanager_port: int,
                       rules=RULES) -> str:
     doc = {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
@@ -81,6 +87,8 @@ def prometheus_config(nettap_port: int, prometheus_port: int, alertmanager_port:
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]},
         "scrape_configs": [
             {"job_name": "nettap", "static_configs": [{"targets": [f"127.0.0.1:{nettap_port}"]}]},
+            # the mixin's nettapIngestSelector: never the capture's job
+            {"job_name": "nettap-ingest", "static_configs": [{"targets": [f"127.0.0.1:{ingest_port}"]}]},
             {"job_name": "alertmanager", "static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]},
             {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{prometheus_port}"]}]},
         ],
@@ -128,6 +136,14 @@ def choose_port(requested: Optional[int], preferred: int, what: str) -> int:
     port = free_port()
     print(f"demo: port {preferred} is in use, {what} gets {port}", flush=True)
     return port
+
+
+def tcp_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -242,6 +258,8 @@ class Demo:
     def run(self) -> int:
         a = self.args
         nettap_port = choose_port(a.nettap_port, 42424, "nettap")
+        ingest_port = choose_port(a.ingest_port, 42425, "nettap ingest")
+        nats_port = choose_port(a.nats_port, 4222, "NATS")
         prom_port = choose_port(a.prometheus_port, 9090, "Prometheus")
         am_port = choose_port(a.alertmanager_port, 9093, "Alertmanager")
 
@@ -262,13 +280,22 @@ class Demo:
                                "--rate", str(a.rate), "--report", "10"], in_netns=True)
 
         # nettap, capturing that namespace. Its log goes to the terminal: it is the subject.
+        nats_url = f"nats://127.0.0.1:{nats_port}"
         cfg = self.tmp / "nettap.yaml"
-        cfg.write_text(nettap_config(f"/var/run/netns/{a.netns}", str(self.tmp / "capture.jsonl")))
+        cfg.write_text(nettap_config(f"/var/run/netns/{a.netns}", str(self.tmp / "capture.jsonl"), nats_url))
         nettap_bin = Path(sys.executable).parent / "nettap"
         nettap_argv = [str(nettap_bin)] if nettap_bin.exists() else [sys.executable, "-m", "exporter"]
         nettap = self.start("nettap", nettap_argv + ["--config", str(cfg),
                                                      "--web.listen-address", f"127.0.0.1:{nettap_port}"],
                             log=False)
+
+        # The engine (one JetStream server, its store in the working directory) and nettap
+        # ingest, publishing the capture's files to it.
+        nats = self.start("nats", [NATS_SERVER, "-a", "127.0.0.1", "-p", str(nats_port), "-js",
+                                   "-sd", str(self.tmp / "nats"), "-n", "nettap-demo"])
+        self.wait_until("listening", lambda: tcp_open(nats_port), nats, 15)
+        ingest = self.start("ingest", nettap_argv + ["ingest", "--config", str(cfg),
+                                                     "--web.listen-address", f"127.0.0.1:{ingest_port}"])
 
         # Alertmanager and Prometheus.
         (self.tmp / "alertmanager.yml").write_text(alertmanager_config())
@@ -276,13 +303,15 @@ class Demo:
                                          f"--storage.path={self.tmp / 'alertmanager-data'}",
                                          f"--web.listen-address=127.0.0.1:{am_port}",
                                          "--cluster.listen-address="])
-        (self.tmp / "prometheus.yml").write_text(prometheus_config(nettap_port, prom_port, am_port))
+        (self.tmp / "prometheus.yml").write_text(prometheus_config(nettap_port, ingest_port, prom_port, am_port))
         prom = self.start("prometheus", [PROMETHEUS, f"--config.file={self.tmp / 'prometheus.yml'}",
                                          f"--storage.tsdb.path={self.tmp / 'prometheus-data'}",
                                          f"--web.listen-address=127.0.0.1:{prom_port}",
                                          "--web.enable-lifecycle"])
 
         self.wait_until("ready", lambda: http_ok(f"http://127.0.0.1:{nettap_port}/readyz"), nettap)
+        self.wait_until("ready (connected to NATS)", lambda: http_ok(f"http://127.0.0.1:{ingest_port}/readyz"),
+                        ingest)
         self.wait_until("ready", lambda: http_ok(f"http://127.0.0.1:{am_port}/-/ready"), am)
         self.wait_until("ready", lambda: http_ok(f"http://127.0.0.1:{prom_port}/-/ready"), prom)
 
@@ -298,6 +327,9 @@ class Demo:
         print(f"""
 nettap demo is running.
   nettap        http://127.0.0.1:{nettap_port}/metrics   (also /stats /healthz /readyz)
+  ingest        http://127.0.0.1:{ingest_port}/metrics   (nettap ingest, the captures to NATS; also /stats /readyz)
+  NATS          {nats_url:<32} JetStream, stream NETTAP
+  stream        {" ".join(nettap_argv)} read --nats {nats_url}   (the connections it holds)
   Prometheus    http://127.0.0.1:{prom_port}            alerts: {prom_ui}/alerts
   Alertmanager  http://127.0.0.1:{am_port}
   workload      network namespace {a.netns}: http.server on 127.0.0.1:{WORKLOAD_PORT}, {a.rate:g} requests/s
@@ -387,12 +419,15 @@ def _kill_netns_processes(netns_fd: int) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description="nettap's local demo: nettap + Prometheus + Alertmanager "
-                                            "+ a workload in a network namespace, no Docker.")
+    p = argparse.ArgumentParser(description="nettap's local demo: nettap + nettap ingest + NATS + Prometheus "
+                                            "+ Alertmanager + a workload in a network namespace, no Docker.")
     p.add_argument("--duration", type=float, default=0, metavar="SECONDS",
                    help="stop by itself this long after everything is up (default: run until Ctrl-C)")
     p.add_argument("--rate", type=float, default=20, help="workload requests per second (default %(default)s)")
     p.add_argument("--nettap-port", type=int, metavar="PORT", help="default 42424 if free; 0 = any free port")
+    p.add_argument("--ingest-port", type=int, metavar="PORT", help="nettap ingest's metrics: default 42425 if free; "
+                                                                   "0 = any free port")
+    p.add_argument("--nats-port", type=int, metavar="PORT", help="default 4222 if free; 0 = any free port")
     p.add_argument("--prometheus-port", type=int, metavar="PORT", help="default 9090 if free; 0 = any free port")
     p.add_argument("--alertmanager-port", type=int, metavar="PORT", help="default 9093 if free; 0 = any free port")
     p.add_argument("--netns", default="nettap-demo",
@@ -405,9 +440,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("demo: needs root (nettap loads eBPF programs; the workload gets a network namespace):\n"
               "  sudo .venv/bin/python scripts/demo.py", file=sys.stderr)
         return 1
-    missing = [b for b in (PROMETHEUS, ALERTMANAGER) if not os.access(b, os.X_OK)]
+    missing = [b for b in (PROMETHEUS, ALERTMANAGER, NATS_SERVER) if not os.access(b, os.X_OK)]
     if missing:
-        print(f"demo: missing {', '.join(missing)}: apt-get install prometheus prometheus-alertmanager "
+        print(f"demo: missing {', '.join(missing)}: apt-get install prometheus prometheus-alertmanager nats-server "
               "(or scripts/setup.sh test)", file=sys.stderr)
         return 1
 

@@ -1,10 +1,12 @@
-"""The local demo (scripts/demo.py), end to end and for real: it starts nettap, Prometheus,
-Alertmanager and a workload in a network namespace; while it runs, nettap counts the
-workload's calls and Prometheus scrapes them through the mixin's job; when it stops by
-itself (--duration) nothing it started is left: no process, no network namespace, no
-working directory, none of nettap's BPF programs.
+"""The local demo (scripts/demo.py), end to end and for real: it starts nettap, nettap ingest,
+a NATS server, Prometheus, Alertmanager and a workload in a network namespace; while it runs,
+nettap counts the workload's calls, the ingest has the engine acknowledge the captured records,
+the stream command the demo prints reads the workload's connections back, and Prometheus
+scrapes nettap and the ingest through the mixin's jobs; when it stops by itself (--duration)
+nothing it started is left: no process, no network namespace, no working directory, none of
+nettap's BPF programs.
 
-Needs root, Debian's prometheus and prometheus-alertmanager, and bpftool.
+Needs root, Debian's prometheus, prometheus-alertmanager and nats-server, and bpftool.
 """
 from __future__ import annotations
 
@@ -117,28 +119,46 @@ def _probe_calls(metrics: str) -> float:
     return sum(float(v) for v in re.findall(r"^nettap_probe_calls_total\{[^}]*\} (\S+)$", metrics, re.M))
 
 
+def _sample(metrics: str, name: str) -> float:
+    m = re.search(rf"^{name} (\S+)$", metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def _query(prom: str, q: str) -> list:
     r = requests.get(f"{prom}/api/v1/query", params={"query": q}, timeout=3)
     r.raise_for_status()
     return r.json()["data"]["result"]
 
 
+def _read_stream(lines: list, nats_port: int):
+    """Run the stream command the demo printed (nettap read --nats URL): its CompletedProcess,
+    or None while it is not printed yet."""
+    m = re.search(r"^\s+stream\s+(.+? read --nats nats://127\.0\.0\.1:(\d+))\s", "".join(lines), re.M)
+    if not m:
+        return None
+    assert int(m.group(2)) == nats_port, m.group(0)
+    return subprocess.run(m.group(1).split(), capture_output=True, text=True, timeout=30, cwd=REPO)
+
+
 @pytest.fixture
 def tools():
-    for tool in ("bpftool", "ip", "prometheus", "prometheus-alertmanager"):
+    for tool in ("bpftool", "ip", "prometheus", "prometheus-alertmanager", "nats-server"):
         _which(tool)
 
 
 def test_demo(tools):
     nettap_port, prom_port, am_port = _free_port(), _free_port(), _free_port()
+    ingest_port, nats_port = _free_port(), _free_port()
     netns = f"nettap-e2e-{os.getpid()}"
     assert netns not in _netns_names()
     nettap_url, prom = f"http://127.0.0.1:{nettap_port}", f"http://127.0.0.1:{prom_port}"
+    ingest_url = f"http://127.0.0.1:{ingest_port}"
 
     started = time.monotonic()
     p = subprocess.Popen([sys.executable, str(DEMO), "--duration", str(DURATION), "--rate", "20",
                           "--nettap-port", str(nettap_port), "--prometheus-port", str(prom_port),
-                          "--alertmanager-port", str(am_port), "--netns", netns, "--grace", "10"],
+                          "--alertmanager-port", str(am_port), "--ingest-port", str(ingest_port),
+                          "--nats-port", str(nats_port), "--netns", netns, "--grace", "10"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     lines: list = []
     reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
@@ -146,8 +166,9 @@ def test_demo(tools):
 
     seen: Dict[int, Tuple[int, str]] = {}
     progs: Set[int] = set()
-    calls = 0.0
-    up = present = rules = alertmanager = False
+    calls = acked = 0.0
+    up = present = rules = alertmanager = ingest_up = False
+    read = None                                     # the printed stream command's run, once records are acked
     try:
         deadline = started + DURATION + 15
         while time.monotonic() < deadline and p.poll() is None:
@@ -157,7 +178,10 @@ def test_demo(tools):
                     progs |= _prog_ids(pid)
             try:
                 calls = _probe_calls(requests.get(f"{nettap_url}/metrics", timeout=3).text)
+                acked = _sample(requests.get(f"{ingest_url}/metrics", timeout=3).text,
+                                "nettap_ingest_records_acked_total")
                 up = any(r["value"][1] == "1" for r in _query(prom, 'up{job="nettap"} == 1'))
+                ingest_up = any(r["value"][1] == "1" for r in _query(prom, 'up{job="nettap-ingest"} == 1'))
                 present = bool(_query(prom, "nettap_probe_calls_total"))
                 groups = requests.get(f"{prom}/api/v1/rules", timeout=3).json()["data"]["groups"]
                 rules = {"nettap-capture", "nettap-cost.rules"} <= {g["name"] for g in groups}
@@ -165,7 +189,10 @@ def test_demo(tools):
                 alertmanager = any(f":{am_port}/" in a["url"] for a in ams)
             except (requests.RequestException, KeyError, ValueError):
                 pass
-            if calls > 0 and up and present and rules and alertmanager and progs:
+            if acked > 0 and (read is None or ":8000" not in read.stdout):
+                read = _read_stream(lines, nats_port)
+            if (calls > 0 and up and present and rules and alertmanager and progs and ingest_up
+                    and read is not None and ":8000" in read.stdout):
                 break
             time.sleep(0.5)
         assert p.poll() is None, "the demo ended before its checks passed:\n" + "".join(lines)
@@ -175,6 +202,11 @@ def test_demo(tools):
         assert rules, "Prometheus did not load the mixin's rule groups"
         assert alertmanager, "Prometheus did not discover the demo's Alertmanager"
         assert progs, "found no BPF program fd in nettap's process"
+        assert acked > 0, "the engine acknowledged no record of nettap ingest"
+        assert ingest_up, 'Prometheus has no up{job="nettap-ingest"} == 1'
+        assert read is not None, "the demo printed no stream command:\n" + "".join(lines)
+        assert read.returncode == 0 and ":8000" in read.stdout, \
+            f"the stream holds none of the workload's connections (port 8000):\n{read.stdout}\n{read.stderr}"
         # The links the demo prints open a page of this Prometheus, without a
         # redirect (Debian's 2.42 404s /alerts, and /graph's redirect drops the query).
         until = time.monotonic() + 10

@@ -18,16 +18,21 @@ import pytest
 import yaml
 
 from exporter import config as nettap_config
+from exporter.ingest import settings as ingest_settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 K8S = REPO / "deploy" / "kubernetes"
 ALERTS = [REPO / "alerts" / "nettap-alerts.yaml", REPO / "alerts" / "nettap-rules.yaml"]
-SERVICES = {"nettap", "prometheus", "alertmanager", "grafana", "cadvisor", "web", "loadgen"}
+SERVICES = {"nettap", "nettap-ingest", "nats", "prometheus", "alertmanager", "grafana", "cadvisor", "web", "loadgen"}
 # nettap's measured idle footprint (RSS 55-70 MB): the memory request must cover it.
 MEASURED_WORKING_SET = 70 << 20
+# nettap ingest's measured RSS while forwarding (30-40 MB): its container's request must cover it.
+INGEST_MEASURED_WORKING_SET = 40 << 20
 BPF_PROBE_PORT = 42424
+INGEST_PORT = 42425
+INGEST_JOB = "nettap-ingest"        # the mixin's nettapIngestSelector
 
 
 def _version() -> str:
@@ -112,6 +117,7 @@ def test_compose_images_pinned(compose):
         assert tag not in ("latest", "main", "master", "edge"), f"service {name}: image {image} is not pinned"
         assert re.search(r"\d", tag) or "@sha256:" in image, f"service {name}: image {image} is not a version"
     assert compose["services"]["nettap"]["image"] == f"nettap:{_version()}"
+    assert compose["services"]["nettap-ingest"]["image"] == compose["services"]["nettap"]["image"]
 
 
 def test_dockerfile_pinned_and_without_compiler():
@@ -161,6 +167,52 @@ def test_compose_nettap_privileges_and_config(compose):
     assert f"web:{web_port}" in " ".join(compose["services"]["loadgen"]["command"])
 
 
+def _config_file(svc: dict) -> Path:
+    """The repository file a service's --config names, through its mounts."""
+    cmd = svc["command"]
+    path = cmd[cmd.index("--config") + 1]
+    host = [src / Path(path).relative_to(dst) for src, dst in _repo_mounts(svc)
+            if path.startswith(dst.rstrip("/") + "/")]
+    assert host and host[0].is_file(), f"--config {path} is not in a repository mount"
+    return host[0]
+
+
+def test_compose_ingest(compose):
+    """nettap ingest: the nettap image's `ingest` command on the capture's config and files,
+    without a privilege, publishing to the nats service (JetStream on)."""
+    svc, cap = compose["services"]["nettap-ingest"], compose["services"]["nettap"]
+    cmd = svc["command"]
+    assert cmd[0] == "ingest" and _flag_value(cmd, "--web.listen-address") == f":{INGEST_PORT}"
+    cfg_file = _config_file(svc)
+    assert cfg_file == _config_file(cap), "ingest reads another config than the capture's"
+    cfg = nettap_config.loads(cfg_file.read_text(), str(cfg_file))
+    # The capture's files: the same volume, at the same place, writable (the checkpoint).
+    out_dir = str(Path(cfg.output.path).parent)
+    vols = {dst: src for src, dst in _mounts(svc)}
+    assert vols.get(out_dir) == {dst: src for src, dst in _mounts(cap)}.get(out_dir) == "nettap-data"
+    assert not [v for v in svc["volumes"] if isinstance(v, str) and v.split(":")[1] == out_dir
+                and v.endswith(":ro")]
+    # No privilege.
+    assert svc["cap_drop"] == ["ALL"] and not svc.get("cap_add") and not svc.get("privileged")
+    assert "pid" not in svc and "cgroup" not in svc and svc.get("read_only") is True
+    assert "no-new-privileges:true" in svc.get("security_opt", [])
+    # The engine: the nats service, JetStream on, reached by its service name.
+    s = ingest_settings.parse(cfg.ingest, cfg.output)
+    assert s.servers == ("nats://nats:4222",)
+    nats = compose["services"]["nats"]
+    assert "-js" in nats["command"] and nats["image"].startswith("nats:2.9")
+    assert set(svc["depends_on"]) >= {"nats", "nettap"}
+    assert f"127.0.0.1:{INGEST_PORT}:{INGEST_PORT}" in svc["ports"]
+    res = svc["deploy"]["resources"]
+    assert _bytes(res["reservations"]["memory"].replace("M", "Mi")) >= INGEST_MEASURED_WORKING_SET
+    check = " ".join(svc["healthcheck"]["test"])
+    assert f":{INGEST_PORT}/readyz" in check
+
+
+def _flag_value(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
 def _layout(tmp_path: Path, svc: dict) -> None:
     """Lay out a service's repository mounts under tmp_path as the container sees them."""
     for src, dst in _repo_mounts(svc):
@@ -196,6 +248,8 @@ def test_compose_prometheus_config_promtool(compose, tmp_path):
     assert {"nettap", "cadvisor", "prometheus"} <= set(jobs)
     targets = [t for sc in jobs["nettap"]["static_configs"] for t in sc["targets"]]
     assert targets == [f"nettap:{BPF_PROBE_PORT}"]
+    targets = [t for sc in jobs[INGEST_JOB]["static_configs"] for t in sc["targets"]]
+    assert targets == [f"nettap-ingest:{INGEST_PORT}"]
     am = cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
     assert am == ["alertmanager:9093"] and "alertmanager" in compose["services"]
 
@@ -292,7 +346,8 @@ def test_kustomize_builds():
         pytest.skip("kubectl not installed")
     out = _run([kubectl, "kustomize", str(K8S)])
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(out) if d)
-    assert kinds == sorted(["Namespace", "ConfigMap", "DaemonSet", "Service", "PodMonitor", "PrometheusRule"])
+    assert kinds == sorted(["Namespace", "ConfigMap", "DaemonSet", "Service", "PodMonitor", "PodMonitor",
+                            "PrometheusRule"])
 
 
 def test_manifests_in_namespace(manifests):
@@ -323,6 +378,26 @@ def test_configmap_config_is_valid(manifests):
     assert set(cm["data"]) == {"nettap.yaml"}
     cfg = nettap_config.loads(cm["data"]["nettap.yaml"], "configmap nettap.yaml")
     assert cfg.bpf_stats_enabled is False
+    # nettap ingest's section, as ingest checks it: files it can follow, a cluster's stream.
+    s = ingest_settings.parse(cfg.ingest, cfg.output)
+    assert s.stream.replicas == 3
+    assert s.checkpoint == cfg.output.path + ".checkpoint"
+
+
+def _containers(pod: dict) -> dict:
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def _relabel(labels: dict, rules: list) -> dict:
+    """Prometheus' relabeling, the replace action only (the default), as a PodMonitor writes it."""
+    out = dict(labels)
+    for r in rules:
+        assert r.get("action", "replace") == "replace", r
+        value = r.get("separator", ";").join(out.get(s, "") for s in r.get("sourceLabels", []))
+        m = re.fullmatch(r.get("regex", "(.*)"), value)
+        if m:
+            out[r["targetLabel"]] = m.expand(r.get("replacement", "$1").replace("$", "\\"))
+    return out
 
 
 def test_daemonset(manifests):
@@ -331,7 +406,8 @@ def test_daemonset(manifests):
     labels = ds["spec"]["template"]["metadata"]["labels"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert pod["hostPID"] is True
-    (c,) = pod["containers"]
+    assert set(_containers(pod)) == {"nettap", "nettap-ingest"}
+    c = _containers(pod)["nettap"]
     assert c["image"].endswith(":" + _version())
     port = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert port == {"metrics": BPF_PROBE_PORT}
@@ -367,19 +443,104 @@ def test_daemonset(manifests):
     assert res["requests"]["cpu"] and res["limits"]["cpu"]
 
 
+def test_daemonset_ingest(manifests):
+    """The second container: `nettap ingest` on the capture's config and files, with its own
+    probes and sizing, no privilege, not root, and able to read what the capture writes."""
+    ds = _one(manifests, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    cap, ing = _containers(pod)["nettap"], _containers(pod)["nettap-ingest"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert ing["image"] == cap["image"]
+    args = ing["args"]
+    assert args[0] == "ingest"
+    assert _flag_value(args, "--config") == _flag_value(cap["args"], "--config")
+    assert _flag_value(args, "--web.listen-address") == f":{INGEST_PORT}"
+    assert {p["name"]: p["containerPort"] for p in ing["ports"]} == {"ingest-metrics": INGEST_PORT}
+    names = [p["name"] for c in pod["containers"] for p in c["ports"]]
+    assert len(names) == len(set(names)) and all(len(n) <= 15 for n in names)
+    # Liveness must not restart it for being away from the engine: /healthz; ready once connected.
+    assert ing["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "ingest-metrics"}
+    assert ing["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ingest-metrics"}
+    env = {e["name"]: e for e in ing["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+    res = ing["resources"]
+    req, lim = _bytes(res["requests"]["memory"]), _bytes(res["limits"]["memory"])
+    assert INGEST_MEASURED_WORKING_SET <= req < lim
+    assert res["requests"]["cpu"] and res["limits"]["cpu"]
+
+    sc = ing["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert not sc.get("privileged")
+
+    # The same config (the ConfigMap's directory), and the capture's files: the same hostPath
+    # volume at the same place, writable (the checkpoint beside them).
+    cm = _one(manifests, "ConfigMap")
+    cfg = nettap_config.loads(cm["data"]["nettap.yaml"])
+    out_dir = str(Path(cfg.output.path).parent)
+    checkpoint_dir = str(Path(ingest_settings.parse(cfg.ingest, cfg.output).checkpoint).parent)
+
+    def mount(c, path):
+        (m,) = [m for m in c["volumeMounts"] if m["mountPath"] == path]
+        return m
+    for path in (out_dir, checkpoint_dir):
+        assert mount(ing, path)["name"] == mount(cap, path)["name"]
+        assert "hostPath" in volumes[mount(ing, path)["name"]] and not mount(ing, path).get("readOnly")
+    assert not mount(cap, out_dir).get("readOnly")
+    config_dir = str(Path(_flag_value(args, "--config")).parent)
+    assert volumes[mount(ing, config_dir)["name"]]["configMap"]["name"] == cm["metadata"]["name"]
+
+    # It reads the capture's files through their group: the capture (root) writes them with
+    # group read, and the init container gives the directory (setgid: and so every file made in
+    # it) the ingest's group, being root in that group, without any capability.
+    assert cfg.output.mode & 0o040, f"output.mode {cfg.output.mode:04o}: the ingest's group cannot read"
+    (init,) = pod["initContainers"]
+    assert mount(init, out_dir)["name"] == mount(cap, out_dir)["name"]
+    script = init["command"][-1]
+    gid = sc["runAsGroup"]
+    assert re.search(rf"^chgrp {gid} \"\$d\"$", script, re.M) and re.search(r"^chmod 3770 \"\$d\"$", script, re.M)
+    assert re.search(rf"^d={re.escape(out_dir)}$", script, re.M)
+    isc = init["securityContext"]
+    assert isc["runAsUser"] == 0 and isc["runAsGroup"] == gid and isc["capabilities"] == {"drop": ["ALL"]}
+    assert isc["allowPrivilegeEscalation"] is False
+
+    # The engine's password, when it asks for one: an optional Secret, where the ConfigMap's
+    # (commented) password_file points.
+    (secret_mount,) = [m for m in ing["volumeMounts"] if "secret" in volumes[m["name"]]]
+    secret = volumes[secret_mount["name"]]["secret"]
+    assert secret["optional"] is True and secret_mount["readOnly"] is True
+    pw = re.search(r"^\s*#\s*password_file: (\S+)$", cm["data"]["nettap.yaml"], re.M)
+    assert pw and str(Path(pw.group(1)).parent) == secret_mount["mountPath"]
+    assert not [m for m in cap["volumeMounts"] if m["name"] == secret_mount["name"]], "the capture mounts the secret"
+
+
 def test_service_and_podmonitor_select_the_pods(manifests):
     ds = _one(manifests, "DaemonSet")
     labels = ds["spec"]["template"]["metadata"]["labels"]
     svc = _one(manifests, "Service")
     assert svc["spec"]["selector"].items() <= labels.items()
-    assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["metrics"]
-    pm = _one(manifests, "PodMonitor")
-    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
-    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["metrics", "ingest-metrics"]
+    pms = {pm["metadata"]["name"]: pm for pm in manifests["PodMonitor"]}
+    assert set(pms) == {"nettap", "nettap-ingest"}
+    for pm in pms.values():
+        assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+        assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    pm = pms["nettap"]
     assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics"]
     # The mixin selects job="nettap": the job label comes from this pod label.
     assert labels[pm["spec"]["jobLabel"]] == "nettap"
     assert 'job="nettap"' in (REPO / "alerts" / "nettap-alerts.yaml").read_text()
+    # The ingest: its own port and job="nettap-ingest" (the mixin's nettapIngestSelector), set by
+    # relabeling over the operator's default job name (<namespace>/<PodMonitor name>).
+    pm = pms["nettap-ingest"]
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] == "ingest-metrics" and "jobLabel" not in pm["spec"]
+    after = _relabel({"job": "nettap/nettap-ingest", "__meta_kubernetes_pod_node_name": "node-1"}, ep["relabelings"])
+    assert after["job"] == INGEST_JOB and after["node"] == "node-1"
+    assert f"nettapIngestSelector: 'job=\"{INGEST_JOB}\"'" in (REPO / "alerts" / "config.libsonnet").read_text()
+    assert f'job="{INGEST_JOB}"' in (REPO / "alerts" / "nettap-alerts.yaml").read_text()
 
 
 # ---- the local demo's generated configs ---------------------------------------------------
@@ -392,13 +553,14 @@ def demo():
 def test_demo_prometheus_config(demo, tmp_path):
     promtool = _tool("promtool")
     f = tmp_path / "prometheus.yml"
-    f.write_text(demo.prometheus_config(42424, 9090, 9093))
+    f.write_text(demo.prometheus_config(42424, 42425, 9090, 9093))
     assert "SUCCESS" in _run([promtool, "check", "config", f])
     cfg = yaml.safe_load(f.read_text())
     assert [Path(r) for r in cfg["rule_files"]] == ALERTS
     assert cfg["global"]["scrape_interval"] == "5s"
-    jobs = {j["job_name"] for j in cfg["scrape_configs"]}
-    assert {"nettap", "prometheus"} <= jobs
+    jobs = {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]] for j in cfg["scrape_configs"]}
+    assert {"nettap", "prometheus"} <= set(jobs)
+    assert jobs["nettap"] == ["127.0.0.1:42424"] and jobs[INGEST_JOB] == ["127.0.0.1:42425"]
 
 
 def test_demo_alertmanager_config(demo, tmp_path):
@@ -409,8 +571,10 @@ def test_demo_alertmanager_config(demo, tmp_path):
 
 
 def test_demo_nettap_config(demo):
-    cfg = nettap_config.loads(demo.nettap_config("/var/run/netns/nettap-demo", "/tmp/x/capture.jsonl"))
+    cfg = nettap_config.loads(demo.nettap_config("/var/run/netns/nettap-demo", "/tmp/x/capture.jsonl",
+                                                 "nats://127.0.0.1:4222"))
     assert [(t.kind, t.value) for t in cfg.captures] == [("netns", "/var/run/netns/nettap-demo")]
+    assert ingest_settings.parse(cfg.ingest, cfg.output).servers == ("nats://127.0.0.1:4222",)
 
 
 def test_demo_refuses_without_root(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from exporter import config as C
+from exporter.ingest import settings as ingest_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -63,10 +64,11 @@ def _configmap_config() -> dict:
 DOCUMENTED = {
     "config reference": (_reference_config, {("captures",), ("output", "type"), ("output", "path")}),
     "README minimal config": (_readme_config, {("captures",), ("output", "type"), ("output", "path")}),
-    "ConfigMap": (_configmap_config, {("captures",)}),
+    "ConfigMap": (_configmap_config, {("captures",), ("output", "type"), ("output", "path"), ("output", "mode"),
+                                      ("ingest", "servers"), ("ingest", "stream", "replicas")}),
     "compose config": (lambda: yaml.safe_load(COMPOSE_CONFIG.read_text()),
                        {("captures",), ("output", "type"), ("output", "path"), ("output", "max_bytes"),
-                        ("output", "backups")}),
+                        ("output", "backups"), ("ingest", "servers"), ("ingest", "stream", "max_bytes")}),
 }
 
 
@@ -79,8 +81,13 @@ def test_documented_config_values_are_the_defaults(name):
         if key in chosen:
             continue
         # Parsed as nettap parses it (0600 is a mode, 8388608 a ring size), one key at
-        # a time; output's file keys only go with a file.
+        # a time; output's file keys only go with a file; ingest's section as ingest parses it.
         doc = _nested(key, value)
+        if key[0] == "ingest" and len(key) > 1:
+            out = C.parse({"output": {"type": "jsonl", "path": "/var/lib/nettap/capture.jsonl"}}).output
+            assert ingest_settings.parse(doc["ingest"], out) == ingest_settings.parse({}, out), \
+                f"{name}: {'.'.join(key)}: {value!r} is not the default"
+            continue
         base = {}
         if key[0] == "output" and key[1] not in ("type", "path"):
             base = {"output": {"type": "jsonl", "path": "/var/lib/nettap/capture.jsonl"}}
