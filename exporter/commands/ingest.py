@@ -116,7 +116,9 @@ def _serve(args, cfg, s, web) -> int:
     def not_ready():
         if not svc.ready:
             return "starting"
-        return None if svc.stats.connected else "not connected to the engine"
+        if not svc.stats.connected:
+            return "not connected to the engine"
+        return None if svc.publisher.ready else "connected; the stream is not usable yet (see the log)"
     try:
         srv = serve(args.listen, reg, svc.state, not_ready, web)
     except (OSError, ValueError) as e:

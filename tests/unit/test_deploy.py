@@ -381,7 +381,7 @@ def test_configmap_config_is_valid(manifests):
     # nettap ingest's section, as ingest checks it: files it can follow, a cluster's stream.
     s = ingest_settings.parse(cfg.ingest, cfg.output)
     assert s.stream.replicas == 3
-    assert s.checkpoint == cfg.output.path + ".checkpoint"
+    assert s.checkpoint == ingest_settings.default_checkpoint(cfg.output.path)
 
 
 def _containers(pod: dict) -> dict:
@@ -458,9 +458,10 @@ def test_daemonset_ingest(manifests):
     assert {p["name"]: p["containerPort"] for p in ing["ports"]} == {"ingest-metrics": INGEST_PORT}
     names = [p["name"] for c in pod["containers"] for p in c["ports"]]
     assert len(names) == len(set(names)) and all(len(n) <= 15 for n in names)
-    # Liveness must not restart it for being away from the engine: /healthz; ready once connected.
+    # Neither restarted nor NotReady for being away from the engine (a NotReady pod stalls the
+    # DaemonSet's rollouts): /healthz both; the alert tells of the engine.
     assert ing["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "ingest-metrics"}
-    assert ing["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ingest-metrics"}
+    assert ing["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "ingest-metrics"}
     env = {e["name"]: e for e in ing["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
