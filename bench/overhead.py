@@ -214,7 +214,7 @@ def plot(results: list, path: str, a) -> None:
     except ImportError:
         print("\n(no plot: matplotlib is not installed; pip install -e .[bench])")
         return
-    colors = {"A": "tab:gray", "B": "tab:blue", "C": "tab:orange", "D": "tab:red"}
+    colors = {"A": "tab:gray", "B": "tab:blue", "C": "tab:orange", "D": "tab:red", "E": "tab:green"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
     q = np.array([0, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99])
     x = -np.log10(1 - q / 100.0001)
