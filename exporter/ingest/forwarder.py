@@ -191,9 +191,9 @@ class Forwarder:
             else:
                 return self._long_line(pos)
         data = data[:end]
-        at = 0
+        at, batch = 0, min(self.batch_bytes, self.max_message)     # a server may allow less than a batch
         while at < end:
-            stop = data.rfind(b"\n", at, at + self.batch_bytes) + 1
+            stop = data.rfind(b"\n", at, at + batch) + 1
             if stop <= at:                      # one line longer than a batch: alone
                 stop = data.find(b"\n", at) + 1 or end
                 if stop - at > self.max_message:
