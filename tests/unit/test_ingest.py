@@ -191,3 +191,13 @@ def test_a_line_no_message_can_hold_is_skipped_and_counted(tmp_path):
     sink.write(lines(0, 2) + [json.dumps({"i": 2, "type": "chunk", "data": "x" * 6000})] + lines(3, 2))
     fw.tick()
     assert forwarded(fw) == [0, 1, 3, 4] and stats.lost["too_large"] == 1
+
+
+def test_regions_are_no_longer_than_the_server_allows_a_message(tmp_path):
+    sink, fw = make(tmp_path, max_bytes=1 << 20)
+    fw.max_message = 300                        # a server whose max_payload is below a batch
+    fw.start()
+    sink.write(lines(0, 40))
+    fw.tick()
+    regions = fw.take()
+    assert len(regions) > 1 and all(r.end - r.start <= 300 for r in regions)
