@@ -54,14 +54,15 @@ def written(mport: int) -> float:
     return metrics(mport).get('nettap_sink_records_written_total{sink="jsonl"}', 0.0)
 
 
-def one_pass(a, exe, port, tmp: Path, urls, with_ingest: bool) -> dict:
+def one_pass(a, exe, port, tmp: Path, cluster, with_ingest: bool) -> dict:
+    urls = cluster.urls
     d = tmp / ("b" if with_ingest else "a")
     d.mkdir()
     path = d / "capture.jsonl"
     cfg = d / "nettap.yaml"
     cfg.write_text(f"captures: [{{port: {port}}}]\n"
                    f"output: {{type: jsonl, path: {path}, max_bytes: {64 << 20}, backups: 20}}\n"
-                   f"ingest: {{servers: {list(urls)}, node: bench, "
+                   f"ingest: {{servers: {list(urls)}, node: bench, batch_bytes: {a.batch_bytes}, "
                    f"stream: {{name: BENCH, replicas: 3, duplicate_window: 10m}}}}\n")
     cport, iport = free_port(), free_port()
     cap = start_nettap(str(cfg), cport)
@@ -70,6 +71,8 @@ def one_pass(a, exe, port, tmp: Path, urls, with_ingest: bool) -> dict:
     try:
         time.sleep(1)
         c0, i0 = cpu_s(cap.pid), cpu_s(ing.pid) if ing else 0
+        engine = [n.proc.pid for n in cluster.nodes if n.proc is not None]
+        e0 = sum(cpu_s(pid) for pid in engine)
         w0 = written(cport)
         t0 = time.perf_counter()
         rates = [run_storm(exe, port, a) for _ in range(a.rounds)]
@@ -94,6 +97,7 @@ def one_pass(a, exe, port, tmp: Path, urls, with_ingest: bool) -> dict:
             r["lost"] = sum(v for k, v in m.items() if k.startswith("nettap_ingest_records_lost_total"))
             r["cap_lost"] = sum(v for k, v in metrics(cport).items() if k.startswith("nettap_records_lost_total"))
             r["ingest_cpu"] = cpu_s(ing.pid) - i0
+            r["engine_cpu"] = sum(cpu_s(pid) for pid in engine) - e0
             r["ingest_hwm"] = status_mb(ing.pid, "VmHWM")
         r["cap_cpu"] = cpu_s(cap.pid) - c0
         r["cap_hwm"] = status_mb(cap.pid, "VmHWM")
@@ -132,6 +136,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--bytes", type=int, default=64)
+    ap.add_argument("--batch-bytes", type=int, default=65536, help="ingest.batch_bytes (65536, the default)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the capture loads BPF programs")
@@ -140,8 +145,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nettap-ingest-bench-"))
     try:
         with NatsCluster(tmp / "nats", n=3) as c:
-            alone = one_pass(a, exe, port, tmp, c.urls, False)
-            beside = one_pass(a, exe, port, tmp, c.urls, True)
+            alone = one_pass(a, exe, port, tmp, c, False)
+            beside = one_pass(a, exe, port, tmp, c, True)
             missing, twice = compare(c.urls, beside["files"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -155,7 +160,8 @@ def main() -> None:
     print(f"lost: {b['lost']:.0f} counted by ingest; stream vs files: {missing} missing, {twice} stored twice; "
           f"the capture's own losses with ingest beside it: {b['cap_lost']:.0f}")
     print(f"ingest: peak RSS {b['ingest_hwm']:.1f} MB, CPU {b['ingest_cpu']:.2f} s "
-          f"({b['ingest_cpu'] / b['acked'] * 1e6:.2f} CPU-s per million lines)")
+          f"({b['ingest_cpu'] / b['acked'] * 1e6:.2f} CPU-s per million lines; batch_bytes {a.batch_bytes}); "
+          f"the three engine nodes: CPU {b['engine_cpu']:.2f} s")
     print(f"\n{'capture':<22}{'storm conn/s':>14}{'lines':>12}{'CPU-s':>8}{'peak RSS MB':>13}")
     for name, r in (("A alone", alone), ("B with ingest beside", beside)):
         print(f"{name:<22}{r['storm_rate']:>14,.0f}{r['lines']:>12,.0f}{r['cap_cpu']:>8.2f}{r['cap_hwm']:>13.1f}")

@@ -1025,6 +1025,80 @@ static PyObject *jsonl_line_max(PyObject *self, PyObject *args)
     return PyLong_FromSize_t(line_max(kind));
 }
 
+/* ---- kind_runs: what nettap ingest sends ----------------------------------
+ * A region of a capture file (complete lines) as runs of one record kind:
+ * every line this writer makes ends with its kind, `"type":"KIND"}` (keys in
+ * byte order; "type" is the last of a record's), and a ring's records come in
+ * runs. Returns [(kind, start, end, lines)], or None when a line does not end
+ * that way (a start or stop line, a line that is not a record, a last line
+ * without its newline): exporter/ingest/batches.py then goes line by line. */
+
+#define KIND_MAX 32
+
+static int kind_char(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
+
+/* The kind at the end of line [s, e) (e just past its '\n'): its start and length, or -1. */
+static Py_ssize_t line_kind(const unsigned char *s, const unsigned char *e, Py_ssize_t *len)
+{
+    static const char TYPE[] = "\"type\":\"";
+    const Py_ssize_t tl = sizeof(TYPE) - 1;
+    if (e - s < tl + 4 || e[-1] != '\n' || e[-2] != '}' || e[-3] != '"')
+        return -1;
+    const unsigned char *k = e - 3; /* just past the kind */
+    const unsigned char *b = k;
+    while (b > s && kind_char(b[-1]) && k - b <= KIND_MAX)
+        b--;
+    if (b == k || k - b > KIND_MAX || b - s < tl || memcmp(b - tl, TYPE, tl) != 0)
+        return -1;
+    *len = k - b;
+    return b - s;
+}
+
+static PyObject *jsonl_kind_runs(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*:kind_runs", &buf))
+        return NULL;
+    const unsigned char *d = buf.buf, *end = d + buf.len;
+    PyObject *out = PyList_New(0);
+    const unsigned char *run = d, *rk = NULL, *p = d;
+    Py_ssize_t rlen = 0, lines = 0;
+    while (out && p < end) {
+        const unsigned char *nl = memchr(p, '\n', end - p);
+        Py_ssize_t klen, ko;
+        if (!nl || (ko = line_kind(p, nl + 1, &klen)) < 0) {
+            Py_DECREF(out);
+            out = NULL;
+            PyBuffer_Release(&buf);
+            Py_RETURN_NONE;
+        }
+        const unsigned char *k = p + ko;
+        if (rk && (klen != rlen || memcmp(k, rk, klen) != 0)) {
+            PyObject *t = Py_BuildValue("(y#nnn)", rk, rlen, run - d, p - d, lines);
+            if (!t || PyList_Append(out, t) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(t);
+            run = p;
+            lines = 0;
+        }
+        rk = k;
+        rlen = klen;
+        lines++;
+        p = nl + 1;
+    }
+    if (out && rk) {
+        PyObject *t = Py_BuildValue("(y#nnn)", rk, rlen, run - d, p - d, lines);
+        if (!t || PyList_Append(out, t) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(t);
+    }
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"format", jsonl_format, METH_VARARGS,
      "format(kind, records) -> bytes: one JSON line per record of an init() kind, "
@@ -1037,6 +1111,9 @@ static PyMethodDef methods[] = {
      "scan(kinds, data, start, avail, max_records, mode[, counts]) -> (bytes or None, consumed, kept, bad, stop): "
      "one pass over a ring's committed records of the kinds in the mask (mode 0 count, 1 JSON lines, "
      "2 copies); runs without the GIL."},
+    {"kind_runs", jsonl_kind_runs, METH_VARARGS,
+     "kind_runs(data) -> [(kind, start, end, lines)]: data's complete lines as runs of one record kind "
+     "(each line ending with its \"type\"), or None when a line does not end so."},
     {"line_max", jsonl_line_max, METH_VARARGS,
      "line_max(kind) -> the longest line (newline included) a record of that kind can give."},
     {NULL, NULL, 0, NULL},

@@ -201,3 +201,24 @@ def test_regions_are_no_longer_than_the_server_allows_a_message(tmp_path):
     fw.tick()
     regions = fw.take()
     assert len(regions) > 1 and all(r.end - r.start <= 300 for r in regions)
+
+
+def test_the_compiled_runs_give_what_the_line_by_line_split_gives():
+    """batches.split takes the compiled writer's kind_runs where every line ends with its
+    kind, and goes line by line otherwise: the same groups either way."""
+    import random
+    from exporter.capture._jsonl import kind_runs
+    rnd = random.Random(7)
+    kinds = ["chunk", "eof", "state", "owner"]
+    for _ in range(200):
+        recs = [json.dumps({"i": i, "s": "x" * rnd.randrange(40), "type": rnd.choice(kinds[:rnd.randrange(1, 5)])},
+                           sort_keys=True, separators=(",", ":")) for i in range(rnd.randrange(1, 60))]
+        data = ("\n".join(recs) + "\n").encode()
+        fast = batches.split(data)
+        assert {k: (b"".join(p), n) for k, (p, n) in fast.items()} == \
+            {k: (b"".join(p), n) for k, (p, n) in batches._split_lines(data).items()}
+    assert kind_runs(b'{"type":"start","version":"0.1.0"}\n') is None      # not the last key: line by line
+    assert kind_runs(b'{"type":"chunk"}\n{"type":"chunk"}') is None        # a line without its newline
+    assert kind_runs(b'{"a":"x\\"type\\":\\"eof"}\n') is None               # inside a string: not a key
+    assert kind_runs(b'{"i":1,"type":"eof"}\n{"i":2,"type":"eof"}\n{"type":"chunk"}\n') == \
+        [(b"eof", 0, 42, 2), (b"chunk", 42, 59, 1)]

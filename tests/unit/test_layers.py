@@ -19,7 +19,7 @@ ALLOWED = {
     "capture": {"util", "kernel", "config"},
     "metrics": {"util", "kernel", "config"},
     "web": {"util", "config"},
-    "ingest": {"util", "config"},
+    "ingest": {"util", "config", "capture"},
     "commands": {"util", "kernel", "config", "capture", "metrics", "web", "ingest"},
 }
 ROOT_MODULES = {"__init__", "__main__", "config", "_revision"}
