@@ -120,9 +120,13 @@ def test_size_figures_are_what_prometheus_holds(tmp_path, limited_cgroups):  # n
                             "--type", "strategic", "--patch-file", str(patch), "-o", "yaml"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        c = yaml.safe_load(r.stdout)["spec"]["template"]["spec"]["containers"]
-        assert len(c) == 1 and c[0]["securityContext"]["capabilities"]["add"]        # merged, not replaced
-        res = c[0]["resources"]
+        c = {x["name"]: x for x in yaml.safe_load(r.stdout)["spec"]["template"]["spec"]["containers"]}
+        assert set(c) == {"nettap", "nettap-ingest"}                                  # merged by name
+        assert c["nettap"]["securityContext"]["capabilities"]["add"]                  # merged, not replaced
+        before = {x["name"]: x for x in yaml.safe_load((ROOT / "deploy/kubernetes/daemonset.yaml").read_text())
+                  ["spec"]["template"]["spec"]["containers"]}
+        assert c["nettap-ingest"] == before["nettap-ingest"]                         # the capture's sizes only
+        res = c["nettap"]["resources"]
         assert res["requests"]["memory"] == f"{ds.group(2)}Mi" and res["limits"]["memory"] == f"{ds.group(4)}Mi"
         assert res["requests"]["cpu"] == f"{ds.group(1)}m" and res["limits"]["cpu"] == f"{ds.group(3)}m"
     finally:
