@@ -12,7 +12,13 @@ capture with ingest running beside it. Printed:
   - ingest's peak RSS (VmHWM) and CPU-s;
   - the capture's CPU-s and peak RSS in A and in B (ingest must not change them).
 
+The engine stands in for one on other machines, as in a fleet: its nodes run
+at nice 19 by default (--engine-nice 0: its CPU competes with the capture's
+here; its disk writes, three copies of every line, do either way). Ingest
+runs at its default nice 10 (nettap ingest --nice).
+
 Run as root:  .venv/bin/python bench/ingest.py [--connections 20000] [--rounds 3] [--threads 4]
+              [--engine-nice 19] [--batch-bytes 262144]
 """
 from __future__ import annotations
 
@@ -63,7 +69,7 @@ def one_pass(a, exe, port, tmp: Path, cluster, with_ingest: bool) -> dict:
     cfg.write_text(f"captures: [{{port: {port}}}]\n"
                    f"output: {{type: jsonl, path: {path}, max_bytes: {64 << 20}, backups: 20}}\n"
                    f"ingest: {{servers: {list(urls)}, node: bench, batch_bytes: {a.batch_bytes}, "
-                   f"stream: {{name: BENCH, replicas: 3, duplicate_window: 10m}}}}\n")
+                   f"stream: {{name: BENCH, replicas: 3, duplicate_window: 10m, storage: {a.engine_storage}}}}}\n")
     cport, iport = free_port(), free_port()
     cap = start_nettap(str(cfg), cport)
     ing = start_ingest(str(cfg), iport) if with_ingest else None
@@ -95,7 +101,8 @@ def one_pass(a, exe, port, tmp: Path, cluster, with_ingest: bool) -> dict:
             r["forward_rate"] = r["acked"] / t_done
             r["drain_after"] = max(t_done - t_storm, 0.0)
             r["lost"] = sum(v for k, v in m.items() if k.startswith("nettap_ingest_records_lost_total"))
-            r["cap_lost"] = sum(v for k, v in metrics(cport).items() if k.startswith("nettap_records_lost_total"))
+            r["cap_lost"] = sum(v for k, v in metrics(cport).items()
+                                if k.startswith(("nettap_records_lost_total", "nettap_ringbuf_drops_total")))
             r["ingest_cpu"] = cpu_s(ing.pid) - i0
             r["engine_cpu"] = sum(cpu_s(pid) for pid in engine) - e0
             r["ingest_hwm"] = status_mb(ing.pid, "VmHWM")
@@ -136,7 +143,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--bytes", type=int, default=64)
-    ap.add_argument("--batch-bytes", type=int, default=65536, help="ingest.batch_bytes (65536, the default)")
+    ap.add_argument("--engine-nice", type=int, default=19,
+                    help="the engine nodes' niceness (19: in a fleet the engine runs on other machines; "
+                         "0: it competes for these CPUs as much as the capture)")
+    ap.add_argument("--engine-storage", choices=("file", "memory"), default="file",
+                    help="the stream's storage (file; memory needs each node's memory store to hold every "
+                         "line three times over)")
+    ap.add_argument("--batch-bytes", type=int, default=262144, help="ingest.batch_bytes (262144, the default)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the capture loads BPF programs")
@@ -145,20 +158,24 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nettap-ingest-bench-"))
     try:
         with NatsCluster(tmp / "nats", n=3) as c:
+            if a.engine_nice:                           # standing in for an engine on other machines
+                for n in c.nodes:
+                    os.setpriority(os.PRIO_PROCESS, n.proc.pid, a.engine_nice)
             alone = one_pass(a, exe, port, tmp, c, False)
             beside = one_pass(a, exe, port, tmp, c, True)
             missing, twice = compare(c.urls, beside["files"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nnettap ingest under the prober's storm: {a.connections:,} connections x {a.rounds} rounds, "
-          f"{a.threads} threads, {a.bytes}-byte echo; 3-node nats-server {c_version()} R3 file stream on loopback; "
+          f"{a.threads} threads, {a.bytes}-byte echo; 3-node nats-server {c_version()} R3 {a.engine_storage} stream on "
+          f"loopback (nice {a.engine_nice}); "
           f"{os.cpu_count()} CPUs, kernel {os.uname().release}\n")
     b = beside
     print(f"capture wrote     {b['lines']:>12,.0f} lines  {b['write_rate']:>10,.0f} lines/s over the storm")
     print(f"ingest forwarded  {b['acked']:>12,.0f} lines  {b['forward_rate']:>10,.0f} lines/s, storm start to "
           f"backlog 0 ({b['drain_after']:.1f} s after the storm)")
     print(f"lost: {b['lost']:.0f} counted by ingest; stream vs files: {missing} missing, {twice} stored twice; "
-          f"the capture's own losses with ingest beside it: {b['cap_lost']:.0f}")
+          f"the capture's own losses (ring drops, queue, sink) with ingest beside it: {b['cap_lost']:.0f}")
     print(f"ingest: peak RSS {b['ingest_hwm']:.1f} MB, CPU {b['ingest_cpu']:.2f} s "
           f"({b['ingest_cpu'] / b['acked'] * 1e6:.2f} CPU-s per million lines; batch_bytes {a.batch_bytes}); "
           f"the three engine nodes: CPU {b['engine_cpu']:.2f} s")

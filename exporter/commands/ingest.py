@@ -29,6 +29,10 @@ def _args(argv: list) -> argparse.Namespace:
     p.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warning", "error"),
                    help="override the config's log_level")
     p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt")
+    p.add_argument("--nice", type=int, default=10, metavar="N",
+                   help="lower ingest's CPU priority by N (default 10; 0 keeps it): under a storm the "
+                        "capture's drain, whose rings are small, must win the CPU over ingest, whose "
+                        "buffer is the files")
     return p.parse_args(argv)
 
 
@@ -90,6 +94,9 @@ def main(argv: list) -> int:
         except config.ConfigError as e:
             return refused(e, "web config")
     _logging(args.log_level or cfg.log_level, args.log_format)
+    if args.nice > 0:
+        import os
+        os.nice(args.nice)                      # raising one's niceness needs no privilege
     return _serve(args, cfg, s, web)
 
 

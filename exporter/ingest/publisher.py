@@ -147,8 +147,10 @@ class Publisher:
             err = doc.get("error")
             if err:
                 code = err.get("code", 0)
-                if code >= 500 or code in (408, 429):
+                if code >= 500 or code in (408, 429):     # for now (no leader, no room): again, later
                     self.stats.publish_errors["timeout" if code == 408 else "no_responders"] += 1
+                    self._log("busy", logging.WARNING, "the engine cannot store a message now (%s %s %s); "
+                              "sending again", code, err.get("err_code", ""), err.get("description", ""))
                     self.later.append((self.clock() + RETRY_PAUSE, m))
                     return
                 self.stats.publish_errors["rejected"] += 1

@@ -173,7 +173,7 @@ def parse(sec, output) -> Settings:
                           f"({e})") from None
     if not re.match(r"^[A-Za-z0-9_.{}-]+$", subject) or ".." in subject:
         raise ConfigError(f"ingest.subject: tokens of A-Z a-z 0-9 _ - separated by dots, got {quote(subject)}")
-    batch = _int(sec.get("batch_bytes", 64 << 10), "ingest.batch_bytes", 1024, 1 << 20)
+    batch = _int(sec.get("batch_bytes", 256 << 10), "ingest.batch_bytes", 1024, 1 << 20)
     settings = Settings(_servers(sec.get("servers", ["nats://127.0.0.1:4222"])), token(str(node)), subject,
                     _str(sec.get("checkpoint", default_checkpoint(output.path)), "ingest.checkpoint"),
                     user, password, tok, nkey, _tls(sec.get("tls")), _stream(sec.get("stream")), batch,
