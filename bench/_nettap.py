@@ -59,6 +59,24 @@ def start_nettap(cfg: str, mport: int, log=None, extra=(), auth=None) -> subproc
     raise SystemExit("nettap did not become ready in 30 s")
 
 
+def start_ingest(cfg: str, mport: int) -> subprocess.Popen:
+    """nettap ingest --config cfg on 127.0.0.1:mport, returned once it is
+    connected to its engine (nettap_ingest_connected 1)."""
+    p = subprocess.Popen(nettap_cmd() + ["ingest", "--config", cfg, "--web.listen-address", f"127.0.0.1:{mport}",
+                                         "--log.level", "warning"], cwd=ROOT)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if metrics(mport).get("nettap_ingest_connected") == 1:
+                return p
+        except OSError:
+            time.sleep(0.05)
+            continue
+        time.sleep(0.05)
+    stop(p)
+    raise SystemExit("nettap ingest did not connect to its engine in 30 s")
+
+
 def stop(p: subprocess.Popen) -> None:
     if p.poll() is None:
         p.terminate()

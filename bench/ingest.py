@@ -36,24 +36,9 @@ from pathlib import Path
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))     # the test suite's nats-server cluster
-from _nettap import ROOT, build, cpu_s, free_port, metrics, nettap_cmd, start_nettap, status_mb, stop  # noqa: E402
+from _nettap import build, cpu_s, free_port, metrics, start_ingest, start_nettap, status_mb, stop  # noqa: E402
 from natscluster import NatsCluster  # noqa: E402
 from storm_c import run_storm  # noqa: E402
-
-
-def start_ingest(cfg: str, mport: int) -> subprocess.Popen:
-    p = subprocess.Popen(nettap_cmd() + ["ingest", "--config", cfg, "--web.listen-address", f"127.0.0.1:{mport}",
-                                         "--log.level", "warning"], cwd=ROOT)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if metrics(mport).get("nettap_ingest_connected") == 1:
-                return p
-        except OSError:
-            pass
-        time.sleep(0.05)
-    stop(p)
-    raise SystemExit("ingest did not connect in 30 s")
 
 
 def written(mport: int) -> float:

@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _nettap import (OUT, build, cpu_s, family_sum, free_port, label_values, metrics,  # noqa: E402
-                     nettap_cmd, start_nettap, status_mb, stop)
+                     start_ingest, start_nettap, status_mb, stop)
 
 CASES = {
     "A": "no nettap",
@@ -117,22 +117,6 @@ def write_config(tmp: str, case: str, nginx_port: int, unused_port: int, nats_ur
     return cfg
 
 
-def start_ingest(cfg: str) -> tuple:
-    iport = free_port()
-    p = subprocess.Popen(nettap_cmd() + ["ingest", "--config", cfg, "--web.listen-address", f"127.0.0.1:{iport}",
-                                         "--log.level", "warning"])
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if metrics(iport).get("nettap_ingest_connected") == 1:
-                return p, iport
-        except OSError:
-            pass
-        time.sleep(0.05)
-    stop(p)
-    raise SystemExit("nettap ingest did not connect in 30 s")
-
-
 def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: int, unused: int,
         nats_url: str = "") -> dict:
     p = ing = None
@@ -141,7 +125,8 @@ def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: in
         cfg = write_config(tmp, case, nport, unused, nats_url)
         p = start_nettap(cfg, mport)
         if case == "E":
-            ing, iport = start_ingest(cfg)
+            iport = free_port()
+            ing = start_ingest(cfg, iport)
         time.sleep(a.settle)
         i0 = cpu_s(ing.pid) if ing else 0
         m0 = metrics(mport)
