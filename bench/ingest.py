@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--engine-storage", choices=("file", "memory"), default="file",
                     help="the stream's storage (file; memory needs each node's memory store to hold every "
                          "line three times over)")
+    ap.add_argument("--engine-dir", help="where the engine's nodes keep their stores (e.g. /dev/shm: a tmpfs, "
+                                          "off the disk the capture writes to; default: beside the capture's files)")
     ap.add_argument("--batch-bytes", type=int, default=262144, help="ingest.batch_bytes (262144, the default)")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -141,8 +143,9 @@ def main() -> None:
     exe = build("storm")
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="nettap-ingest-bench-"))
+    engine_dir = Path(tempfile.mkdtemp(prefix="nettap-ingest-bench-nats-", dir=a.engine_dir or tmp))
     try:
-        with NatsCluster(tmp / "nats", n=3) as c:
+        with NatsCluster(engine_dir, n=3) as c:
             if a.engine_nice:                           # standing in for an engine on other machines
                 for n in c.nodes:
                     os.setpriority(os.PRIO_PROCESS, n.proc.pid, a.engine_nice)
@@ -151,9 +154,10 @@ def main() -> None:
             missing, twice = compare(c.urls, beside["files"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(engine_dir, ignore_errors=True)
     print(f"\nnettap ingest under the prober's storm: {a.connections:,} connections x {a.rounds} rounds, "
           f"{a.threads} threads, {a.bytes}-byte echo; 3-node nats-server {c_version()} R3 {a.engine_storage} stream on "
-          f"loopback (nice {a.engine_nice}); "
+          f"loopback (nice {a.engine_nice}, stores in {a.engine_dir or 'the temp dir, beside the files'}); "
           f"{os.cpu_count()} CPUs, kernel {os.uname().release}\n")
     b = beside
     print(f"capture wrote     {b['lines']:>12,.0f} lines  {b['write_rate']:>10,.0f} lines/s over the storm")
