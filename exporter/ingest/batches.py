@@ -24,8 +24,7 @@ def token(s: str) -> str:
 
 
 class Message:
-    __slots__ = ("region", "kind", "subject", "payload", "records", "msg_id", "headers", "token", "deadline",
-                 "sends")
+    __slots__ = ("region", "kind", "subject", "payload", "records", "msg_id", "headers", "token", "deadline")
 
     def __init__(self, region, kind: str, subject: str, payload: bytes, records: int, msg_id: str,
                  headers: Dict[str, str]) -> None:
@@ -33,7 +32,6 @@ class Message:
         self.payload, self.records, self.msg_id, self.headers = payload, records, msg_id, headers
         self.token = ""
         self.deadline = 0.0
-        self.sends = 0
 
 
 class Region:
@@ -45,7 +43,7 @@ class Region:
         self.fid, self.start, self.end = fid, start, end
         self.messages: List[Message] = []
         self.pending = 0                        # messages not acknowledged yet
-        self.records = 0
+        self.records = 0                        # lines, all kinds
 
     @property
     def done(self) -> bool:

@@ -116,7 +116,6 @@ class Publisher:
         self._next += 1
         m.token = format(self._next, "x")
         m.deadline = self.clock() + self.s.ack_timeout
-        m.sends += 1
         self.pending[m.token] = m
         self.stats.records_published += m.records
         self.stats.bytes_published += len(m.payload)
