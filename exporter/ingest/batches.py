@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Tuple
 
-from exporter.capture._jsonl import kind_runs
+from exporter.capture._jsonl import kind_split
 from exporter.ingest.files import FileId
 
 INVALID = "invalid"          # lines that are not a record with a "type" (a cut line, garbage)
-# The capture writes each record's keys in byte order: "type" is a key (a
-# string value holds no unescaped quote) and one of the last.
-_KIND = re.compile(rb'"type":"([A-Za-z0-9_-]{1,32})"')
+# A line's kind: its last "type" key (the compiled kind_split's rule). The
+# capture writes each record's keys in byte order, so "type" is one of the
+# last; a string value holds no unescaped quote, so these bytes are a key.
+_KIND = re.compile(rb'.*"type":"([A-Za-z0-9_-]{1,32})"[,}]', re.DOTALL)
 _TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -50,43 +51,37 @@ class Region:
         return self.pending == 0
 
 
-def split(data: bytes) -> Dict[str, Tuple[List[bytes], int]]:
-    """data's lines (each ending in a newline) by kind, in file order: per
-    kind, pieces of one or more whole lines and how many lines. The capture
-    writes a ring's records in runs, each line ending with its kind: the
-    compiled writer's kind_runs finds the runs (~20 ns a line); a region with
-    a line that does not end so (a start or stop line, a line that is not a
-    record) goes line by line."""
-    runs = kind_runs(data)
-    if runs is None:
+def split(data) -> Dict[str, Tuple[bytes, int]]:
+    """data's lines (each ending in a newline; bytes or a memoryview) by
+    kind, in file order: per kind, its lines as one payload and how many.
+    The compiled writer's kind_split gathers them (a region of one kind is
+    its own payload, not copied); a region with a line that has no kind (a
+    line that is not a record) goes line by line."""
+    groups = kind_split(data)
+    if groups is None:
         return _split_lines(data)
-    if len(runs) == 1:
-        return {runs[0][0].decode(): ([data], runs[0][3])}      # one kind: the region as it is
-    groups: Dict[str, Tuple[List[bytes], int]] = {}
-    for kind, start, end, n in runs:
-        pieces, count = groups.get(kind.decode(), ([], 0))
-        pieces.append(data[start:end])
-        groups[kind.decode()] = (pieces, count + n)
-    return groups
+    if len(groups) == 1:
+        return {groups[0][0].decode(): (data, groups[0][2])}
+    return {kind.decode(): (payload, n) for kind, payload, n in groups}
 
 
-def _split_lines(data: bytes) -> Dict[str, Tuple[List[bytes], int]]:
+def _split_lines(data) -> Dict[str, Tuple[bytes, int]]:
     groups: Dict[str, List[bytes]] = {}
-    search = _KIND.search
-    for line in data.splitlines(True):
-        m = search(line)
+    match = _KIND.match
+    for line in bytes(data).splitlines(True):
+        m = match(line)
         kind = m.group(1).decode() if m else INVALID
         groups.setdefault(kind, []).append(line if line[-1:] == b"\n" else line + b"\n")
-    return {k: (v, len(v)) for k, v in groups.items()}
+    return {k: (b"".join(v), len(v)) for k, v in groups.items()}
 
 
-def region(fid: FileId, start: int, data: bytes, node: str, subject: str) -> Region:
-    """The region of data read at start, as its messages. subject: the
+def region(fid: FileId, start: int, data, node: str, subject: str) -> Region:
+    """The region of data (bytes or a memoryview of a read) read at start,
+    as its messages; a payload may be a view of data. subject: the
     template, with {node} and {kind}."""
     r = Region(fid, start, start + len(data))
     where = f"{r.start}-{r.end}"
-    for kind, (pieces, n) in split(data).items():
-        payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    for kind, (payload, n) in split(data).items():
         headers = {"Nats-Msg-Id": f"{node}:{fid}:{where}:{kind}", "Nettap-Node": node, "Nettap-File": str(fid),
                    "Nettap-Region": where, "Nettap-Records": str(n)}
         r.messages.append(Message(r, kind, subject.format(node=node, kind=kind), payload, n,

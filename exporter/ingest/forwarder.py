@@ -190,17 +190,17 @@ class Forwarder:
                 end = len(data)                  # a finished file's last line, cut by a crash
             else:
                 return self._long_line(pos)
-        data = data[:end]
+        view = memoryview(data)                 # regions are views of the one read: no copies
         at, batch = 0, min(self.batch_bytes, self.max_message)     # a server may allow less than a batch
         while at < end:
-            stop = data.rfind(b"\n", at, at + batch) + 1
+            stop = data.rfind(b"\n", at, min(at + batch, end)) + 1
             if stop <= at:                      # one line longer than a batch: alone
-                stop = data.find(b"\n", at) + 1 or end
+                stop = data.find(b"\n", at, end) + 1 or end
                 if stop - at > self.max_message:
                     self._too_large(pos + at, pos + stop)
                     at = stop
                     continue
-            self._add(batches.region(c.fid, pos + at, data[at:stop], self.node, self.subject))
+            self._add(batches.region(c.fid, pos + at, view[at:stop], self.node, self.subject))
             at = stop
         return end
 

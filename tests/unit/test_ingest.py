@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from exporter.ingest.files import FileId, Files, count_lines, fingerprint
 from exporter.ingest.forwarder import Forwarder
 from exporter.ingest.publisher import _covers, classify
 from exporter.ingest.stats import Stats
+
+FIXTURES = Path(__file__).parent / "fixtures" / "records"       # the writer's lines of every kind
 
 
 def parse(ingest, **output):
@@ -203,22 +206,34 @@ def test_regions_are_no_longer_than_the_server_allows_a_message(tmp_path):
     assert len(regions) > 1 and all(r.end - r.start <= 300 for r in regions)
 
 
-def test_the_compiled_runs_give_what_the_line_by_line_split_gives():
-    """batches.split takes the compiled writer's kind_runs where every line ends with its
-    kind, and goes line by line otherwise: the same groups either way."""
+def test_the_compiled_split_gives_what_the_line_by_line_split_gives():
+    """batches.split takes the compiled writer's kind_split where every line has a kind,
+    and goes line by line otherwise: the same payloads either way, for the writer's own
+    lines of every kind (an owner's "via" comes after its "type"), interleaved a few at a
+    time as the obs_events ring has them, and the start and stop lines."""
     import random
-    from exporter.capture._jsonl import kind_runs
+    from exporter.capture._jsonl import kind_split
+    from exporter.capture.sinks import mark_line
+    real = {p.stem: p.read_bytes().splitlines(True) for p in FIXTURES.glob("*.jsonl")}
+    assert "owner" in real and "chunk" in real
+    real["start"], real["stop"] = [mark_line("start")], [mark_line("stop")]
     rnd = random.Random(7)
-    kinds = ["chunk", "eof", "state", "owner"]
+    kinds = sorted(real)
     for _ in range(200):
-        recs = [json.dumps({"i": i, "s": "x" * rnd.randrange(40), "type": rnd.choice(kinds[:rnd.randrange(1, 5)])},
-                           sort_keys=True, separators=(",", ":")) for i in range(rnd.randrange(1, 60))]
-        data = ("\n".join(recs) + "\n").encode()
-        fast = batches.split(data)
-        assert {k: (b"".join(p), n) for k, (p, n) in fast.items()} == \
-            {k: (b"".join(p), n) for k, (p, n) in batches._split_lines(data).items()}
-    assert kind_runs(b'{"type":"start","version":"0.1.0"}\n') is None      # not the last key: line by line
-    assert kind_runs(b'{"type":"chunk"}\n{"type":"chunk"}') is None        # a line without its newline
-    assert kind_runs(b'{"a":"x\\"type\\":\\"eof"}\n') is None               # inside a string: not a key
-    assert kind_runs(b'{"i":1,"type":"eof"}\n{"i":2,"type":"eof"}\n{"type":"chunk"}\n') == \
-        [(b"eof", 0, 42, 2), (b"chunk", 42, 59, 1)]
+        data = b"".join(line for _ in range(rnd.randrange(1, 40))
+                        for line in rnd.choices(real[rnd.choice(kinds)], k=rnd.randrange(1, 6)))
+        assert kind_split(data) is not None
+        fast = batches.split(memoryview(data))
+        assert {k: (bytes(p), n) for k, (p, n) in fast.items()} == batches._split_lines(data)
+        assert list(fast) == list(batches._split_lines(data))          # kinds in order of appearance
+    for k, lines in real.items():
+        assert kind_split(b"".join(lines)) == [(k.encode(), None, len(lines))]   # one kind: its own payload
+    assert kind_split(b'{"type":"chunk"}\n{"type":"chunk"}') is None        # a line without its newline
+    assert kind_split(b'{"a":"x\\"type\\":\\"eof"}\n') is None               # inside a string: not a key
+    assert kind_split(b'{"a":1}\n') is None                                  # no kind: line by line
+    assert batches.split(b'{"a":1}\n{"type":"eof"}\n') == {batches.INVALID: (b'{"a":1}\n', 1),
+                                                           "eof": (b'{"type":"eof"}\n', 1)}
+    assert kind_split(b'{"i":1,"type":"eof"}\n{"type":"chunk"}\n{"i":2,"type":"eof"}\n') == \
+        [(b"eof", b'{"i":1,"type":"eof"}\n{"i":2,"type":"eof"}\n', 2), (b"chunk", b'{"type":"chunk"}\n', 1)]
+    many = b"".join(b'{"type":"k%d"}\n' % i for i in range(17))                   # more kinds than it gathers
+    assert kind_split(many) is None and len(batches.split(many)) == 17
