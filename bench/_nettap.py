@@ -59,11 +59,11 @@ def start_nettap(cfg: str, mport: int, log=None, extra=(), auth=None) -> subproc
     raise SystemExit("nettap did not become ready in 30 s")
 
 
-def start_ingest(cfg: str, mport: int) -> subprocess.Popen:
-    """nettap ingest --config cfg on 127.0.0.1:mport, returned once it is
-    connected to its engine (nettap_ingest_connected 1)."""
+def start_ingest(cfg: str, mport: int, extra=()) -> subprocess.Popen:
+    """nettap ingest --config cfg on 127.0.0.1:mport (and extra arguments),
+    returned once it is connected to its engine (nettap_ingest_connected 1)."""
     p = subprocess.Popen(nettap_cmd() + ["ingest", "--config", cfg, "--web.listen-address", f"127.0.0.1:{mport}",
-                                         "--log.level", "warning"], cwd=ROOT)
+                                         "--log.level", "warning", *extra], cwd=ROOT)
     deadline = time.time() + 30
     while time.time() < deadline:
         try:

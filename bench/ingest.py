@@ -1,24 +1,29 @@
 #!/usr/bin/env python3
 """nettap ingest beside the capture under the prober's storm (bench/storm.c:
-short loopback connections, 64-byte echo), publishing to a three-node
-nats-server JetStream cluster on loopback (an R3 file stream).
+short loopback connections, 64-byte echo), publishing to nats-server
+JetStream on loopback: one node by default (an R1 file stream), or a
+three-node cluster (--engine-nodes 3: an R3 stream, every line stored three
+times on this machine).
 
-Two passes in one run, the same storm each: A, the capture alone; B, the
-capture with ingest running beside it. Printed:
+Three passes in one run: A, the capture alone; B, the same storm with ingest
+running beside it; C, ingest alone forwarding B's files again from their
+start to a stream of their own (its pace when it has the CPUs, as after a
+storm or an outage). Printed:
   - lines/s the capture wrote during the storm beside lines/s ingest had
     acknowledged by the engine, and how long after the storm the backlog took
-    to drain (the post-load drain);
+    to drain (the post-load drain); C's lines/s beside the capture's;
   - lines lost and stored twice: the stream read back against the files;
   - ingest's peak RSS (VmHWM) and CPU-s;
   - the capture's CPU-s and peak RSS in A and in B (ingest must not change them).
 
 The engine stands in for one on other machines, as in a fleet: its nodes run
 at nice 19 by default (--engine-nice 0: its CPU competes with the capture's
-here; its disk writes, three copies of every line, do either way). Ingest
-runs at its default nice 10 (nettap ingest --nice).
+here; its disk writes do either way). Ingest runs at its default nice 10
+(--ingest-nice 0: it competes like the capture, as a container with its own
+CPU request does).
 
 Run as root:  .venv/bin/python bench/ingest.py [--connections 20000] [--rounds 3] [--threads 4]
-              [--engine-nice 19] [--batch-bytes 262144]
+              [--engine-nodes 1] [--engine-nice 19] [--ingest-nice 10] [--batch-bytes 262144]
 """
 from __future__ import annotations
 
@@ -54,10 +59,11 @@ def one_pass(a, exe, port, tmp: Path, cluster, with_ingest: bool) -> dict:
     cfg.write_text(f"captures: [{{port: {port}}}]\n"
                    f"output: {{type: jsonl, path: {path}, max_bytes: {64 << 20}, backups: 20}}\n"
                    f"ingest: {{servers: {list(urls)}, node: bench, batch_bytes: {a.batch_bytes}, "
-                   f"stream: {{name: BENCH, replicas: 3, duplicate_window: 10m, storage: {a.engine_storage}}}}}\n")
+                   f"stream: {{name: BENCH, replicas: {a.engine_nodes}, duplicate_window: 10m, "
+                   f"storage: {a.engine_storage}}}}}\n")
     cport, iport = free_port(), free_port()
     cap = start_nettap(str(cfg), cport)
-    ing = start_ingest(str(cfg), iport) if with_ingest else None
+    ing = start_ingest(str(cfg), iport, ["--nice", str(a.ingest_nice)]) if with_ingest else None
     r = {}
     try:
         time.sleep(1)
@@ -106,6 +112,30 @@ def one_pass(a, exe, port, tmp: Path, cluster, with_ingest: bool) -> dict:
     return r
 
 
+def catch_up(a, tmp: Path, cluster) -> dict:
+    """Ingest's own pace: B's files forwarded again from their start, to a
+    stream of their own, with the storm and the capture gone (ingest and the
+    engine alone on these CPUs, as after a storm or an outage)."""
+    d = tmp / "b"
+    cfg = d / "catch-up.yaml"
+    cfg.write_text(f"output: {{type: jsonl, path: {d / 'capture.jsonl'}, max_bytes: {64 << 20}, backups: 20}}\n"
+                   f"ingest: {{servers: {list(cluster.urls)}, node: bench, batch_bytes: {a.batch_bytes}, "
+                   f"subject: 'catchup.{{node}}.{{kind}}', checkpoint: {d / 'catch-up.checkpoint'}, "
+                   f"stream: {{name: CATCHUP, replicas: {a.engine_nodes}, duplicate_window: 10m, "
+                   f"storage: {a.engine_storage}}}}}\n")
+    iport = free_port()
+    ing = start_ingest(str(cfg), iport, ["--nice", str(a.ingest_nice)])
+    try:
+        t0, n0, c0 = time.perf_counter(), metrics(iport)["nettap_ingest_records_acked_total"], cpu_s(ing.pid)
+        while metrics(iport).get("nettap_ingest_backlog_bytes", 1) > 0:
+            time.sleep(0.02)
+        t = time.perf_counter() - t0
+        acked = metrics(iport)["nettap_ingest_records_acked_total"]
+        return {"lines": acked, "rate": (acked - n0) / t, "cpu": cpu_s(ing.pid) - c0}
+    finally:
+        stop(ing)
+
+
 def compare(urls, files) -> tuple:
     """(lines missing from the stream, lines stored twice)."""
     import nats
@@ -128,6 +158,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--bytes", type=int, default=64)
+    ap.add_argument("--ingest-nice", type=int, default=10,
+                    help="nettap ingest --nice (10, its default: it yields to the capture and the storm "
+                         "when they share CPUs; 0: it competes like them, as a container with its own CPU "
+                         "request does)")
+    ap.add_argument("--engine-nodes", type=int, default=1, choices=(1, 3),
+                    help="nats-server nodes, and the stream's replicas (3: a cluster, every line stored three "
+                         "times on this machine; 1: one node)")
     ap.add_argument("--engine-nice", type=int, default=19,
                     help="the engine nodes' niceness (19: in a fleet the engine runs on other machines; "
                          "0: it competes for these CPUs as much as the capture)")
@@ -145,18 +182,20 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nettap-ingest-bench-"))
     engine_dir = Path(tempfile.mkdtemp(prefix="nettap-ingest-bench-nats-", dir=a.engine_dir or tmp))
     try:
-        with NatsCluster(engine_dir, n=3) as c:
+        with NatsCluster(engine_dir, n=a.engine_nodes) as c:
             if a.engine_nice:                           # standing in for an engine on other machines
                 for n in c.nodes:
                     os.setpriority(os.PRIO_PROCESS, n.proc.pid, a.engine_nice)
             alone = one_pass(a, exe, port, tmp, c, False)
             beside = one_pass(a, exe, port, tmp, c, True)
             missing, twice = compare(c.urls, beside["files"])
+            pace = catch_up(a, tmp, c)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(engine_dir, ignore_errors=True)
     print(f"\nnettap ingest under the prober's storm: {a.connections:,} connections x {a.rounds} rounds, "
-          f"{a.threads} threads, {a.bytes}-byte echo; 3-node nats-server {c_version()} R3 {a.engine_storage} stream on "
+          f"{a.threads} threads, {a.bytes}-byte echo; {a.engine_nodes}-node nats-server {c_version()} "
+          f"R{a.engine_nodes} {a.engine_storage} stream on "
           f"loopback (nice {a.engine_nice}, stores in {a.engine_dir or 'the temp dir, beside the files'}); "
           f"{os.cpu_count()} CPUs, kernel {os.uname().release}\n")
     b = beside
@@ -167,7 +206,9 @@ def main() -> None:
           f"the capture's own losses (ring drops, queue, sink) with ingest beside it: {b['cap_lost']:.0f}")
     print(f"ingest: peak RSS {b['ingest_hwm']:.1f} MB, CPU {b['ingest_cpu']:.2f} s "
           f"({b['ingest_cpu'] / b['acked'] * 1e6:.2f} CPU-s per million lines; batch_bytes {a.batch_bytes}); "
-          f"the three engine nodes: CPU {b['engine_cpu']:.2f} s")
+          f"the engine: CPU {b['engine_cpu']:.2f} s")
+    print(f"ingest alone, the same files again: {pace['lines']:,.0f} lines at {pace['rate']:,.0f} lines/s "
+          f"(CPU {pace['cpu']:.2f} s), against the {b['write_rate']:,.0f} the capture wrote")
     print(f"\n{'capture':<22}{'storm conn/s':>14}{'lines':>12}{'CPU-s':>8}{'peak RSS MB':>13}")
     for name, r in (("A alone", alone), ("B with ingest beside", beside)):
         print(f"{name:<22}{r['storm_rate']:>14,.0f}{r['lines']:>12,.0f}{r['cap_cpu']:>8.2f}{r['cap_hwm']:>13.1f}")

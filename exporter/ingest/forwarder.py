@@ -26,7 +26,7 @@ READ_BYTES = 1 << 20          # at most this much is read from a file at a time
 
 class Forwarder:
     def __init__(self, files: Files, checkpoint_path: str, node: str, subject: str, stats: Stats,
-                 batch_bytes: int = 64 << 10, max_in_flight: int = 4 << 20, max_message: int = 1 << 20,
+                 batch_bytes: int = 64 << 10, max_in_flight: int = 2 << 20, max_message: int = 1 << 20,
                  clock: Callable[[], float] = None) -> None:
         import time
         self.files, self.path, self.node, self.subject = files, checkpoint_path, node, subject

@@ -177,7 +177,7 @@ def parse(sec, output) -> Settings:
     settings = Settings(_servers(sec.get("servers", ["nats://127.0.0.1:4222"])), token(str(node)), subject,
                     _str(sec.get("checkpoint", default_checkpoint(output.path)), "ingest.checkpoint"),
                     user, password, tok, nkey, _tls(sec.get("tls")), _stream(sec.get("stream")), batch,
-                    _int(sec.get("max_in_flight_bytes", 4 << 20), "ingest.max_in_flight_bytes", batch, 1 << 30),
+                    _int(sec.get("max_in_flight_bytes", 2 << 20), "ingest.max_in_flight_bytes", batch, 1 << 30),
                     duration(sec.get("ack_timeout", 5.0), "ingest.ack_timeout"),
                     duration(sec.get("connect_timeout", 5.0), "ingest.connect_timeout"))
     if settings.tls is not None:
