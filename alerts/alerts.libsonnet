@@ -205,6 +205,21 @@
             description: 'The sockets nettap captures on {{ $labels.instance }} sent or received {{ $value | humanizePercentage }} resets per connection closed over the last %(rateInterval)s.' % cfg,
           },
         },
+        {
+          // About the captured services, not nettap: their segments go unacknowledged
+          // for a whole retransmission timeout (a lossy path, a peer that stopped answering).
+          alert: 'NettapCapturedRetransmitTimeouts',
+          expr: |||
+            sum by (instance) (rate(nettap_tcp_retransmits_total{%(nettapSelector)s, kind="rto"}[%(rateInterval)s]))
+              > %(capturedRtoRate)g
+          ||| % cfg,
+          'for': cfg.capturedRtoFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Captured workloads keep retransmitting on timeouts.',
+            description: 'The sockets nettap captures on {{ $labels.instance }} sent {{ $value | humanize }} segments a second again on retransmission timeouts (RTOs) over the last %(rateInterval)s: each waited a whole RTO (200 ms or more) for an acknowledgement.' % cfg,
+          },
+        },
       ]),
 
       group('nettap-exporter', [

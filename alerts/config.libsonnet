@@ -104,6 +104,11 @@
     capturedResetsRatio: 0.1,
     capturedResetsMinRate: 0.1,
     capturedResetsFor: '15m',
+    // Retransmissions of the captured sockets on retransmission timeouts (kind="rto": the
+    // timer fired, not a tail loss probe or fast recovery), per second above this: each
+    // stalled its connection for an RTO (>= 200 ms); tcp_retries2 of them in a row abort it.
+    capturedRtoRate: 0.5,
+    capturedRtoFor: '15m',
 
     // --- Cost --------------------------------------------------------------------------
 

@@ -22,12 +22,14 @@
  *   entry_func.bpf.h   fentry/fexit and kprobe/kretprobe entry points
  *   tls.bpf.h          TLS calls in flight, and how each learns its socket
  *   entry_tls.bpf.h    uprobes on libssl: TLS plaintext
+ *   retrans.bpf.h      retransmissions and SYN-ACKs sent again
  *   tcp.bpf.c          this file: the lifecycle programs (states, eof, accept,
  *                      resets, errors, destruction)
  */
 #include "entry_tp.bpf.h"
 #include "entry_func.bpf.h"
 #include "entry_tls.bpf.h"
+#include "retrans.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */
@@ -41,6 +43,8 @@ struct nettap_error btf_nettap_error __attribute__((unused));
 struct nettap_destroy btf_nettap_destroy __attribute__((unused));
 struct nettap_tls_handshake btf_nettap_tls_handshake __attribute__((unused));
 struct nettap_dlopen btf_nettap_dlopen __attribute__((unused));
+struct nettap_retransmit btf_nettap_retransmit __attribute__((unused));
+struct nettap_synack_retransmit btf_nettap_synack_retransmit __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs

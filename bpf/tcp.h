@@ -21,16 +21,18 @@
 
 /* Record kinds: nettap_hdr.kind, and the line's "type" (the kind's name in
  * NETTAP_RECORD). 0 is no kind: zeroed memory is never a record. */
-#define NETTAP_KIND_CHUNK	  1
-#define NETTAP_KIND_EOF		  2
-#define NETTAP_KIND_LOG		  3
-#define NETTAP_KIND_STATE	  4
-#define NETTAP_KIND_RESET	  5
-#define NETTAP_KIND_OWNER	  6
-#define NETTAP_KIND_ERROR	  7
-#define NETTAP_KIND_DESTROY	  8
-#define NETTAP_KIND_TLS_HANDSHAKE 9
-#define NETTAP_KIND_DLOPEN	  10
+#define NETTAP_KIND_CHUNK	      1
+#define NETTAP_KIND_EOF		      2
+#define NETTAP_KIND_LOG		      3
+#define NETTAP_KIND_STATE	      4
+#define NETTAP_KIND_RESET	      5
+#define NETTAP_KIND_OWNER	      6
+#define NETTAP_KIND_ERROR	      7
+#define NETTAP_KIND_DESTROY	      8
+#define NETTAP_KIND_TLS_HANDSHAKE     9
+#define NETTAP_KIND_DLOPEN	      10
+#define NETTAP_KIND_RETRANSMIT	      11
+#define NETTAP_KIND_SYNACK_RETRANSMIT 12
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG   0
@@ -50,10 +52,11 @@
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
-#define NETTAP_OBS_STATES 0    /* + oldstate * 16 + newstate (TCP states are < 16) */
-#define NETTAP_OBS_RESETS 256  /* + NETTAP_DIR_* (egress: sent, ingress: received) */
-#define NETTAP_OBS_ERRORS 264  /* + the error number (1..254; 255: any larger) */
-#define NETTAP_OBS_ROWS	  1024 /* a power of two (obs_count masks with it) */
+#define NETTAP_OBS_STATES  0	/* + oldstate * 16 + newstate (TCP states are < 16) */
+#define NETTAP_OBS_RESETS  256	/* + NETTAP_DIR_* (egress: sent, ingress: received) */
+#define NETTAP_OBS_ERRORS  264	/* + the error number (1..254; 255: any larger) */
+#define NETTAP_OBS_RETRANS 520	/* + NETTAP_RETRANS_* */
+#define NETTAP_OBS_ROWS	   1024 /* a power of two (obs_count masks with it) */
 
 /* capture_config.flags: which kinds of capture target exist. */
 #define NETTAP_TARGET_PID    (1U << 0)
@@ -83,6 +86,13 @@
 #define NETTAP_VIA_CONNECT    1 /* its connect, in the connecting task */
 #define NETTAP_VIA_FIRST_CALL 2 /* its first captured send or receive */
 #define NETTAP_VIA_ACCEPT     3 /* its accept, in the accepting task */
+
+/* nettap_retransmit.cause: which of TCP's recoveries sent a segment again,
+ * told by the retransmit timer's state then (bpf/retrans.bpf.h) */
+#define NETTAP_RETRANS_RTO    1 /* the retransmission timer fired: counts toward tcp_retries2 */
+#define NETTAP_RETRANS_TLP    2 /* a tail loss probe: the loss probe timer fired */
+#define NETTAP_RETRANS_FAST   3 /* loss recovery on ACKs or RACK's reordering timer */
+#define NETTAP_RETRANS_SYNACK 4 /* a listener's SYN-ACK sent again (its request's timer) */
 
 /* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
  * below 0 (an error, or a non-blocking socket's "want read/write": the
@@ -272,6 +282,43 @@ struct NETTAP_RECORD("destroy", "obs_events") nettap_destroy {
 	__u32 netns;			    /* inode of the socket's network namespace */
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+};
+
+/* ring obs_events: a captured socket sent a segment again
+ * (tcp:tcp_retransmit_skb); its cause tells the retransmission timer's
+ * retransmissions (the only ones tcp_retries2 counts) from tail loss probes
+ * and from loss recovery on ACKs; pid the connection's. */
+struct NETTAP_RECORD("retransmit", "obs_events") nettap_retransmit {
+	struct nettap_hdr h;
+	__u32 rto_jiffies;		    /* the retransmission timeout then (icsk_rto) */
+	__u32 srtt_us;			    /* the smoothed round-trip time then */
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port */
+	__u16 dport;			    /* remote port */
+	__u8 cause NETTAP_JSON("enum:NETTAP_RETRANS"); /* which recovery sent it */
+	__u8 state NETTAP_JSON("enum:tcp_state");      /* the socket's state then */
+	__u8 retransmits; /* timer retransmissions in a row before it (icsk_retransmits) */
+	__u8 pad0[3] NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+};
+
+/* ring obs_events: a listener sent a SYN-ACK again
+ * (tcp:tcp_retransmit_synack): the connection is a request, not yet a
+ * socket, so conn_id and pid are 0; captured by the socket targets (port,
+ * netns) as a passive open is. */
+struct NETTAP_RECORD("synack_retransmit", "obs_events") nettap_synack_retransmit {
+	struct nettap_hdr h;
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port: the listener's */
+	__u16 dport;			    /* remote port: the connecting peer's */
+	__u8 retransmits;		    /* SYN-ACKs sent again before it (num_retrans) */
+	__u8 pad0 NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the listener's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	__u8 pad1[4] NETTAP_JSON("-");
 };
 
 /* ring obs_events: a TLS handshake on a captured socket (libssl's

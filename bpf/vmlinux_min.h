@@ -104,7 +104,25 @@ struct sock {
 	int sk_err;
 };
 
+struct timer_list {
+	unsigned long expires;
+};
+
+/* Linux 6.15 dropped icsk_timeout: the retransmit timer's expires is the
+ * same value on every kernel (sk_reset_timer sets it). */
+struct inet_connection_sock {
+	struct timer_list icsk_retransmit_timer;
+	__u32 icsk_rto;
+	__u8 icsk_retransmits;
+	__u8 icsk_pending;
+};
+
+struct request_sock {
+	__u8 num_retrans;
+};
+
 struct tcp_sock {
+	__u32 srtt_us; /* smoothed round-trip time << 3, in us */
 	__u64 bytes_received;
 	__u32 segs_in;
 	__u32 segs_out;

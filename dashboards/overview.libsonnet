@@ -122,6 +122,9 @@ local lib = import 'lib.libsonnet';
             lib.timeseries('Socket errors', 'ops', [
               lib.target(q('sum by (instance, errno) (rate(nettap_tcp_socket_errors_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{errno}}'),
             ], description='Errors the captured sockets reported (ECONNREFUSED, ECONNRESET, ETIMEDOUT, ...); Linux 5.14+ (probe tcp_sk_error).', w=8),
+            lib.timeseries('Retransmissions', 'ops', [
+              lib.target(q('sum by (instance, kind) (rate(nettap_tcp_retransmits_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{kind}}'),
+            ], description='Segments the captured sockets sent again, by the recovery that sent them: rto (the retransmission timer fired: a stall of 200 ms or more; tcp_retries2 in a row abort the connection), tlp (a tail loss probe), fast (recovery on ACKs); synack: SYN-ACKs a listener sent again.', w=8),
           ],
         },
         {

@@ -21,6 +21,8 @@ TEST_PKGS="$TEST_PKGS tmux"
 TEST_PKGS="$TEST_PKGS curl openssl"
 # nats-server: the JetStream cluster nettap ingest publishes to in tests/e2e/test_ingest.py
 TEST_PKGS="$TEST_PKGS nats-server"
+# nftables: the retransmission tests drop packets in a network namespace of their own.
+TEST_PKGS="$TEST_PKGS nftables"
 # clang-format: tests/unit/test_lint.py checks bpf/ against bpf/.clang-format
 TEST_PKGS="$TEST_PKGS clang-format-14"
 # chromium: the landing page (/) is loaded in headless Chromium, screenshot and DOM

@@ -17,6 +17,26 @@ def payload(n: int, seed: int = 7) -> bytes:
     return bytes(((i * 131 + seed) ^ (i >> 3)) & 0xFF for i in range(n))
 
 
+def in_netns(name: str, fn):
+    """fn() in a thread moved into network namespace name (setns applies to
+    the calling thread only; sockets keep the namespace they were made in)."""
+    from pyroute2 import netns
+    out, err = [], []
+
+    def run():
+        try:
+            netns.setns(name, flags=0)
+            out.append(fn())
+        except BaseException as e:       # noqa: BLE001 - re-raised in the caller
+            err.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    if err:
+        raise err[0]
+    return out[0]
+
+
 class Server:
     """Accepts connections on 127.0.0.1:port and reads each to EOF."""
 

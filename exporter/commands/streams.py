@@ -39,11 +39,14 @@ _ERROR = {"conn_id": _INT, "ts_ns": _INT, "errno": _INT, "errno_name": _STR, "st
 _DESTROY = {"conn_id": _INT, "ts_ns": _INT, "bytes_acked": _INT, "bytes_received": _INT, "segs_out": _INT,
             "segs_in": _INT, "total_retrans": _INT, "state": _STR}
 _HANDSHAKE = {"conn_id": _INT, "ts_ns": _INT, "duration_ns": _INT, "outcome": _STR, "pid": _INT}
+_RETRANSMIT = {"conn_id": _INT, "ts_ns": _INT, "cause": _STR, "state": _STR, "retransmits": _INT,
+               "rto_jiffies": _INT, "srtt_us": _INT}
+_SYNACK = {"conn_id": _INT, "ts_ns": _INT, "sport": _INT, "dport": _INT, "daddr": _STR, "retransmits": _INT}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
-           "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "clock": _CLOCK, "start": _MARK,
-           "stop": _MARK}
+           "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "retransmit": _RETRANSMIT,
+           "synack_retransmit": _SYNACK, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
@@ -56,6 +59,11 @@ LIFECYCLE = {
                           f"{r['total_retrans']} retransmitted"),
     "tls_handshake": lambda r: (f"TLS handshake {r['outcome'].replace('_', ' ')} after "
                                 f"{r['duration_ns'] / 1e6:.3f} ms, pid {r['pid']}"),
+    "retransmit": lambda r: (f"sent again ({r['cause']}) in {r['state']}: RTO {r['rto_jiffies']} jiffies, "
+                             f"srtt {r['srtt_us']} us, {r['retransmits']} timer retransmission(s) in a row"),
+    # a request, no connection yet (conn_id 0): counted, listed under no connection
+    "synack_retransmit": lambda r: (f"SYN-ACK sent again from port {r['sport']} to {r['daddr']}:{r['dport']} "
+                                    f"({r['retransmits']} before)"),
 }
 # The largest value each integer field can hold in the kernel's record
 # (bpf/tcp.h); a larger one is not nettap's and would break the pcap.

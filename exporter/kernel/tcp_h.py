@@ -15,6 +15,8 @@ KIND_ERROR = 7
 KIND_DESTROY = 8
 KIND_TLS_HANDSHAKE = 9
 KIND_DLOPEN = 10
+KIND_RETRANSMIT = 11
+KIND_SYNACK_RETRANSMIT = 12
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
@@ -30,6 +32,7 @@ RING_COUNT = 5
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
+OBS_RETRANS = 520
 OBS_ROWS = 1024
 TARGET_PID = 1
 TARGET_CGROUP = 2
@@ -48,6 +51,10 @@ CHUNK_F_TLS = 4
 VIA_CONNECT = 1
 VIA_FIRST_CALL = 2
 VIA_ACCEPT = 3
+RETRANS_RTO = 1
+RETRANS_TLP = 2
+RETRANS_FAST = 3
+RETRANS_SYNACK = 4
 TLS_HS_DONE = 1
 TLS_HS_FAILED = 2
 TLS_HS_NOT_DONE = 3
@@ -61,9 +68,10 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake'},
+    'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
@@ -265,6 +273,39 @@ STRUCTS = {
         ('comm', 40, 'char', 16, 16, 'text', "the mapping thread's task name"),
         ('name', 56, 'char', 16, 16, 'text', "the file's name, no directory (libssl.so.*)"),
     )),
+    'nettap_retransmit': (80, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('rto_jiffies', 24, '__u32', 1, 4, '', 'the retransmission timeout then (icsk_rto)'),
+        ('srtt_us', 28, '__u32', 1, 4, '', 'the smoothed round-trip time then'),
+        ('family', 32, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 34, '__u16', 1, 2, '', 'local port'),
+        ('dport', 36, '__u16', 1, 2, '', 'remote port'),
+        ('cause', 38, '__u8', 1, 1, 'enum:NETTAP_RETRANS', 'which recovery sent it'),
+        ('state', 39, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
+        ('retransmits', 40, '__u8', 1, 1, '', 'timer retransmissions in a row before it (icsk_retransmits)'),
+        ('pad0', 41, '__u8', 3, 3, '-', ''),
+        ('netns', 44, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
+    )),
+    'nettap_synack_retransmit': (72, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('family', 24, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 26, '__u16', 1, 2, '', "local port: the listener's"),
+        ('dport', 28, '__u16', 1, 2, '', "remote port: the connecting peer's"),
+        ('retransmits', 30, '__u8', 1, 1, '', 'SYN-ACKs sent again before it (num_retrans)'),
+        ('pad0', 31, '__u8', 1, 1, '-', ''),
+        ('netns', 32, '__u32', 1, 4, '', "inode of the listener's network namespace"),
+        ('saddr', 36, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 52, '__u8', 16, 16, 'addr', 'remote address'),
+        ('pad1', 68, '__u8', 4, 4, '-', ''),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -280,7 +321,9 @@ RECORDS = {
     'destroy': ('obs_events', 'nettap_destroy'),
     'tls_handshake': ('obs_events', 'nettap_tls_handshake'),
     'dlopen': ('dlopen', 'nettap_dlopen'),
+    'retransmit': ('obs_events', 'nettap_retransmit'),
+    'synack_retransmit': ('obs_events', 'nettap_synack_retransmit'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80}

@@ -73,7 +73,8 @@ class LifecycleCollector(Collector):
 
     Bounded label sets: a state change only for the pairs seen (the kernel's
     states, at most 12 x 12), an error only for the numbers seen (their names;
-    255 and above as "other"), both reset directions always."""
+    255 and above as "other"), both reset directions and every retransmission
+    cause always."""
 
     SPECS = [
         (CounterMetricFamily, "nettap_tcp_state_changes", "TCP state changes of captured sockets.", ["from", "to"]),
@@ -81,7 +82,13 @@ class LifecycleCollector(Collector):
          "Resets sent and received by captured sockets.", ["direction"]),
         (CounterMetricFamily, "nettap_tcp_socket_errors",
          "Errors captured sockets reported (sock:inet_sk_error_report, Linux 5.14+), by name.", ["errno"]),
+        (CounterMetricFamily, "nettap_tcp_retransmits",
+         "Segments captured sockets sent again, by the recovery that sent them (rto: the retransmission "
+         "timer; tlp: a tail loss probe; fast: recovery on ACKs), and SYN-ACKs sent again to captured "
+         "ports (synack).", ["kind"]),
     ]
+    RETRANS = (("rto", "RETRANS_RTO"), ("tlp", "RETRANS_TLP"), ("fast", "RETRANS_FAST"),
+               ("synack", "RETRANS_SYNACK"))
 
     def __init__(self, read: Callable[[], "object"], state_names: tuple, errno_names: dict):
         """state_names: the kernel's TCP state names by number; errno_names:
@@ -92,7 +99,7 @@ class LifecycleCollector(Collector):
         return _families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        states, resets, errors = _families(self.SPECS)
+        states, resets, errors, retrans = _families(self.SPECS)
         rows = self.read()
         for i in rows[tcp_h.OBS_STATES:tcp_h.OBS_STATES + 256].nonzero()[0]:
             old, new = divmod(int(i), 16)
@@ -102,7 +109,9 @@ class LifecycleCollector(Collector):
         for e in rows[tcp_h.OBS_ERRORS:tcp_h.OBS_ERRORS + 256].nonzero()[0]:
             name = "other" if e >= 255 else self.errno_names.get(int(e), str(int(e)))
             errors.add_metric([name], int(rows[tcp_h.OBS_ERRORS + e]))
-        return [states, resets, errors]
+        for name, const in self.RETRANS:
+            retrans.add_metric([name], int(rows[tcp_h.OBS_RETRANS + getattr(tcp_h, const)]))
+        return [states, resets, errors, retrans]
 
     def _state(self, n: int) -> str:
         return self.state_names[n] if 0 < n < len(self.state_names) else str(n)

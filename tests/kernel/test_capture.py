@@ -20,7 +20,7 @@ from exporter.kernel import maps
 from exporter.kernel.mechanisms import preempt_rt
 from exporter.kernel.bpfstats import own_program_misses
 from procs import wait_for
-from traffic import ClientProcess, Server, payload, send_messages
+from traffic import ClientProcess, Server, in_netns, payload, send_messages
 
 
 N, S = 50, 1000          # messages, bytes each: 3 chunks per message (396+396+208)
@@ -326,6 +326,10 @@ def test_a_connect_that_times_out_reports_etimedout(nettap_run, mode):
     assert [(l["oldstate"], l["newstate"]) for l in mine if l["type"] == "state"] == [
         ("CLOSE", "SYN_SENT"), ("SYN_SENT", "CLOSE")]
     assert not [l for l in mine if l["type"] == "reset"]
+    # its SYN sent again by the retransmission timer, at 1 s (and again at 3 s
+    # where the timer fires just before the connect's time is up)
+    again = [(l["cause"], l["state"], l["retransmits"]) for l in mine if l["type"] == "retransmit"]
+    assert 1 <= len(again) <= 2 and {(c, s) for c, s, _ in again} == {("rto", "SYN_SENT")}, again
     errors = [(l["errno_name"], l["state"]) for l in mine if l["type"] == "error"]
     if _has_feature(run, "sock:inet_sk_error_report"):
         assert [e for e, _ in errors] == ["ETIMEDOUT"], mine
@@ -353,7 +357,8 @@ def _cgroup_id():
 
 def _check_lifecycle_metrics(run):
     """The lifecycle counters as /metrics shows them agree with the lines
-    the window wrote: every state pair, reset and error counted once."""
+    the window wrote: every state pair, reset, error and retransmission
+    counted once."""
     from prometheus_client import CollectorRegistry, generate_latest
     from exporter.metrics.collectors import LifecycleCollector
     reg = CollectorRegistry(auto_describe=False)
@@ -373,6 +378,8 @@ def _check_lifecycle_metrics(run):
         elif l["type"] == "error":
             want[("nettap_tcp_socket_errors_total", ("errno", l["errno_name"]))] += 1
             assert R.ERRNO_NAMES[l["errno"]] == l["errno_name"]
+        elif l["type"] in ("retransmit", "synack_retransmit"):
+            want[("nettap_tcp_retransmits_total", ("kind", l.get("cause", "synack")))] += 1
     assert got == want
     assert b"nettap_tcp_resets_total{direction=\"sent\"}" in generate_latest(reg)
     # What the drain took, by kind (nettap_ringbuf_records_drained_by_kind_total), is what was written.
@@ -562,26 +569,6 @@ def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
             r.app.close()
 
 
-def _in_netns(name, fn):
-    """fn() in a thread moved into network namespace name (setns applies to
-    the calling thread only; sockets keep the namespace they were made in)."""
-    from pyroute2 import netns
-    out, err = [], []
-
-    def run():
-        try:
-            netns.setns(name, flags=0)
-            out.append(fn())
-        except BaseException as e:       # noqa: BLE001 - re-raised in the caller
-            err.append(e)
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(60)
-    if err:
-        raise err[0]
-    return out[0]
-
-
 def test_netns_target(nettap_run, mode):
     from pyroute2 import NetNS, netns
     name = f"nettap-test-{uuid.uuid4().hex[:8]}"
@@ -592,8 +579,8 @@ def test_netns_target(nettap_run, mode):
             idx = ns.link_lookup(ifname="lo")[0]
             ns.link("set", index=idx, state="up")
         run = nettap_run({"captures": [{"netns": f"/var/run/netns/{name}"}]})
-        inside = _in_netns(name, lambda: Server(port=9000))
-        _in_netns(name, lambda: send_messages(9000, N, S))
+        inside = in_netns(name, lambda: Server(port=9000))
+        in_netns(name, lambda: send_messages(9000, N, S))
         inside.wait_received(1)
         outside = Server(port=9000)                       # same port, root netns: not captured
         send_messages(9000, N, S)

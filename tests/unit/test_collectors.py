@@ -73,7 +73,7 @@ PROBE_STATES = {
 
 def lifecycle_rows():
     """obs_counters rows (bpf/tcp.h NETTAP_OBS_*): two connections' states,
-    three resets, errors by number (255: any larger)."""
+    three resets, errors by number (255: any larger), retransmissions."""
     rows = np.zeros(tcp_h.OBS_ROWS, dtype=np.uint64)
     for old, new in ((7, 2), (2, 1), (10, 3), (3, 1), (1, 7), (1, 7)):     # CLOSE -> SYN_SENT, ...
         rows[tcp_h.OBS_STATES + old * 16 + new] += 1
@@ -82,6 +82,8 @@ def lifecycle_rows():
     rows[tcp_h.OBS_ERRORS + 111] = 3                                       # ECONNREFUSED
     rows[tcp_h.OBS_ERRORS + 104] = 2                                       # ECONNRESET
     rows[tcp_h.OBS_ERRORS + 255] = 1
+    rows[tcp_h.OBS_RETRANS + tcp_h.RETRANS_RTO] = 2
+    rows[tcp_h.OBS_RETRANS + tcp_h.RETRANS_TLP] = 3
     return rows
 
 
@@ -95,7 +97,8 @@ def fake_app():
         rings={"capture_chunks": FakeRing(16 << 20, 4096, chunk=1557),
                "capture_eof": FakeRing(256 << 10, 0, eof=12),
                "logs": FakeRing(64 << 10, 0, log=2),
-               "obs_events": FakeRing(1 << 20, 0, state=40, owner=8, reset=2, error=1, destroy=7)},
+               "obs_events": FakeRing(1 << 20, 0, state=40, owner=8, reset=2, error=1, destroy=7,
+                                              retransmit=5)},
         pipeline=SimpleNamespace(lost={"queue": 5, "decode": 1},
                                  sink=SimpleNamespace(name="jsonl", written=1550, errors=2, lost=2,
                                                     bytes_written=421600)),

@@ -1,0 +1,162 @@
+"""Kernel tests: what captured sockets send again (bpf/retrans.bpf.h), forced
+by nftables drops on the loopback of a network namespace of the test's own
+(netem is not built into every kernel; nftables is), and told apart by the
+recovery that sent it. Each scenario drops a fixed pattern of packets
+(``numgen inc``: counted from the table's creation), so what the kernel
+retransmits is known in advance."""
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from conftest import live_conn_ids
+from procs import wait_for
+from traffic import in_netns
+
+PORT = 9000
+DATA = b"r" * 200                 # one segment, told from handshake packets and ACKs by its length
+
+
+@pytest.fixture
+def ns():
+    """A network namespace with its loopback up; removed with its rules."""
+    from pyroute2 import NetNS, netns
+    name = f"nettap-rtx-{uuid.uuid4().hex[:8]}"
+    netns.create(name)
+    try:
+        with NetNS(name) as n:
+            n.link("set", index=n.link_lookup(ifname="lo")[0], state="up")
+        yield name
+    finally:
+        netns.remove(name)
+
+
+def drop(ns: str, match: str) -> None:
+    """Drop the packets to PORT that match as the namespace receives them (a
+    fresh table: its numgen counters start at 0). On input, not output: a
+    packet refused on output fails its send, which TCP sees and sends later
+    as if new, no retransmission."""
+    script = ("table inet nettap_test {\n chain in {\n  type filter hook input priority 0; policy accept;\n"
+              f"  tcp dport {PORT} {match} drop\n }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script.encode(), check=True,
+                   capture_output=True)
+
+
+def exchange(ns: str, sends: int = 1, timeout: float = 20) -> int:
+    """In ns: a client sends DATA sends times (TCP_NODELAY: a segment each)
+    to a server on PORT, which answers once it has it all; the client closes
+    after the answer (no FIN while data is unacknowledged). Returns the
+    client's port."""
+    def run():
+        lsn = socket.socket()
+        lsn.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsn.bind(("127.0.0.1", PORT))
+        lsn.listen(8)
+
+        def serve():
+            c, _ = lsn.accept()
+            with c:
+                got = 0
+                while got < sends * len(DATA):
+                    got += len(c.recv(65536))
+                c.sendall(b"ok")
+                c.recv(1)
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        c = socket.create_connection(("127.0.0.1", PORT), timeout=timeout)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(sends):
+            c.sendall(DATA)
+        assert c.recv(2) == b"ok"
+        port = c.getsockname()[1]
+        c.close()
+        t.join(timeout)
+        lsn.close()
+        return port
+    return in_netns(ns, run)
+
+
+def retransmits(run, sport: int) -> list:
+    """(cause, state, retransmits) of the client's retransmit lines."""
+    wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="every socket closed")
+    lines, _ = run.finish()
+    out = [(l["cause"], l["state"], l["retransmits"]) for l in lines
+           if l["type"] == "retransmit" and l["sport"] == sport]
+    for l in lines:
+        if l["type"] == "retransmit":
+            assert l["dport"] == PORT and l["daddr"] == "127.0.0.1" and l["rto_jiffies"] > 0, l
+    return out
+
+
+def test_a_lost_tail_is_sent_again_by_a_loss_probe(nettap_run, mode, ns):
+    """The one segment of a request is lost; the loss probe (TLP) sends it
+    again before the retransmission timer would."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    drop(ns, "ip length > 100 numgen inc mod 2 == 0")        # the segment, not its probe
+    sport = exchange(ns)
+    assert retransmits(run, sport) == [("tlp", "ESTABLISHED", 0)]
+
+
+def test_a_lost_probe_leaves_it_to_the_retransmission_timer(nettap_run, mode, ns):
+    """The segment, its loss probe and the first timer retransmission are
+    lost: the retransmission timer fires twice (RTOs, the kind tcp_retries2
+    counts), its count of retransmissions in a row one more the second time.
+    (Read as the segment is sent, the count is 0 or 1 at the first RTO: the
+    kernel increments it before sending on some releases, after on others.)"""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    drop(ns, "ip length > 100 numgen inc mod 4 < 3")         # the segment, the probe, the first RTO's
+    sport = exchange(ns)
+    got = retransmits(run, sport)
+    assert [(c, s) for c, s, _ in got] == [("tlp", "ESTABLISHED"), ("rto", "ESTABLISHED"), ("rto", "ESTABLISHED")]
+    first = got[1][2]
+    assert got[0][2] == 0 and first in (0, 1) and got[2][2] == first + 1, got
+    obs = run.obs_counts()
+    assert (obs[_row("RETRANS_RTO")], obs[_row("RETRANS_TLP")], obs[_row("RETRANS_FAST")]) == (2, 1, 0)
+
+
+def test_a_segment_lost_among_others_is_recovered_on_acks(nettap_run, mode, ns):
+    """The first of eight segments sent back to back is lost; the peer's
+    SACKs of the rest recover it (fast retransmit or RACK), not a timer."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    drop(ns, "ip length > 100 numgen inc mod 1000 == 0")     # the first only
+    sport = exchange(ns, sends=8)
+    assert retransmits(run, sport) == [("fast", "ESTABLISHED", 0)]
+
+
+def test_a_listener_sends_its_syn_ack_again_when_the_ack_is_lost(nettap_run, mode, ns):
+    """The client's ACKs to a listener on a captured port are dropped: the
+    listener's request times out (1 s) and it sends its SYN-ACK again. The
+    request is no connection yet: conn_id and pid 0."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    drop(ns, "tcp flags & (syn | ack) == ack")               # every ACK without SYN
+    lsn = in_netns(ns, lambda: _listener())
+    c = in_netns(ns, lambda: socket.create_connection(("127.0.0.1", PORT), timeout=10))
+    sport = c.getsockname()[1]
+    deadline = time.time() + 30
+    while not run.obs_counts()[_row("RETRANS_SYNACK")] and time.time() < deadline:
+        time.sleep(0.05)
+    c.close()
+    lsn.close()
+    lines, _ = run.finish()
+    mine = [l for l in lines if l["type"] == "synack_retransmit"]
+    assert mine, "no SYN-ACK sent again in 30 s"
+    first = mine[0]
+    assert (first["sport"], first["dport"], first["daddr"], first["retransmits"]) == (PORT, sport, "127.0.0.1", 0)
+    assert (first["conn_id"], first["pid"], first["family"]) == (0, 0, "ipv4")
+    assert run.obs_counts()[_row("RETRANS_SYNACK")] == len(mine)   # the listener gone before: no more since
+
+
+def _listener():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", PORT))
+    s.listen(8)
+    return s
+
+
+def _row(name: str) -> int:
+    from exporter.kernel import tcp_h
+    return tcp_h.OBS_RETRANS + getattr(tcp_h, name)
