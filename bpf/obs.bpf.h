@@ -62,7 +62,7 @@ static __always_inline struct conn *captured_conn(const struct sock *sk)
 	return conn_lookup_btf(sk);
 }
 
-static __always_inline void obs_count(__u32 row)
+static __always_inline void obs_add(__u32 row, __u64 n)
 {
 	struct nettap_obs_counters *c;
 	__u32 zero = 0;
@@ -75,7 +75,12 @@ static __always_inline void obs_count(__u32 row)
 	row &= NETTAP_OBS_ROWS - 1;
 	c = bpf_map_lookup_elem(&obs_counters, &zero);
 	if (c) /* per-CPU, added atomically for PREEMPT_RT (maps.bpf.h) */
-		__sync_fetch_and_add(&c->rows[row], 1);
+		__sync_fetch_and_add(&c->rows[row], n);
+}
+
+static __always_inline void obs_count(__u32 row)
+{
+	obs_add(row, 1);
 }
 
 /* The owner of a captured socket: the current task, once per connection

@@ -23,6 +23,7 @@
  *   tls.bpf.h          TLS calls in flight, and how each learns its socket
  *   entry_tls.bpf.h    uprobes on libssl: TLS plaintext
  *   retrans.bpf.h      retransmissions and SYN-ACKs sent again
+ *   timer.bpf.h        retransmit and keepalive timers as the wheel fires them
  *   tcp.bpf.c          this file: the lifecycle programs (states, eof, accept,
  *                      resets, errors, destruction)
  */
@@ -30,6 +31,7 @@
 #include "entry_func.bpf.h"
 #include "entry_tls.bpf.h"
 #include "retrans.bpf.h"
+#include "timer.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */
@@ -45,6 +47,7 @@ struct nettap_tls_handshake btf_nettap_tls_handshake __attribute__((unused));
 struct nettap_dlopen btf_nettap_dlopen __attribute__((unused));
 struct nettap_retransmit btf_nettap_retransmit __attribute__((unused));
 struct nettap_synack_retransmit btf_nettap_synack_retransmit __attribute__((unused));
+struct nettap_timer btf_nettap_timer __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs

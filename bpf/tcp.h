@@ -33,6 +33,7 @@
 #define NETTAP_KIND_DLOPEN	      10
 #define NETTAP_KIND_RETRANSMIT	      11
 #define NETTAP_KIND_SYNACK_RETRANSMIT 12
+#define NETTAP_KIND_TIMER	      13
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG   0
@@ -56,6 +57,7 @@
 #define NETTAP_OBS_RESETS  256	/* + NETTAP_DIR_* (egress: sent, ingress: received) */
 #define NETTAP_OBS_ERRORS  264	/* + the error number (1..254; 255: any larger) */
 #define NETTAP_OBS_RETRANS 520	/* + NETTAP_RETRANS_* */
+#define NETTAP_OBS_TIMERS  528	/* + NETTAP_TIMER_* * 16 + 0..15 (timer.bpf.h) */
 #define NETTAP_OBS_ROWS	   1024 /* a power of two (obs_count masks with it) */
 
 /* capture_config.flags: which kinds of capture target exist. */
@@ -94,6 +96,18 @@
 #define NETTAP_RETRANS_FAST   3 /* loss recovery on ACKs or RACK's reordering timer */
 #define NETTAP_RETRANS_SYNACK 4 /* a listener's SYN-ACK sent again (its request's timer) */
 
+/* nettap_timer.timer: which of a captured socket's timers the wheel fired */
+#define NETTAP_TIMER_RETRANSMIT 1 /* tcp_write_timer: RTO, loss and zero-window probes */
+#define NETTAP_TIMER_KEEPALIVE	2 /* tcp_keepalive_timer */
+
+/* nettap_timer.event: what the retransmit timer was armed for (the kernel's
+ * ICSK_TIME_*, include/net/inet_connection_sock.h); 0 for a keepalive */
+#define NETTAP_EVENT_NONE	 0 /* a keepalive timer's */
+#define NETTAP_EVENT_RTO	 1 /* ICSK_TIME_RETRANS */
+#define NETTAP_EVENT_PROBE0	 3 /* ICSK_TIME_PROBE0: a zero-window probe */
+#define NETTAP_EVENT_LOSS_PROBE	 5 /* ICSK_TIME_LOSS_PROBE: a tail loss probe */
+#define NETTAP_EVENT_REO_TIMEOUT 6 /* ICSK_TIME_REO_TIMEOUT: RACK's reordering timer */
+
 /* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
  * below 0 (an error, or a non-blocking socket's "want read/write": the
  * caller calls again) */
@@ -130,6 +144,9 @@ struct nettap_capture_config {
  * .rodata.nettap: read-only once loaded, so the verifier prunes on it). */
 struct nettap_kernel {
 	__u32 has_ancestor_cgroup_id; /* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
+	__u32 pad0;
+	__u64 tcp_write_timer;	   /* the kernel functions' addresses (/proc/kallsyms), */
+	__u64 tcp_keepalive_timer; /* 0 where unknown: timer.bpf.h */
 };
 
 /* The obs_counters map's one per-CPU value: rows NETTAP_OBS_* (one lookup
@@ -319,6 +336,27 @@ struct NETTAP_RECORD("synack_retransmit", "obs_events") nettap_synack_retransmit
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
 	__u8 pad1[4] NETTAP_JSON("-");
+};
+
+/* ring obs_events: the timer wheel fired a captured socket's retransmit or
+ * keepalive timer (timer:timer_expire_entry), how late, and whether its
+ * owner held the socket then (the timer then does nothing and tries again:
+ * a keepalive HZ/20 later); pid the connection's. */
+struct NETTAP_RECORD("timer", "obs_events") nettap_timer {
+	struct nettap_hdr h;
+	__u32 behind_jiffies; /* from its slot on the wheel to when its CPU fired it */
+	__u32 late_jiffies;   /* from the expiry its owner set to its slot: the wheel's rounding */
+	__u16 family NETTAP_JSON("family");	     /* AF_INET or AF_INET6 */
+	__u16 sport;				     /* local port */
+	__u16 dport;				     /* remote port */
+	__u8 timer NETTAP_JSON("enum:NETTAP_TIMER"); /* which timer */
+	__u8 event NETTAP_JSON("enum:NETTAP_EVENT"); /* what the retransmit timer was armed for */
+	__u8 owned;				     /* 1: its owner held the socket */
+	__u8 state NETTAP_JSON("enum:tcp_state");    /* the socket's state then */
+	__u8 pad0[2] NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
 };
 
 /* ring obs_events: a TLS handshake on a captured socket (libssl's

@@ -97,15 +97,22 @@ struct sock_common {
 	struct in6_addr skc_v6_rcv_saddr;
 };
 
+struct timer_list {
+	unsigned long expires;
+	void (*function)(struct timer_list *);
+};
+
+typedef struct {
+	int owned; /* sock_owned_by_user() */
+} socket_lock_t;
+
 struct sock {
 	struct sock_common __sk_common;
+	socket_lock_t sk_lock;
+	struct timer_list sk_timer; /* the keepalive timer (tcp_keepalive_timer) */
 	__u16 sk_type;
 	__u16 sk_protocol;
 	int sk_err;
-};
-
-struct timer_list {
-	unsigned long expires;
 };
 
 /* Linux 6.15 dropped icsk_timeout: the retransmit timer's expires is the

@@ -17,6 +17,7 @@ KIND_TLS_HANDSHAKE = 9
 KIND_DLOPEN = 10
 KIND_RETRANSMIT = 11
 KIND_SYNACK_RETRANSMIT = 12
+KIND_TIMER = 13
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
@@ -33,6 +34,7 @@ OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
 OBS_RETRANS = 520
+OBS_TIMERS = 528
 OBS_ROWS = 1024
 TARGET_PID = 1
 TARGET_CGROUP = 2
@@ -55,6 +57,13 @@ RETRANS_RTO = 1
 RETRANS_TLP = 2
 RETRANS_FAST = 3
 RETRANS_SYNACK = 4
+TIMER_RETRANSMIT = 1
+TIMER_KEEPALIVE = 2
+EVENT_NONE = 0
+EVENT_RTO = 1
+EVENT_PROBE0 = 3
+EVENT_LOSS_PROBE = 5
+EVENT_REO_TIMEOUT = 6
 TLS_HS_DONE = 1
 TLS_HS_FAILED = 2
 TLS_HS_NOT_DONE = 3
@@ -68,11 +77,13 @@ LOG_PAYLOAD_UNREADABLE = 5
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit'},
+    'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen'},
+    'TIMER': {1: 'retransmit', 2: 'keepalive'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
 }
@@ -126,8 +137,11 @@ STRUCTS = {
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
         ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
     )),
-    'nettap_kernel': (4, (
+    'nettap_kernel': (24, (
         ('has_ancestor_cgroup_id', 0, '__u32', 1, 4, '', 'bpf_get_current_ancestor_cgroup_id in tracing (5.14)'),
+        ('pad0', 4, '__u32', 1, 4, '', ''),
+        ('tcp_write_timer', 8, '__u64', 1, 8, '', "the kernel functions' addresses (/proc/kallsyms),"),
+        ('tcp_keepalive_timer', 16, '__u64', 1, 8, '', '0 where unknown: timer.bpf.h'),
     )),
     'nettap_eof': (128, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
@@ -306,6 +320,25 @@ STRUCTS = {
         ('daddr', 52, '__u8', 16, 16, 'addr', 'remote address'),
         ('pad1', 68, '__u8', 4, 4, '-', ''),
     )),
+    'nettap_timer': (80, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('behind_jiffies', 24, '__u32', 1, 4, '', 'from its slot on the wheel to when its CPU fired it'),
+        ('late_jiffies', 28, '__u32', 1, 4, '', "from the expiry its owner set to its slot: the wheel's rounding"),
+        ('family', 32, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 34, '__u16', 1, 2, '', 'local port'),
+        ('dport', 36, '__u16', 1, 2, '', 'remote port'),
+        ('timer', 38, '__u8', 1, 1, 'enum:NETTAP_TIMER', 'which timer'),
+        ('event', 39, '__u8', 1, 1, 'enum:NETTAP_EVENT', 'what the retransmit timer was armed for'),
+        ('owned', 40, '__u8', 1, 1, '', '1: its owner held the socket'),
+        ('state', 41, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
+        ('pad0', 42, '__u8', 2, 2, '-', ''),
+        ('netns', 44, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -323,7 +356,8 @@ RECORDS = {
     'dlopen': ('dlopen', 'nettap_dlopen'),
     'retransmit': ('obs_events', 'nettap_retransmit'),
     'synack_retransmit': ('obs_events', 'nettap_synack_retransmit'),
+    'timer': ('obs_events', 'nettap_timer'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88}

@@ -14,7 +14,7 @@ import platform
 import time
 from typing import Callable, Dict, Iterable, List
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
@@ -73,8 +73,8 @@ class LifecycleCollector(Collector):
 
     Bounded label sets: a state change only for the pairs seen (the kernel's
     states, at most 12 x 12), an error only for the numbers seen (their names;
-    255 and above as "other"), both reset directions and every retransmission
-    cause always."""
+    255 and above as "other"), both reset directions, every retransmission
+    cause and both timers always."""
 
     SPECS = [
         (CounterMetricFamily, "nettap_tcp_state_changes", "TCP state changes of captured sockets.", ["from", "to"]),
@@ -86,7 +86,13 @@ class LifecycleCollector(Collector):
          "Segments captured sockets sent again, by the recovery that sent them (rto: the retransmission "
          "timer; tlp: a tail loss probe; fast: recovery on ACKs), and SYN-ACKs sent again to captured "
          "ports (synack).", ["kind"]),
+        (HistogramMetricFamily, "nettap_tcp_timer_behind_jiffies",
+         "Jiffies from a captured socket's timer's slot on the wheel to when its CPU fired it "
+         "(a stalled CPU, a vCPU the host stopped), by timer.", ["timer"]),
     ]
+    # bpf/timer.bpf.h's buckets of behind_jiffies: 0, then below 2^b for b of 1..8
+    BEHIND_LE = ("0", "1", "3", "7", "15", "31", "63", "127", "255", "+Inf")
+    TIMERS = (("retransmit", "TIMER_RETRANSMIT"), ("keepalive", "TIMER_KEEPALIVE"))
     RETRANS = (("rto", "RETRANS_RTO"), ("tlp", "RETRANS_TLP"), ("fast", "RETRANS_FAST"),
                ("synack", "RETRANS_SYNACK"))
 
@@ -99,7 +105,7 @@ class LifecycleCollector(Collector):
         return _families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        states, resets, errors, retrans = _families(self.SPECS)
+        states, resets, errors, retrans, behind = _families(self.SPECS)
         rows = self.read()
         for i in rows[tcp_h.OBS_STATES:tcp_h.OBS_STATES + 256].nonzero()[0]:
             old, new = divmod(int(i), 16)
@@ -111,7 +117,11 @@ class LifecycleCollector(Collector):
             errors.add_metric([name], int(rows[tcp_h.OBS_ERRORS + e]))
         for name, const in self.RETRANS:
             retrans.add_metric([name], int(rows[tcp_h.OBS_RETRANS + getattr(tcp_h, const)]))
-        return [states, resets, errors, retrans]
+        for name, const in self.TIMERS:
+            at = tcp_h.OBS_TIMERS + getattr(tcp_h, const) * 16
+            counts = [int(n) for n in rows[at:at + 10].cumsum()]
+            behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(rows[at + 15]))
+        return [states, resets, errors, retrans, behind]
 
     def _state(self, n: int) -> str:
         return self.state_names[n] if 0 < n < len(self.state_names) else str(n)

@@ -555,7 +555,7 @@ def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
     for f in kp.features:
         if f.name == "bpf_get_current_ancestor_cgroup_id":
             f.present = False
-    assert features.kernel_settings(kp.features) == bytes(4)
+    assert features.kernel_settings(kp.features)[:4] == bytes(4)          # has_ancestor_cgroup_id 0
     runs = []
 
     def run_for(doc):
@@ -941,7 +941,11 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     else:
         assert {(e["tx_bytes"], e["rx_bytes"]) for e in client_side} == {(1, 0)}
         assert {(e["tx_bytes"], e["rx_bytes"]) for e in servers} == {(0, 1)}
-    assert live == 0 and slots == 0, rate    # every entry went with its socket, and its slot's count
+    # Every entry went with its socket, and its slot's count, but where the
+    # kernel skipped a tcp_destroy run (6.12 in the guests: a socket destroyed
+    # in a softirq that interrupted the program running for another), which
+    # leaves that socket's entry, counted (docs/limits.md).
+    assert live <= misses.get("tcp_destroy", 0) and slots == live, rate
 
 
 RESETS = 200

@@ -1,4 +1,5 @@
-"""Kernel tests: what captured sockets send again (bpf/retrans.bpf.h), forced
+"""Kernel tests: what captured sockets send again (bpf/retrans.bpf.h) and
+the timers that fire for them (bpf/timer.bpf.h), forced
 by nftables drops on the loopback of a network namespace of the test's own
 (netem is not built into every kernel; nftables is), and told apart by the
 recovery that sent it. Each scenario drops a fixed pattern of packets
@@ -34,13 +35,13 @@ def ns():
         netns.remove(name)
 
 
-def drop(ns: str, match: str) -> None:
-    """Drop the packets to PORT that match as the namespace receives them (a
+def drop(ns: str, match: str = "", way: str = "dport") -> None:
+    """Drop the packets to PORT (way sport: from it) that match as the namespace receives them (a
     fresh table: its numgen counters start at 0). On input, not output: a
     packet refused on output fails its send, which TCP sees and sends later
     as if new, no retransmission."""
     script = ("table inet nettap_test {\n chain in {\n  type filter hook input priority 0; policy accept;\n"
-              f"  tcp dport {PORT} {match} drop\n }}\n}}\n")
+              f"  tcp {way} {PORT} {match} drop\n }}\n}}\n")
     subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script.encode(), check=True,
                    capture_output=True)
 
@@ -160,3 +161,61 @@ def _listener():
 def _row(name: str) -> int:
     from exporter.kernel import tcp_h
     return tcp_h.OBS_RETRANS + getattr(tcp_h, name)
+
+
+def _timers(lines, sport):
+    return [l for l in lines if l["type"] == "timer" and l["sport"] == sport]
+
+
+def test_the_retransmit_timer_fires_for_the_probe_then_the_rto(nettap_run, mode, ns):
+    """The lost segment of a request: its socket's retransmit timer fires
+    armed for a loss probe, then for an RTO, each within a few jiffies of its
+    slot on the wheel (the wheel's own rounding aside)."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    if not _probe(run, "tcp_timer").attached:
+        pytest.skip(f"tcp_timer not loaded: {_probe(run, 'tcp_timer').mechanism}")
+    drop(ns, "ip length > 100 numgen inc mod 3 < 2")         # the segment and the probe
+    sport = exchange(ns)
+    wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="every socket closed")
+    lines, _ = run.finish()
+    fired = [(l["timer"], l["event"]) for l in _timers(lines, sport)]
+    # a timer that fires before its time (re-armed, icsk_timeout later) is seen twice
+    assert [e for i, e in enumerate(fired) if i == 0 or e != fired[i - 1]] == \
+        [("retransmit", "loss_probe"), ("retransmit", "rto")], fired
+    for l in _timers(lines, sport):
+        assert 0 <= l["behind_jiffies"] < 1000 and l["owned"] in (0, 1) and l["state"] == "ESTABLISHED", l
+        assert (l["dport"], l["daddr"]) == (PORT, "127.0.0.1")
+
+
+def test_keepalives_to_a_silent_peer_fire_the_keepalive_timer(nettap_run, mode, ns):
+    """A client with keepalives every second whose peer stops answering: its
+    keepalive timer fires each second until the connection times out
+    (ETIMEDOUT where the kernel reports errors)."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    if not _probe(run, "tcp_timer").attached:
+        pytest.skip(f"tcp_timer not loaded: {_probe(run, 'tcp_timer').mechanism}")
+    lsn = in_netns(ns, _listener)
+
+    def connect():
+        c = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        for opt, v in ((socket.TCP_KEEPIDLE, 1), (socket.TCP_KEEPINTVL, 1), (socket.TCP_KEEPCNT, 2)):
+            c.setsockopt(socket.IPPROTO_TCP, opt, v)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        return c
+    c = in_netns(ns, connect)
+    sport = c.getsockname()[1]
+    drop(ns, way="sport")                                   # the server's ACKs to the keepalives
+    deadline = time.time() + 30
+    while c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and time.time() < deadline:
+        time.sleep(0.1)
+    c.close()
+    lsn.close()
+    wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="every socket closed")
+    lines, _ = run.finish()
+    keep = [l for l in _timers(lines, sport) if l["timer"] == "keepalive"]
+    assert len(keep) >= 2 and {l["event"] for l in keep} == {"none"}, keep
+    assert all(l["state"] == "ESTABLISHED" and l["behind_jiffies"] < 1000 for l in keep), keep
+
+
+def _probe(run, name):
+    return run.app.probes.separate[name]
