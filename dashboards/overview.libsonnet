@@ -125,6 +125,9 @@ local lib = import 'lib.libsonnet';
             lib.timeseries('Retransmissions', 'ops', [
               lib.target(q('sum by (instance, kind) (rate(nettap_tcp_retransmits_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{kind}}'),
             ], description='Segments the captured sockets sent again, by the recovery that sent them: rto (the retransmission timer fired: a stall of 200 ms or more; tcp_retries2 in a row abort the connection), tlp (a tail loss probe), fast (recovery on ACKs); synack: SYN-ACKs a listener sent again.', w=8),
+            lib.timeseries('Timers fired late (p99)', 'short', [
+              lib.target(q('histogram_quantile(0.99, sum by (instance, timer, le) (rate(nettap_tcp_timer_behind_jiffies_bucket{%(sel)s}[$__rate_interval])))'), '{{instance}} {{timer}}'),
+            ], description="Jiffies from a captured socket's retransmit or keepalive timer's slot on the timer wheel to when its CPU fired it, 99th percentile: a CPU late to run its wheel (a vCPU the host stopped, a softirq storm) delays retransmissions and keepalives by that much.", w=8),
           ],
         },
         {
