@@ -113,8 +113,6 @@ struct cgroup___new {
 
 const volatile struct nettap_kernel nettap_kernel SEC(".rodata.nettap") = {
 	.has_ancestor_cgroup_id = 1,
-	.tcp_write_timer = 0,
-	.tcp_keepalive_timer = 0,
 };
 
 static __always_inline __u64 current_ancestor_cgroup_id(__u32 level)

@@ -24,15 +24,19 @@ struct trace_event_raw_tcp_retransmit_skb___err {
 	int err;
 } __attribute__((preserve_access_index));
 
+/* include/net/tcp.h: enum tcp_ca_state (congestion control states) */
+#define TCP_CA_RECOVERY 3
+
 /* Which recovery sends: tcp_write_timer_handler (net/ipv4/tcp_timer.c)
  * clears icsk_pending before tcp_retransmit_timer sends again (an RTO, the
  * only retransmissions tcp_retries2 counts), and leaves it
  * ICSK_TIME_LOSS_PROBE, its time come, while tcp_send_loss_probe sends a
- * probe. On an ACK (fast retransmit, SACK or RACK recovery) or RACK's
- * reordering timer the timer is armed for something else or not yet due:
- * a loss probe is armed after every new send, so the state alone cannot tell
- * a probe from a fast retransmit, its expiry can. (An ACK handled just as
- * the probe's time comes, before the timer runs, reads as a probe.) */
+ * probe, in the Open state (a probe is armed only there). Loss recovery on
+ * ACKs (fast retransmit, SACK, RACK and its reordering timer) enters
+ * Recovery (or stays in Loss after an RTO) before it sends: the timer's
+ * state alone cannot tell it from a probe, since a loss probe is armed after
+ * every new send and its time may have come when the ACKs arrive (seen in
+ * the emulated guests). */
 static __always_inline __u8 retrans_cause(const struct inet_connection_sock *icsk)
 {
 	__u8 pending = BPF_CORE_READ(icsk, icsk_pending);
@@ -40,10 +44,11 @@ static __always_inline __u8 retrans_cause(const struct inet_connection_sock *ics
 
 	if (!pending)
 		return NETTAP_RETRANS_RTO;
+	if (pending != ICSK_TIME_LOSS_PROBE ||
+	    BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state) >= TCP_CA_RECOVERY)
+		return NETTAP_RETRANS_FAST;
 	expires = BPF_CORE_READ(icsk, icsk_retransmit_timer.expires);
-	if (pending == ICSK_TIME_LOSS_PROBE && (long)(bpf_jiffies64() - expires) >= 0)
-		return NETTAP_RETRANS_TLP;
-	return NETTAP_RETRANS_FAST;
+	return (long)(bpf_jiffies64() - expires) >= 0 ? NETTAP_RETRANS_TLP : NETTAP_RETRANS_FAST;
 }
 
 /* ring obs_events: a captured socket sent a segment again. Its fields are

@@ -97,8 +97,8 @@
 #define NETTAP_RETRANS_SYNACK 4 /* a listener's SYN-ACK sent again (its request's timer) */
 
 /* nettap_timer.timer: which of a captured socket's timers the wheel fired */
-#define NETTAP_TIMER_RETRANSMIT 1 /* tcp_write_timer: RTO, loss and zero-window probes */
-#define NETTAP_TIMER_KEEPALIVE	2 /* tcp_keepalive_timer */
+#define NETTAP_TIMER_RETRANSMIT 1 /* icsk_retransmit_timer: RTO, loss and zero-window probes */
+#define NETTAP_TIMER_KEEPALIVE	2 /* sk_timer, a TCP socket's keepalive */
 
 /* nettap_timer.event: what the retransmit timer was armed for (the kernel's
  * ICSK_TIME_*, include/net/inet_connection_sock.h); 0 for a keepalive */
@@ -144,9 +144,6 @@ struct nettap_capture_config {
  * .rodata.nettap: read-only once loaded, so the verifier prunes on it). */
 struct nettap_kernel {
 	__u32 has_ancestor_cgroup_id; /* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
-	__u32 pad0;
-	__u64 tcp_write_timer;	   /* the kernel functions' addresses (/proc/kallsyms), */
-	__u64 tcp_keepalive_timer; /* 0 where unknown: timer.bpf.h */
 };
 
 /* The obs_counters map's one per-CPU value: rows NETTAP_OBS_* (one lookup

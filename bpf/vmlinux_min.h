@@ -99,7 +99,6 @@ struct sock_common {
 
 struct timer_list {
 	unsigned long expires;
-	void (*function)(struct timer_list *);
 };
 
 typedef struct {
@@ -109,7 +108,7 @@ typedef struct {
 struct sock {
 	struct sock_common __sk_common;
 	socket_lock_t sk_lock;
-	struct timer_list sk_timer; /* the keepalive timer (tcp_keepalive_timer) */
+	struct timer_list sk_timer; /* a TCP socket's keepalive timer */
 	__u16 sk_type;
 	__u16 sk_protocol;
 	int sk_err;
@@ -120,6 +119,7 @@ struct sock {
 struct inet_connection_sock {
 	struct timer_list icsk_retransmit_timer;
 	__u32 icsk_rto;
+	__u8 icsk_ca_state : 5; /* a bitfield on every kernel: BPF_CORE_READ_BITFIELD_PROBED */
 	__u8 icsk_retransmits;
 	__u8 icsk_pending;
 };

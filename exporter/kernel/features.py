@@ -106,30 +106,6 @@ def _tracepoint(btf: int, name: str) -> tuple:
     return found, "vmlinux BTF"
 
 
-TIMER_FUNCTIONS = ("tcp_write_timer", "tcp_keepalive_timer")     # struct nettap_kernel's order
-
-
-def timer_functions(path: str = "/proc/kallsyms") -> tuple:
-    """The addresses of TIMER_FUNCTIONS (bpf/timer.bpf.h tells a socket's
-    timers by their function), 0 each where /proc/kallsyms hides it
-    (kernel.kptr_restrict) or lacks it."""
-    want, found = set(TIMER_FUNCTIONS), {}
-    try:
-        with open(path) as f:
-            for line in f:
-                addr, _t, name = line.split()[:3]
-                if name in want:
-                    found[name] = int(addr, 16)
-    except (OSError, ValueError):
-        pass
-    return tuple(found.get(n, 0) for n in TIMER_FUNCTIONS)
-
-
-def _timers() -> tuple:
-    found = all(timer_functions())
-    return found, "/proc/kallsyms" + ("" if found else ": not listed, or hidden (kernel.kptr_restrict)")
-
-
 def probe(btf: int) -> list:
     """Every feature, in the order --preflight prints them. btf: the parsed
     vmlinux BTF (0 if the kernel has none)."""
@@ -152,7 +128,6 @@ def probe(btf: int) -> list:
         ("bpf_rdonly_cast", "6.2", lambda: _kfunc(btf, "bpf_rdonly_cast")),
         # a tracepoint a lifecycle program needs (loader.SEPARATE)
         ("sock:inet_sk_error_report", "5.14", lambda: _tracepoint(btf, "inet_sk_error_report")),
-        ("tcp timer functions", "-", _timers),
     )
     return [Feature(name, since, *check()) for name, since, check in checks]
 
@@ -160,10 +135,8 @@ def probe(btf: int) -> list:
 def kernel_settings(features: list) -> bytes:
     """struct nettap_kernel (bpf/tcp.h), written into the object's
     .rodata.nettap section before load."""
-    import struct
     have = {f.name: f.present for f in features}
-    timers = timer_functions() if have.get("tcp timer functions") else (0, 0)
-    return struct.pack("<I4xQQ", int(have["bpf_get_current_ancestor_cgroup_id"]), *timers)
+    return int(have["bpf_get_current_ancestor_cgroup_id"]).to_bytes(4, "little")
 
 
 def runtime_alloc_ok(features: list) -> bool:

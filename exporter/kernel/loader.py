@@ -95,7 +95,7 @@ SEPARATE = {"tcp_accept": ("tracepoint", None, True),
             "tcp_sk_error": ("tp_btf", "sock:inet_sk_error_report", False),
             "tcp_retransmit": ("tp_btf", None, False),
             "tcp_synack_retransmit": ("tp_btf", None, False),
-            "tcp_timer": ("tp_btf", "tcp timer functions", False)}
+            "tcp_timer": ("tp_btf", None, False)}
 _SEPARATE_TPS = {"tcp_accept": _syscall_tps("sys_exit", ("accept4", "accept"))}
 
 

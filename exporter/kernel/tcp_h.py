@@ -137,11 +137,8 @@ STRUCTS = {
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
         ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
     )),
-    'nettap_kernel': (24, (
+    'nettap_kernel': (4, (
         ('has_ancestor_cgroup_id', 0, '__u32', 1, 4, '', 'bpf_get_current_ancestor_cgroup_id in tracing (5.14)'),
-        ('pad0', 4, '__u32', 1, 4, '', ''),
-        ('tcp_write_timer', 8, '__u64', 1, 8, '', "the kernel functions' addresses (/proc/kallsyms),"),
-        ('tcp_keepalive_timer', 16, '__u64', 1, 8, '', '0 where unknown: timer.bpf.h'),
     )),
     'nettap_eof': (128, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
