@@ -199,9 +199,11 @@ def test_log_says_attached_only_for_what_attached(tmp_path):
             p.wait(30)
     attached = {probe: mech for mech, probe in re.findall(r'^nettap_probe_attached\{mechanism="(\w+)",probe="(\w+)"\}',
                                                           metrics, re.M)}
-    # the two call probes, the lifecycle, tcp_accept and tcp_sk_error ("unsupported" where the kernel
-    # lacks it), and the three TLS probes ("disabled": capture.tls is off)
-    assert len(attached) == 8, metrics
+    # the call probes, the lifecycle (one probe), the separately reported lifecycle probes
+    # ("unsupported" where the kernel lacks what one needs), and the TLS probes ("disabled":
+    # capture.tls is off)
+    from exporter.kernel import loader, tls
+    assert set(attached) == {*loader.PROBES, "tcp_state", *loader.SEPARATE, *tls.PROBES}, metrics
     text = (tmp_path / "log").read_text()
     off = ("unsupported", "disabled")
     up = {p: m for p, m in attached.items() if m not in ("none",) + off}
