@@ -48,6 +48,7 @@ struct nettap_dlopen btf_nettap_dlopen __attribute__((unused));
 struct nettap_retransmit btf_nettap_retransmit __attribute__((unused));
 struct nettap_synack_retransmit btf_nettap_synack_retransmit __attribute__((unused));
 struct nettap_timer btf_nettap_timer __attribute__((unused));
+struct nettap_probe btf_nettap_probe __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs
@@ -221,9 +222,13 @@ SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(tcp_destroy, struct sock *sk)
 {
 	struct conn *cn = captured_conn(sk);
+	struct nettap_timer_slot *slot;
 
 	if (!cn)
 		return 0;
+	slot = timer_slot_get(); /* destroyed by its timer, which must not read it after */
+	if (slot && slot->timer && slot->sk == (__u64)sk)
+		timer_slot_clear(slot);
 	if (!cn->closed)
 		publish_eof(sk, cn, TCP_CLOSE);
 	publish_destroy(sk, cn);

@@ -34,6 +34,7 @@
 #define NETTAP_KIND_RETRANSMIT	      11
 #define NETTAP_KIND_SYNACK_RETRANSMIT 12
 #define NETTAP_KIND_TIMER	      13
+#define NETTAP_KIND_PROBE	      14
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG   0
@@ -58,6 +59,7 @@
 #define NETTAP_OBS_ERRORS  264	/* + the error number (1..254; 255: any larger) */
 #define NETTAP_OBS_RETRANS 520	/* + NETTAP_RETRANS_* */
 #define NETTAP_OBS_TIMERS  528	/* + NETTAP_TIMER_* * 16 + 0..15 (timer.bpf.h) */
+#define NETTAP_OBS_WAKEUPS 576	/* + NETTAP_WAKEUP_* */
 #define NETTAP_OBS_ROWS	   1024 /* a power of two (obs_count masks with it) */
 
 /* capture_config.flags: which kinds of capture target exist. */
@@ -107,6 +109,10 @@
 #define NETTAP_EVENT_PROBE0	 3 /* ICSK_TIME_PROBE0: a zero-window probe */
 #define NETTAP_EVENT_LOSS_PROBE	 5 /* ICSK_TIME_LOSS_PROBE: a tail loss probe */
 #define NETTAP_EVENT_REO_TIMEOUT 6 /* ICSK_TIME_REO_TIMEOUT: RACK's reordering timer */
+
+/* nettap_probe.probe: which probe a captured socket's timer sent */
+#define NETTAP_WAKEUP_WINDOW	1 /* a zero-window probe (the retransmit timer's PROBE0) */
+#define NETTAP_WAKEUP_KEEPALIVE 2 /* a keepalive probe (the keepalive timer) */
 
 /* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
  * below 0 (an error, or a non-blocking socket's "want read/write": the
@@ -351,6 +357,28 @@ struct NETTAP_RECORD("timer", "obs_events") nettap_timer {
 	__u8 owned;				     /* 1: its owner held the socket */
 	__u8 state NETTAP_JSON("enum:tcp_state");    /* the socket's state then */
 	__u8 pad0[2] NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+};
+
+/* ring obs_events: a captured socket's timer sent a probe
+ * (tcp_write_wakeup): a zero-window probe to a peer that advertised no
+ * room, or a keepalive probe to an idle peer; told as the timer's function
+ * returns (timer:timer_expire_exit) by icsk_probes_out having grown. A
+ * probe sent when the owner releases a socket it held as the timer fired
+ * is not seen. pid the connection's. */
+struct NETTAP_RECORD("probe", "obs_events") nettap_probe {
+	struct nettap_hdr h;
+	__u32 snd_wnd;			    /* the window the peer last advertised */
+	__u32 rto_jiffies;		    /* the retransmission timeout then (icsk_rto) */
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port */
+	__u16 dport;			    /* remote port */
+	__u8 probe NETTAP_JSON("enum:NETTAP_WAKEUP"); /* which probe */
+	__u8 probes_out; /* probes sent with no answer, this one included */
+	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
+	__u8 pad0[3] NETTAP_JSON("-");
 	__u32 netns;			    /* inode of the socket's network namespace */
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */

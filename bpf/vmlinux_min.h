@@ -122,6 +122,7 @@ struct inet_connection_sock {
 	__u8 icsk_ca_state : 5; /* a bitfield on every kernel: BPF_CORE_READ_BITFIELD_PROBED */
 	__u8 icsk_retransmits;
 	__u8 icsk_pending;
+	__u8 icsk_probes_out;
 };
 
 struct request_sock {
@@ -135,6 +136,7 @@ struct tcp_sock {
 	__u32 segs_out;
 	__u64 bytes_acked;
 	__u32 total_retrans;
+	__u32 snd_wnd; /* the window the peer advertised */
 };
 
 struct inet_sock {

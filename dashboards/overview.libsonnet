@@ -128,6 +128,9 @@ local lib = import 'lib.libsonnet';
             lib.timeseries('Timers fired late (p99)', 'short', [
               lib.target(q('histogram_quantile(0.99, sum by (instance, timer, le) (rate(nettap_tcp_timer_behind_jiffies_bucket{%(sel)s}[$__rate_interval])))'), '{{instance}} {{timer}}'),
             ], description="Jiffies from a captured socket's retransmit or keepalive timer's slot on the timer wheel to when its CPU fired it, 99th percentile: a CPU late to run its wheel (a vCPU the host stopped, a softirq storm) delays retransmissions and keepalives by that much.", w=8),
+            lib.timeseries('Zero-window and keepalive probes', 'ops', [
+              lib.target(q('sum by (instance, probe) (rate(nettap_tcp_probes_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{probe}}'),
+            ], description="Probes the captured sockets' timers sent: window, zero-window probes to a peer that advertised no room (a reader that stopped reading: the sender waits); keepalive, keepalive probes to an idle peer (each unanswered one brings the connection nearer its end).", w=8),
           ],
         },
         {

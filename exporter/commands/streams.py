@@ -44,11 +44,14 @@ _RETRANSMIT = {"conn_id": _INT, "ts_ns": _INT, "cause": _STR, "state": _STR, "re
 _SYNACK = {"conn_id": _INT, "ts_ns": _INT, "sport": _INT, "dport": _INT, "daddr": _STR, "retransmits": _INT}
 _TIMER = {"conn_id": _INT, "ts_ns": _INT, "timer": _STR, "event": _STR, "behind_jiffies": _INT,
           "late_jiffies": _INT, "owned": _INT, "state": _STR}
+_PROBE = {"conn_id": _INT, "ts_ns": _INT, "probe": _STR, "probes_out": _INT, "snd_wnd": _INT,
+          "rto_jiffies": _INT, "state": _STR}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
            "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "retransmit": _RETRANSMIT,
-           "synack_retransmit": _SYNACK, "timer": _TIMER, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
+           "synack_retransmit": _SYNACK, "timer": _TIMER, "probe": _PROBE,
+           "clock": _CLOCK, "start": _MARK, "stop": _MARK}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
@@ -68,6 +71,9 @@ LIFECYCLE = {
                         f" in {r['state']}: {r['behind_jiffies']} jiffies behind its slot, "
                         f"{r['late_jiffies']} after its expiry" + (", its owner holding the socket" if r['owned']
                                                                    else "")),
+    "probe": lambda r: (f"{'zero-window' if r['probe'] == 'window' else r['probe']} probe sent in {r['state']}: "
+                        f"{r['probes_out']} unanswered, the peer's window {r['snd_wnd']} B, "
+                        f"RTO {r['rto_jiffies']} jiffies"),
     # a request, no connection yet (conn_id 0): counted, listed under no connection
     "synack_retransmit": lambda r: (f"SYN-ACK sent again from port {r['sport']} to {r['daddr']}:{r['dport']} "
                                     f"({r['retransmits']} before)"),

@@ -18,6 +18,7 @@ KIND_DLOPEN = 10
 KIND_RETRANSMIT = 11
 KIND_SYNACK_RETRANSMIT = 12
 KIND_TIMER = 13
+KIND_PROBE = 14
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
@@ -35,6 +36,7 @@ OBS_RESETS = 256
 OBS_ERRORS = 264
 OBS_RETRANS = 520
 OBS_TIMERS = 528
+OBS_WAKEUPS = 576
 OBS_ROWS = 1024
 TARGET_PID = 1
 TARGET_CGROUP = 2
@@ -64,6 +66,8 @@ EVENT_RTO = 1
 EVENT_PROBE0 = 3
 EVENT_LOSS_PROBE = 5
 EVENT_REO_TIMEOUT = 6
+WAKEUP_WINDOW = 1
+WAKEUP_KEEPALIVE = 2
 TLS_HS_DONE = 1
 TLS_HS_FAILED = 2
 TLS_HS_NOT_DONE = 3
@@ -78,7 +82,7 @@ NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
     'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
@@ -86,6 +90,7 @@ NAMES = {
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
+    'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen')
@@ -336,6 +341,24 @@ STRUCTS = {
         ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
     )),
+    'nettap_probe': (80, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('snd_wnd', 24, '__u32', 1, 4, '', 'the window the peer last advertised'),
+        ('rto_jiffies', 28, '__u32', 1, 4, '', 'the retransmission timeout then (icsk_rto)'),
+        ('family', 32, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 34, '__u16', 1, 2, '', 'local port'),
+        ('dport', 36, '__u16', 1, 2, '', 'remote port'),
+        ('probe', 38, '__u8', 1, 1, 'enum:NETTAP_WAKEUP', 'which probe'),
+        ('probes_out', 39, '__u8', 1, 1, '', 'probes sent with no answer, this one included'),
+        ('state', 40, '__u8', 1, 1, 'enum:tcp_state', "the socket's state then"),
+        ('pad0', 41, '__u8', 3, 3, '-', ''),
+        ('netns', 44, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -354,7 +377,8 @@ RECORDS = {
     'retransmit': ('obs_events', 'nettap_retransmit'),
     'synack_retransmit': ('obs_events', 'nettap_synack_retransmit'),
     'timer': ('obs_events', 'nettap_timer'),
+    'probe': ('obs_events', 'nettap_probe'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88}

@@ -74,7 +74,7 @@ class LifecycleCollector(Collector):
     Bounded label sets: a state change only for the pairs seen (the kernel's
     states, at most 12 x 12), an error only for the numbers seen (their names;
     255 and above as "other"), both reset directions, every retransmission
-    cause and both timers always."""
+    cause, both timers and both probes always."""
 
     SPECS = [
         (CounterMetricFamily, "nettap_tcp_state_changes", "TCP state changes of captured sockets.", ["from", "to"]),
@@ -89,10 +89,14 @@ class LifecycleCollector(Collector):
         (HistogramMetricFamily, "nettap_tcp_timer_behind_jiffies",
          "Jiffies from a captured socket's timer's slot on the wheel to when its CPU fired it "
          "(a stalled CPU, a vCPU the host stopped), by timer.", ["timer"]),
+        (CounterMetricFamily, "nettap_tcp_probes",
+         "Probes captured sockets' timers sent: zero-window probes (window) and keepalive probes (keepalive).",
+         ["probe"]),
     ]
     # bpf/timer.bpf.h's buckets of behind_jiffies: 0, then below 2^b for b of 1..8
     BEHIND_LE = ("0", "1", "3", "7", "15", "31", "63", "127", "255", "+Inf")
     TIMERS = (("retransmit", "TIMER_RETRANSMIT"), ("keepalive", "TIMER_KEEPALIVE"))
+    PROBES = (("window", "WAKEUP_WINDOW"), ("keepalive", "WAKEUP_KEEPALIVE"))
     RETRANS = (("rto", "RETRANS_RTO"), ("tlp", "RETRANS_TLP"), ("fast", "RETRANS_FAST"),
                ("synack", "RETRANS_SYNACK"))
 
@@ -105,7 +109,7 @@ class LifecycleCollector(Collector):
         return _families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        states, resets, errors, retrans, behind = _families(self.SPECS)
+        states, resets, errors, retrans, behind, probes = _families(self.SPECS)
         rows = self.read()
         for i in rows[tcp_h.OBS_STATES:tcp_h.OBS_STATES + 256].nonzero()[0]:
             old, new = divmod(int(i), 16)
@@ -121,7 +125,9 @@ class LifecycleCollector(Collector):
             at = tcp_h.OBS_TIMERS + getattr(tcp_h, const) * 16
             counts = [int(n) for n in rows[at:at + 10].cumsum()]
             behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(rows[at + 15]))
-        return [states, resets, errors, retrans, behind]
+        for name, const in self.PROBES:
+            probes.add_metric([name], int(rows[tcp_h.OBS_WAKEUPS + getattr(tcp_h, const)]))
+        return [states, resets, errors, retrans, behind, probes]
 
     def _state(self, n: int) -> str:
         return self.state_names[n] if 0 < n < len(self.state_names) else str(n)

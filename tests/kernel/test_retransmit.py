@@ -177,9 +177,11 @@ def test_a_listener_sends_its_syn_ack_again_when_the_ack_is_lost(nettap_run, mod
     assert run.obs_counts()[_row("RETRANS_SYNACK")] == len(mine)   # the listener gone before: no more since
 
 
-def _listener():
+def _listener(rcvbuf: int = 0):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if rcvbuf:                          # accepted sockets inherit it: a small window
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.bind(("127.0.0.1", PORT))
     s.listen(8)
     return s
@@ -216,3 +218,49 @@ def test_the_retransmit_timer_fires_for_the_probe_then_the_rto(nettap_run, mode,
 
 def _probe(run, name):
     return run.app.probes.separate[name]
+
+
+def test_a_zero_window_is_probed_by_the_retransmit_timer(nettap_run, mode, ns):
+    """A server that never reads: the client fills its window, and its
+    retransmit timer, armed for a zero-window probe, sends one probe after
+    another (the peer answers each with its window still 0). Each is a probe
+    record, as many as the kernel counted (TcpExt TCPWinProbe)."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    for name in ("tcp_timer", "tcp_timer_exit"):
+        if not _probe(run, name).attached:
+            pytest.skip(f"{name} not loaded: {_probe(run, name).mechanism}")
+
+    def stall():
+        lsn = _listener(rcvbuf=4096)
+        c = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        s, _ = lsn.accept()
+        before = mib()["TCPWinProbe"]
+        c.setblocking(False)
+        try:
+            while True:
+                c.send(DATA * 20)
+        except BlockingIOError:
+            pass
+        deadline = time.time() + 30
+        while mib()["TCPWinProbe"] - before < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        s.close()                       # unread data: a reset, the client's probes end
+        wait_for(lambda: c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) or True, what="the reset")
+        sport = c.getsockname()[1]
+        time.sleep(0.2)
+        c.close()
+        lsn.close()
+        return sport, mib()["TCPWinProbe"] - before
+    sport, kernel = in_netns(ns, stall)
+    assert kernel >= 3, "the kernel sent fewer than 3 zero-window probes in 30 s"
+    wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="every socket closed")
+    lines, _ = run.finish()
+    probes = [l for l in lines if l["type"] == "probe" and l["sport"] == sport]
+    assert len(probes) == kernel, (probes, kernel)
+    for l in probes:
+        assert (l["probe"], l["snd_wnd"], l["state"], l["dport"]) == ("window", 0, "ESTABLISHED", PORT), l
+        assert l["probes_out"] >= 1 and l["rto_jiffies"] > 0 and l["conn_id"] > 0, l
+    windows = [l for l in _timers(lines, sport) if l["event"] == "probe0"]
+    assert len(windows) >= len(probes), windows
+    from exporter.kernel import tcp_h
+    assert run.obs_counts()[tcp_h.OBS_WAKEUPS + tcp_h.WAKEUP_WINDOW] == kernel

@@ -73,7 +73,7 @@ PROBE_STATES = {
 
 def lifecycle_rows():
     """obs_counters rows (bpf/tcp.h NETTAP_OBS_*): two connections' states,
-    three resets, errors by number (255: any larger), retransmissions, timers."""
+    three resets, errors by number (255: any larger), retransmissions, timers, probes."""
     rows = np.zeros(tcp_h.OBS_ROWS, dtype=np.uint64)
     for old, new in ((7, 2), (2, 1), (10, 3), (3, 1), (1, 7), (1, 7)):     # CLOSE -> SYN_SENT, ...
         rows[tcp_h.OBS_STATES + old * 16 + new] += 1
@@ -86,6 +86,7 @@ def lifecycle_rows():
     rows[tcp_h.OBS_RETRANS + tcp_h.RETRANS_TLP] = 3
     at = tcp_h.OBS_TIMERS + tcp_h.TIMER_KEEPALIVE * 16            # keepalives 0, 0, 2 and 300 jiffies behind
     rows[at + 0], rows[at + 2], rows[at + 9], rows[at + 15] = 2, 1, 1, 302
+    rows[tcp_h.OBS_WAKEUPS + tcp_h.WAKEUP_WINDOW] = 4
     return rows
 
 
@@ -100,7 +101,7 @@ def fake_app():
                "capture_eof": FakeRing(256 << 10, 0, eof=12),
                "logs": FakeRing(64 << 10, 0, log=2),
                "obs_events": FakeRing(1 << 20, 0, state=40, owner=8, reset=2, error=1, destroy=7,
-                                              retransmit=5, timer=4)},
+                                              retransmit=5, timer=4, probe=4)},
         pipeline=SimpleNamespace(lost={"queue": 5, "decode": 1},
                                  sink=SimpleNamespace(name="jsonl", written=1550, errors=2, lost=2,
                                                     bytes_written=421600)),

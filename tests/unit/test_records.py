@@ -32,11 +32,12 @@ DIRECTION_NAMES = {0: "egress", 1: "ingress"}
 FLAG_NAMES = {0: [], 1: ["read_failed"], 2: ["no_conn"], 3: ["read_failed", "no_conn"]}
 FAMILY_NAMES = {2: "ipv4", 10: "ipv6"}
 NO_COMM = {"state", "reset", "error", "destroy",     # kinds without a task name: recorded in softirq too
-           "retransmit", "synack_retransmit", "timer"}
+           "retransmit", "synack_retransmit", "timer", "probe"}
 VIA_NAMES = {1: "connect", 2: "first_call", 3: "accept"}
 CAUSE_NAMES = {1: "rto", 2: "tlp", 3: "fast", 4: "synack"}
 TIMER_NAMES = {1: "retransmit", 2: "keepalive"}
 EVENT_NAMES = {0: "none", 1: "rto", 3: "probe0", 5: "loss_probe", 6: "reo_timeout"}
+WAKEUP_NAMES = {1: "window", 2: "keepalive"}
 # Written out for the errors a TCP socket reports; the rest from Python's table of Linux's numbers.
 ERRNO_NAMES = {**errno.errorcode, 32: "EPIPE", 104: "ECONNRESET", 110: "ETIMEDOUT", 111: "ECONNREFUSED",
                113: "EHOSTUNREACH"}
@@ -115,13 +116,15 @@ def test_golden_independent(kind):
                 assert obj["direction"] == DIRECTION_NAMES[spec.get("direction", 0)]
             else:
                 assert obj["direction"] == str(spec.get("direction", 0))
-        if kind in ("reset", "error", "destroy", "retransmit", "timer"):
+        if kind in ("reset", "error", "destroy", "retransmit", "timer", "probe"):
             assert obj["state"] == TCP_STATE_NAMES.get(spec.get("state", 0), str(spec.get("state", 0)))
         if kind == "retransmit":
             assert obj["cause"] == CAUSE_NAMES.get(spec.get("cause", 0), str(spec.get("cause", 0)))
         if kind == "timer":
             assert obj["timer"] == TIMER_NAMES.get(spec.get("timer", 0), str(spec.get("timer", 0)))
             assert obj["event"] == EVENT_NAMES.get(spec.get("event", 0), str(spec.get("event", 0)))
+        if kind == "probe":
+            assert obj["probe"] == WAKEUP_NAMES.get(spec.get("probe", 0), str(spec.get("probe", 0)))
         if kind == "error":
             name = spec.get("errno_name", 0)
             assert obj["errno_name"] == ERRNO_NAMES.get(name, str(name))
