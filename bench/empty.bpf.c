@@ -42,6 +42,15 @@ int empty_lc_rst_recv(void *ctx) { return 0; }
 SEC("tp_btf/inet_sk_error_report")
 int empty_lc_sk_error(void *ctx) { return 0; }
 
+SEC("tp_btf/tcp_probe")
+int empty_lc_segment(void *ctx) { return 0; }
+
+SEC("tp_btf/timer_expire_entry")
+int empty_lc_timer(void *ctx) { return 0; }
+
+SEC("tp_btf/timer_expire_exit")
+int empty_lc_timer_exit(void *ctx) { return 0; }
+
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* libssl's SSL_write_ex and SSL_read_ex (uprobes, attached by the benchmark). */

@@ -34,9 +34,10 @@ struct conn {
 	__u64 tls_tx_off; /* TLS plaintext sent (tls.bpf.h) */
 	__u64 tls_rx_off; /* TLS plaintext received */
 	__u32 pid;
-	__u16 closed; /* reached TCP_CLOSE, its eof published: kept until the socket is
+	__u16 closed;  /* reached TCP_CLOSE, its eof published: kept until the socket is
 		       * destroyed (a reset it sends follows its CLOSE), then removed */
-	__u16 owned;  /* its owner record is published (obs.bpf.h) */
+	__u8 owned;    /* its owner record is published (obs.bpf.h) */
+	__u8 segments; /* the segments it receives are recorded (segment.bpf.h) */
 };
 
 struct {

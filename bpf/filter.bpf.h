@@ -36,13 +36,22 @@ const __u8 debruijn32[32] = {
 };
 // clang-format on
 
-/* The task-level targets (pid, cgroup): does the current task match? */
-static __always_inline bool task_matches(struct nettap_capture_config *cfg)
+/* A target map's entry found: capture asks only that it is there; another
+ * want (NETTAP_MATCH_SEGMENTS) that its value has that bit. want is a
+ * constant at every call, so the capture filter's code is as it was. */
+static __always_inline bool match(const void *v, const __u8 want)
+{
+	return v && (want == NETTAP_MATCH_CAPTURE || (*(const __u8 *)v & want));
+}
+
+/* The task-level targets (pid, cgroup): does the current task match one
+ * that wants this? */
+static __always_inline bool task_matches_for(struct nettap_capture_config *cfg, const __u8 want)
 {
 	if (cfg->flags & NETTAP_TARGET_PID) {
 		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 
-		if (bpf_map_lookup_elem(&capture_pids, &tgid))
+		if (match(bpf_map_lookup_elem(&capture_pids, &tgid), want))
 			return true;
 	}
 	if (cfg->flags & NETTAP_TARGET_CGROUP) {
@@ -59,30 +68,38 @@ static __always_inline bool task_matches(struct nettap_capture_config *cfg)
 			__u64 cg = current_ancestor_cgroup_id(lvl);
 
 			levels &= levels - 1;
-			if (cg && bpf_map_lookup_elem(&capture_cgroups, &cg))
+			if (cg && match(bpf_map_lookup_elem(&capture_cgroups, &cg), want))
 				return true;
 		}
 	}
 	return false;
 }
 
-static __always_inline bool port_matches(__u16 port)
+static __always_inline bool task_matches(struct nettap_capture_config *cfg)
 {
-	__u32 word = port >> 6;
+	return task_matches_for(cfg, NETTAP_MATCH_CAPTURE);
+}
+
+/* capture_ports: words 0..1023 the captured ports, 1024..2047 those whose
+ * sockets' segments are recorded. */
+static __always_inline bool port_matches(__u16 port, const __u8 want)
+{
+	__u32 word = (port >> 6) + (want == NETTAP_MATCH_CAPTURE ? 0 : 1024);
 	__u64 *bits = bpf_map_lookup_elem(&capture_ports, &word);
 
 	return bits && (*bits & (1ULL << (port & 63)));
 }
 
-/* The socket-level targets (netns, port): does this socket match? */
-static __always_inline bool sock_matches(struct nettap_capture_config *cfg, struct sock *sk,
-					 const bool btf)
+/* The socket-level targets (netns, port): does this socket match one that
+ * wants this? */
+static __always_inline bool sock_matches_for(struct nettap_capture_config *cfg, struct sock *sk,
+					     const bool btf, const __u8 want)
 {
 	if (cfg->flags & NETTAP_TARGET_NETNS) {
 		__u32 inum = btf ? sk->__sk_common.skc_net.net->ns.inum
 				 : BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 
-		if (bpf_map_lookup_elem(&capture_netns, &inum))
+		if (match(bpf_map_lookup_elem(&capture_netns, &inum), want))
 			return true;
 	}
 	if (cfg->flags & NETTAP_TARGET_PORT) {
@@ -91,10 +108,29 @@ static __always_inline bool sock_matches(struct nettap_capture_config *cfg, stru
 		__u16 dport = btf ? sk->__sk_common.skc_dport
 				  : BPF_CORE_READ(sk, __sk_common.skc_dport);
 
-		if (port_matches(sport) || port_matches(bpf_ntohs(dport)))
+		if (port_matches(sport, want) || port_matches(bpf_ntohs(dport), want))
 			return true;
 	}
 	return false;
+}
+
+static __always_inline bool sock_matches(struct nettap_capture_config *cfg, struct sock *sk,
+					 const bool btf)
+{
+	return sock_matches_for(cfg, sk, btf, NETTAP_MATCH_CAPTURE);
+}
+
+/* Does a target that records segments match a captured socket? task: in
+ * its owner's task, where the task targets apply too. 0 or 1, for
+ * conn.segments. */
+static __always_inline __u8 segments_match(const struct sock *sk, const bool btf, const bool task)
+{
+	struct nettap_capture_config *cfg = active_config();
+
+	if (!cfg || !(cfg->flags & NETTAP_TARGET_SEGMENTS))
+		return 0;
+	return (task && task_matches_for(cfg, NETTAP_MATCH_SEGMENTS)) ||
+	       sock_matches_for(cfg, (struct sock *)sk, btf, NETTAP_MATCH_SEGMENTS);
 }
 
 static __always_inline bool sock_is_tcp(struct sock *sk, const bool btf)

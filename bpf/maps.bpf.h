@@ -53,10 +53,12 @@ struct {
 	__type(value, __u64);
 } ring_unchecked SEC(".maps");
 
-/* 65536-bit port bitmap: bit (port & 63) of word (port >> 6). */
+/* Two 65536-bit port bitmaps: bit (port & 63) of word (port >> 6), the
+ * captured ports; of word 1024 + (port >> 6), those whose sockets'
+ * segments are recorded. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 2048);
 	__type(key, __u32);
 	__type(value, __u64);
 } capture_ports SEC(".maps");
@@ -114,6 +116,11 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 << 10);
 } dlopen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 << 10);
+} segments SEC(".maps");
 
 /* ---- one call, from its entry to its return ----------------------------- */
 

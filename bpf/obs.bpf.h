@@ -8,7 +8,7 @@
 #ifndef NETTAP_OBS_BPF_H
 #define NETTAP_OBS_BPF_H
 
-#include "conn.bpf.h"
+#include "filter.bpf.h"
 
 /* A record of size bytes on obs_events, its header filled for cn; NULL (and
  * the drop counted) when the ring is full. */
@@ -92,6 +92,8 @@ static __always_inline void publish_owner(const struct sock *sk, struct conn *cn
 	__u64 id;
 
 	cn->owned = 1;
+	if (!cn->segments) /* in its owner's task: the task targets decide too */
+		cn->segments = segments_match(sk, btf, true);
 	r = obs_reserve(sizeof(*r), NETTAP_KIND_OWNER, cn);
 	if (!r)
 		return;

@@ -23,7 +23,9 @@
  *   tls.bpf.h          TLS calls in flight, and how each learns its socket
  *   entry_tls.bpf.h    uprobes on libssl: TLS plaintext
  *   retrans.bpf.h      retransmissions and SYN-ACKs sent again
- *   timer.bpf.h        retransmit and keepalive timers as the wheel fires them
+ *   timer.bpf.h        retransmit and keepalive timers as the wheel fires them,
+ *                      and the probes they send
+ *   segment.bpf.h      the segments captured sockets receive
  *   tcp.bpf.c          this file: the lifecycle programs (states, eof, accept,
  *                      resets, errors, destruction)
  */
@@ -32,6 +34,7 @@
 #include "entry_tls.bpf.h"
 #include "retrans.bpf.h"
 #include "timer.bpf.h"
+#include "segment.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */
@@ -49,6 +52,7 @@ struct nettap_retransmit btf_nettap_retransmit __attribute__((unused));
 struct nettap_synack_retransmit btf_nettap_synack_retransmit __attribute__((unused));
 struct nettap_timer btf_nettap_timer __attribute__((unused));
 struct nettap_probe btf_nettap_probe __attribute__((unused));
+struct nettap_segment btf_nettap_segment __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs
@@ -116,8 +120,10 @@ static __always_inline struct conn *state_decide(const struct sock *sk, int olds
 	if (!(active && task_matches(cfg)) && !sock_matches(cfg, (struct sock *)sk, true))
 		return NULL;
 	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_SENDMSG, fetch);
-	if (cn && !active)
+	if (cn && !active) {
 		cn->pid = 0;
+		cn->segments = segments_match(sk, true, false);
+	}
 	return cn;
 }
 

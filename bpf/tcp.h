@@ -35,6 +35,7 @@
 #define NETTAP_KIND_SYNACK_RETRANSMIT 12
 #define NETTAP_KIND_TIMER	      13
 #define NETTAP_KIND_PROBE	      14
+#define NETTAP_KIND_SEGMENT	      15
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG   0
@@ -50,7 +51,8 @@
 #define NETTAP_RING_LOGS	   2
 #define NETTAP_RING_OBS_EVENTS	   3
 #define NETTAP_RING_DLOPEN	   4
-#define NETTAP_RING_COUNT	   5
+#define NETTAP_RING_SEGMENTS	   5
+#define NETTAP_RING_COUNT	   6
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
@@ -63,10 +65,15 @@
 #define NETTAP_OBS_ROWS	   1024 /* a power of two (obs_count masks with it) */
 
 /* capture_config.flags: which kinds of capture target exist. */
-#define NETTAP_TARGET_PID    (1U << 0)
-#define NETTAP_TARGET_CGROUP (1U << 1)
-#define NETTAP_TARGET_NETNS  (1U << 2)
-#define NETTAP_TARGET_PORT   (1U << 3)
+#define NETTAP_TARGET_PID      (1U << 0)
+#define NETTAP_TARGET_CGROUP   (1U << 1)
+#define NETTAP_TARGET_NETNS    (1U << 2)
+#define NETTAP_TARGET_PORT     (1U << 3)
+#define NETTAP_TARGET_SEGMENTS (1U << 4) /* a target records its sockets' segments */
+
+/* A target map's value (capture_pids, _cgroups, _netns): what it asks */
+#define NETTAP_MATCH_CAPTURE  1 /* capture its sockets (every target) */
+#define NETTAP_MATCH_SEGMENTS 2 /* and record the segments they receive */
 
 /* Payload bytes in one chunk: sizeof(struct nettap_chunk) == 504, stride 512. */
 #define NETTAP_CHUNK_DATA	   396
@@ -379,6 +386,27 @@ struct NETTAP_RECORD("probe", "obs_events") nettap_probe {
 	__u8 probes_out; /* probes sent with no answer, this one included */
 	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
 	__u8 pad0[3] NETTAP_JSON("-");
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+};
+
+/* ring segments: a segment an established captured socket received
+ * (tcp:tcp_probe, before TCP processes it), with the socket's congestion
+ * state then; only for sockets of a target with segments on. */
+struct NETTAP_RECORD("segment", "segments") nettap_segment {
+	struct nettap_hdr h;
+	__u32 seq;			    /* the segment's sequence number */
+	__u32 length;			    /* its payload bytes */
+	__u32 snd_cwnd;			    /* the congestion window, in segments */
+	__u32 ssthresh;			    /* the slow-start threshold, in segments */
+	__u32 srtt_us;			    /* the smoothed round-trip time */
+	__u32 snd_wnd;			    /* the window the peer advertised */
+	__u32 rcv_wnd;			    /* the window this socket advertised */
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port */
+	__u16 dport;			    /* remote port */
+	__u8 pad0[2] NETTAP_JSON("-");
 	__u32 netns;			    /* inode of the socket's network namespace */
 	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */

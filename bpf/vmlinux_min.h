@@ -137,6 +137,14 @@ struct tcp_sock {
 	__u64 bytes_acked;
 	__u32 total_retrans;
 	__u32 snd_wnd; /* the window the peer advertised */
+	__u32 rcv_wnd; /* the window this socket advertised */
+	__u32 snd_cwnd;
+	__u32 snd_ssthresh;
+};
+
+struct sk_buff {
+	unsigned int len;
+	unsigned char *data;
 };
 
 struct inet_sock {

@@ -41,7 +41,7 @@ MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's captu
 # obs_events: state records (80 bytes in the ring, about five a connection):
 # 13,107 of them, a second of 2,600 connections/s with both ends captured.
 DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
-                      "dlopen": 64 << 10}
+                      "dlopen": 64 << 10, "segments": 256 << 10}
 # The user-space queue between drain and sink holds JSON lines, bounded in
 # their bytes, so a burst of large payloads cannot grow nettap's memory past
 # it; when it is full, records wait in their ring (resident already). 4 MiB
@@ -97,14 +97,15 @@ def _name(k) -> str:
 
 # namedtuples, not dataclasses: this module is on the path to the probes
 # being attached, and importing dataclasses (and typing) costs ~15 ms there.
-class Target(namedtuple("Target", "kind value")):
+class Target(namedtuple("Target", "kind value segments", defaults=(False,))):
     """kind: pid | cgroup | netns | port; value: int for pid/port, a path
-    (or an inode for netns) otherwise."""
+    (or an inode for netns) otherwise; segments: record the segments its
+    sockets receive."""
 
     __slots__ = ()
 
     def __str__(self) -> str:
-        return f"{self.kind}={self.value}"
+        return f"{self.kind}={self.value}" + (" (segments)" if self.segments else "")
 
 
 class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode",
@@ -162,22 +163,27 @@ def _map(v, key: str, allowed: tuple) -> dict:
 
 
 def _target(item, key: str) -> Target:
-    if not isinstance(item, dict) or len(item) != 1:
-        raise ConfigError(f"{key}: must be a mapping with exactly one of {', '.join(TARGET_KINDS)}, got {quote(item)}")
-    (kind, v), = item.items()
+    """One of TARGET_KINDS, and segments: true|false (default false)."""
+    kinds = [k for k in item if k != "segments"] if isinstance(item, dict) else ()
+    if len(kinds) != 1:
+        raise ConfigError(f"{key}: must be a mapping with exactly one of {', '.join(TARGET_KINDS)} "
+                          f"(and optionally segments), got {quote(item)}")
+    kind, v, seg = kinds[0], item[kinds[0]], item.get("segments", False)
     if kind not in TARGET_KINDS:
         raise ConfigError(f"{key}.{_name(kind)}: unknown capture kind (expected one of {', '.join(TARGET_KINDS)})")
+    if not isinstance(seg, bool):
+        raise ConfigError(f"{key}.segments: must be true or false, got {quote(seg)}")
     k = f"{key}.{kind}"
     if kind == "port":
-        return Target(kind, _int(v, k, 1, 65535))
+        return Target(kind, _int(v, k, 1, 65535), seg)
     if kind == "pid":
-        return Target(kind, _int(v, k, 1, 2**22 - 1))     # PID_MAX_LIMIT - 1
+        return Target(kind, _int(v, k, 1, 2**22 - 1), seg)     # PID_MAX_LIMIT - 1
     if kind == "netns" and isinstance(v, int) and not isinstance(v, bool):
-        return Target(kind, _int(v, k, 1, 2**32 - 1))
+        return Target(kind, _int(v, k, 1, 2**32 - 1), seg)
     path = _str(v, k)
     if not path.startswith("/"):
         raise ConfigError(f"{k}: must be an absolute path, got {quote(path)}")
-    return Target(kind, path)
+    return Target(kind, path, seg)
 
 
 def _ring_size(v, key: str) -> int:
@@ -369,49 +375,21 @@ def load(path: str) -> Config:
 
 
 # -- parsing in a child process --------------------------------------------
-# A live reload parses in a short-lived child: parsing holds the interpreter
-# lock (libyaml's C code included), so in a thread of nettap it would slow
-# every scrape for as long as it runs; in a child, nettap's threads never
-# wait for it, its memory is never nettap's, and a stop kills it at once.
-
-_children: set = set()
-_cancelled = False
+# A live reload parses in a short-lived child (exporter/util/apart.py says
+# why): the child runs _child, which answers with what yaml.safe_load built.
 
 
 def load_apart(path: str, parse_doc=parse, timeout: float = PARSE_TIMEOUT):
     """parse_doc(the YAML document in path), the YAML parsed in a child
     process. Raises ConfigError; after cancel_loads(), at once."""
-    import pickle
-    import subprocess
-    import sys
+    from exporter.util import apart
     text = read(path)
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = f"import sys; sys.path.insert(0, {pkg!r}); from exporter.config import _child; _child()"
     try:
-        p = subprocess.Popen([sys.executable, "-I", "-c", code, path], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot start the YAML parser: {e.strerror}") from None
-    _children.add(p)
-    try:
-        if _cancelled:
-            p.kill()
-        try:
-            out, err = p.communicate(text.encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            raise ConfigError(f"{path}: parsing took longer than {timeout:g} s") from None
-    finally:
-        _children.discard(p)
-    if _cancelled:
-        raise Cancelled(f"{path}: parse cancelled (nettap is stopping)")
-    if p.returncode != 0 or not out:
-        last = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"{path}: the YAML parser failed (exit status {p.returncode}): {quote(last)}")
-    # The child is nettap's own code, given only the text: its answer is
-    # plain data (what yaml.safe_load builds) or a message.
-    ok, value = pickle.loads(out)
+        ok, value = apart.run("exporter.config", "_child", path, text.encode(), timeout)
+    except apart.Cancelled:
+        raise Cancelled(f"{path}: parse cancelled (nettap is stopping)") from None
+    except apart.Failed as e:
+        raise ConfigError(f"{path}: {e}") from None
     if not ok:
         raise ConfigError(value)
     return parse_doc(value)
@@ -419,13 +397,8 @@ def load_apart(path: str, parse_doc=parse, timeout: float = PARSE_TIMEOUT):
 
 def cancel_loads() -> None:
     """Kill every parsing child and refuse new ones (at stop)."""
-    global _cancelled
-    _cancelled = True
-    for p in list(_children):
-        try:
-            p.kill()
-        except OSError:
-            pass
+    from exporter.util import apart
+    apart.cancel()
 
 
 def _child() -> None:

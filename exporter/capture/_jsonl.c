@@ -1035,7 +1035,7 @@ static PyObject *jsonl_line_max(PyObject *self, PyObject *args)
  * order the kinds first appear, payload None when the region holds one kind
  * (it is its own payload); or None when a line has no kind (a line that is
  * not a record, a last line without its newline) or the region has more than
- * KINDS_MAX kinds: exporter/ingest/batches.py then goes line by line, with the
+ * SPLIT_KINDS_MAX kinds: exporter/ingest/batches.py then goes line by line, with the
  * same rule. */
 
 #define KIND_MAX 32
@@ -1070,7 +1070,7 @@ static Py_ssize_t line_kind(const unsigned char *s, const unsigned char *e, Py_s
     return -1;
 }
 
-#define KINDS_MAX 16
+#define SPLIT_KINDS_MAX 32 /* every record kind, the clock track and the run marks, with room */
 
 struct kind_acc {
     const unsigned char *k; /* the kind's name, in the region */
@@ -1102,7 +1102,7 @@ static int kind_pass(const unsigned char *d, const unsigned char *end, struct ki
             return -1;
         int i = kind_index(acc, *n, last, p + ko, klen);
         if (i < 0) {
-            if (copy || *n == KINDS_MAX)
+            if (copy || *n == SPLIT_KINDS_MAX)
                 return -1;
             i = (*n)++;
             acc[i] = (struct kind_acc){p + ko, klen, 0, 0, NULL};
@@ -1127,7 +1127,7 @@ static int kind_pass(const unsigned char *d, const unsigned char *end, struct ki
 static PyObject *jsonl_kind_split(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
-    struct kind_acc acc[KINDS_MAX];
+    struct kind_acc acc[SPLIT_KINDS_MAX];
     int n = 0, rc;
     if (!PyArg_ParseTuple(args, "y*:kind_split", &buf))
         return NULL;

@@ -80,7 +80,7 @@ class TargetMaps:
         self.capacity = {name: (map_info or {})[name][3] for _, name, _ in TARGET_MAPS
                          if name in (map_info or {})}
         self.current = Resolved()
-        self._bitmap = [0] * 1024
+        self._bitmap = [0] * 2048            # capture_ports: the captured ports, then those with segments
         self._config = bytes(24)             # capture_config as last written (an array map starts zeroed)
         self._settings = None                # (max_payload_bytes, wakeup_bytes) of the last apply
         self.gone_total = {"pid": 0, "cgroup": 0}
@@ -108,24 +108,27 @@ class TargetMaps:
         undo: list = []
         fits = all(len(set(getattr(old, a)) | set(getattr(new, a))) <= self.capacity.get(name, 1 << 62)
                    for a, name, _ in TARGET_MAPS)
-        bitmap = [0] * 1024
+        bitmap = [0] * 2048
         for p in new.ports:
             bitmap[p >> 6] |= 1 << (p & 63)
+            if ("port", p) in new.segments:
+                bitmap[1024 + (p >> 6)] |= 1 << (p & 63)
         cfg = config_bytes(flags=new.flags, cgroup_levels=new.cgroup_levels, max_payload_bytes=max_payload_bytes,
                            wakeup_bytes=wakeup_bytes["capture_chunks"], eof_wakeup_bytes=wakeup_bytes["capture_eof"],
                            wakeup_check_bytes=wakeup_check_bytes(wakeup_bytes["capture_chunks"]),
                            obs_wakeup_bytes=wakeup_bytes["obs_events"])
+        before, after = self._entries(old), self._entries(new)
         try:
             if not fits:
-                self._remove_stale(old, new, undo)
-            for key in self._keys(new, old):
-                self._add(*key, undo)
+                self._remove_stale(before, after, undo)
+            for name, key in sorted(k for k, v in after.items() if before.get(k) != v):    # new, or asking another
+                self._write(name, key, after[name, key], before.get((name, key)), undo)
             for word, (bits, was) in enumerate(zip(bitmap, self._bitmap)):
                 if bits != was:
                     self._write("capture_ports", _u32(word), _u64(bits), _u64(was), undo)
             self._write("capture_config", _u32(0), cfg, self._config, undo)
             if fits:
-                self._remove_stale(old, new, undo)
+                self._remove_stale(before, after, undo)
         except BaseException:
             for step in reversed(undo):
                 try:
@@ -142,24 +145,26 @@ class TargetMaps:
 
     # -- the transaction's steps, each recording how to undo itself --
     @staticmethod
-    def _keys(a: Resolved, b: Resolved):
-        """(map, key) of the entries a has and b has not."""
-        yield from (("capture_pids", _u32(p)) for p in sorted(a.pids - b.pids))
-        yield from (("capture_cgroups", _u64(c)) for c in sorted(a.cgroups.keys() - b.cgroups.keys()))
-        yield from (("capture_netns", _u32(n)) for n in sorted(a.netns - b.netns))
+    def _entries(r: Resolved) -> dict:
+        """(map, key) -> value of the hash maps' entries for r's targets: what
+        each asks (bpf/tcp.h NETTAP_MATCH_*)."""
+        def ask(kind, v):
+            return bytes([tcp_h.MATCH_CAPTURE | (tcp_h.MATCH_SEGMENTS if (kind, v) in r.segments else 0)])
+        out = {("capture_pids", _u32(p)): ask("pid", p) for p in r.pids}
+        out.update({("capture_cgroups", _u64(c)): ask("cgroup", c) for c in r.cgroups})
+        out.update({("capture_netns", _u32(n)): ask("netns", n) for n in r.netns})
+        return out
 
-    def _add(self, name: str, key: bytes, undo: list) -> None:
-        maps.update(self.fds[name], key, b"\1")
-        undo.append(lambda: maps.delete(self.fds[name], key))
-
-    def _remove_stale(self, old: Resolved, new: Resolved, undo: list) -> None:
-        for name, key in self._keys(old, new):
+    def _remove_stale(self, was: dict, now: dict, undo: list) -> None:
+        for name, key in sorted(was.keys() - now.keys()):
             maps.delete(self.fds[name], key)
-            undo.append(lambda name=name, key=key: maps.update(self.fds[name], key, b"\1"))
+            undo.append(lambda name=name, key=key: maps.update(self.fds[name], key, was[name, key]))
 
-    def _write(self, name: str, key: bytes, value: bytes, was: bytes, undo: list) -> None:
+    def _write(self, name: str, key: bytes, value: bytes, was: bytes | None, undo: list) -> None:
+        """Write an entry; undone by writing was back, or deleting it where it had none."""
         maps.update(self.fds[name], key, value)
-        undo.append(lambda: maps.update(self.fds[name], key, was))
+        undo.append(lambda: maps.update(self.fds[name], key, was) if was is not None
+                    else maps.delete(self.fds[name], key))
 
     # -- targets that went away --
     def drop_gone(self, pids=None, exited=()) -> list:

@@ -17,7 +17,7 @@ import os
 from exporter.util.mounts import read as read_mountinfo
 from exporter.config import ConfigError
 from exporter.kernel.tcp_h import (MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
-                                   TARGET_PORT)
+                                   TARGET_PORT, TARGET_SEGMENTS)
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,14 @@ class Resolved:
     on the path to attaching the probes)."""
 
     def __init__(self, pids=None, cgroups=None, netns=None, ports=None, pid_starts=None,
-                 cgroup_paths=None, gone=None):
+                 cgroup_paths=None, gone=None, segments=None):
         self.pids = set(pids or ())
         self.cgroups = dict(cgroups or {})          # cgroup id -> level
         self.netns = set(netns or ())
         self.ports = set(ports or ())
+        # the (kind, pid | cgroup id | netns inode | port) targets, of those
+        # above, whose sockets' segments are recorded
+        self.segments = set(segments or ())
         # Identity: pid -> its process's start time (clock ticks after boot),
         # config path -> cgroup id; and the (kind, value) targets the config
         # lists whose process exited or cgroup was removed (not in the maps).
@@ -50,22 +53,25 @@ class Resolved:
         ids = {self.cgroup_paths[p] for p in paths if p in self.cgroup_paths}
         keep_paths = {p: c for p, c in self.cgroup_paths.items() if p not in paths}
         ids -= set(keep_paths.values())          # another listed path names the same cgroup
+        seg = {(k, v) for k, v in self.segments if not (k == "pid" and v in pids or k == "cgroup" and v in ids)}
         return Resolved(self.pids - pids, {c: l for c, l in self.cgroups.items() if c not in ids},
                         self.netns, self.ports, {p: t for p, t in self.pid_starts.items() if p not in pids},
-                        keep_paths, self.gone | set(gone))
+                        keep_paths, self.gone | set(gone), seg)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Resolved) and (self.pids, self.cgroups, self.netns, self.ports) == \
-            (other.pids, other.cgroups, other.netns, other.ports)
+        return isinstance(other, Resolved) and (self.pids, self.cgroups, self.netns, self.ports, self.segments) == \
+            (other.pids, other.cgroups, other.netns, other.ports, other.segments)
 
     def __repr__(self) -> str:
         return (f"Resolved(pids={self.pids}, cgroups={self.cgroups}, netns={self.netns}, ports={self.ports}"
+                + (f", segments={sorted(self.segments, key=str)}" if self.segments else "")
                 + (f", gone={self.gone}" if self.gone else "") + ")")
 
     @property
     def flags(self) -> int:
         return ((TARGET_PID if self.pids else 0) | (TARGET_CGROUP if self.cgroups else 0)
-                | (TARGET_NETNS if self.netns else 0) | (TARGET_PORT if self.ports else 0))
+                | (TARGET_NETNS if self.netns else 0) | (TARGET_PORT if self.ports else 0)
+                | (TARGET_SEGMENTS if self.segments else 0))
 
     @property
     def cgroup_levels(self) -> int:
@@ -226,6 +232,7 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
         try:
             if t.kind == "port":
                 r.ports.add(t.value)
+                key = t.value
             elif t.kind == "pid":
                 known = t.value in prev.pids or ("pid", t.value) in prev.gone
                 start = start_time(proc, t.value) if _tgid(proc, t.value) == t.value else None
@@ -237,6 +244,7 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
                     raise ConfigError(f"pid {t.value}: no such process (a thread id is not a pid)")
                 r.pids.add(t.value)
                 r.pid_starts[t.value] = start
+                key = t.value
             elif t.kind == "cgroup":
                 try:
                     cid, lvl = cgroup_id_level(t.value)
@@ -247,8 +255,12 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
                     raise
                 r.cgroups[cid] = lvl
                 r.cgroup_paths[t.value] = cid
+                key = cid
             elif t.kind == "netns":
-                r.netns.add(netns_inode(t.value, proc))
+                key = netns_inode(t.value, proc)
+                r.netns.add(key)
+            if t.segments:
+                r.segments.add((t.kind, key))
         except ConfigError as e:
             raise ConfigError(f"captures[{i}].{t.kind}: {e}") from None
     levels = sorted(set(r.cgroups.values()))

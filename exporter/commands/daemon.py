@@ -133,7 +133,7 @@ class Nettap:
             "config": {"path": config_path, "last_ok": r.last_ok, "last_success": r.last_success,
                        "last_failure": r.last_failure, "error": r.last_error,
                        "successes": r.successes, "failures": r.failures},
-            "captures": [{"kind": t.kind, "value": t.value, "gone": tuple(t) in cur.gone}
+            "captures": [{"kind": t.kind, "value": t.value, "gone": (t.kind, t.value) in cur.gone}
                          for t in self.config.captures],
             # As nettap_probe_attached reports them (collectors.PipelineCollector).
             "probes": [{"probe": p, "mechanism": st.reported,

@@ -46,11 +46,13 @@ _TIMER = {"conn_id": _INT, "ts_ns": _INT, "timer": _STR, "event": _STR, "behind_
           "late_jiffies": _INT, "owned": _INT, "state": _STR}
 _PROBE = {"conn_id": _INT, "ts_ns": _INT, "probe": _STR, "probes_out": _INT, "snd_wnd": _INT,
           "rto_jiffies": _INT, "state": _STR}
+_SEGMENT = {"conn_id": _INT, "ts_ns": _INT, "seq": _INT, "length": _INT, "snd_cwnd": _INT, "ssthresh": _INT,
+            "srtt_us": _INT, "snd_wnd": _INT, "rcv_wnd": _INT}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
            "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "retransmit": _RETRANSMIT,
-           "synack_retransmit": _SYNACK, "timer": _TIMER, "probe": _PROBE,
+           "synack_retransmit": _SYNACK, "timer": _TIMER, "probe": _PROBE, "segment": _SEGMENT,
            "clock": _CLOCK, "start": _MARK, "stop": _MARK}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
@@ -74,6 +76,9 @@ LIFECYCLE = {
     "probe": lambda r: (f"{'zero-window' if r['probe'] == 'window' else r['probe']} probe sent in {r['state']}: "
                         f"{r['probes_out']} unanswered, the peer's window {r['snd_wnd']} B, "
                         f"RTO {r['rto_jiffies']} jiffies"),
+    "segment": lambda r: (f"segment in: seq {r['seq']}, {r['length']} B; cwnd {r['snd_cwnd']}, "
+                          f"ssthresh {r['ssthresh']}, srtt {r['srtt_us']} us, the peer's window {r['snd_wnd']} B, "
+                          f"ours {r['rcv_wnd']} B"),
     # a request, no connection yet (conn_id 0): counted, listed under no connection
     "synack_retransmit": lambda r: (f"SYN-ACK sent again from port {r['sport']} to {r['daddr']}:{r['dport']} "
                                     f"({r['retransmits']} before)"),

@@ -91,11 +91,12 @@ TLS_OFF = "capture.tls is off"
 # tcp_retransmit (tcp:tcp_retransmit_skb) and tcp_synack_retransmit
 # (tcp:tcp_retransmit_synack) what is sent again (bpf/retrans.bpf.h); tcp_timer
 # and tcp_timer_exit (timer:timer_expire_entry, _exit) the timers of captured
-# sockets and the probes they send (bpf/timer.bpf.h).
-SEPARATE = {"tcp_accept": ("tracepoint", None, True),
-            "tcp_sk_error": ("tp_btf", "sock:inet_sk_error_report", False),
+# sockets and the probes they send (bpf/timer.bpf.h); tcp_segment (tcp:tcp_probe)
+# the segments they receive (bpf/segment.bpf.h).
+SEPARATE = {"tcp_accept": ("tracepoint", None, True), "tcp_sk_error": ("tp_btf", "sock:inet_sk_error_report", False),
             "tcp_retransmit": ("tp_btf", None, False), "tcp_synack_retransmit": ("tp_btf", None, False),
-            "tcp_timer": ("tp_btf", None, False), "tcp_timer_exit": ("tp_btf", None, False)}
+            "tcp_timer": ("tp_btf", None, False), "tcp_timer_exit": ("tp_btf", None, False),
+            "tcp_segment": ("tp_btf", None, False)}
 _SEPARATE_TPS = {"tcp_accept": _syscall_tps("sys_exit", ("accept4", "accept"))}
 
 

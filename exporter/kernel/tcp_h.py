@@ -19,6 +19,7 @@ KIND_RETRANSMIT = 11
 KIND_SYNACK_RETRANSMIT = 12
 KIND_TIMER = 13
 KIND_PROBE = 14
+KIND_SEGMENT = 15
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
@@ -30,7 +31,8 @@ RING_CAPTURE_EOF = 1
 RING_LOGS = 2
 RING_OBS_EVENTS = 3
 RING_DLOPEN = 4
-RING_COUNT = 5
+RING_SEGMENTS = 5
+RING_COUNT = 6
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
@@ -42,6 +44,9 @@ TARGET_PID = 1
 TARGET_CGROUP = 2
 TARGET_NETNS = 4
 TARGET_PORT = 8
+TARGET_SEGMENTS = 16
+MATCH_CAPTURE = 1
+MATCH_SEGMENTS = 2
 CHUNK_DATA = 396
 MAX_CHUNKS_PER_CALL = 166
 MAX_IOV = 8
@@ -82,18 +87,18 @@ NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
     'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
-    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen'},
+    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments'},
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake')
-RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen')
+RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments')
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
 # (name, offset, C type, elements, bytes, JSON form, comment).
@@ -359,6 +364,26 @@ STRUCTS = {
         ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
     )),
+    'nettap_segment': (96, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('seq', 24, '__u32', 1, 4, '', "the segment's sequence number"),
+        ('length', 28, '__u32', 1, 4, '', 'its payload bytes'),
+        ('snd_cwnd', 32, '__u32', 1, 4, '', 'the congestion window, in segments'),
+        ('ssthresh', 36, '__u32', 1, 4, '', 'the slow-start threshold, in segments'),
+        ('srtt_us', 40, '__u32', 1, 4, '', 'the smoothed round-trip time'),
+        ('snd_wnd', 44, '__u32', 1, 4, '', 'the window the peer advertised'),
+        ('rcv_wnd', 48, '__u32', 1, 4, '', 'the window this socket advertised'),
+        ('family', 52, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 54, '__u16', 1, 2, '', 'local port'),
+        ('dport', 56, '__u16', 1, 2, '', 'remote port'),
+        ('pad0', 58, '__u8', 2, 2, '-', ''),
+        ('netns', 60, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 64, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 80, '__u8', 16, 16, 'addr', 'remote address'),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -378,7 +403,8 @@ RECORDS = {
     'synack_retransmit': ('obs_events', 'nettap_synack_retransmit'),
     'timer': ('obs_events', 'nettap_timer'),
     'probe': ('obs_events', 'nettap_probe'),
+    'segment': ('segments', 'nettap_segment'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104}

@@ -50,7 +50,7 @@ def test_port_target_counts_exactly_and_captures_bytes(nettap_run, mode):
     assert rcv["bytes"] == N * S
     assert rcv["calls"] == rcv["returns"] >= 2          # data reads + the read of EOF
     assert srv.received == [sent]
-    assert run.drops() == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0, "dlopen": 0}
+    assert run.drops() == dict.fromkeys(R.RINGS, 0)
 
     lines, drained = run.finish()
     egress, ingress = streams(lines, "egress"), streams(lines, "ingress")
@@ -905,7 +905,12 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
         # such a call is counted at entry and publishes nothing, and
         # a socket whose only call lost its return never got an entry, so no
         # eof. What is lost is counted (calls - returns); nothing else may be.
-        assert 2 * STORM_N - lost_returns <= len(eofs) <= 2 * STORM_N, rate
+        # And data read after a peer's reset is a connection of its own
+        # (docs/capture.md), its eof at destruction (oldstate CLOSE) beside
+        # the first one's: seen once in an emulated 5.10 guest.
+        ends = Counter((e["sport"], e["dport"]) for e in eofs)
+        split = [e for e in eofs if e["oldstate"] == "CLOSE" and ends[e["sport"], e["dport"]] > 1]
+        assert 2 * STORM_N - lost_returns <= len(eofs) - len(split) <= 2 * STORM_N, (rate, split)
         assert len({e["conn_id"] for e in eofs}) == len(eofs)
         return
     assert len({e["conn_id"] for e in eofs}) == len(eofs)     # no socket twice
@@ -990,7 +995,7 @@ def test_peer_reset_entries_die_with_their_socket(nettap_run, mode):
     live = run.app.known_map_entries()["capture_conns"]
     drops = run.drops()
     lines, _ = run.finish()
-    assert drops == {"capture_chunks": 0, "capture_eof": 0, "logs": 0, "obs_events": 0, "dlopen": 0}
+    assert drops == dict.fromkeys(R.RINGS, 0)
     client = [l for l in lines if l["type"] in ("chunk", "eof") and l["dport"] == port]
     owner = {}
     for l in client:                                 # a conn_id is one socket's, by its own port

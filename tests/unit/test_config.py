@@ -17,6 +17,7 @@ captures:
   - netns: /var/run/netns/blue
   - netns: 4026531840
   - port: 443
+    segments: true
 capture:
   max_payload_bytes: 65736
 output:
@@ -51,21 +52,21 @@ def refused(text: str) -> str:
 def test_full_config():
     assert config.loads(FULL) == Config(
         captures=(Target("pid", 4242), Target("cgroup", "/sys/fs/cgroup/system.slice/nginx.service"),
-                  Target("netns", "/var/run/netns/blue"), Target("netns", 4026531840), Target("port", 443)),
+                  Target("netns", "/var/run/netns/blue"), Target("netns", 4026531840), Target("port", 443, True)),
         max_payload_bytes=65736,
         output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20),
-               ("dlopen", 64 << 10)),
+               ("dlopen", 64 << 10), ("segments", 256 << 10)),
         bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug")
 
 
 def test_full_config_accessors():
     cfg = config.loads(FULL)
     assert cfg.ring_bytes == {"capture_chunks": 1 << 30, "capture_eof": 4096, "logs": 8192, "obs_events": 1 << 20,
-                              "dlopen": 64 << 10}
+                              "dlopen": 64 << 10, "segments": 256 << 10}
     assert [str(t) for t in cfg.captures] == [
         "pid=4242", "cgroup=/sys/fs/cgroup/system.slice/nginx.service", "netns=/var/run/netns/blue",
-        "netns=4026531840", "port=443"]
+        "netns=4026531840", "port=443 (segments)"]
 
 
 @pytest.mark.parametrize("text", ["{}", "---\n", "# only a comment\n", "captures: []\n", "captures:\n"])
@@ -86,14 +87,14 @@ def test_default_values():
         (), 4096, False, "own", "info")
     assert d.output == Output("none", None, 100 << 20, 3, 4 << 20)
     assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
-                            "dlopen": 64 << 10}
+                            "dlopen": 64 << 10, "segments": 256 << 10}
 
 
 def test_partial_sections_keep_defaults():
     cfg = config.loads("output: {type: stdout}\nrings: {logs: 4096}\ndiagnostics: {bpfStats: {enabled: true}}\n")
     assert cfg.output == Output("stdout", None, 100 << 20, 3, 4 << 20)
     assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 4096, "obs_events": 1 << 20,
-                              "dlopen": 64 << 10}
+                              "dlopen": 64 << 10, "segments": 256 << 10}
     assert (cfg.bpf_stats_enabled, cfg.bpf_stats_scope) == (True, "own")
 
 
@@ -136,9 +137,15 @@ def test_two_yaml_documents():
     ("captures: [{proc: 1}]",
      "captures[0].proc: unknown capture kind (expected one of pid, cgroup, netns, port)"),
     ("captures: [{pid: 1, port: 2}]",
-     "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got {'pid': 1, 'port': 2}"),
-    ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got {}"),
-    ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, got 7"),
+     "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
+     "(and optionally segments), got {'pid': 1, 'port': 2}"),
+    ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
+     "(and optionally segments), got {}"),
+    ("captures: [{port: 80, segments: 1}]", "captures[0].segments: must be true or false, got 1"),
+    ("captures: [{segments: true}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
+                                    "(and optionally segments), got {'segments': True}"),
+    ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
+     "(and optionally segments), got 7"),
     ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level, ingest)"),
     ("output: {pth: /x}",
      "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records, mode)"),
@@ -149,7 +156,7 @@ def test_two_yaml_documents():
     ("diagnostics: {bpfStats: {enabled: true, extra: 1}}",
      "diagnostics.bpfStats.extra: unknown key (expected one of enabled, scope)"),
     ("rings: {bogus: 4096}",
-     "rings.bogus: unknown key (expected one of capture_chunks, capture_eof, logs, obs_events, dlopen)"),
+     "rings.bogus: unknown key (expected one of capture_chunks, capture_eof, logs, obs_events, dlopen, segments)"),
     ("output: [1]", "output: must be a mapping, got list"),
     ("diagnostics: {bpfStats: 1}", "diagnostics.bpfStats: must be a mapping, got int"),
     ("capture: {max_payload_bytes: 65737}",
@@ -406,7 +413,8 @@ def test_load_apart_timeout_kills_the_child(tmp_path):
 def test_cancel_loads_kills_a_running_parse(tmp_path, monkeypatch):
     import threading
     import time
-    monkeypatch.setattr(config, "_cancelled", False)
+    from exporter.util import apart
+    monkeypatch.setattr(apart, "_cancelled", False)
     p = tmp_path / "nettap.yaml"
     p.write_text(FULL)
     # A parse that never ends: the child's stdin is held open by a slow reader.

@@ -33,6 +33,7 @@ LAYOUTS = {
     "nettap_synack_retransmit": R.DTYPES["synack_retransmit"],
     "nettap_timer": R.DTYPES["timer"],
     "nettap_probe": R.DTYPES["probe"],
+    "nettap_segment": R.DTYPES["segment"],
     "nettap_capture_config": R.CAPTURE_CONFIG,
     "nettap_probe_counters": R.PROBE_COUNTERS,
 }
@@ -95,7 +96,7 @@ def test_known_struct_sizes(btf):
         "nettap_hdr": 24, "nettap_chunk": 504, "nettap_eof": 128, "nettap_log": 72, "nettap_state": 72,
         "nettap_reset": 72, "nettap_owner": 96, "nettap_error": 80, "nettap_destroy": 96,
         "nettap_tls_handshake": 96, "nettap_dlopen": 72, "nettap_retransmit": 80, "nettap_synack_retransmit": 72,
-        "nettap_timer": 80, "nettap_probe": 80,
+        "nettap_timer": 80, "nettap_probe": 80, "nettap_segment": 96,
         "nettap_capture_config": 28, "nettap_probe_counters": 32}
 
 
@@ -113,11 +114,11 @@ def test_ring_slots(ring):
 def test_ring_strides():
     # a chunk's stride stays a power of two: its ring holds a whole number of them
     assert {r: R.stride(d) for r, d in R.RECORDS.items()} == {
-        "capture_chunks": 512, "capture_eof": 136, "logs": 80, "dlopen": 80}
+        "capture_chunks": 512, "capture_eof": 136, "logs": 80, "dlopen": 80, "segments": 104}
     assert {k: R.stride(d) for k, d in R.DTYPES.items()} == {
         "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 80, "owner": 104, "error": 88,
         "destroy": 104, "tls_handshake": 104, "dlopen": 80, "retransmit": 88,
-        "synack_retransmit": 80, "timer": 88, "probe": 88}
+        "synack_retransmit": 80, "timer": 88, "probe": 88, "segment": 104}
 
 
 # ---- #define constants ----------------------------------------------------
@@ -144,7 +145,7 @@ def test_header_parsed():
     # every #define of the header but the include guard was read as an integer
     lines = re.findall(r"^#define[ \t]+(\w+)\b(?!\()", HEADER.read_text(), flags=re.M)
     assert sorted(DEFINES) == sorted(n for n in lines if n != "NETTAP_TCP_H")
-    assert len(DEFINES) == 71
+    assert len(DEFINES) == 76
 
 
 def test_chunk_sizes():
@@ -178,7 +179,9 @@ def test_kinds_in_number_order():
 def test_targets():
     from exporter.kernel import tcp_h
     assert _prefixed("NETTAP_TARGET_") == {"pid": tcp_h.TARGET_PID, "cgroup": tcp_h.TARGET_CGROUP,
-                                           "netns": tcp_h.TARGET_NETNS, "port": tcp_h.TARGET_PORT}
+                                           "netns": tcp_h.TARGET_NETNS, "port": tcp_h.TARGET_PORT,
+                                           "segments": tcp_h.TARGET_SEGMENTS}
+    assert _prefixed("NETTAP_MATCH_") == {"capture": tcp_h.MATCH_CAPTURE, "segments": tcp_h.MATCH_SEGMENTS}
 
 
 def test_log_codes():

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from exporter.kernel import maps
+from exporter.kernel import maps, tcp_h
 from exporter.capture import filter as capture_filter
 from exporter.capture import targets
 from exporter.capture.filter import TargetMaps, wakeup_check_bytes
@@ -514,6 +514,62 @@ def test_apply_failure_keeps_previous_state(calls, monkeypatch):
     monkeypatch.setattr(maps, "delete", lambda fd, key: log.append(("delete", NAMES[fd], key)))
     tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, WAKE)
     assert log == [("capture_pids", u32(2)), ("capture_ports", u32(1)), ("capture_config", u32(0))]
+
+
+def test_segments_ask_more_of_their_entries(calls):
+    """A target with segments on: its entry's value has NETTAP_MATCH_SEGMENTS
+    (3), a port's bit is set in the second bitmap too (words 1024+), and the
+    config's flags say some target wants segments. Turning it off rewrites
+    the entry (1) and clears the bit, before the config; a failed write
+    restores what each entry asked."""
+    tm = TargetMaps(FDS)
+    tm.apply(Resolved(pids={1, 2}, netns={5}, ports={80, 443}, segments={("pid", 2), ("netns", 5), ("port", 80)}),
+             4096, WAKE)
+    pids = {c[2]: c[3] for c in calls if c[1] == "capture_pids"}
+    assert pids == {u32(1): b"\1", u32(2): b"\3"}
+    assert [c[3] for c in calls if c[1] == "capture_netns"] == [b"\3"]
+    ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in calls if c[1] == "capture_ports"}
+    assert ports == {1: 1 << 16, 6: 1 << (443 - 384), 1025: 1 << 16}
+    flags = decode_config(calls[config_index(calls)][3])["flags"]
+    assert flags & tcp_h.TARGET_SEGMENTS and flags & tcp_h.TARGET_PID
+    calls.clear()
+    tm.apply(Resolved(pids={1, 2}, netns={5}, ports={80, 443}), 4096, WAKE)
+    ci = config_index(calls)
+    assert sorted(c[1:] for c in calls[:ci]) == sorted([
+        ("capture_netns", u32(5), b"\1"), ("capture_pids", u32(2), b"\1"), ("capture_ports", u32(1025), u64(0))])
+    assert calls[ci + 1:] == [] and not decode_config(calls[ci][3])["flags"] & tcp_h.TARGET_SEGMENTS
+
+
+def test_a_failed_segments_change_restores_each_entry(calls, monkeypatch):
+    tm = TargetMaps(FDS)
+    tm.apply(Resolved(pids={1, 2}, segments={("pid", 1)}), 4096, WAKE)
+    calls.clear()
+    real = maps.update
+
+    def fail_on_config(fd, key, value, flags=0):
+        if NAMES[fd] == "capture_config":
+            raise OSError(1, "bpf_map_update_elem: Operation not permitted")
+        real(fd, key, value, flags)
+    monkeypatch.setattr(maps, "update", fail_on_config)
+    with pytest.raises(OSError):
+        tm.apply(Resolved(pids={1, 2, 3}, segments={("pid", 2)}), 4096, WAKE)
+    # written: 1 -> 1, 2 -> 3, 3 new; undone: each back as it was, 3 deleted
+    done = [c for c in calls if c[1] == "capture_pids"]
+    assert done[:3] == [("update", "capture_pids", u32(1), b"\1"), ("update", "capture_pids", u32(2), b"\3"),
+                        ("update", "capture_pids", u32(3), b"\1")]
+    assert sorted(done[3:]) == sorted([("update", "capture_pids", u32(1), b"\3"),
+                                      ("update", "capture_pids", u32(2), b"\1"),
+                                      ("delete", "capture_pids", u32(3))])
+    assert tm.current.segments == {("pid", 1)}
+
+
+def test_segments_resolved_per_target(tmp_path):
+    r = resolve([Target("port", 80, True), Target("port", 443), Target("pid", os.getpid(), True)])
+    assert r.segments == {("port", 80), ("pid", os.getpid())} and r.ports == {80, 443}
+    assert r.flags & tcp_h.TARGET_SEGMENTS
+    assert not resolve([Target("port", 80)]).flags & tcp_h.TARGET_SEGMENTS
+    gone = r.without({("pid", os.getpid())})
+    assert gone.segments == {("port", 80)}
 
 
 def test_more_cgroup_levels_than_the_kernel_matches_refused(tmp_path):
