@@ -144,4 +144,27 @@ static __always_inline __u64 current_ancestor_cgroup_id(__u32 level)
 	return id;
 }
 
+/*
+ * A TCP socket's keepalive timer: sk->sk_timer, or, where the kernel has
+ * inet_connection_sock::icsk_keepalive_timer (upstream net-next, Nov 2025:
+ * "tcp: introduce icsk->icsk_keepalive_timer", in a union with
+ * mptcp_tout_timer; also in Debian's 6.1.0-57 and 6.12.118 stable kernels,
+ * not in 5.10.0-46 nor this host's 6.18), that member. tcp_keepalive_timer
+ * then arms and runs icsk_keepalive_timer and sk_timer is no TCP timer at
+ * all: the 6.12 guest's keepalive fired at sk + 1184 (icsk_keepalive_timer),
+ * sk_timer is at sk + 448. The socket is the icsk's first member (offset 0).
+ */
+struct inet_connection_sock___ka {
+	struct timer_list icsk_keepalive_timer;
+} __attribute__((preserve_access_index));
+
+/* The offset of a TCP socket's keepalive timer in its socket. */
+static __always_inline __u64 keepalive_timer_offset(void)
+{
+	if (bpf_core_field_exists(struct inet_connection_sock___ka, icsk_keepalive_timer))
+		return bpf_core_field_offset(struct inet_connection_sock___ka,
+					     icsk_keepalive_timer);
+	return bpf_core_field_offset(struct sock, sk_timer);
+}
+
 #endif /* NETTAP_CORE_FIXES_BPF_H */

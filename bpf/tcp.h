@@ -107,7 +107,7 @@
 
 /* nettap_timer.timer: which of a captured socket's timers the wheel fired */
 #define NETTAP_TIMER_RETRANSMIT 1 /* icsk_retransmit_timer: RTO, loss and zero-window probes */
-#define NETTAP_TIMER_KEEPALIVE	2 /* sk_timer, a TCP socket's keepalive */
+#define NETTAP_TIMER_KEEPALIVE	2 /* a TCP socket's keepalive: sk_timer, or icsk_keepalive_timer */
 
 /* nettap_timer.event: what the retransmit timer was armed for (the kernel's
  * ICSK_TIME_*, include/net/inet_connection_sock.h); 0 for a keepalive */

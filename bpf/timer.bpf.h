@@ -76,9 +76,8 @@ static __always_inline __u32 behind_bucket(__u64 n)
  * the socket the timer would be the keepalive or retransmit timer of is in
  * the connection table (its group and slot, array reads, say no for nearly
  * every other timer before any hash lookup). No address but a socket's own timer's gives a
- * captured socket. (Compared with /proc/kallsyms' tcp_keepalive_timer, the
- * function of the keepalive fired on Linux 6.1-6.12 of the test matrix did
- * not match.) */
+ * captured socket. The keepalive timer is sk_timer or, on kernels that have
+ * it (Debian's 6.1 and 6.12), icsk_keepalive_timer: keepalive_timer_offset(). */
 SEC("tp_btf/timer_expire_entry")
 int BPF_PROG(tcp_timer, struct timer_list *timer, unsigned long baseclk)
 {
@@ -94,7 +93,8 @@ int BPF_PROG(tcp_timer, struct timer_list *timer, unsigned long baseclk)
 	cn = captured_conn(sk);
 	if (!cn) {
 		which = NETTAP_TIMER_KEEPALIVE;
-		sk = TIMER_OWNER(timer, struct sock, sk_timer);
+		/* sk_timer, or icsk_keepalive_timer (core_fixes.bpf.h) */
+		sk = (const struct sock *)((void *)timer - keepalive_timer_offset());
 		cn = captured_conn(sk);
 	}
 	if (!cn)

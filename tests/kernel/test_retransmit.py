@@ -1,5 +1,5 @@
 """Kernel tests: what captured sockets send again (bpf/retrans.bpf.h) and
-their retransmit timers as they fire (bpf/timer.bpf.h), forced
+their retransmit and keepalive timers as they fire (bpf/timer.bpf.h), forced
 by nftables drops on the loopback of a network namespace of the test's own
 (netem is not built into every kernel; nftables is), and told apart by the
 recovery that sent it. Each scenario drops a fixed pattern of packets
@@ -214,6 +214,43 @@ def test_the_retransmit_timer_fires_for_the_probe_then_the_rto(nettap_run, mode,
     for l in _timers(lines, sport):
         assert 0 <= l["behind_jiffies"] < 1000 and l["owned"] in (0, 1) and l["state"] == "ESTABLISHED", l
         assert (l["dport"], l["daddr"]) == (PORT, "127.0.0.1")
+
+
+def test_keepalives_to_a_silent_peer_fire_the_keepalive_timer(nettap_run, mode, ns):
+    """A client with keepalives every second whose peer stops answering: its
+    keepalive timer fires each second until the connection times out
+    (ETIMEDOUT where the kernel reports errors). The timer is sk_timer, or
+    icsk_keepalive_timer where the kernel has it (Debian's 6.1 and 6.12)."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    if not _probe(run, "tcp_timer").attached:
+        pytest.skip(f"tcp_timer not loaded: {_probe(run, 'tcp_timer').mechanism}")
+    lsn = in_netns(ns, _listener)
+
+    c = in_netns(ns, lambda: socket.create_connection(("127.0.0.1", PORT), timeout=10))
+    sport = c.getsockname()[1]
+    before = in_netns(ns, mib)["TCPKeepAlive"]
+    # the server's ACKs to the keepalives, dropped before the first is sent (an ACKed one
+    # would set icsk_probes_out back to 0)
+    drop(ns, way="sport")
+    for opt, v in ((socket.TCP_KEEPIDLE, 1), (socket.TCP_KEEPINTVL, 1), (socket.TCP_KEEPCNT, 2)):
+        c.setsockopt(socket.IPPROTO_TCP, opt, v)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    deadline = time.time() + 30
+    while c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and time.time() < deadline:
+        time.sleep(0.1)
+    kernel = in_netns(ns, mib)["TCPKeepAlive"] - before
+    c.close()
+    lsn.close()
+    wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="every socket closed")
+    lines, _ = run.finish()
+    keep = [l for l in _timers(lines, sport) if l["timer"] == "keepalive"]
+    assert len(keep) >= 2 and {l["event"] for l in keep} == {"none"}, keep
+    assert all(l["state"] == "ESTABLISHED" and l["behind_jiffies"] < 1000 for l in keep), keep
+    if _probe(run, "tcp_timer_exit").attached:             # each keepalive sent: a probe record
+        probes = [l for l in lines if l["type"] == "probe" and l["sport"] == sport]
+        assert kernel >= 2 and len(probes) == kernel, (probes, kernel)
+        assert [l["probe"] for l in probes] == ["keepalive"] * kernel, probes
+        assert [l["probes_out"] for l in probes] == list(range(1, kernel + 1)), probes
 
 
 def _probe(run, name):
