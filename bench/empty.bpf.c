@@ -51,6 +51,12 @@ int empty_lc_timer(void *ctx) { return 0; }
 SEC("tp_btf/timer_expire_exit")
 int empty_lc_timer_exit(void *ctx) { return 0; }
 
+SEC("tp_btf/tcp_retransmit_skb")
+int empty_lc_retransmit(void *ctx) { return 0; }
+
+SEC("tp_btf/tcp_retransmit_synack")
+int empty_lc_synack(void *ctx) { return 0; }
+
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* libssl's SSL_write_ex and SSL_read_ex (uprobes, attached by the benchmark). */

@@ -122,8 +122,9 @@ LIFECYCLE_EMPTY = {"tcp_state": "empty_lc_state", "tcp_destroy": "empty_lc_destr
                    "tcp_rst_sent": "empty_lc_rst_sent", "tcp_rst_recv": "empty_lc_rst_recv",
                    "tcp_sk_error": "empty_lc_sk_error", "tcp_segment": "empty_lc_segment",
                    "tcp_timer": "empty_lc_timer", "tcp_timer_exit": "empty_lc_timer_exit"}
-# (tcp_retransmit and tcp_synack_retransmit run only when a segment is sent
-# again: none in this benchmark's loopback traffic.)
+# tcp_retransmit and tcp_synack_retransmit run only when a segment is sent
+# again: measured apart, on a lossy loopback (measure_lossy).
+LOSSY_EMPTY = {"tcp_retransmit": "empty_lc_retransmit", "tcp_synack_retransmit": "empty_lc_synack"}
 
 
 HELD_OPEN = 150          # connections (300 captured sockets) open during the third lifecycle case
@@ -185,6 +186,88 @@ def measure_lifecycle(variant: str, empty_obj: str, n: int) -> dict:
     finally:
         release(links, obj, app)
     return rows
+
+
+LOSSY_SERVER = r"""
+import socket, sys, threading
+def read(c):
+    with c:
+        while c.recv(65536):
+            pass
+def serve(port):
+    s = socket.create_server(("127.0.0.1", port), backlog=256)
+    while True:
+        threading.Thread(target=read, args=(s.accept()[0],), daemon=True).start()
+for p in sys.argv[1:]:
+    threading.Thread(target=serve, args=(int(p),), daemon=True).start()
+print("listening", flush=True)
+sys.stdin.read()
+"""
+LOSSY_CLIENT = r"""
+import socket, sys, threading
+port, n, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+def run(k):
+    for _ in range(k):
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        s.sendall(b"x" * size)
+        s.close()
+ts = [threading.Thread(target=run, args=(n // 32,)) for _ in range(32)]
+for t in ts: t.start()
+for t in ts: t.join()
+"""
+
+
+def measure_lossy(variant: str, empty_obj: str, n: int) -> dict:
+    """case -> {program: (nettap ns, empty ns, runs)} of the programs that run
+    when a segment is sent again: n connections (20 KB each) in a network
+    namespace whose loopback drops a fifth of the packets to and from two
+    ports (nftables), one captured and one not."""
+    from pyroute2 import NetNS, netns
+    name = f"nettap-bench-{os.getpid()}"
+    captured, other = 9300, 9301
+    netns.create(name)
+    srv = app = obj = None
+    links = []
+    try:
+        with NetNS(name) as ns:
+            ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        rules = (f"table inet nettap_bench {{ chain in {{ type filter hook input priority 0; policy accept;\n"
+                 f" tcp dport {{ {captured}, {other} }} numgen random mod 5 == 0 drop\n"
+                 f" tcp sport {{ {captured}, {other} }} numgen random mod 5 == 0 drop }} }}\n")
+        subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=rules.encode(), check=True)
+        srv = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", LOSSY_SERVER, str(captured),
+                                str(other)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "listening"
+        app = Nettap(config.parse({"captures": [{"port": captured}], "output": {"type": "none"}}), variant=variant)
+        names = {short: short for short in LOSSY_EMPTY if short in app.probes.prog_fds}
+        obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
+        for pname, prog in loader.object_programs(obj):
+            libbpf.call("bpf_program__set_autoload", prog, pname in {LOSSY_EMPTY[s] for s in names})
+        libbpf.call("bpf_object__load", obj)
+        fds = {}
+        for short in names:
+            p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, LOSSY_EMPTY[short].encode())
+            links.append(libbpf.call_ptr("bpf_program__attach", p))
+            fds[f"empty {short}"] = libbpf.call("bpf_program__fd", p)
+            fds[f"nettap {short}"] = app.probes.prog_fds[short]
+        rows = {}
+        for case, port in (("lossy, not captured", other), ("lossy, captured", captured)):
+            before = own_program_stats(fds)
+            subprocess.run(["ip", "netns", "exec", name, sys.executable, "-c", LOSSY_CLIENT, str(port), str(n),
+                            "20000"], check=True)
+            d = delta(own_program_stats(fds), before)
+            rows[case] = {short: (ns(d, f"nettap {short}"), ns(d, f"empty {short}"), d[f"nettap {short}"][0])
+                          for short in names}
+        return rows
+    finally:
+        if srv:
+            srv.kill()
+            srv.wait()
+        if obj:
+            release(links, obj, app)
+        elif app:
+            app.close()
+        netns.remove(name)
 
 
 TLS_SERVER = r"""
@@ -295,7 +378,8 @@ def print_tls(n: int, results: list) -> None:
 
 
 def print_lifecycle(n: int, results: list) -> None:
-    print(f"\nlifecycle programs (ns per run; {n:,} connections and {n:,} refused connects per case)")
+    print(f"\nlifecycle programs (ns per run; {n:,} connections and {n:,} refused connects per case; the "
+          "lossy cases: connections of 20 KB each on a loopback that drops a fifth of the packets)")
     for variant, rows in results:
         print(f"\n{variant + ' variant':36s} {'program':>14s} {'runs':>8s} {'empty':>7s} {'nettap':>7s} {'ratio':>6s}")
         for case, progs in rows.items():
@@ -311,6 +395,8 @@ def main() -> None:
     ap.add_argument("--variants", default="fast,compat", help="program variants to measure, where the kernel runs them")
     ap.add_argument("--connections", type=int, default=2000, help="connections per lifecycle case")
     ap.add_argument("--tls-calls", type=int, default=20000, help="SSL_write calls per TLS case")
+    ap.add_argument("--lossy-connections", type=int, default=320,
+                    help="connections per case on the lossy loopback (tcp_retransmit, tcp_synack_retransmit)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
@@ -337,6 +423,10 @@ def main() -> None:
                 lifecycle.append((variant, measure_lifecycle(variant, empty_obj, a.connections)))
             except (features.Unsupported, OSError) as e:
                 skipped.append(f"lifecycle, {variant}: {e}")
+            try:
+                lifecycle.append((variant, measure_lossy(variant, empty_obj, a.lossy_connections)))
+            except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
+                skipped.append(f"lossy lifecycle, {variant}: {e}")
         tls_results = []
         if tls.supported()[0] and tls.system_files():
             for variant in a.variants.split(","):

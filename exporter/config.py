@@ -389,7 +389,7 @@ def load_apart(path: str, parse_doc=parse, timeout: float = PARSE_TIMEOUT):
     except apart.Cancelled:
         raise Cancelled(f"{path}: parse cancelled (nettap is stopping)") from None
     except apart.Failed as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError(f"{path}: " + ": ".join([e.args[0], *map(quote, e.args[1:])])) from None
     if not ok:
         raise ConfigError(value)
     return parse_doc(value)

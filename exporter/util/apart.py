@@ -17,7 +17,8 @@ _cancelled = False
 
 
 class Failed(Exception):
-    """The child could not be started, took too long, or gave no answer."""
+    """The child could not be started, took too long, or gave no answer;
+    args: what happened, and the last line it wrote to stderr, if any."""
 
 
 class Cancelled(Exception):
@@ -51,7 +52,7 @@ def run(module: str, function: str, arg: str, stdin: bytes, timeout: float):
         raise Cancelled()
     if p.returncode != 0 or not out:
         last = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-        raise Failed(f"the YAML parser failed (exit status {p.returncode}): {last!r}")
+        raise Failed(f"the YAML parser failed (exit status {p.returncode})", last)
     return pickle.loads(out)
 
 

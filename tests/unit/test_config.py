@@ -443,3 +443,17 @@ def test_cancel_loads_kills_a_running_parse(tmp_path, monkeypatch):
     assert errors == [f"{p}: parse cancelled (nettap is stopping)"]
     with pytest.raises(ConfigError, match="cancelled"):
         config.load_apart(str(p))
+
+
+def test_a_failed_parser_says_its_exit_status_and_last_words(tmp_path, monkeypatch):
+    from exporter.util import apart
+    p = tmp_path / "nettap.yaml"
+    p.write_text(FULL)
+    real_run = apart.run
+    # the child nettap would run, asked for a function that is not there: it fails, as a crash would
+    monkeypatch.setattr(apart, "run", lambda module, function, *a: real_run(module, "no_such_function", *a))
+    with pytest.raises(ConfigError) as e:
+        config.load_apart(str(p))
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: the YAML parser failed (exit status 1): \"ImportError: cannot import name"), msg
+    assert len(msg) - len(str(p)) < 130            # its last words quoted, bounded
