@@ -120,8 +120,10 @@ def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list) -
 # nettap's lifecycle program -> the empty program on its tracepoint (bench/empty.bpf.c)
 LIFECYCLE_EMPTY = {"tcp_state": "empty_lc_state", "tcp_destroy": "empty_lc_destroy",
                    "tcp_rst_sent": "empty_lc_rst_sent", "tcp_rst_recv": "empty_lc_rst_recv",
-                   "tcp_sk_error": "empty_lc_sk_error", "tcp_segment": "empty_lc_segment",
-                   "tcp_timer": "empty_lc_timer", "tcp_timer_exit": "empty_lc_timer_exit"}
+                   "tcp_sk_error": "empty_lc_sk_error", "tcp_segment": "empty_lc_segment"}
+# tcp_timer and tcp_timer_exit run for every timer of the node: measured
+# apart, with timers firing (measure_timers)
+TIMER_EMPTY = {"tcp_timer": "empty_lc_timer", "tcp_timer_exit": "empty_lc_timer_exit"}
 # tcp_retransmit and tcp_synack_retransmit run only when a segment is sent
 # again: measured apart, on a lossy loopback (measure_lossy).
 LOSSY_EMPTY = {"tcp_retransmit": "empty_lc_retransmit", "tcp_synack_retransmit": "empty_lc_synack"}
@@ -217,6 +219,57 @@ for t in ts: t.join()
 """
 
 
+def _attach_empty(app, empty_obj: str, pairs: dict):
+    """The empty programs of pairs (nettap program -> empty program) loaded
+    and attached beside the loaded nettap ones; returns (obj, links, fds)."""
+    names = [short for short in pairs if short in app.probes.prog_fds]
+    obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
+    for pname, prog in loader.object_programs(obj):
+        libbpf.call("bpf_program__set_autoload", prog, pname in {pairs[s] for s in names})
+    libbpf.call("bpf_object__load", obj)
+    links, fds = [], {}
+    for short in names:
+        p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, pairs[short].encode())
+        links.append(libbpf.call_ptr("bpf_program__attach", p))
+        fds[f"empty {short}"] = libbpf.call("bpf_program__fd", p)
+        fds[f"nettap {short}"] = app.probes.prog_fds[short]
+    return obj, links, fds
+
+
+def _rows(d: dict, fds: dict) -> dict:
+    shorts = [k.removeprefix("nettap ") for k in fds if k.startswith("nettap ")]
+    return {short: (ns(d, f"nettap {short}"), ns(d, f"empty {short}"), d[f"nettap {short}"][0]) for short in shorts}
+
+
+def measure_timers(variant: str, empty_obj: str, n: int, seconds: float = 8.0) -> dict:
+    """case -> {program: (nettap ns, empty ns, runs)} of the timer programs,
+    which run for every timer of the node: n sockets with a keepalive every
+    second (each fires its timer once a second and sends a probe the peer
+    answers) to a port nettap does not capture, then to one it does."""
+    import time
+    captured, other = Server(), Server()
+    app = Nettap(config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"}}), variant=variant)
+    obj, links, fds = _attach_empty(app, empty_obj, TIMER_EMPTY)
+    rows = {}
+    try:
+        for case, port in (("keepalives, not captured", other.port), ("keepalives, captured", captured.port)):
+            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+            try:
+                before = own_program_stats(fds)
+                for s in socks:
+                    for opt in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL):
+                        s.setsockopt(socket.IPPROTO_TCP, opt, 1)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                time.sleep(seconds)
+                rows[case] = _rows(delta(own_program_stats(fds), before), fds)
+            finally:
+                for s in socks:
+                    s.close()
+    finally:
+        release(links, obj, app)
+    return rows
+
+
 def measure_lossy(variant: str, empty_obj: str, n: int) -> dict:
     """case -> {program: (nettap ns, empty ns, runs)} of the programs that run
     when a segment is sent again: n connections (20 KB each) in a network
@@ -229,35 +282,23 @@ def measure_lossy(variant: str, empty_obj: str, n: int) -> dict:
     srv = app = obj = None
     links = []
     try:
-        with NetNS(name) as ns:
-            ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        with NetNS(name) as handle:
+            handle.link("set", index=handle.link_lookup(ifname="lo")[0], state="up")
         rules = (f"table inet nettap_bench {{ chain in {{ type filter hook input priority 0; policy accept;\n"
                  f" tcp dport {{ {captured}, {other} }} numgen random mod 5 == 0 drop\n"
-                 f" tcp sport {{ {captured}, {other} }} numgen random mod 5 == 0 drop }} }}\n")
+                 f" tcp sport {{ {captured}, {other} }} numgen random mod 5 == 0 drop\n }}\n}}\n")
         subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=rules.encode(), check=True)
         srv = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", LOSSY_SERVER, str(captured),
                                 str(other)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert srv.stdout.readline().strip() == "listening"
         app = Nettap(config.parse({"captures": [{"port": captured}], "output": {"type": "none"}}), variant=variant)
-        names = {short: short for short in LOSSY_EMPTY if short in app.probes.prog_fds}
-        obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
-        for pname, prog in loader.object_programs(obj):
-            libbpf.call("bpf_program__set_autoload", prog, pname in {LOSSY_EMPTY[s] for s in names})
-        libbpf.call("bpf_object__load", obj)
-        fds = {}
-        for short in names:
-            p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, LOSSY_EMPTY[short].encode())
-            links.append(libbpf.call_ptr("bpf_program__attach", p))
-            fds[f"empty {short}"] = libbpf.call("bpf_program__fd", p)
-            fds[f"nettap {short}"] = app.probes.prog_fds[short]
+        obj, links, fds = _attach_empty(app, empty_obj, LOSSY_EMPTY)
         rows = {}
         for case, port in (("lossy, not captured", other), ("lossy, captured", captured)):
             before = own_program_stats(fds)
             subprocess.run(["ip", "netns", "exec", name, sys.executable, "-c", LOSSY_CLIENT, str(port), str(n),
                             "20000"], check=True)
-            d = delta(own_program_stats(fds), before)
-            rows[case] = {short: (ns(d, f"nettap {short}"), ns(d, f"empty {short}"), d[f"nettap {short}"][0])
-                          for short in names}
+            rows[case] = _rows(delta(own_program_stats(fds), before), fds)
         return rows
     finally:
         if srv:
@@ -381,10 +422,10 @@ def print_lifecycle(n: int, results: list) -> None:
     print(f"\nlifecycle programs (ns per run; {n:,} connections and {n:,} refused connects per case; the "
           "lossy cases: connections of 20 KB each on a loopback that drops a fifth of the packets)")
     for variant, rows in results:
-        print(f"\n{variant + ' variant':36s} {'program':>14s} {'runs':>8s} {'empty':>7s} {'nettap':>7s} {'ratio':>6s}")
+        print(f"\n{variant + ' variant':36s} {'program':>21s} {'runs':>8s} {'empty':>7s} {'nettap':>7s} {'ratio':>6s}")
         for case, progs in rows.items():
             for short, (nt, em, runs) in progs.items():
-                print(f"{case:36s} {short:>14s} {runs:8d} {em:7.0f} {nt:7.0f} {nt / em:6.2f}")
+                print(f"{case:36s} {short:>21s} {runs:8d} {em:7.0f} {nt:7.0f} {nt / em:6.2f}")
     print("\n(goal: a socket not captured costs <= 2x the empty program on the same tracepoint)")
 
 
@@ -395,6 +436,8 @@ def main() -> None:
     ap.add_argument("--variants", default="fast,compat", help="program variants to measure, where the kernel runs them")
     ap.add_argument("--connections", type=int, default=2000, help="connections per lifecycle case")
     ap.add_argument("--tls-calls", type=int, default=20000, help="SSL_write calls per TLS case")
+    ap.add_argument("--keepalive-sockets", type=int, default=400,
+                    help="sockets with a keepalive a second per timer case (tcp_timer, tcp_timer_exit)")
     ap.add_argument("--lossy-connections", type=int, default=320,
                     help="connections per case on the lossy loopback (tcp_retransmit, tcp_synack_retransmit)")
     a = ap.parse_args()
@@ -423,6 +466,10 @@ def main() -> None:
                 lifecycle.append((variant, measure_lifecycle(variant, empty_obj, a.connections)))
             except (features.Unsupported, OSError) as e:
                 skipped.append(f"lifecycle, {variant}: {e}")
+            try:
+                lifecycle.append((variant, measure_timers(variant, empty_obj, a.keepalive_sockets)))
+            except (features.Unsupported, OSError) as e:
+                skipped.append(f"timers, {variant}: {e}")
             try:
                 lifecycle.append((variant, measure_lossy(variant, empty_obj, a.lossy_connections)))
             except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
