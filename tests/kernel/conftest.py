@@ -321,3 +321,19 @@ def nettap_run(tmp_path, request):
     yield make
     for r in runs:
         r.app.close()
+
+
+@pytest.fixture
+def ns():
+    """A network namespace of the test's own with its loopback up (where its
+    nftables rules drop what the test wants lost); removed with its rules."""
+    import uuid
+    from pyroute2 import NetNS, netns
+    name = f"nettap-test-{uuid.uuid4().hex[:8]}"
+    netns.create(name)
+    try:
+        with NetNS(name) as n:
+            n.link("set", index=n.link_lookup(ifname="lo")[0], state="up")
+        yield name
+    finally:
+        netns.remove(name)

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 from collections import Counter
 
 import pytest
@@ -20,20 +19,6 @@ from traffic import in_netns
 
 PORT = 9000
 DATA = b"r" * 200                 # one segment, told from handshake packets and ACKs by its length
-
-
-@pytest.fixture
-def ns():
-    """A network namespace with its loopback up; removed with its rules."""
-    from pyroute2 import NetNS, netns
-    name = f"nettap-rtx-{uuid.uuid4().hex[:8]}"
-    netns.create(name)
-    try:
-        with NetNS(name) as n:
-            n.link("set", index=n.link_lookup(ifname="lo")[0], state="up")
-        yield name
-    finally:
-        netns.remove(name)
 
 
 def drop(ns: str, match: str = "", way: str = "dport") -> None:

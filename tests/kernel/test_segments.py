@@ -5,7 +5,6 @@ of the test's own."""
 import os
 import socket
 import threading
-import uuid
 
 import pytest
 
@@ -16,19 +15,6 @@ from traffic import in_netns
 SEG, PLAIN = 9100, 9101          # a port whose segments are recorded, and one whose are not
 SENDS, SIZE = 20, 300            # the client's sends, a segment each (TCP_NODELAY, in turn)
 ANSWERS = 1 + SENDS + 2          # the bytes the server sends: its greeting, an answer a send, "ok"
-
-
-@pytest.fixture
-def ns():
-    from pyroute2 import NetNS, netns
-    name = f"nettap-seg-{uuid.uuid4().hex[:8]}"
-    netns.create(name)
-    try:
-        with NetNS(name) as n:
-            n.link("set", index=n.link_lookup(ifname="lo")[0], state="up")
-        yield name
-    finally:
-        netns.remove(name)
 
 
 def exchange(port: int) -> int:
