@@ -37,6 +37,19 @@ def in_netns(name: str, fn):
     return out[0]
 
 
+def listener(port: int, rcvbuf: int = 0, backlog: int = 8) -> socket.socket:
+    """A socket listening on 127.0.0.1:port (SO_REUSEADDR); rcvbuf, when
+    given, is its receive buffer, which the sockets it accepts inherit (a
+    small window)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.bind(("127.0.0.1", port))
+    s.listen(backlog)
+    return s
+
+
 class Server:
     """Accepts connections on 127.0.0.1:port and reads each to EOF."""
 

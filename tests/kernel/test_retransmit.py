@@ -15,7 +15,7 @@ import pytest
 
 from conftest import live_conn_ids
 from procs import wait_for
-from traffic import in_netns
+from traffic import in_netns, listener
 
 PORT = 9000
 DATA = b"r" * 200                 # one segment, told from handshake packets and ACKs by its length
@@ -57,10 +57,7 @@ def exchange(ns: str, sends: int = 1, timeout: float = 20) -> tuple:
         return port, Counter({c: after[n] - before[n] for c, n in MIB_CAUSES.items() if after[n] - before[n]})
 
     def talk():
-        lsn = socket.socket()
-        lsn.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        lsn.bind(("127.0.0.1", PORT))
-        lsn.listen(8)
+        lsn = listener(PORT)
 
         def serve():
             c, _ = lsn.accept()
@@ -145,7 +142,7 @@ def test_a_listener_sends_its_syn_ack_again_when_the_ack_is_lost(nettap_run, mod
     request is no connection yet: conn_id and pid 0."""
     run = nettap_run({"captures": [{"port": PORT}]})
     drop(ns, "tcp flags & (syn | ack) == ack")               # every ACK without SYN
-    lsn = in_netns(ns, lambda: _listener())
+    lsn = in_netns(ns, lambda: listener(PORT))
     c = in_netns(ns, lambda: socket.create_connection(("127.0.0.1", PORT), timeout=10))
     sport = c.getsockname()[1]
     deadline = time.time() + 30
@@ -160,16 +157,6 @@ def test_a_listener_sends_its_syn_ack_again_when_the_ack_is_lost(nettap_run, mod
     assert (first["sport"], first["dport"], first["daddr"], first["retransmits"]) == (PORT, sport, "127.0.0.1", 0)
     assert (first["conn_id"], first["pid"], first["family"]) == (0, 0, "ipv4")
     assert run.obs_counts()[_row("RETRANS_SYNACK")] == len(mine)   # the listener gone before: no more since
-
-
-def _listener(rcvbuf: int = 0):
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if rcvbuf:                          # accepted sockets inherit it: a small window
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.bind(("127.0.0.1", PORT))
-    s.listen(8)
-    return s
 
 
 def _row(name: str) -> int:
@@ -209,7 +196,7 @@ def test_keepalives_to_a_silent_peer_fire_the_keepalive_timer(nettap_run, mode, 
     run = nettap_run({"captures": [{"port": PORT}]})
     if not _probe(run, "tcp_timer").attached:
         pytest.skip(f"tcp_timer not loaded: {_probe(run, 'tcp_timer').mechanism}")
-    lsn = in_netns(ns, _listener)
+    lsn = in_netns(ns, lambda: listener(PORT))
 
     c = in_netns(ns, lambda: socket.create_connection(("127.0.0.1", PORT), timeout=10))
     sport = c.getsockname()[1]
@@ -253,7 +240,7 @@ def test_a_zero_window_is_probed_by_the_retransmit_timer(nettap_run, mode, ns):
             pytest.skip(f"{name} not loaded: {_probe(run, name).mechanism}")
 
     def stall():
-        lsn = _listener(rcvbuf=4096)
+        lsn = listener(PORT, rcvbuf=4096)
         c = socket.create_connection(("127.0.0.1", PORT), timeout=10)
         s, _ = lsn.accept()
         before = mib()["TCPWinProbe"]

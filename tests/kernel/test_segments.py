@@ -10,7 +10,7 @@ import pytest
 
 from conftest import live_conn_ids
 from procs import wait_for
-from traffic import in_netns
+from traffic import in_netns, listener
 
 SEG, PLAIN = 9100, 9101          # a port whose segments are recorded, and one whose are not
 SENDS, SIZE = 20, 300            # the client's sends, a segment each (TCP_NODELAY, in turn)
@@ -22,10 +22,7 @@ def exchange(port: int) -> int:
     by then); the client sends SENDS x SIZE bytes, each send answered (so
     each is a segment of its own), then the server says "ok". Returns the
     client's port."""
-    lsn = socket.socket()
-    lsn.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    lsn.bind(("127.0.0.1", port))
-    lsn.listen(4)
+    lsn = listener(port)
 
     def serve():
         c, _ = lsn.accept()
