@@ -220,6 +220,27 @@
             description: 'The sockets nettap captures on {{ $labels.instance }} sent {{ $value | humanize }} segments a second again on retransmission timeouts (RTOs) over the last %(rateInterval)s: each waited a whole RTO (200 ms or more) for an acknowledgement.' % cfg,
           },
         },
+        {
+          // About the captured workloads' resolvers, not nettap: their DNS queries over UDP
+          // end in SERVFAIL or go unanswered for 5 s (rcode="timeout"). NXDOMAIN is the
+          // resolver's answer about the name, not a failure of the resolver.
+          alert: 'NettapCapturedDnsFailures',
+          expr: |||
+            (
+              sum by (instance) (rate(nettap_dns_queries_total{%(nettapSelector)s, rcode=~"SERVFAIL|timeout"}[%(rateInterval)s]))
+                / (sum by (instance) (rate(nettap_dns_queries_total{%(nettapSelector)s}[%(rateInterval)s])) > 0)
+              > %(capturedDnsFailuresRatio)g
+            )
+            and
+            sum by (instance) (rate(nettap_dns_queries_total{%(nettapSelector)s, rcode=~"SERVFAIL|timeout"}[%(rateInterval)s])) > %(capturedDnsFailuresMinRate)g
+          ||| % cfg,
+          'for': cfg.capturedDnsFailuresFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'DNS queries of captured workloads fail: their resolver answers SERVFAIL or nothing.',
+            description: '{{ $value | humanizePercentage }} of the DNS queries the workloads nettap captures on {{ $labels.instance }} sent over the last %(rateInterval)s ended in SERVFAIL or got no answer within 5 s.' % cfg,
+          },
+        },
       ]),
 
       group('nettap-exporter', [

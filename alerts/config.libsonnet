@@ -109,6 +109,14 @@
     // stalled its connection for an RTO (>= 200 ms); tcp_retries2 of them in a row abort it.
     capturedRtoRate: 0.5,
     capturedRtoFor: '15m',
+    // DNS queries of the captured workloads (capture.dns) that end in SERVFAIL or get no answer
+    // within 5 s (rcode="timeout"), per query answered or timed out, over rateInterval, above
+    // this ratio while at least capturedDnsFailuresMinRate of them fail a second (a node that
+    // resolves a name a minute is not judged on one lost datagram): their resolver fails them.
+    // NXDOMAIN and the other rcodes are answers about the name, not failures.
+    capturedDnsFailuresRatio: 0.05,
+    capturedDnsFailuresMinRate: 0.05,
+    capturedDnsFailuresFor: '10m',
 
     // --- Cost --------------------------------------------------------------------------
 

@@ -38,11 +38,11 @@ static __always_inline int enter_call(__u32 probe, unsigned long fd, __u64 buf, 
 	return enter_sock(probe, sk, &d, fast);
 }
 
-/* One tracepoint program in both variants. */
+/* One tracepoint program in both variants (the body may hold commas). */
 // clang-format off
-#define NETTAP_TP(sec, name, ctx_type, body)					\
+#define NETTAP_TP(sec, name, ctx_type, ...)					\
 	static __always_inline int name##_body(ctx_type *ctx, const bool fast)	\
-	body									\
+	__VA_ARGS__								\
 	SEC(sec) int name(ctx_type *ctx) { return name##_body(ctx, FAST); }	\
 	SEC(sec) int name##_compat(ctx_type *ctx) { return name##_body(ctx, COMPAT); }
 

@@ -122,6 +122,11 @@ struct {
 	__uint(max_entries, 256 << 10);
 } segments SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 128 << 10);
+} dns SEC(".maps");
+
 /* ---- one call, from its entry to its return ----------------------------- */
 
 /* How far one call's chunking got. */

@@ -35,6 +35,7 @@
 #include "retrans.bpf.h"
 #include "timer.bpf.h"
 #include "segment.bpf.h"
+#include "dns.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */
@@ -53,6 +54,7 @@ struct nettap_synack_retransmit btf_nettap_synack_retransmit __attribute__((unus
 struct nettap_timer btf_nettap_timer __attribute__((unused));
 struct nettap_probe btf_nettap_probe __attribute__((unused));
 struct nettap_segment btf_nettap_segment __attribute__((unused));
+struct nettap_dns btf_nettap_dns __attribute__((unused));
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs

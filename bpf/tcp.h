@@ -36,6 +36,7 @@
 #define NETTAP_KIND_TIMER	      13
 #define NETTAP_KIND_PROBE	      14
 #define NETTAP_KIND_SEGMENT	      15
+#define NETTAP_KIND_DNS		      16
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG   0
@@ -43,7 +44,8 @@
 #define NETTAP_PROBE_SSL_WRITE	   2 /* SSL_write, SSL_write_ex: plaintext sent */
 #define NETTAP_PROBE_SSL_READ	   3 /* SSL_read, SSL_read_ex: plaintext received */
 #define NETTAP_PROBE_SSL_HANDSHAKE 4 /* SSL_do_handshake (SSL_connect, SSL_accept call it) */
-#define NETTAP_PROBE_COUNT	   5
+#define NETTAP_PROBE_DNS	   5 /* DNS messages over UDP (bpf/dns.bpf.h) */
+#define NETTAP_PROBE_COUNT	   6
 
 /* Ring indexes: rows of the ringbuf_drops map, and the `ring` label. */
 #define NETTAP_RING_CAPTURE_CHUNKS 0
@@ -52,7 +54,8 @@
 #define NETTAP_RING_OBS_EVENTS	   3
 #define NETTAP_RING_DLOPEN	   4
 #define NETTAP_RING_SEGMENTS	   5
-#define NETTAP_RING_COUNT	   6
+#define NETTAP_RING_DNS		   6
+#define NETTAP_RING_COUNT	   7
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
@@ -80,6 +83,8 @@
 /* Hard bounds of one call's capture (the verifier needs them). */
 #define NETTAP_MAX_CHUNKS_PER_CALL 166 /* 166 * 396 = 65736 >= 64 KiB */
 #define NETTAP_MAX_IOV		   8
+/* DNS message bytes one dns record holds (a classic UDP message's limit). */
+#define NETTAP_DNS_DATA		   512
 /* cgroup v2 levels a cgroup target may sit at (bit n of cgroup_levels),
  * and how many distinct levels the targets may use at once. */
 #define NETTAP_MAX_CGROUP_LEVEL	   31
@@ -442,6 +447,27 @@ struct NETTAP_RECORD("dlopen", "dlopen") nettap_dlopen {
 	__u32 tid;			   /* the mapping thread */
 	char comm[16] NETTAP_JSON("text"); /* the mapping thread's task name */
 	char name[16] NETTAP_JSON("text"); /* the file's name, no directory (libssl.so.*) */
+};
+
+/* ring dns: a DNS message a captured workload sent to UDP port 53, or received
+ * on a socket it sent one from (bpf/dns.bpf.h), at its syscall; pid the
+ * caller's, conn_id 0 (sock_ino names the socket). */
+struct NETTAP_RECORD("dns", "dns") nettap_dns {
+	struct nettap_hdr h;
+	__u64 sock_ino;			    /* the socket's inode: socket:[N] in /proc/PID/fd */
+	__u32 size;			    /* bytes of the datagram, as the call moved it */
+	__u32 len;			    /* bytes of data[] that hold its first bytes */
+	__u32 tid;			    /* the calling thread */
+	__u32 netns;			    /* inode of the socket's network namespace */
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port */
+	__u16 dport;			    /* the peer's port (53) */
+	__u8 direction NETTAP_JSON("enum:NETTAP_DIR");	      /* egress: sent; ingress: received */
+	__u8 flags NETTAP_JSON("flags:NETTAP_CHUNK_F");	      /* read_failed: data zeroed */
+	__u8 saddr[16] NETTAP_JSON("addr");		      /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr");		      /* the peer's address */
+	char comm[16] NETTAP_JSON("text");		      /* the calling thread's task name */
+	__u8 data[NETTAP_DNS_DATA] NETTAP_JSON("base64:len"); /* the message's first len bytes */
 };
 
 /* ring logs: a problem met by a BPF program; pid the calling process's,

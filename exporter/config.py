@@ -40,8 +40,10 @@ MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's captu
 # threshold, dropped records in every round.
 # obs_events: state records (80 bytes in the ring, about five a connection):
 # 13,107 of them, a second of 2,600 connections/s with both ends captured.
+# dns: 210 dns records (624 bytes each in the ring): a node's resolver
+# traffic is hundreds of messages a second, drained every 0.2 s at the latest.
 DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
-                      "dlopen": 64 << 10, "segments": 256 << 10}
+                      "dlopen": 64 << 10, "segments": 256 << 10, "dns": 128 << 10}
 # The user-space queue between drain and sink holds JSON lines, bounded in
 # their bytes, so a burst of large payloads cannot grow nettap's memory past
 # it; when it is full, records wait in their ring (resident already). 4 MiB
@@ -119,9 +121,9 @@ class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode"
 
 
 class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
-                                  "bpf_stats_scope log_level tls ingest",
+                                  "bpf_stats_scope log_level tls ingest dns",
                         defaults=((), 4096, Output(), tuple(DEFAULT_RING_BYTES.items()), False, "own", "info",
-                                  False, None))):
+                                  False, None, False))):
     __slots__ = ()
 
     @property
@@ -234,12 +236,15 @@ def parse(doc) -> Config:
         raise ConfigError(f"captures: must be a list, got {type(caps).__name__}")
     captures = tuple(_target(item, f"captures[{i}]") for i, item in enumerate(caps))
 
-    cap = _map(top.get("capture"), "capture", ("max_payload_bytes", "tls"))
+    cap = _map(top.get("capture"), "capture", ("max_payload_bytes", "tls", "dns"))
     max_payload = _int(cap.get("max_payload_bytes", DEFAULT.max_payload_bytes),
                        "capture.max_payload_bytes", 0, MAX_PAYLOAD_BYTES)
     tls = cap.get("tls", DEFAULT.tls)
     if not isinstance(tls, bool):
         raise ConfigError(f"capture.tls: must be true or false, got {quote(tls)}")
+    dns = cap.get("dns", DEFAULT.dns)
+    if not isinstance(dns, bool):
+        raise ConfigError(f"capture.dns: must be true or false, got {quote(dns)}")
 
     out = _map(top.get("output"), "output", ("type", "path", "max_bytes", "backups", "queue_bytes", "queue_records",
                                               "mode"))
@@ -272,7 +277,8 @@ def parse(doc) -> Config:
     # nettap ingest's section, kept as written: checked by ingest (exporter/ingest/settings.py), which
     # holds its secrets' files; the capture does not use it
     ingest = None if top.get("ingest") is None else _map(top["ingest"], "ingest", tuple(top["ingest"] or ()))
-    return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls, ingest)
+    return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls, ingest,
+                  dns)
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: 4x faster

@@ -18,12 +18,13 @@ from exporter.capture import filter as capture_filter, sinks, targets
 from exporter.kernel.bpfstats import (STATE_PROBE, ProgramStatsCollector, StatsSwitch, own_program_misses,
                        own_program_stats)
 from exporter.metrics.cgroup import CgroupCollector
-from exporter.metrics.collectors import (BuildInfoCollector, Guarded, LifecycleCollector, MapCollector,
-                         PipelineCollector, ProbeCollector, ReloadCollector)
+from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector,
+                                         MapCollector, PipelineCollector, ProbeCollector, ReloadCollector)
 from exporter.config import Config, ConfigError
 from exporter.kernel import tcp_h
 from exporter.kernel.loader import Probes
 from exporter.kernel.maps import PerCpuArray, lookup
+from exporter.capture.dns import LATENCY_BUCKETS, DnsTracker
 from exporter.capture.pipeline import Pipeline
 from exporter.capture.records import ERRNO_NAMES, PROBE_COUNTERS, PROBES, RINGS, TCP_STATES
 from exporter.capture.ringbuf import RingMemory
@@ -63,6 +64,7 @@ class Nettap:
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
         self.target_watch: Optional[capture_filter.TargetWatch] = None
+        self.dns = DnsTracker()
         try:
             fds = self.probes.map_fds
             self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)
@@ -71,12 +73,13 @@ class Nettap:
             self._obs = PerCpuArray(fds["obs_counters"], ("<u8", (tcp_h.OBS_ROWS,)))
             # Without a sink the capture rings are counted, not copied out.
             keep = config.output.type != "none"
-            self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3], copy=keep or r in ("logs", "dlopen"))
-                          for r in RINGS}
+            self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3],
+                                        copy=keep or r in ("logs", "dlopen", "dns")) for r in RINGS}
             self.apply(config)
             self.target_watch = capture_filter.TargetWatch(self.target_maps, self._lock).start()
             self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes,
-                                     drops=self.drops, watch={"dlopen": self._libssl_mapped})
+                                     drops=self.drops, watch={"dlopen": self._libssl_mapped,
+                                                              "dns": self.dns.observe})
             self.pipeline.start()
             self.ready.set()
         except BaseException:
@@ -189,6 +192,7 @@ class Nettap:
                 # TLS uprobes on or off; when on, on the libssl files of the
                 # processes started since the last look too
                 self.probes.set_tls(config.tls)
+                self.probes.set_dns(config.dns)
             except BaseException:
                 if sink:
                     sink.close()
@@ -256,6 +260,7 @@ class Nettap:
         reg.register(Guarded({
             "probes": ProbeCollector(self.counters, self.drops),
             "lifecycle": LifecycleCollector(self.obs_counts, TCP_STATES, ERRNO_NAMES),
+            "dns": DnsCollector(self.dns.snapshot, LATENCY_BUCKETS),
             "pipeline": PipelineCollector(self),
             "programs": ProgramStatsCollector(self.stats_switch, lambda: self.probes.prog_fds,
                                               lambda: self.config.bpf_stats_scope),

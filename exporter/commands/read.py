@@ -46,7 +46,8 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
     n = cap.counts
     life = ", ".join(f"{n[k]} {k}" for k in LIFECYCLE if n[k])
     out.write(f"{len(conns)} connection(s) of {len(cap.conns)}; records: {n['chunk']} chunk, "
-              f"{n['eof']} eof, {n['log']} log" + (f", {life}" if life else "") + "\n")
+              f"{n['eof']} eof, {n['log']} log" + (f", {life}" if life else "")
+              + (f", {n['dns']} dns (--dns lists them)" if n["dns"] else "") + "\n")
     if cap.no_conn:
         out.write(f"{cap.no_conn} chunk(s) without a connection (conn_id 0: nettap's connection table "
                   f"was full): in no stream\n")
@@ -56,6 +57,43 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
         out.write(f"capture gap: {escape(gap)}\n")
     for line in clock_losses(cap.clocks):
         out.write(f"records lost: {line}\n")
+
+
+def dns_listing(cap: Capture, pids: List[int], out) -> None:
+    """Each DNS query of the dns records (capture.dns), in the order sent, with
+    its answer: matched as nettap's metrics match them (exporter/capture/dns.py:
+    the socket and the id, the first answer within the timeout)."""
+    import base64
+    from exporter.capture.dns import TIMEOUT_S, decode
+    rows = [("TIME", "PID", "COMM", "SERVER", "NAME", "TYPE", "ANSWER", "RECORDS", "LATENCY")]
+    pending, bad, unmatched, t0 = {}, 0, 0, None
+    for r in cap.dns:
+        if pids and r["pid"] not in pids:
+            continue
+        try:
+            m = decode(base64.b64decode(r["data"]), r["len"] >= r["size"])
+        except ValueError:
+            bad += 1
+            continue
+        t0 = r["ts_ns"] if t0 is None else t0
+        key = (r["sock_ino"], m.id)
+        if not m.response and r["direction"] == "egress":
+            row = [f"+{(r['ts_ns'] - t0) / 1e9:.3f}s", str(r["pid"]), escape(r["comm"]),
+                   endpoint(r["family"], r["daddr"], r["dport"]), escape(m.name), m.qtype, "no answer", "-", "-"]
+            pending[key] = (r["ts_ns"], row)
+            rows.append(row)
+        elif m.response and r["direction"] == "ingress":
+            sent, row = pending.pop(key, (None, None))
+            if row is None or r["ts_ns"] - sent > TIMEOUT_S * 1e9:
+                unmatched += 1
+                continue
+            row[6:] = [m.rcode, str(m.answers), f"{(r['ts_ns'] - sent) / 1e6:.3f} ms"]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
+    out.write(f"{len(rows) - 1} DNS quer{'y' if len(rows) == 2 else 'ies'}"
+              + (f"; {unmatched} answer(s) matching no query" if unmatched else "")
+              + (f"; {bad} message(s) not DNS or unreadable" if bad else "") + "\n")
 
 
 def _hole_text(off: int, n: int, why: str, s: Stream) -> str:
@@ -139,6 +177,9 @@ def _args(argv: List[str]) -> argparse.Namespace:
                    help="print this connection's byte streams, each direction in stream order, "
                         "with what was not captured marked (repeatable; with --pcap: only filters)")
     p.add_argument("--hex", action="store_true", help="with --conn: a hex dump instead of text")
+    p.add_argument("--dns", action="store_true",
+                   help="list the DNS queries (capture.dns) with their answers and latency (with --pid: that "
+                        "process's)")
     p.add_argument("--port", type=int, action="append", default=[],
                    help="only connections with this local or remote port")
     p.add_argument("--pid", type=int, action="append", default=[], help="only connections a call of this process moved")
@@ -215,6 +256,9 @@ def _run(args: argparse.Namespace) -> int:
     out = sys.stdout
     if hasattr(out, "reconfigure"):             # payload and task names are UTF-8, whatever the locale
         out.reconfigure(encoding="utf-8", errors="replace")
+    if args.dns:
+        dns_listing(cap, args.pid, out)
+        return rc
     if not args.conn and not args.pcap:
         listing(cap, conns, out)
         return rc

@@ -97,7 +97,7 @@ def load_refused(e: OSError, kernel_plan) -> str:
             + "; libbpf's log above names the program and the verifier's reason")
 
 
-def preflight(probes, tls_on: bool = False) -> int:
+def preflight(probes, tls_on: bool = False, dns_on: bool = False) -> int:
     """Print what the kernel offers, what was chosen, what attached; release all."""
     kp = probes.plan
     print(f"kernel: {os.uname().release}", flush=True)
@@ -116,13 +116,17 @@ def preflight(probes, tls_on: bool = False) -> int:
     for p, st in probes.tls_states.items():
         print(f"{p} (tls): {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}"
               + (f" on {files}" if st.attached else ""))
+    probes.set_dns(dns_on)
+    st = probes.dns.state
+    print(f"dns: {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}")
     print("tls: OpenSSL's shared libssl (libssl.so.3, libssl.so.1.1: SSL_write, SSL_write_ex, SSL_read, "
           "SSL_read_ex, SSL_do_handshake); TLS linked into a program (Go's crypto/tls, BoringSSL, rustls) "
           "is not seen")
     sys.stdout.flush()
     ok = all(st.attached for st in probes.states.values()) and lc.attached \
         and all(st.attached for st in probes.separate.values() if st.reported != "unsupported") \
-        and all(st.attached for st in probes.tls_states.values() if st.reported not in ("unsupported", "disabled"))
+        and all(st.attached for st in [*probes.tls_states.values(), probes.dns.state]
+                if st.reported not in ("unsupported", "disabled"))
     probes.close()
     return 0 if ok else 1
 
@@ -184,7 +188,7 @@ def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
         return probes
     attached = time.monotonic() - t0
     if args.preflight:
-        return preflight(probes, cfg.tls)
+        return preflight(probes, cfg.tls, cfg.dns)
     app = _daemon(cfg, probes, args.log_level)
     if isinstance(app, int):
         return app

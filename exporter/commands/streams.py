@@ -48,12 +48,14 @@ _PROBE = {"conn_id": _INT, "ts_ns": _INT, "probe": _STR, "probes_out": _INT, "sn
           "rto_jiffies": _INT, "state": _STR}
 _SEGMENT = {"conn_id": _INT, "ts_ns": _INT, "seq": _INT, "length": _INT, "snd_cwnd": _INT, "ssthresh": _INT,
             "srtt_us": _INT, "snd_wnd": _INT, "rcv_wnd": _INT}
+_DNS = {"ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "sock_ino": _INT, "direction": _STR, "family": _STR,
+        "daddr": _STR, "dport": _INT, "data": _STR, "len": _INT, "size": _INT, "flags": list}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
            "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "retransmit": _RETRANSMIT,
            "synack_retransmit": _SYNACK, "timer": _TIMER, "probe": _PROBE, "segment": _SEGMENT,
-           "clock": _CLOCK, "start": _MARK, "stop": _MARK}
+           "dns": _DNS, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
@@ -349,6 +351,7 @@ class Capture:
         self.logs: Dict[str, int] = {}
         self.marks: List[Tuple[str, str, int]] = []   # (start or stop, time, pid) in file order
         self.no_conn = 0                        # chunks of connections nettap had no room for
+        self.dns: List[dict] = []               # the dns records, in file order (nettap read --dns)
         self._portless: Dict[tuple, tuple] = {}  # key without the local port -> key
 
     def add(self, rec: dict, keep: bool = False) -> None:
@@ -356,6 +359,9 @@ class Capture:
         self.counts[kind] += 1
         if kind == "log":
             self.logs[rec["code"]] = self.logs.get(rec["code"], 0) + 1
+            return
+        if kind == "dns":
+            self.dns.append(rec)
             return
         if kind in ("start", "stop"):
             self.marks.append((kind, rec["time"], rec["pid"]))

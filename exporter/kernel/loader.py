@@ -18,8 +18,9 @@ import errno
 import logging
 import os
 import threading
-from exporter.kernel import features, libbpf, tcp_h, tls
-from exporter.kernel.mechanisms import CALL_PROBES, DISABLED, UNSUPPORTED, Plan, ProbeState, ensure_tracefs, plan
+from exporter.kernel import dns, features, libbpf, tcp_h, tls
+from exporter.kernel.mechanisms import (CALL_PROBES, DISABLED, TP_PLAN, UNSUPPORTED, Plan, ProbeState, ensure_tracefs,
+                                        plan, programs_for, syscall_tps)
 
 log = logging.getLogger(__name__)
 
@@ -47,25 +48,6 @@ TRACEFS = "/sys/kernel/tracing"
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 
 
-def _syscall_tps(prefix: str, calls: tuple) -> list:
-    return [("syscalls", f"{prefix}_{c}") for c in calls]
-
-
-# program name -> tracepoints it is attached to (one program may serve several).
-_TP_PLAN: dict = {
-    "tcp_sendmsg": {
-        "tcp_sendmsg_enter": _syscall_tps("sys_enter", ("write", "sendto")),
-        "tcp_sendmsg_enter_iov": _syscall_tps("sys_enter", ("writev",)),
-        "tcp_sendmsg_enter_msg": _syscall_tps("sys_enter", ("sendmsg",)),
-        "tcp_sendmsg_exit": _syscall_tps("sys_exit", ("write", "sendto", "writev", "sendmsg")),
-    },
-    "tcp_recvmsg": {
-        "tcp_recvmsg_enter": _syscall_tps("sys_enter", ("read", "recvfrom")),
-        "tcp_recvmsg_enter_iov": _syscall_tps("sys_enter", ("readv",)),
-        "tcp_recvmsg_enter_msg": _syscall_tps("sys_enter", ("recvmsg",)),
-        "tcp_recvmsg_exit": _syscall_tps("sys_exit", ("read", "recvfrom", "readv", "recvmsg")),
-    },
-}
 # The lifecycle programs, BTF raw tracepoints attached by their SEC
 # (bpf/tcp.bpf.c says why not the classic tracepoints): tcp_state on
 # sock:inet_sock_set_state decides capture at a socket's first state and
@@ -97,7 +79,7 @@ SEPARATE = {"tcp_accept": ("tracepoint", None, True), "tcp_sk_error": ("tp_btf",
             "tcp_retransmit": ("tp_btf", None, False), "tcp_synack_retransmit": ("tp_btf", None, False),
             "tcp_timer": ("tp_btf", None, False), "tcp_timer_exit": ("tp_btf", None, False),
             "tcp_segment": ("tp_btf", None, False)}
-_SEPARATE_TPS = {"tcp_accept": _syscall_tps("sys_exit", ("accept4", "accept"))}
+_SEPARATE_TPS = {"tcp_accept": syscall_tps("sys_exit", ("accept4", "accept"))}
 
 
 def lifecycle_programs(variant: str = "fast") -> dict:
@@ -114,20 +96,7 @@ def separate_programs(features: list, variant: str = "fast") -> dict:
             for n, (m, needs, both) in SEPARATE.items() if needs is None or needs in have}
 
 
-_TRACEPOINTS = {prog: tps for plan in _TP_PLAN.values() for prog, tps in plan.items()} | _SEPARATE_TPS
-
-
-def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
-    """The programs of one probe, mechanism and variant (bpf/entry_*.bpf.h:
-    the compat variant's names end in _compat)."""
-    if mechanism == "tracepoint":
-        names = sorted(_TP_PLAN[probe], key=lambda n: "_exit" not in n)
-    else:
-        suffix = {"fentry": ("fexit", "fentry"), "kprobe": ("kretprobe", "kprobe")}[mechanism]
-        names = [f"{probe}_{s}" for s in suffix]
-    # Returns first: attached in this order, no call can enter captured and
-    # return before its return program is there (its state would go stale).
-    return names if variant == "fast" else [f"{n}_compat" for n in names]
+_TRACEPOINTS = {prog: tps for plan in TP_PLAN.values() for prog, tps in plan.items()} | _SEPARATE_TPS
 
 
 BPF_MAP_TYPE_HASH = 1
@@ -242,6 +211,7 @@ class Probes:
         self.tls_states = {p: ProbeState(p, mechanism=DISABLED if ok else UNSUPPORTED, error=why or TLS_OFF)
                            for p in tls.PROBES}
         self.tls: tls.TlsProbes | None = None
+        self.dns = dns.DnsProbes(self.variant, destroy_links)
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
@@ -272,8 +242,11 @@ class Probes:
             failure = e
         self._close_object()
         refused = {}
-        for probe, (prog, _m) in self._separate.items():
-            self._open(path, ring_sizes, want={prog: probe})
+        groups = {probe: [prog] for probe, (prog, _m) in self._separate.items()}
+        if self.dns.loaded:
+            groups[dns.PROBE] = dns.programs(self.variant)
+        for probe, progs in groups.items():
+            self._open(path, ring_sizes, want=dict.fromkeys(progs, probe))
             try:
                 libbpf.call("bpf_object__load", self.obj)
             except OSError as e:
@@ -283,6 +256,10 @@ class Probes:
         if not refused:
             raise failure
         for probe, e in refused.items():
+            if probe == dns.PROBE:
+                self.dns.refused(str(e))
+                log.error("probe dns not loaded: %s", self.dns.state.error)
+                continue
             del self._separate[probe]
             st = self.separate[probe]
             st.mechanism, st.error = "none", f"the kernel refused its program: {e}"
@@ -311,6 +288,8 @@ class Probes:
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
         if self.tls_ok:
             want.update({p: "tls" for p in tls.programs(self.variant)})
+        if self.dns.loaded:
+            want.update({p: dns.PROBE for p in dns.programs(self.variant)})
         return want
 
     def _collect_fds(self) -> None:
@@ -406,6 +385,10 @@ class Probes:
                 return
         self.rescan_tls()
 
+    def set_dns(self, on: bool) -> None:
+        """capture.dns: attach the DNS programs, or detach them (dns.py)."""
+        self.dns.set(self.obj, on)
+
     def rescan_tls(self) -> None:
         """Attach the TLS uprobes to libssl files not seen before (processes
         started since), and say per probe whether any file carries them."""
@@ -423,7 +406,8 @@ class Probes:
     def all_states(self) -> dict:
         """probe -> ProbeState, every probe: the call probes, the lifecycle
         (tcp_state), the lifecycle programs reported separately and TLS."""
-        return {**self.states, "tcp_state": self.lifecycle, **self.separate, **self.tls_states}
+        return {**self.states, "tcp_state": self.lifecycle, **self.separate, **self.tls_states,
+                dns.PROBE: self.dns.state}
 
     # -- lifetime --
     def detach(self) -> None:
@@ -432,6 +416,8 @@ class Probes:
         if self.tls is not None:            # and no more TLS attaches (tls_mapped) from now on
             self.links += self.tls.links
             self.tls = None
+        self.links += self.dns.links
+        self.dns.links = []
         destroy_links(self.links)
         self.links = []
 

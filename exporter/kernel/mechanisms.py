@@ -134,6 +134,38 @@ def ensure_tracefs() -> None:
                       + (" (mounting needs root, or CAP_SYS_ADMIN)" if err == errno.EPERM else ""))
 
 
+def syscall_tps(prefix: str, calls: tuple) -> list:
+    return [("syscalls", f"{prefix}_{c}") for c in calls]
+
+
+# program name -> tracepoints it is attached to (one program may serve several).
+TP_PLAN: dict = {
+    "tcp_sendmsg": {
+        "tcp_sendmsg_enter": syscall_tps("sys_enter", ("write", "sendto")),
+        "tcp_sendmsg_enter_iov": syscall_tps("sys_enter", ("writev",)),
+        "tcp_sendmsg_enter_msg": syscall_tps("sys_enter", ("sendmsg",)),
+        "tcp_sendmsg_exit": syscall_tps("sys_exit", ("write", "sendto", "writev", "sendmsg")),
+    },
+    "tcp_recvmsg": {
+        "tcp_recvmsg_enter": syscall_tps("sys_enter", ("read", "recvfrom")),
+        "tcp_recvmsg_enter_iov": syscall_tps("sys_enter", ("readv",)),
+        "tcp_recvmsg_enter_msg": syscall_tps("sys_enter", ("recvmsg",)),
+        "tcp_recvmsg_exit": syscall_tps("sys_exit", ("read", "recvfrom", "readv", "recvmsg")),
+    },
+}
+def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
+    """The programs of one probe, mechanism and variant (bpf/entry_*.bpf.h:
+    the compat variant's names end in _compat)."""
+    if mechanism == "tracepoint":
+        names = sorted(TP_PLAN[probe], key=lambda n: "_exit" not in n)
+    else:
+        suffix = {"fentry": ("fexit", "fentry"), "kprobe": ("kretprobe", "kprobe")}[mechanism]
+        names = [f"{probe}_{s}" for s in suffix]
+    # Returns first: attached in this order, no call can enter captured and
+    # return before its return program is there (its state would go stale).
+    return names if variant == "fast" else [f"{n}_compat" for n in names]
+
+
 UNSUPPORTED = "unsupported"      # a probe this kernel cannot have (a tracepoint it lacks)
 DISABLED = "disabled"            # a probe the config switches off (capture.tls)
 

@@ -20,19 +20,22 @@ KIND_SYNACK_RETRANSMIT = 12
 KIND_TIMER = 13
 KIND_PROBE = 14
 KIND_SEGMENT = 15
+KIND_DNS = 16
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
 PROBE_SSL_READ = 3
 PROBE_SSL_HANDSHAKE = 4
-PROBE_COUNT = 5
+PROBE_DNS = 5
+PROBE_COUNT = 6
 RING_CAPTURE_CHUNKS = 0
 RING_CAPTURE_EOF = 1
 RING_LOGS = 2
 RING_OBS_EVENTS = 3
 RING_DLOPEN = 4
 RING_SEGMENTS = 5
-RING_COUNT = 6
+RING_DNS = 6
+RING_COUNT = 7
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
@@ -50,6 +53,7 @@ MATCH_SEGMENTS = 2
 CHUNK_DATA = 396
 MAX_CHUNKS_PER_CALL = 166
 MAX_IOV = 8
+DNS_DATA = 512
 MAX_CGROUP_LEVEL = 31
 MAX_CGROUP_LEVELS = 4
 DIR_EGRESS = 0
@@ -87,18 +91,18 @@ NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
     'DIR': {0: 'egress', 1: 'ingress'},
     'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment', 16: 'dns'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
-    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake'},
+    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake', 5: 'dns'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
-    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments'},
+    'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments', 6: 'dns'},
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
-PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake')
-RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments')
+PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns')
+RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
 # (name, offset, C type, elements, bytes, JSON form, comment).
@@ -384,6 +388,26 @@ STRUCTS = {
         ('saddr', 64, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 80, '__u8', 16, 16, 'addr', 'remote address'),
     )),
+    'nettap_dns': (616, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('sock_ino', 24, '__u64', 1, 8, '', "the socket's inode: socket:[N] in /proc/PID/fd"),
+        ('size', 32, '__u32', 1, 4, '', 'bytes of the datagram, as the call moved it'),
+        ('len', 36, '__u32', 1, 4, '', 'bytes of data[] that hold its first bytes'),
+        ('tid', 40, '__u32', 1, 4, '', 'the calling thread'),
+        ('netns', 44, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('family', 48, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 50, '__u16', 1, 2, '', 'local port'),
+        ('dport', 52, '__u16', 1, 2, '', "the peer's port (53)"),
+        ('direction', 54, '__u8', 1, 1, 'enum:NETTAP_DIR', 'egress: sent; ingress: received'),
+        ('flags', 55, '__u8', 1, 1, 'flags:NETTAP_CHUNK_F', 'read_failed: data zeroed'),
+        ('saddr', 56, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 72, '__u8', 16, 16, 'addr', "the peer's address"),
+        ('comm', 88, 'char', 16, 16, 'text', "the calling thread's task name"),
+        ('data', 104, '__u8', 512, 512, 'base64:len', "the message's first len bytes"),
+    )),
 }
 
 # Ring record kinds (NETTAP_RECORD), by kind number (NETTAP_KIND_*):
@@ -404,7 +428,8 @@ RECORDS = {
     'timer': ('obs_events', 'nettap_timer'),
     'probe': ('obs_events', 'nettap_probe'),
     'segment': ('segments', 'nettap_segment'),
+    'dns': ('dns', 'nettap_dns'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104, 'dns': 624}

@@ -133,6 +133,43 @@ class LifecycleCollector(Collector):
         return self.state_names[n] if 0 < n < len(self.state_names) else str(n)
 
 
+class DnsCollector(Collector):
+    """Captured workloads' DNS (capture.dns), from exporter.capture.dns:
+    ``read()`` returns its Counts. Every series exists from the start (each
+    rcode once seen), so rates work before the first failure."""
+
+    SPECS = [
+        (CounterMetricFamily, "nettap_dns_queries",
+         "DNS queries captured workloads sent over UDP, by the answer's response code, or timeout when none "
+         "came within 5 s.", ["rcode"]),
+        (HistogramMetricFamily, "nettap_dns_latency_seconds",
+         "Seconds from a captured DNS query to its answer (answered queries).", []),
+        (CounterMetricFamily, "nettap_dns_malformed",
+         "Messages to or from UDP port 53 of captured workloads that were not DNS or could not be read.", []),
+        (CounterMetricFamily, "nettap_dns_responses_unmatched",
+         "DNS answers captured workloads received for no query seen on that socket (sent before capture, "
+         "or answered after the timeout).", []),
+    ]
+    RCODES = ("NOERROR", "NXDOMAIN", "SERVFAIL", "REFUSED", "timeout")
+
+    def __init__(self, read: Callable[[], "object"], buckets: tuple):
+        self.read, self.buckets = read, buckets
+
+    def describe(self) -> Iterable[Metric]:
+        return _families(self.SPECS)
+
+    def collect(self) -> Iterable[Metric]:
+        queries, latency, malformed, unmatched = _families(self.SPECS)
+        c = self.read()
+        for rcode in sorted(set(self.RCODES) | set(c.queries)):
+            queries.add_metric([rcode], c.queries.get(rcode, 0))
+        les = [repr(float(b)) for b in self.buckets] + ["+Inf"]
+        latency.add_metric([], list(zip(les, c.latency_buckets)), c.latency_sum)
+        malformed.add_metric([], c.malformed)
+        unmatched.add_metric([], c.unmatched)
+        return [queries, latency, malformed, unmatched]
+
+
 class PipelineCollector(Collector):
     """Attach state, rings seen from user space, losses after the rings."""
 

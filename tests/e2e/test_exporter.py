@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from exporter.kernel import loader, mechanisms, tls
+from exporter.kernel import dns, loader, mechanisms, tls
 from exporter.kernel.tcp_h import RINGS
 from procs import Nettap, Prometheus, held_programs, loaded_programs, stats_held_elsewhere, wait_for
 from traffic import Server, send_messages
@@ -21,14 +21,16 @@ def expected_programs() -> int:
     """Programs a default nettap holds on this kernel, as the loader's own
     probing decides: the lifecycle programs (the separately reported ones where the kernel has
     what they need), each probe's programs, the TLS programs, and the probe program that asks whether BPF
-    statistics are on (exporter/kernel/bpfstats.py)."""
+    statistics are on (exporter/kernel/bpfstats.py), and the DNS programs."""
     mechanisms.ensure_tracefs()          # as the loader does before it plans (tracepoint ids)
     kp = mechanisms.plan()
     calls = sum(len(loader.programs_for(p, st.mechanism, kp.variant)) for p, st in kp.states.items()
                 if st.mechanism != "none")
-    # the TLS programs are loaded wherever the kernel has uprobes, attached only with capture.tls
+    # the TLS programs are loaded wherever the kernel has uprobes, attached only with capture.tls;
+    # the DNS programs wherever it has syscall tracepoints, attached only with capture.dns
     return len(loader.LIFECYCLE) + len(loader.separate_programs(kp.features)) + 1 + calls \
-        + (len(tls.programs(kp.variant)) if tls.supported()[0] else 0)
+        + (len(tls.programs(kp.variant)) if tls.supported()[0] else 0) \
+        + (len(dns.programs(kp.variant)) if dns.supported()[0] else 0)
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
 
@@ -85,7 +87,7 @@ def test_promtool_accepts_the_exposition(tmp_path):
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")
         assert om.text.rstrip().endswith("# EOF")
         stats = requests.get(n.url + "/stats", timeout=5).json()
-        assert set(stats["probes"]) == {"tcp_sendmsg", "tcp_recvmsg", "ssl_write", "ssl_read", "ssl_handshake"}
+        assert set(stats["probes"]) == {"tcp_sendmsg", "tcp_recvmsg", "ssl_write", "ssl_read", "ssl_handshake", "dns"}
         assert "nettap" in requests.get(n.url + "/", timeout=5).text
         assert requests.get(n.url + "/healthz", timeout=5).status_code == 200
     finally:

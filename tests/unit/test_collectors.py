@@ -19,13 +19,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.capture.dns import LATENCY_BUCKETS, Counts
 from exporter.capture.records import ERRNO_NAMES, TCP_STATES
 from exporter.kernel import bpfstats, fdinfo, tcp_h
 from exporter.metrics import collectors
 from exporter.commands.daemon import ReloadState
 from exporter.kernel.bpfstats import ProgramStatsCollector
 from exporter.metrics.cgroup import CgroupCollector
-from exporter.metrics.collectors import (BuildInfoCollector, Guarded, LifecycleCollector, MapCollector,
+from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector, MapCollector,
                                          PipelineCollector, ProbeCollector, ReloadCollector)
 from exporter.kernel.features import Feature
 from exporter.kernel.mechanisms import ProbeState
@@ -118,6 +119,9 @@ MAPS = {
 }
 KNOWN_ENTRIES = {"capture_pids": 1, "capture_conns": 7}
 
+# 9 answered (4 NOERROR, 2 NXDOMAIN, 1 SERVFAIL, 2 FORMERR: a code seen gets its series), 3 timed out
+DNS_COUNTS = Counts({"NOERROR": 4, "NXDOMAIN": 2, "SERVFAIL": 1, "FORMERR": 2, "timeout": 3},
+                    (1, 3, 5, 6, 7, 8, 8, 9, 9, 9, 9, 9, 9, 9), 0.3125, 2, 1)
 OWN_PROGRAMS = {"tcp_sendmsg_fentry": (1200, 3_500_000), "tcp_sendmsg_fexit": (1198, 2_250_000),
                 "tcp_state": (40, 120_000)}
 NODE_PROGRAMS = [
@@ -161,6 +165,7 @@ def fixture_collectors():
     return {
         "probes": ProbeCollector(lambda: COUNTERS, lambda: DROPS),
         "lifecycle": LifecycleCollector(lifecycle_rows, TCP_STATES, ERRNO_NAMES),
+        "dns": DnsCollector(lambda: DNS_COUNTS, LATENCY_BUCKETS),
         "pipeline": PipelineCollector(fake_app()),
         "programs": ProgramStatsCollector(FakeSwitch(), lambda: {n: 0 for n in OWN_PROGRAMS},
                                           lambda: "node"),

@@ -20,6 +20,7 @@ captures:
     segments: true
 capture:
   max_payload_bytes: 65736
+  dns: true
 output:
   type: jsonl
   path: /var/log/nettap/capture.jsonl
@@ -56,14 +57,14 @@ def test_full_config():
         max_payload_bytes=65736,
         output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20),
-               ("dlopen", 64 << 10), ("segments", 256 << 10)),
-        bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug")
+               ("dlopen", 64 << 10), ("segments", 256 << 10), ("dns", 128 << 10)),
+        bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug", dns=True)
 
 
 def test_full_config_accessors():
     cfg = config.loads(FULL)
     assert cfg.ring_bytes == {"capture_chunks": 1 << 30, "capture_eof": 4096, "logs": 8192, "obs_events": 1 << 20,
-                              "dlopen": 64 << 10, "segments": 256 << 10}
+                              "dlopen": 64 << 10, "segments": 256 << 10, "dns": 128 << 10}
     assert [str(t) for t in cfg.captures] == [
         "pid=4242", "cgroup=/sys/fs/cgroup/system.slice/nginx.service", "netns=/var/run/netns/blue",
         "netns=4026531840", "port=443 (segments)"]
@@ -87,14 +88,14 @@ def test_default_values():
         (), 4096, False, "own", "info")
     assert d.output == Output("none", None, 100 << 20, 3, 4 << 20)
     assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
-                            "dlopen": 64 << 10, "segments": 256 << 10}
+                            "dlopen": 64 << 10, "segments": 256 << 10, "dns": 128 << 10}
 
 
 def test_partial_sections_keep_defaults():
     cfg = config.loads("output: {type: stdout}\nrings: {logs: 4096}\ndiagnostics: {bpfStats: {enabled: true}}\n")
     assert cfg.output == Output("stdout", None, 100 << 20, 3, 4 << 20)
     assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 4096, "obs_events": 1 << 20,
-                              "dlopen": 64 << 10, "segments": 256 << 10}
+                              "dlopen": 64 << 10, "segments": 256 << 10, "dns": 128 << 10}
     assert (cfg.bpf_stats_enabled, cfg.bpf_stats_scope) == (True, "own")
 
 
@@ -149,14 +150,15 @@ def test_two_yaml_documents():
     ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level, ingest)"),
     ("output: {pth: /x}",
      "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records, mode)"),
-    ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls)"),
+    ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls, dns)"),
+    ("capture: {dns: 1}", "capture.dns: must be true or false, got 1"),
     ("capture: {tls: 1}", "capture.tls: must be true or false, got 1"),
     ("capture: {tls: 'yes'}", "capture.tls: must be true or false, got 'yes'"),
     ("diagnostics: {bpfstats: {}}", "diagnostics.bpfstats: unknown key (expected one of bpfStats)"),
     ("diagnostics: {bpfStats: {enabled: true, extra: 1}}",
      "diagnostics.bpfStats.extra: unknown key (expected one of enabled, scope)"),
     ("rings: {bogus: 4096}",
-     "rings.bogus: unknown key (expected one of capture_chunks, capture_eof, logs, obs_events, dlopen, segments)"),
+     "rings.bogus: unknown key (expected one of capture_chunks, capture_eof, logs, obs_events, dlopen, segments, dns)"),
     ("output: [1]", "output: must be a mapping, got list"),
     ("diagnostics: {bpfStats: 1}", "diagnostics.bpfStats: must be a mapping, got int"),
     ("capture: {max_payload_bytes: 65737}",

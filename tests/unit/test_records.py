@@ -43,7 +43,7 @@ ERRNO_NAMES = {**errno.errorcode, 32: "EPIPE", 104: "ECONNRESET", 110: "ETIMEDOU
                113: "EHOSTUNREACH"}
 CODE_NAMES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated",
               5: "payload_unreadable"}
-PROBE_NAMES = {0: "tcp_sendmsg", 1: "tcp_recvmsg", 2: "ssl_write", 3: "ssl_read", 4: "ssl_handshake"}
+PROBE_NAMES = {0: "tcp_sendmsg", 1: "tcp_recvmsg", 2: "ssl_write", 3: "ssl_read", 4: "ssl_handshake", 5: "dns"}
 
 
 def _bin(kind: str) -> Path:
@@ -179,4 +179,4 @@ def test_cli_decode_unknown_ring():
                        cwd=ROOT, capture_output=True, timeout=60)
     assert (p.returncode, p.stdout) == (2, b"")
     assert p.stderr == (b"nettap: --ring must be one of capture_chunks, capture_eof, logs, obs_events, dlopen, "
-                        b"segments\n")
+                        b"segments, dns\n")

@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * dns.bpf.h: the DNS messages captured workloads exchange over UDP with port
+ * 53, as records on the dns ring (user space decodes them:
+ * exporter/capture/dns.py). Syscall tracepoints, which every kernel has
+ * whatever the TCP probes' mechanism: a query is published at its send's
+ * entry (sendto, sendmsg, sendmmsg, write), from the caller's buffer; the
+ * socket is then remembered (dns_socks), and a receive on it (recvfrom,
+ * recvmsg, read) is published at its return. Attached only while
+ * capture.dns is on (exporter/kernel/dns.py).
+ *
+ * The filter is the TCP one's, cheapest test first: a task target (pid,
+ * cgroup) or a port target on 53 decides without the socket; a netns target
+ * needs it. Only then is the fd's socket looked at: UDP, and the peer's port.
+ */
+#ifndef NETTAP_DNS_BPF_H
+#define NETTAP_DNS_BPF_H
+
+#include "entry_tp.bpf.h"
+
+#define IPPROTO_UDP    17
+#define SOCK_DGRAM     2
+#define DNS_PORT       53
+#define DNS_MMSG       4  /* messages of one sendmmsg looked at (glibc sends 2: A and AAAA) */
+#define MMSGHDR_STRIDE 64 /* sizeof(struct mmsghdr): a user_msghdr and an unsigned int, padded */
+
+/* Sockets a query went out from, so their answers are taken: an unconnected
+ * socket (sendto) says nothing of its peer until a datagram arrives. By
+ * inode, not by address: a sock freed and its memory reused for another
+ * must not inherit the mark. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); /* the socket's inode number */
+	__type(value, __u8);
+} dns_socks SEC(".maps");
+
+/* A receive on such a socket, from its entry to its return, by thread. */
+struct dns_call {
+	__u64 sk;
+	__u64 ino;
+	__u64 buf;	  /* the user buffer the datagram lands in */
+	__u64 addr;	  /* the user sockaddr the kernel writes the peer to, or 0 */
+	__u64 task_start; /* the thread's start_time: a reused thread id is not it */
+	long nr;	  /* the syscall's number: its return must be the same call's */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct dns_call);
+} dns_calls SEC(".maps");
+
+/* Receives between entry and return, node-wide: the return programs run at
+ * every read's return and leave on this one load while it is 0. A thread
+ * killed inside such a call leaves it counted; the returns then pay a
+ * lookup each, nothing else. */
+__u32 dns_waiting SEC(".bss.dns");
+
+/* A socket address as user space passes it: sockaddr_in, or sockaddr_in6's
+ * first 24 bytes. */
+struct user_sockaddr {
+	__u16 family;
+	__u16 port; /* network order */
+	__u32 v4;   /* sockaddr_in: the address; sockaddr_in6: flowinfo */
+	__u8 v6[16];
+};
+
+static __always_inline bool sock_is_udp(struct sock *sk, const bool btf)
+{
+	if (btf)
+		return sk->sk_type == SOCK_DGRAM && sk->sk_protocol == IPPROTO_UDP;
+	return BPF_CORE_READ(sk, sk_type) == SOCK_DGRAM &&
+	       BPF_CORE_READ(sk, sk_protocol) == IPPROTO_UDP;
+}
+
+/* The UDP sock of an fd of the current task when a target asks for its
+ * DNS, else NULL; *file: its file. */
+static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **file,
+						const bool btf)
+{
+	struct nettap_capture_config *cfg = active_config();
+	struct sock *sk;
+	bool taken;
+
+	if (!cfg)
+		return NULL;
+	taken = task_matches(cfg) ||
+		((cfg->flags & NETTAP_TARGET_PORT) && port_matches(DNS_PORT, NETTAP_MATCH_CAPTURE));
+	if (!taken && !(cfg->flags & NETTAP_TARGET_NETNS))
+		return NULL;
+	*file = fd_to_file(fd, btf);
+	sk = file_to_sock(*file, btf);
+	if (!sk || !file_is_socket(*file, btf) || !sock_is_udp(sk, btf))
+		return NULL;
+	if (!taken) {
+		__u32 inum = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+
+		if (!bpf_map_lookup_elem(&capture_netns, &inum))
+			return NULL;
+	}
+	return sk;
+}
+
+static __always_inline __u64 file_ino(struct file *file)
+{
+	return BPF_CORE_READ(file, f_inode, i_ino);
+}
+
+/* Publish one message of size bytes at user address buf. peer: the user
+ * sockaddr naming the other end (sendto's, or what recvfrom wrote), or 0
+ * for the socket's own peer. */
+static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, __u64 size,
+					__u64 peer, __u8 direction, const bool btf)
+{
+	struct nettap_probe_counters *c = counters(NETTAP_PROBE_DNS);
+	__u64 id = bpf_get_current_pid_tgid();
+	struct user_sockaddr sa = {};
+	struct nettap_dns *r;
+	__u64 n = size;
+
+	if (c) {
+		__sync_fetch_and_add(&c->calls, 1);
+		__sync_fetch_and_add(&c->bytes, size);
+	}
+	r = bpf_ringbuf_reserve(&dns, sizeof(*r), 0);
+	if (!r) {
+		count_drop(NETTAP_RING_DNS, 1);
+		return;
+	}
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.conn_id = 0;
+	r->h.kind = NETTAP_KIND_DNS;
+	r->h.pid = id >> 32;
+	r->sock_ino = ino;
+	r->size = size;
+	r->tid = (__u32)id;
+	r->direction = direction;
+	r->flags = 0;
+	read_addrs(sk, btf, &r->family, &r->sport, &r->dport, r->saddr, r->daddr);
+	r->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	/* sockaddr_in's 8 bytes first: the user's struct may end there */
+	if (peer && !bpf_probe_read_user(&sa, 8, (void *)peer)) {
+		if (sa.family == AF_INET) {
+			__builtin_memset(r->daddr, 0, sizeof(r->daddr));
+			*(__u32 *)r->daddr = sa.v4;
+			r->dport = bpf_ntohs(sa.port);
+		} else if (sa.family == AF_INET6 &&
+			   !bpf_probe_read_user(sa.v6, sizeof(sa.v6), (void *)(peer + 8))) {
+			__builtin_memcpy(r->daddr, sa.v6, sizeof(r->daddr));
+			r->dport = bpf_ntohs(sa.port);
+		}
+	}
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	barrier_var(n);
+	if (n > NETTAP_DNS_DATA)
+		n = NETTAP_DNS_DATA;
+	r->len = n;
+	if (bpf_probe_read_user(r->data, n, (void *)buf)) {
+		__builtin_memset(r->data, 0, sizeof(r->data));
+		r->flags = NETTAP_CHUNK_F_READ_FAILED;
+	}
+	if (c)
+		__sync_fetch_and_add(&c->chunks, 1);
+	bpf_ringbuf_submit(r, 0);
+}
+
+/* The peer's port of a send: the address it names, else the socket's. */
+static __always_inline __u16 send_port(struct sock *sk, __u64 addr, const bool btf)
+{
+	struct user_sockaddr sa = {};
+
+	if (addr) {
+		if (bpf_probe_read_user(&sa, 4, (void *)addr))
+			return 0;
+		return (sa.family == AF_INET || sa.family == AF_INET6) ? bpf_ntohs(sa.port) : 0;
+	}
+	return bpf_ntohs(btf ? sk->__sk_common.skc_dport
+			     : BPF_CORE_READ(sk, __sk_common.skc_dport));
+}
+
+/* A send of len bytes at buf on fd, to addr (0: the socket's peer). */
+static __always_inline int dns_send(unsigned long fd, __u64 buf, __u64 len, __u64 addr,
+				    const bool btf)
+{
+	struct file *file = NULL;
+	struct sock *sk = dns_fd_sock(fd, &file, btf);
+	__u8 one = 1;
+	__u64 ino;
+
+	if (!sk || send_port(sk, addr, btf) != DNS_PORT)
+		return 0;
+	ino = file_ino(file);
+	bpf_map_update_elem(&dns_socks, &ino, &one, BPF_ANY);
+	dns_publish(sk, ino, buf, len, addr, NETTAP_DIR_EGRESS, btf);
+	return 0;
+}
+
+/* A message's name and first buffer (the rest of its iovecs are not read). */
+static __always_inline void msg_first(struct user_msghdr *m, __u64 *name, __u64 *buf, __u64 *len)
+{
+	struct iovec v = {};
+	void *iov = NULL;
+
+	bpf_probe_read_user(name, sizeof(*name), &m->msg_name);
+	bpf_probe_read_user(&iov, sizeof(iov), &m->msg_iov);
+	if (iov)
+		bpf_probe_read_user(&v, sizeof(v), iov);
+	*buf = (__u64)v.iov_base;
+	*len = v.iov_len;
+}
+
+/* A receive's entry on fd: kept when its socket sent a query, or is
+ * connected to port 53. */
+static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 addr,
+				    const bool btf)
+{
+	struct file *file = NULL;
+	struct sock *sk = dns_fd_sock(fd, &file, btf);
+	struct dns_call call = {}, *old;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 ino;
+
+	if (!sk)
+		return 0;
+	ino = file_ino(file);
+	if (!bpf_map_lookup_elem(&dns_socks, &ino) && send_port(sk, 0, btf) != DNS_PORT)
+		return 0;
+	call.sk = (__u64)sk;
+	call.ino = ino;
+	call.buf = buf;
+	call.addr = addr;
+	call.task_start = task_start_time();
+	call.nr = nr;
+	/* An entry left by a call whose return was not seen (the programs
+	 * detached meanwhile) is this thread's: replaced, counted once. */
+	old = bpf_map_lookup_elem(&dns_calls, &id);
+	if (old)
+		*old = call;
+	else if (!bpf_map_update_elem(&dns_calls, &id, &call, BPF_NOEXIST))
+		__sync_fetch_and_add(&dns_waiting, 1);
+	return 0;
+}
+
+static __always_inline int dns_recv_return(long nr, long ret, const bool btf)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct dns_call *call;
+	struct dns_call c;
+
+	if (!dns_waiting)
+		return 0;
+	call = bpf_map_lookup_elem(&dns_calls, &id);
+	if (!call)
+		return 0;
+	c = *call;
+	if (!bpf_map_delete_elem(&dns_calls, &id))
+		__sync_fetch_and_add(&dns_waiting, -1);
+	if (c.nr != nr || c.task_start != task_start_time() || ret <= 0)
+		return 0;
+	dns_publish((struct sock *)c.sk, c.ino, c.buf, ret, c.addr, NETTAP_DIR_INGRESS, false);
+	return 0;
+}
+
+// clang-format off
+/* sendto(2): fd, buf, len, flags, addr, addrlen */
+NETTAP_TP("tracepoint/syscalls/sys_enter_sendto", dns_sendto, struct trace_event_raw_sys_enter, {
+	return dns_send(ctx->args[0], ctx->args[1], ctx->args[2], ctx->args[4], fast);
+})
+
+/* write(2): fd, buf, len (a connected socket: Go's resolver) */
+NETTAP_TP("tracepoint/syscalls/sys_enter_write", dns_write, struct trace_event_raw_sys_enter, {
+	return dns_send(ctx->args[0], ctx->args[1], ctx->args[2], 0, fast);
+})
+
+/* sendmsg(2): fd, msghdr, flags */
+NETTAP_TP("tracepoint/syscalls/sys_enter_sendmsg", dns_sendmsg, struct trace_event_raw_sys_enter, {
+	__u64 name = 0, buf = 0, len = 0;
+
+	msg_first((void *)ctx->args[1], &name, &buf, &len);
+	return dns_send(ctx->args[0], buf, len, name, fast);
+})
+
+/* sendmmsg(2): fd, mmsghdr array, vlen, flags: its first DNS_MMSG messages */
+NETTAP_TP("tracepoint/syscalls/sys_enter_sendmmsg", dns_sendmmsg, struct trace_event_raw_sys_enter, {
+	__u32 vlen = ctx->args[2];
+
+	for (int i = 0; i < DNS_MMSG && i < vlen; i++) {
+		__u64 name = 0, buf = 0, len = 0;
+
+		msg_first((void *)(ctx->args[1] + i * MMSGHDR_STRIDE), &name, &buf, &len);
+		dns_send(ctx->args[0], buf, len, name, fast);
+	}
+	return 0;
+})
+
+/* recvfrom(2): fd, buf, len, flags, addr, addrlen */
+NETTAP_TP("tracepoint/syscalls/sys_enter_recvfrom", dns_recvfrom, struct trace_event_raw_sys_enter, {
+	return dns_recv(ctx->id, ctx->args[0], ctx->args[1], ctx->args[4], fast);
+})
+
+/* read(2): fd, buf, len */
+NETTAP_TP("tracepoint/syscalls/sys_enter_read", dns_read, struct trace_event_raw_sys_enter, {
+	return dns_recv(ctx->id, ctx->args[0], ctx->args[1], 0, fast);
+})
+
+/* recvmsg(2): fd, msghdr, flags */
+NETTAP_TP("tracepoint/syscalls/sys_enter_recvmsg", dns_recvmsg, struct trace_event_raw_sys_enter, {
+	__u64 name = 0, buf = 0, len = 0;
+
+	msg_first((void *)ctx->args[1], &name, &buf, &len);
+	return dns_recv(ctx->id, ctx->args[0], buf, name, fast);
+})
+
+/* Attached by user space to sys_exit_recvfrom, _read and _recvmsg. */
+NETTAP_TP("tracepoint/syscalls/sys_exit_recvfrom", dns_recv_exit, struct trace_event_raw_sys_exit, {
+	return dns_recv_return(ctx->id, ctx->ret, fast);
+})
+// clang-format on
+
+#endif /* NETTAP_DNS_BPF_H */

@@ -1,0 +1,148 @@
+"""The dns ring's messages decoded and matched: what captured workloads asked
+their resolvers, what they were told, and how long it took.
+
+The kernel publishes each DNS message a captured workload sends to UDP port
+53, or receives on a socket it sent one from (bpf/dns.bpf.h), with at most
+NETTAP_DNS_DATA of its bytes. :class:`DnsTracker` decodes them with dnspython
+(imported at the first message: a node that captures no DNS never pays for
+it) and pairs a query with its answer by the socket (its inode) and the
+message id. A query unanswered after :data:`TIMEOUT_S` counts as a timeout;
+an answer that matches no query (its query sent before nettap looked, or
+after the timeout), and a message that does not parse, are counted apart.
+
+Thread-safety: :meth:`DnsTracker.observe` runs in the drain thread,
+:meth:`DnsTracker.snapshot` in a scrape's; one lock guards the counts.
+"""
+from __future__ import annotations
+
+import collections
+import struct
+import threading
+import time
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
+
+from exporter.kernel import tcp_h
+
+# glibc's default (resolv.conf `options timeout:5`): a stub resolver asks again
+# or gives up after this long, so an answer later than it answers nothing.
+TIMEOUT_S = 5.0
+# Queries awaiting an answer, at most (the oldest counts as a timeout).
+MAX_PENDING = 4096
+# Seconds: a node-local cache answers in well under a millisecond, a
+# resolver across a region in tens of milliseconds; 5 is the timeout.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_HEADER = struct.Struct("!6H")      # id, flags, qdcount, ancount, nscount, arcount (RFC 1035 4.1.1)
+_QR = 0x8000
+_READ_FAILED = next(bit for bit, name in tcp_h.NAMES["CHUNK_F"].items() if name == "read_failed")
+
+
+class Message(NamedTuple):
+    id: int
+    response: bool
+    rcode: str          # dnspython's name: NOERROR, NXDOMAIN, SERVFAIL, ...
+    name: str           # the question's name, absolute (a trailing dot)
+    qtype: str          # the question's type: A, AAAA, SRV, ...
+    answers: int        # records in the answer section
+
+
+def decode(data: bytes, complete: bool = True) -> Message:
+    """One message's header and question. complete: data is the whole
+    message (else its first bytes only: the answers are not parsed). Raises
+    ValueError for what is not a DNS message with one question."""
+    import dns.exception
+    import dns.message
+    import dns.rcode
+    import dns.rdatatype
+    if len(data) < _HEADER.size:
+        raise ValueError(f"{len(data)} bytes: shorter than a DNS header")
+    _id, flags, qdcount, ancount, _ns, _ar = _HEADER.unpack_from(data)
+    if qdcount != 1:
+        raise ValueError(f"{qdcount} questions")
+    try:
+        m = dns.message.from_wire(data, question_only=not complete, ignore_trailing=not complete)
+    except (dns.exception.DNSException, ValueError, IndexError, struct.error) as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    q = m.question[0]
+    return Message(m.id, bool(flags & _QR), dns.rcode.to_text(m.rcode()), q.name.to_text(),
+                   dns.rdatatype.to_text(q.rdtype), ancount)
+
+
+class Counts(NamedTuple):
+    """What snapshot() returns: every count since start."""
+    queries: Dict[str, int]                  # rcode (or "timeout") -> queries
+    latency_buckets: Tuple[int, ...]         # cumulative, one per LATENCY_BUCKETS and +Inf
+    latency_sum: float
+    malformed: int
+    unmatched: int
+
+
+class DnsTracker:
+    """Counts of the captured DNS, fed a batch of dns records at a time."""
+
+    def __init__(self, timeout: float = TIMEOUT_S, clock: Callable[[], int] = time.monotonic_ns):
+        """clock: the records' clock (CLOCK_MONOTONIC, bpf_ktime_get_ns)."""
+        self.timeout_ns = int(timeout * 1e9)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._queries: Dict[str, int] = collections.Counter()
+        self._buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        self._sum = 0.0
+        self._malformed = self._unmatched = 0
+        # (socket inode, id) -> the query's ts_ns, oldest first
+        self._pending: "collections.OrderedDict[Tuple[int, int], int]" = collections.OrderedDict()
+
+    def observe(self, recs) -> None:
+        """A batch of dns records (a numpy array of the dns kind), in ring order."""
+        cols = zip(recs["ts_ns"].tolist(), recs["sock_ino"].tolist(), recs["direction"].tolist(),
+                   recs["len"].tolist(), recs["size"].tolist(), recs["flags"].tolist(), recs["data"])
+        for ts_ns, ino, direction, n, size, flags, data in cols:
+            self._one(ts_ns, ino, direction == tcp_h.DIR_EGRESS, bytes(data)[:n], n >= size,
+                      bool(flags & _READ_FAILED))
+        self.expire()
+
+    def _one(self, ts_ns: int, ino: int, egress: bool, data: bytes, complete: bool, read_failed: bool) -> None:
+        try:
+            if read_failed:
+                raise ValueError("unreadable")
+            m = decode(data, complete)
+        except ValueError:
+            with self._lock:
+                self._malformed += 1
+            return
+        key = (ino, m.id)
+        with self._lock:
+            if not m.response:
+                if egress:                              # a query sent: await its answer
+                    self._pending.pop(key, None)
+                    self._pending[key] = ts_ns
+                    if len(self._pending) > MAX_PENDING:
+                        self._pending.popitem(last=False)
+                        self._queries["timeout"] += 1
+                return
+            sent = self._pending.pop(key, None) if not egress else None
+            if sent is None:
+                self._unmatched += 1
+                return
+            self._queries[m.rcode] += 1
+            seconds = max(ts_ns - sent, 0) / 1e9
+            self._sum += seconds
+            for i, le in enumerate(LATENCY_BUCKETS):
+                if seconds <= le:
+                    self._buckets[i] += 1
+            self._buckets[-1] += 1
+
+    def expire(self, now_ns: Optional[int] = None) -> None:
+        """Count the queries unanswered for longer than the timeout."""
+        limit = (self.clock() if now_ns is None else now_ns) - self.timeout_ns
+        with self._lock:
+            while self._pending:
+                key, sent = next(iter(self._pending.items()))
+                if sent > limit:
+                    break
+                del self._pending[key]
+                self._queries["timeout"] += 1
+
+    def snapshot(self) -> Counts:
+        self.expire()
+        with self._lock:
+            return Counts(dict(self._queries), tuple(self._buckets), self._sum, self._malformed, self._unmatched)

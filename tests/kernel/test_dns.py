@@ -1,0 +1,240 @@
+"""Kernel tests: the DNS captured workloads exchange over UDP (capture.dns,
+bpf/dns.bpf.h on syscall tracepoints), decoded and matched in user space
+(exporter/capture/dns.py). A stub resolver of the test's own, on port 53 of
+the loopback of a network namespace of the test's own, answers by name."""
+import base64
+import contextlib
+import ctypes
+import io
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import dns.message
+import dns.rcode
+import dns.rrset
+import pytest
+from prometheus_client import generate_latest
+
+from exporter.commands import read
+from traffic import in_netns
+
+# name -> what the stub answers
+ANSWERS = {"a.example.": "A", "aaaa.example.": "AAAA", "nx.example.": "NXDOMAIN", "fail.example.": "SERVFAIL",
+           "slow.example.": None, "bad.example.": "garbage"}
+
+
+def stub(ns):
+    """A resolver on 127.0.0.1:53 in ns, in a thread; returns (stop, the names it was asked)."""
+    ready, asked = threading.Event(), []
+    box = {}
+
+    def serve():
+        from pyroute2 import netns
+        netns.setns(ns, flags=0)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 53))
+        s.settimeout(0.2)
+        box["s"] = s
+        ready.set()
+        while not box.get("stop"):
+            try:
+                wire, peer = s.recvfrom(512)
+            except socket.timeout:
+                continue
+            q = dns.message.from_wire(wire)
+            name = q.question[0].name.to_text()
+            asked.append(name)
+            what = ANSWERS.get(name, "NXDOMAIN")
+            if what is None:
+                continue                                    # never answered: a timeout
+            if what == "garbage":
+                s.sendto(wire[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\xff\xff\xff", peer)
+                continue
+            r = dns.message.make_response(q)
+            if what in ("A", "AAAA"):
+                r.answer.append(dns.rrset.from_text(name, 60, "IN", what, "10.1.2.3" if what == "A" else "fd00::1"))
+            else:
+                r.set_rcode(dns.rcode.from_text(what))
+            s.sendto(r.to_wire(), peer)
+        s.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(30)
+
+    def stop():
+        box["stop"] = True
+        t.join(10)
+    return stop, asked
+
+
+def query(name, rdtype="A"):
+    return dns.message.make_query(name, rdtype).to_wire()
+
+
+def ask_sendto(name, rdtype="A"):
+    """sendto/recvfrom on an unconnected socket (dnspython's, musl's way)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    try:
+        s.sendto(query(name, rdtype), ("127.0.0.1", 53))
+        return s.recvfrom(512)[0]
+    except socket.timeout:
+        return None
+    finally:
+        s.close()
+
+
+def ask_connected(name):
+    """write/read on a connected socket (Go's resolver)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(("127.0.0.1", 53))
+    try:
+        os.write(s.fileno(), query(name))
+        return os.read(s.fileno(), 512)
+    finally:
+        s.close()
+
+
+def ask_msg(name):
+    """sendmsg/recvmsg, with the address in the message."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.sendmsg([query(name)], [], 0, ("127.0.0.1", 53))
+        return s.recvmsg(512)[0]
+    finally:
+        s.close()
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _Msghdr(ctypes.Structure):
+    """struct user_msghdr (include/linux/socket.h)."""
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(_Iovec)),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_uint)]
+
+
+class _Mmsghdr(ctypes.Structure):
+    """struct mmsghdr: 64 bytes on x86-64."""
+    _fields_ = [("hdr", _Msghdr), ("len", ctypes.c_uint)]
+
+
+def ask_sendmmsg(names):
+    """One sendmmsg of an A and an AAAA query on a connected socket (glibc's
+    getaddrinfo), the answers read with recv."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(("127.0.0.1", 53))
+    s.settimeout(2)
+    wires = [ctypes.create_string_buffer(query(n, t), len(query(n, t))) for n, t in names]
+    iovs = [_Iovec(ctypes.cast(w, ctypes.c_void_p), len(w.raw)) for w in wires]
+    msgs = (_Mmsghdr * len(names))()
+    for m, iov in zip(msgs, iovs):
+        m.hdr.iov = ctypes.pointer(iov)
+        m.hdr.iovlen = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        sent = libc.sendmmsg(s.fileno(), msgs, len(names), 0)
+        assert sent == len(names), os.strerror(ctypes.get_errno())
+        return [s.recv(512) for _ in names]
+    finally:
+        s.close()
+
+
+def ask_elsewhere(ns, name):
+    """A query from a process nettap does not capture."""
+    code = ("import socket,dns.message;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(2);"
+            f"s.sendto(dns.message.make_query({name!r},'A').to_wire(),('127.0.0.1',53));s.recvfrom(512)")
+    p = in_netns(ns, lambda: subprocess.run([sys.executable, "-c", code], timeout=60))
+    assert p.returncode == 0
+
+
+def _dns_probe(run):
+    st = run.app.probes.dns.state
+    if not run.app.probes.dns.loaded:
+        pytest.skip(f"dns not loaded: {st.error}")
+    assert st.attached, st.error
+
+
+def _delta(before, after):
+    queries = {k: v - before.queries.get(k, 0) for k, v in after.queries.items() if v != before.queries.get(k, 0)}
+    return (queries, after.latency_buckets[-1] - before.latency_buckets[-1], after.latency_sum - before.latency_sum,
+            after.malformed - before.malformed, after.unmatched - before.unmatched)
+
+
+def test_queries_and_answers_are_recorded_and_matched(nettap_run, mode, ns):
+    """A pid target: every way a resolver sends and receives gives a record a
+    message, sent to port 53 or received from it; the answers match their
+    queries by socket and id, NXDOMAIN, SERVFAIL and a timeout are told
+    apart, a malformed answer is counted; a process not captured adds nothing."""
+    stop, asked = stub(ns)
+    try:
+        run = nettap_run({"captures": [{"pid": os.getpid()}], "capture": {"dns": True}})
+        _dns_probe(run)
+        before = run.app.dns.snapshot()
+
+        def client():
+            assert ask_sendto("a.example.") is not None
+            assert ask_sendto("nx.example.") is not None
+            assert ask_sendto("slow.example.") is None
+            assert ask_connected("aaaa.example.")
+            assert ask_msg("fail.example.")
+            assert ask_msg("bad.example.")
+            assert len(ask_sendmmsg([("a.example.", "A"), ("a.example.", "AAAA")])) == 2
+        in_netns(ns, client)
+        ask_elsewhere(ns, "other.example.")
+        lines, _ = run.finish()
+    finally:
+        stop()
+    assert "other.example." in asked
+    recs = [l for l in lines if l["type"] == "dns"]
+    assert {l["pid"] for l in recs} == {os.getpid()}, recs
+    sent = [l for l in recs if l["direction"] == "egress"]
+    got = [l for l in recs if l["direction"] == "ingress"]
+    names = sorted(dns.message.from_wire(base64.b64decode(l["data"])).question[0].name.to_text() for l in sent)
+    assert names == sorted(["a.example.", "nx.example.", "slow.example.", "aaaa.example.", "fail.example.",
+                            "bad.example.", "a.example.", "a.example."]), names
+    assert len(got) == 7, got                           # every query but slow's was answered
+    assert all(l["dport"] == 53 and l["daddr"] == "127.0.0.1" and l["len"] == l["size"] for l in recs), recs
+    assert len({l["sock_ino"] for l in sent}) == 7      # a socket a query, but sendmmsg's two
+    # the tracker: matched by socket and id; once 5 s passed, slow's query and
+    # bad's (its answer did not parse: to its resolver, no answer) time out
+    run.app.dns.expire(time.monotonic_ns() + 10 ** 10)
+    queries, answered, seconds, malformed, unmatched = _delta(before, run.app.dns.snapshot())
+    assert queries == {"NOERROR": 4, "NXDOMAIN": 1, "SERVFAIL": 1, "timeout": 2}, queries
+    assert (answered, malformed, unmatched) == (6, 1, 0)
+    assert 0 < seconds < 60
+    text = generate_latest(run.app.registry(with_process=False)).decode()
+    assert 'nettap_dns_queries_total{rcode="NXDOMAIN"}' in text and "nettap_dns_latency_seconds_bucket" in text
+    # nettap read --dns: the process's queries, each with its answer
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert read.main(["--dns", "--pid", str(os.getpid()), str(run.out)]) == 0
+    rows = [l.split() for l in out.getvalue().splitlines()[1:-1]]
+    answers = {(r[4], r[5]): r[6] for r in rows if r[1] == str(os.getpid())}
+    assert {("nx.example.", "A"): "NXDOMAIN", ("slow.example.", "A"): "no", ("fail.example.", "A"): "SERVFAIL",
+            ("aaaa.example.", "A"): "NOERROR", ("a.example.", "AAAA"): "NOERROR"}.items() <= answers.items(), rows
+
+
+def test_a_port_target_on_53_captures_every_process(nettap_run, mode, ns):
+    """`port: 53` asks for every workload's DNS: a process no other target
+    names is captured; DNS off again, nothing is."""
+    stop, _ = stub(ns)
+    try:
+        run = nettap_run({"captures": [{"port": 53}], "capture": {"dns": True}})
+        _dns_probe(run)
+        ask_elsewhere(ns, "a.example.")
+        run.apply({"captures": [{"port": 53}]})
+        assert not run.app.probes.dns.state.attached
+        ask_elsewhere(ns, "nx.example.")
+        lines, _ = run.finish()
+    finally:
+        stop()
+    recs = [l for l in lines if l["type"] == "dns"]
+    assert [l["direction"] for l in recs] == ["egress", "ingress"], recs
+    assert recs[0]["pid"] != os.getpid() and recs[0]["comm"].startswith("python")

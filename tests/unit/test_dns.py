@@ -1,0 +1,108 @@
+"""exporter/capture/dns.py: DNS messages of the dns ring decoded (dnspython)
+and matched, fed numpy records as the drain gives them."""
+import dns.message
+import dns.rcode
+import dns.rrset
+import numpy as np
+import pytest
+
+from exporter.capture import dns as D
+from exporter.capture import records as R
+from exporter.kernel import tcp_h
+
+EGRESS, INGRESS = tcp_h.DIR_EGRESS, tcp_h.DIR_INGRESS
+
+
+def wire_query(name="a.example.", rdtype="A", qid=7):
+    q = dns.message.make_query(name, rdtype)
+    q.id = qid
+    return q
+
+
+def wire_answer(q, rcode="NOERROR", answers=1):
+    r = dns.message.make_response(q)
+    r.set_rcode(dns.rcode.from_text(rcode))
+    for i in range(answers):
+        r.answer.append(dns.rrset.from_text(q.question[0].name, 60, "IN", "A", f"10.0.0.{i + 1}"))
+    return r.to_wire()
+
+
+def recs(*msgs):
+    """dns records: (ts_ns, socket inode, direction, bytes[, size, flags])."""
+    out = np.zeros(len(msgs), R.DTYPES["dns"])
+    for r, m in zip(out, msgs):
+        ts, ino, direction, data, *rest = m
+        size = rest[0] if rest else len(data)
+        r["ts_ns"], r["sock_ino"], r["direction"], r["size"] = ts, ino, direction, size
+        r["len"] = min(len(data), tcp_h.DNS_DATA)
+        r["flags"] = rest[1] if len(rest) > 1 else 0
+        r["data"] = data[:tcp_h.DNS_DATA].ljust(tcp_h.DNS_DATA, b"\0")
+    return out
+
+
+def test_decode_names_a_query_and_its_answer():
+    q = wire_query("www.example.org.", "AAAA", 99)
+    assert D.decode(q.to_wire()) == D.Message(99, False, "NOERROR", "www.example.org.", "AAAA", 0)
+    assert D.decode(wire_answer(q, answers=2)) == D.Message(99, True, "NOERROR", "www.example.org.", "AAAA", 2)
+
+
+def test_decode_of_a_cut_message_reads_its_header_and_question():
+    """A message longer than a record holds: its question is read, the
+    answer count comes from the header."""
+    q = wire_query()
+    full = wire_answer(q, answers=40)
+    assert len(full) > tcp_h.DNS_DATA
+    with pytest.raises(ValueError):
+        D.decode(full[:tcp_h.DNS_DATA])                   # as a whole message it is cut
+    assert D.decode(full[:tcp_h.DNS_DATA], complete=False).answers == 40
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\x00\x07", b"\x00\x07\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\xff",
+                                     b"\x00\x07\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00", bytes(range(64))])
+def test_decode_refuses_what_is_not_a_message(garbage):
+    with pytest.raises(ValueError):
+        D.decode(garbage)
+
+
+def test_tracker_matches_answers_to_queries_by_socket_and_id():
+    t = D.DnsTracker(clock=lambda: 0)
+    a, nx = wire_query(qid=1), wire_query("nx.example.", qid=2)
+    t.observe(recs((1_000_000, 5, EGRESS, a.to_wire()), (1_000_000, 5, EGRESS, nx.to_wire()),
+                   (1_000_000, 6, EGRESS, wire_query(qid=1).to_wire()),      # same id, another socket
+                   (4_000_000, 5, INGRESS, wire_answer(a)),
+                   (9_000_000, 5, INGRESS, wire_answer(nx, "NXDOMAIN", 0))))
+    c = t.snapshot()
+    assert c.queries == {"NOERROR": 1, "NXDOMAIN": 1}
+    assert c.latency_buckets[-1] == 2 and c.latency_sum == pytest.approx(0.011)
+    assert c.latency_buckets[D.LATENCY_BUCKETS.index(0.005)] == 1       # 3 ms
+    assert c.latency_buckets[D.LATENCY_BUCKETS.index(0.01)] == 2        # and 8 ms
+    assert (c.malformed, c.unmatched) == (0, 0)
+    t.expire(1_000_000 + 5 * 10 ** 9 + 1)                               # socket 6's query: never answered
+    assert t.snapshot().queries == {"NOERROR": 1, "NXDOMAIN": 1, "timeout": 1}
+
+
+def test_tracker_counts_what_matches_nothing_and_what_is_not_dns():
+    t = D.DnsTracker(clock=lambda: 0)
+    q = wire_query(qid=3)
+    t.observe(recs((1, 5, INGRESS, wire_answer(q)),                    # no query seen: unmatched
+                   (2, 5, INGRESS, b"\xde\xad"),                       # not DNS
+                   (3, 5, EGRESS, q.to_wire(), len(q.to_wire()), 1)))  # unreadable (read_failed)
+    c = t.snapshot()
+    assert (c.queries, c.malformed, c.unmatched) == ({}, 2, 1)
+
+
+def test_tracker_bounds_the_queries_awaiting_answers(monkeypatch):
+    monkeypatch.setattr(D, "MAX_PENDING", 3)
+    t = D.DnsTracker(clock=lambda: 0)
+    t.observe(recs(*[(i, 9, EGRESS, wire_query(qid=i).to_wire()) for i in range(5)]))
+    assert t.snapshot().queries == {"timeout": 2}
+
+
+def test_a_late_answer_counts_once_as_a_timeout():
+    t = D.DnsTracker(timeout=1.0, clock=lambda: 0)
+    q = wire_query(qid=4)
+    t.observe(recs((0, 5, EGRESS, q.to_wire())))
+    t.expire(2 * 10 ** 9)
+    t.observe(recs((2 * 10 ** 9, 5, INGRESS, wire_answer(q))))
+    c = t.snapshot()
+    assert (c.queries, c.unmatched, c.latency_buckets[-1]) == ({"timeout": 1}, 1, 0)
