@@ -43,6 +43,7 @@ struct dns_call {
 	__u64 addr;	  /* the user sockaddr the kernel writes the peer to, or 0 */
 	__u64 task_start; /* the thread's start_time: a reused thread id is not it */
 	long nr;	  /* the syscall's number: its return must be the same call's */
+	__u64 tcp;	  /* a TCP socket (its bytes are a stream) */
 };
 
 struct {
@@ -75,9 +76,9 @@ static __always_inline bool sock_is_udp(struct sock *sk, const bool btf)
 	       BPF_CORE_READ(sk, sk_protocol) == IPPROTO_UDP;
 }
 
-/* The UDP sock of an fd of the current task when a target asks for its
- * DNS, else NULL; *file: its file. */
-static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **file,
+/* The UDP or TCP sock of an fd of the current task when a target asks for
+ * its DNS, else NULL; *file: its file, *tcp: whether it is TCP. */
+static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **file, bool *tcp,
 						const bool btf)
 {
 	struct nettap_capture_config *cfg = active_config();
@@ -92,7 +93,10 @@ static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **
 		return NULL;
 	*file = fd_to_file(fd, btf);
 	sk = file_to_sock(*file, btf);
-	if (!sk || !file_is_socket(*file, btf) || !sock_is_udp(sk, btf))
+	if (!sk || !file_is_socket(*file, btf))
+		return NULL;
+	*tcp = sock_is_tcp(sk, btf);
+	if (!*tcp && !sock_is_udp(sk, btf))
 		return NULL;
 	if (!taken) {
 		__u32 inum = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
@@ -112,7 +116,7 @@ static __always_inline __u64 file_ino(struct file *file)
  * sockaddr naming the other end (sendto's, or what recvfrom wrote), or 0
  * for the socket's own peer. */
 static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, __u64 size,
-					__u64 peer, __u8 direction, const bool btf)
+					__u64 peer, __u8 direction, bool tcp, const bool btf)
 {
 	struct nettap_probe_counters *c = counters(NETTAP_PROBE_DNS);
 	__u64 id = bpf_get_current_pid_tgid();
@@ -138,6 +142,8 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 	r->tid = (__u32)id;
 	r->direction = direction;
 	r->flags = 0;
+	r->transport = tcp ? NETTAP_TRANSPORT_TCP : NETTAP_TRANSPORT_UDP;
+	__builtin_memset(r->pad0, 0, sizeof(r->pad0));
 	read_addrs(sk, btf, &r->family, &r->sport, &r->dport, r->saddr, r->daddr);
 	r->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	/* sockaddr_in's 8 bytes first: the user's struct may end there */
@@ -185,15 +191,17 @@ static __always_inline int dns_send(unsigned long fd, __u64 buf, __u64 len, __u6
 				    const bool btf)
 {
 	struct file *file = NULL;
-	struct sock *sk = dns_fd_sock(fd, &file, btf);
+	bool tcp = false;
+	struct sock *sk = dns_fd_sock(fd, &file, &tcp, btf);
 	__u8 one = 1;
 	__u64 ino;
 
-	if (!sk || send_port(sk, addr, btf) != DNS_PORT)
+	if (!sk || send_port(sk, tcp ? 0 : addr, btf) != DNS_PORT)
 		return 0;
 	ino = file_ino(file);
-	bpf_map_update_elem(&dns_socks, &ino, &one, BPF_ANY);
-	dns_publish(sk, ino, buf, len, addr, NETTAP_DIR_EGRESS, btf);
+	if (!tcp) /* a connected TCP socket's peer says where its answers come from */
+		bpf_map_update_elem(&dns_socks, &ino, &one, BPF_ANY);
+	dns_publish(sk, ino, buf, len, tcp ? 0 : addr, NETTAP_DIR_EGRESS, tcp, btf);
 	return 0;
 }
 
@@ -217,7 +225,8 @@ static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 
 				    const bool btf)
 {
 	struct file *file = NULL;
-	struct sock *sk = dns_fd_sock(fd, &file, btf);
+	bool tcp = false;
+	struct sock *sk = dns_fd_sock(fd, &file, &tcp, btf);
 	struct dns_call call = {}, *old;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u64 ino;
@@ -233,6 +242,7 @@ static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 
 	call.addr = addr;
 	call.task_start = task_start_time();
 	call.nr = nr;
+	call.tcp = tcp;
 	/* An entry left by a call whose return was not seen (the programs
 	 * detached meanwhile) is this thread's: replaced, counted once. */
 	old = bpf_map_lookup_elem(&dns_calls, &id);
@@ -259,7 +269,8 @@ static __always_inline int dns_recv_return(long nr, long ret, const bool btf)
 		__sync_fetch_and_add(&dns_waiting, -1);
 	if (c.nr != nr || c.task_start != task_start_time() || ret <= 0)
 		return 0;
-	dns_publish((struct sock *)c.sk, c.ino, c.buf, ret, c.addr, NETTAP_DIR_INGRESS, false);
+	dns_publish((struct sock *)c.sk, c.ino, c.buf, ret, c.tcp ? 0 : c.addr, NETTAP_DIR_INGRESS,
+		    c.tcp, false);
 	return 0;
 }
 
@@ -272,6 +283,21 @@ NETTAP_TP("tracepoint/syscalls/sys_enter_sendto", dns_sendto, struct trace_event
 /* write(2): fd, buf, len (a connected socket: Go's resolver) */
 NETTAP_TP("tracepoint/syscalls/sys_enter_write", dns_write, struct trace_event_raw_sys_enter, {
 	return dns_send(ctx->args[0], ctx->args[1], ctx->args[2], 0, fast);
+})
+
+/* writev(2): fd, iov, iovcnt: a record an iovec, the first DNS_MMSG (glibc
+ * writes a TCP query's length and message as two) */
+NETTAP_TP("tracepoint/syscalls/sys_enter_writev", dns_writev, struct trace_event_raw_sys_enter, {
+	__u32 n = ctx->args[2];
+
+	for (int i = 0; i < DNS_MMSG && i < n; i++) {
+		struct iovec v = {};
+
+		if (bpf_probe_read_user(&v, sizeof(v), (void *)(ctx->args[1] + i * sizeof(v))))
+			break;
+		dns_send(ctx->args[0], (__u64)v.iov_base, v.iov_len, 0, fast);
+	}
+	return 0;
 })
 
 /* sendmsg(2): fd, msghdr, flags */

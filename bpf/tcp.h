@@ -85,6 +85,9 @@
 #define NETTAP_MAX_IOV		   8
 /* DNS message bytes one dns record holds (a classic UDP message's limit). */
 #define NETTAP_DNS_DATA		   512
+/* nettap_dns.transport: the IP protocol numbers */
+#define NETTAP_TRANSPORT_TCP	   6
+#define NETTAP_TRANSPORT_UDP	   17
 /* cgroup v2 levels a cgroup target may sit at (bit n of cgroup_levels),
  * and how many distinct levels the targets may use at once. */
 #define NETTAP_MAX_CGROUP_LEVEL	   31
@@ -450,24 +453,28 @@ struct NETTAP_RECORD("dlopen", "dlopen") nettap_dlopen {
 };
 
 /* ring dns: a DNS message a captured workload sent to UDP port 53, or received
- * on a socket it sent one from (bpf/dns.bpf.h), at its syscall; pid the
- * caller's, conn_id 0 (sock_ino names the socket). */
+ * on a socket it sent one from, or the bytes of one call on its TCP connection
+ * to port 53 (messages there are framed by a 2-byte length: user space
+ * reassembles them), at its syscall (bpf/dns.bpf.h); pid the caller's,
+ * conn_id 0 (sock_ino names the socket). */
 struct NETTAP_RECORD("dns", "dns") nettap_dns {
 	struct nettap_hdr h;
 	__u64 sock_ino;			    /* the socket's inode: socket:[N] in /proc/PID/fd */
-	__u32 size;			    /* bytes of the datagram, as the call moved it */
+	__u32 size;			    /* bytes the call moved (asked to send, or received) */
 	__u32 len;			    /* bytes of data[] that hold its first bytes */
 	__u32 tid;			    /* the calling thread */
 	__u32 netns;			    /* inode of the socket's network namespace */
 	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
 	__u16 sport;			    /* local port */
 	__u16 dport;			    /* the peer's port (53) */
-	__u8 direction NETTAP_JSON("enum:NETTAP_DIR");	      /* egress: sent; ingress: received */
-	__u8 flags NETTAP_JSON("flags:NETTAP_CHUNK_F");	      /* read_failed: data zeroed */
+	__u8 direction NETTAP_JSON("enum:NETTAP_DIR");	     /* egress: sent; ingress: received */
+	__u8 flags NETTAP_JSON("flags:NETTAP_CHUNK_F");	     /* read_failed: data zeroed */
+	__u8 transport NETTAP_JSON("enum:NETTAP_TRANSPORT"); /* udp: a message; tcp: stream bytes */
+	__u8 pad0[7] NETTAP_JSON("-");
 	__u8 saddr[16] NETTAP_JSON("addr");		      /* local address */
 	__u8 daddr[16] NETTAP_JSON("addr");		      /* the peer's address */
 	char comm[16] NETTAP_JSON("text");		      /* the calling thread's task name */
-	__u8 data[NETTAP_DNS_DATA] NETTAP_JSON("base64:len"); /* the message's first len bytes */
+	__u8 data[NETTAP_DNS_DATA] NETTAP_JSON("base64:len"); /* the call's first len bytes */
 };
 
 /* ring logs: a problem met by a BPF program; pid the calling process's,

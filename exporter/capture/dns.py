@@ -2,8 +2,9 @@
 their resolvers, what they were told, and how long it took.
 
 The kernel publishes each DNS message a captured workload sends to UDP port
-53, or receives on a socket it sent one from (bpf/dns.bpf.h), with at most
-NETTAP_DNS_DATA of its bytes. :class:`DnsTracker` decodes them with dnspython
+53, or receives on a socket it sent one from, and each call's bytes on its TCP
+connections to port 53 (bpf/dns.bpf.h), with at most NETTAP_DNS_DATA of their
+bytes; :class:`Stream` cuts a TCP connection's bytes into its messages. :class:`DnsTracker` decodes them with dnspython
 (imported at the first message: a node that captures no DNS never pays for
 it) and pairs a query with its answer by the socket (its inode) and the
 message id. A query unanswered after :data:`TIMEOUT_S` counts as a timeout;
@@ -28,6 +29,8 @@ from exporter.kernel import tcp_h
 TIMEOUT_S = 5.0
 # Queries awaiting an answer, at most (the oldest counts as a timeout).
 MAX_PENDING = 4096
+# TCP connections to port 53 followed at once (the least recent is forgotten).
+MAX_STREAMS = 1024
 # Seconds: a node-local cache answers in well under a millisecond, a
 # resolver across a region in tens of milliseconds; 5 is the timeout.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -67,6 +70,49 @@ def decode(data: bytes, complete: bool = True) -> Message:
                    dns.rdatatype.to_text(q.rdtype), ancount)
 
 
+class Stream:
+    """One direction of a TCP connection to port 53 (RFC 1035 4.2.2: each
+    message after its length, 2 bytes), fed the pieces the kernel recorded:
+    each call's first bytes (data) and how many it moved (size). A message
+    whose bytes were not all recorded is given with complete False (its
+    header and question are read); a length that was not recorded loses the
+    framing, and the rest of the stream is ignored (broken)."""
+
+    def __init__(self) -> None:
+        self.head = b""           # the length's bytes seen so far
+        self.want = -1            # the current message's length, -1 while reading it
+        self.got = 0              # its bytes passed, recorded or not
+        self.buf = bytearray()    # its recorded bytes, up to the first one missing
+        self.cut = False          # a byte of it was not recorded
+        self.broken = self.counted = False
+
+    def feed(self, data: bytes, size: int):
+        """The messages this piece completes: [(bytes, complete)]."""
+        out, pos = [], 0
+        while pos < size and not self.broken:
+            if self.want < 0:
+                take = min(2 - len(self.head), size - pos)
+                if pos + take > len(data):
+                    self.broken = True
+                    break
+                self.head += data[pos:pos + take]
+                pos += take
+                if len(self.head) == 2:
+                    self.want, self.head = int.from_bytes(self.head, "big"), b""
+                continue
+            take = min(self.want - self.got, size - pos)
+            seen = max(0, min(len(data), pos + take) - pos)
+            if not self.cut:
+                self.buf += data[pos:pos + seen]
+                self.cut = seen < take
+            self.got += take
+            pos += take
+            if self.got == self.want:
+                out.append((bytes(self.buf), not self.cut))
+                self.want, self.got, self.buf, self.cut = -1, 0, bytearray(), False
+        return out
+
+
 class Counts(NamedTuple):
     """What snapshot() returns: every count since start."""
     queries: Dict[str, int]                  # rcode (or "timeout") -> queries
@@ -90,14 +136,29 @@ class DnsTracker:
         self._malformed = self._unmatched = 0
         # (socket inode, id) -> the query's ts_ns, oldest first
         self._pending: "collections.OrderedDict[Tuple[int, int], int]" = collections.OrderedDict()
+        # (socket inode, sent) -> a TCP connection's bytes in that direction, the most recent last
+        self._streams: "collections.OrderedDict[Tuple[int, bool], Stream]" = collections.OrderedDict()
 
     def observe(self, recs) -> None:
         """A batch of dns records (a numpy array of the dns kind), in ring order."""
         cols = zip(recs["ts_ns"].tolist(), recs["sock_ino"].tolist(), recs["direction"].tolist(),
-                   recs["len"].tolist(), recs["size"].tolist(), recs["flags"].tolist(), recs["data"])
-        for ts_ns, ino, direction, n, size, flags, data in cols:
-            self._one(ts_ns, ino, direction == tcp_h.DIR_EGRESS, bytes(data)[:n], n >= size,
-                      bool(flags & _READ_FAILED))
+                   recs["len"].tolist(), recs["size"].tolist(), recs["flags"].tolist(),
+                   recs["transport"].tolist(), recs["data"])
+        for ts_ns, ino, direction, n, size, flags, transport, data in cols:
+            egress, failed = direction == tcp_h.DIR_EGRESS, bool(flags & _READ_FAILED)
+            if transport != tcp_h.TRANSPORT_TCP:
+                self._one(ts_ns, ino, egress, bytes(data)[:n], n >= size, failed)
+                continue
+            stream = self._streams.pop((ino, egress), None) or Stream()
+            self._streams[(ino, egress)] = stream                    # the most recent last
+            if len(self._streams) > MAX_STREAMS:
+                self._streams.popitem(last=False)
+            for msg, complete in stream.feed(b"" if failed else bytes(data)[:n], size):
+                self._one(ts_ns, ino, egress, msg, complete, False)
+            if stream.broken and not stream.counted:
+                stream.counted = True
+                with self._lock:
+                    self._malformed += 1
         self.expire()
 
     def _one(self, ts_ns: int, ino: int, egress: bool, data: bytes, complete: bool, read_failed: bool) -> None:

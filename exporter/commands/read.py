@@ -59,19 +59,33 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
         out.write(f"records lost: {line}\n")
 
 
+def _dns_messages(recs, pids):
+    """(record, message, whether whole) of dns records: a UDP record is a
+    message; a TCP connection's records are its bytes, cut into messages."""
+    import base64
+    from exporter.capture.dns import Stream
+    streams = {}
+    for r in recs:
+        if pids and r["pid"] not in pids:
+            continue
+        raw = base64.b64decode(r["data"]) if "read_failed" not in r["flags"] else b""
+        if r["transport"] == "tcp":
+            s = streams.setdefault((r["sock_ino"], r["direction"]), Stream())
+            yield from ((r, m, whole) for m, whole in s.feed(raw, r["size"]))
+        else:
+            yield r, raw, r["len"] >= r["size"]
+
+
 def dns_listing(cap: Capture, pids: List[int], out) -> None:
     """Each DNS query of the dns records (capture.dns), in the order sent, with
     its answer: matched as nettap's metrics match them (exporter/capture/dns.py:
     the socket and the id, the first answer within the timeout)."""
-    import base64
     from exporter.capture.dns import TIMEOUT_S, decode
     rows = [("TIME", "PID", "COMM", "SERVER", "NAME", "TYPE", "ANSWER", "RECORDS", "LATENCY")]
     pending, bad, unmatched, t0 = {}, 0, 0, None
-    for r in cap.dns:
-        if pids and r["pid"] not in pids:
-            continue
+    for r, data, complete in _dns_messages(cap.dns, pids):
         try:
-            m = decode(base64.b64decode(r["data"]), r["len"] >= r["size"])
+            m = decode(data, complete)
         except ValueError:
             bad += 1
             continue

@@ -49,7 +49,7 @@ _PROBE = {"conn_id": _INT, "ts_ns": _INT, "probe": _STR, "probes_out": _INT, "sn
 _SEGMENT = {"conn_id": _INT, "ts_ns": _INT, "seq": _INT, "length": _INT, "snd_cwnd": _INT, "ssthresh": _INT,
             "srtt_us": _INT, "snd_wnd": _INT, "rcv_wnd": _INT}
 _DNS = {"ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "sock_ino": _INT, "direction": _STR, "family": _STR,
-        "daddr": _STR, "dport": _INT, "data": _STR, "len": _INT, "size": _INT, "flags": list}
+        "daddr": _STR, "dport": _INT, "data": _STR, "len": _INT, "size": _INT, "flags": list, "transport": _STR}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,

@@ -4,8 +4,8 @@ Syscall tracepoints, whatever mechanism the TCP probes use: every kernel of
 nettap's range has them. The programs are loaded with the object (where the
 kernel has syscall tracepoints) and attached only while ``capture.dns`` is
 on, so a node that does not ask pays nothing: while on, every sendto,
-sendmsg, sendmmsg, write, recvfrom, recvmsg and read of the node runs one
-more program, which leaves at the capture filter unless a target asks.
+sendmsg, sendmmsg, write, writev, recvfrom, recvmsg and read of the node runs
+one more program, which leaves at the capture filter unless a target asks.
 Reported as one probe, ``dns``.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ TRACEPOINTS = {
     "dns_recv_exit": syscall_tps("sys_exit", ("recvfrom", "read", "recvmsg")),
     "dns_sendto": syscall_tps("sys_enter", ("sendto",)),
     "dns_write": syscall_tps("sys_enter", ("write",)),
+    "dns_writev": syscall_tps("sys_enter", ("writev",)),
     "dns_sendmsg": syscall_tps("sys_enter", ("sendmsg",)),
     "dns_sendmmsg": syscall_tps("sys_enter", ("sendmmsg",)),
     "dns_recvfrom": syscall_tps("sys_enter", ("recvfrom",)),

@@ -54,6 +54,8 @@ CHUNK_DATA = 396
 MAX_CHUNKS_PER_CALL = 166
 MAX_IOV = 8
 DNS_DATA = 512
+TRANSPORT_TCP = 6
+TRANSPORT_UDP = 17
 MAX_CGROUP_LEVEL = 31
 MAX_CGROUP_LEVELS = 4
 DIR_EGRESS = 0
@@ -98,6 +100,7 @@ NAMES = {
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments', 6: 'dns'},
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
+    'TRANSPORT': {6: 'tcp', 17: 'udp'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
@@ -388,13 +391,13 @@ STRUCTS = {
         ('saddr', 64, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 80, '__u8', 16, 16, 'addr', 'remote address'),
     )),
-    'nettap_dns': (616, (
+    'nettap_dns': (624, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
         ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
         ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
         ('sock_ino', 24, '__u64', 1, 8, '', "the socket's inode: socket:[N] in /proc/PID/fd"),
-        ('size', 32, '__u32', 1, 4, '', 'bytes of the datagram, as the call moved it'),
+        ('size', 32, '__u32', 1, 4, '', 'bytes the call moved (asked to send, or received)'),
         ('len', 36, '__u32', 1, 4, '', 'bytes of data[] that hold its first bytes'),
         ('tid', 40, '__u32', 1, 4, '', 'the calling thread'),
         ('netns', 44, '__u32', 1, 4, '', "inode of the socket's network namespace"),
@@ -403,10 +406,12 @@ STRUCTS = {
         ('dport', 52, '__u16', 1, 2, '', "the peer's port (53)"),
         ('direction', 54, '__u8', 1, 1, 'enum:NETTAP_DIR', 'egress: sent; ingress: received'),
         ('flags', 55, '__u8', 1, 1, 'flags:NETTAP_CHUNK_F', 'read_failed: data zeroed'),
-        ('saddr', 56, '__u8', 16, 16, 'addr', 'local address'),
-        ('daddr', 72, '__u8', 16, 16, 'addr', "the peer's address"),
-        ('comm', 88, 'char', 16, 16, 'text', "the calling thread's task name"),
-        ('data', 104, '__u8', 512, 512, 'base64:len', "the message's first len bytes"),
+        ('transport', 56, '__u8', 1, 1, 'enum:NETTAP_TRANSPORT', 'udp: a message; tcp: stream bytes'),
+        ('pad0', 57, '__u8', 7, 7, '-', ''),
+        ('saddr', 64, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 80, '__u8', 16, 16, 'addr', "the peer's address"),
+        ('comm', 96, 'char', 16, 16, 'text', "the calling thread's task name"),
+        ('data', 112, '__u8', 512, 512, 'base64:len', "the call's first len bytes"),
     )),
 }
 
@@ -432,4 +437,4 @@ RECORDS = {
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104, 'dns': 624}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104, 'dns': 632}

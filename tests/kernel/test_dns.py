@@ -24,7 +24,58 @@ from traffic import in_netns
 
 # name -> what the stub answers
 ANSWERS = {"a.example.": "A", "aaaa.example.": "AAAA", "nx.example.": "NXDOMAIN", "fail.example.": "SERVFAIL",
-           "slow.example.": None, "bad.example.": "garbage"}
+           "slow.example.": None, "bad.example.": "garbage", "big.example.": "big"}
+
+
+def answer(wire, asked):
+    """The stub's answer to a query (None: none), by its name."""
+    q = dns.message.from_wire(wire)
+    name = q.question[0].name.to_text()
+    asked.append(name)
+    what = ANSWERS.get(name, "NXDOMAIN")
+    if what is None:
+        return None                                     # never answered: a timeout
+    if what == "garbage":
+        return wire[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\xff\xff\xff"
+    r = dns.message.make_response(q)
+    if what in ("A", "AAAA"):
+        r.answer.append(dns.rrset.from_text(name, 60, "IN", what, "10.1.2.3" if what == "A" else "fd00::1"))
+    elif what == "big":
+        r.answer.append(dns.rrset.from_text(name, 60, "IN", "A", *[f"10.1.{i // 250}.{i % 250}" for i in range(60)]))
+    else:
+        r.set_rcode(dns.rcode.from_text(what))
+    return r.to_wire()
+
+
+def tcp_stub(ns, asked):
+    """The same resolver over TCP (RFC 1035 4.2.2: a 2-byte length before each
+    message), a connection a query; returns stop."""
+    from pyroute2 import netns
+    box, ready = {}, threading.Event()
+
+    def serve():
+        netns.setns(ns, flags=0)
+        lsn = socket.create_server(("127.0.0.1", 53))
+        lsn.settimeout(0.2)
+        ready.set()
+        while not box.get("stop"):
+            try:
+                c, _ = lsn.accept()
+            except socket.timeout:
+                continue
+            with c:
+                n = int.from_bytes(c.recv(2, socket.MSG_WAITALL), "big")
+                r = answer(c.recv(n, socket.MSG_WAITALL), asked)
+                c.sendall(len(r).to_bytes(2, "big") + r)
+        lsn.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(30)
+
+    def stop():
+        box["stop"] = True
+        t.join(10)
+    return stop
 
 
 def stub(ns):
@@ -45,21 +96,9 @@ def stub(ns):
                 wire, peer = s.recvfrom(512)
             except socket.timeout:
                 continue
-            q = dns.message.from_wire(wire)
-            name = q.question[0].name.to_text()
-            asked.append(name)
-            what = ANSWERS.get(name, "NXDOMAIN")
-            if what is None:
-                continue                                    # never answered: a timeout
-            if what == "garbage":
-                s.sendto(wire[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\xff\xff\xff", peer)
-                continue
-            r = dns.message.make_response(q)
-            if what in ("A", "AAAA"):
-                r.answer.append(dns.rrset.from_text(name, 60, "IN", what, "10.1.2.3" if what == "A" else "fd00::1"))
-            else:
-                r.set_rcode(dns.rcode.from_text(what))
-            s.sendto(r.to_wire(), peer)
+            r = answer(wire, asked)
+            if r is not None:
+                s.sendto(r, peer)
         s.close()
     t = threading.Thread(target=serve, daemon=True)
     t.start()
@@ -238,3 +277,58 @@ def test_a_port_target_on_53_captures_every_process(nettap_run, mode, ns):
     recs = [l for l in lines if l["type"] == "dns"]
     assert [l["direction"] for l in recs] == ["egress", "ingress"], recs
     assert recs[0]["pid"] != os.getpid() and recs[0]["comm"].startswith("python")
+
+
+def ask_tcp(name, vectored):
+    """A query over TCP: its length and message in one write (Go's resolver)
+    or in two iovecs of a writev (glibc's); the answer's length read alone,
+    then the answer (both do)."""
+    s = socket.create_connection(("127.0.0.1", 53), timeout=5)
+    try:
+        q = query(name)
+        if vectored:
+            os.writev(s.fileno(), [len(q).to_bytes(2, "big"), q])
+        else:
+            os.write(s.fileno(), len(q).to_bytes(2, "big") + q)
+        n = int.from_bytes(s.recv(2, socket.MSG_WAITALL), "big")
+        return s.recv(n, socket.MSG_WAITALL)
+    finally:
+        s.close()
+
+
+def test_dns_over_tcp_is_reassembled_from_the_calls(nettap_run, mode, ns):
+    """Over TCP the records are each call's bytes; user space cuts them into
+    messages by their length: a query written whole or as a writev's two
+    iovecs, answers read as a length then a message, an answer longer than a
+    record holds (its question still read)."""
+    asked = []
+    stop = tcp_stub(ns, asked)
+    try:
+        run = nettap_run({"captures": [{"pid": os.getpid()}], "capture": {"dns": True}})
+        _dns_probe(run)
+        before = run.app.dns.snapshot()
+
+        def client():
+            assert dns.message.from_wire(ask_tcp("a.example.", False)).answer
+            assert dns.message.from_wire(ask_tcp("nx.example.", True)).rcode() == dns.rcode.NXDOMAIN
+            return len(ask_tcp("big.example.", True))
+        big = in_netns(ns, client)
+        lines, _ = run.finish()
+    finally:
+        stop()
+    assert asked == ["a.example.", "nx.example.", "big.example."] and big > 512
+    recs = [l for l in lines if l["type"] == "dns"]
+    assert {l["transport"] for l in recs} == {"tcp"} and {l["dport"] for l in recs} == {53}, recs
+    # a.example.: one write; the others: a writev of two iovecs; each answer: two reads
+    assert sorted(l["size"] for l in recs if l["direction"] == "egress") == sorted(
+        [len(query("a.example.")) + 2, 2, len(query("nx.example.")), 2, len(query("big.example."))])
+    assert [l["size"] for l in recs if l["direction"] == "ingress" and l["size"] == 2] == [2, 2, 2]
+    assert any(l["size"] == big and l["len"] == 512 for l in recs), recs
+    queries, answered, _s, malformed, unmatched = _delta(before, run.app.dns.snapshot())
+    assert queries == {"NOERROR": 2, "NXDOMAIN": 1} and (answered, malformed, unmatched) == (3, 0, 0), queries
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert read.main(["--dns", "--pid", str(os.getpid()), str(run.out)]) == 0
+    rows = {tuple(l.split()[4:8]) for l in out.getvalue().splitlines()[1:-1]}
+    assert {("a.example.", "A", "NOERROR", "1"), ("nx.example.", "A", "NXDOMAIN", "0"),
+            ("big.example.", "A", "NOERROR", "60")} <= rows, out.getvalue()

@@ -106,3 +106,50 @@ def test_a_late_answer_counts_once_as_a_timeout():
     t.observe(recs((2 * 10 ** 9, 5, INGRESS, wire_answer(q))))
     c = t.snapshot()
     assert (c.queries, c.unmatched, c.latency_buckets[-1]) == ({"timeout": 1}, 1, 0)
+
+
+def framed(*msgs):
+    return b"".join(len(m).to_bytes(2, "big") + m for m in msgs)
+
+
+@pytest.mark.parametrize("cuts", [(), (1,), (2,), (1, 2, 3), (5, 20)])
+def test_stream_cuts_a_tcp_connection_into_its_messages(cuts):
+    """Two messages, however the calls split their bytes (the length alone,
+    one byte at a time, two messages in one call)."""
+    a, b = wire_query(qid=1).to_wire(), wire_answer(wire_query(qid=2))
+    stream, data, out, at = D.Stream(), framed(a, b), [], 0
+    for end in [*cuts, len(framed(a, b))]:
+        out += stream.feed(data[at:end], end - at)
+        at = end
+    assert out == [(a, True), (b, True)] and not stream.broken
+
+
+def test_stream_gives_a_message_cut_short_and_keeps_its_framing():
+    """A call's bytes past what a record holds are counted, not recorded:
+    that message is given incomplete, the next one whole."""
+    big = wire_answer(wire_query(qid=1), answers=60)
+    small = wire_query(qid=2).to_wire()
+    data = framed(big, small)
+    stream = D.Stream()
+    out = stream.feed(data[:tcp_h.DNS_DATA], len(big) + 2)           # one call: the length and the big answer
+    out += stream.feed(data[len(big) + 2:], len(small) + 2)
+    assert [c for _, c in out] == [False, True] and out[1][0] == small
+    assert D.decode(out[0][0], complete=False).answers == 60
+
+
+def test_stream_whose_length_was_not_recorded_is_broken():
+    stream = D.Stream()
+    assert stream.feed(b"", 600) == [] and stream.broken       # read failed: no byte recorded
+    assert stream.feed(framed(wire_query().to_wire()), 40) == []
+
+
+def test_tracker_follows_tcp_connections():
+    t = D.DnsTracker(clock=lambda: 0)
+    q = wire_query(qid=5)
+    recs_ = recs((1_000_000, 7, EGRESS, framed(q.to_wire())),
+                 (2_000_000, 7, INGRESS, framed(wire_answer(q, "REFUSED", 0))[:2]),      # the length read alone
+                 (3_000_000, 7, INGRESS, framed(wire_answer(q, "REFUSED", 0))[2:]))
+    recs_["transport"] = tcp_h.TRANSPORT_TCP
+    t.observe(recs_)
+    c = t.snapshot()
+    assert (c.queries, c.latency_sum) == ({"REFUSED": 1}, pytest.approx(0.002))
