@@ -47,27 +47,23 @@ def answer(wire, asked):
     return r.to_wire()
 
 
-def tcp_stub(ns, asked):
-    """The same resolver over TCP (RFC 1035 4.2.2: a 2-byte length before each
-    message), a connection a query; returns stop."""
+def _serving(ns, make, serve_one):
+    """A thread in ns serving on the socket make() returns: serve_one(sock)
+    until stopped (the socket times out every 0.2 s to look); returns stop."""
     from pyroute2 import netns
     box, ready = {}, threading.Event()
 
     def serve():
         netns.setns(ns, flags=0)
-        lsn = socket.create_server(("127.0.0.1", 53))
-        lsn.settimeout(0.2)
+        sock = make()
+        sock.settimeout(0.2)
         ready.set()
         while not box.get("stop"):
             try:
-                c, _ = lsn.accept()
+                serve_one(sock)
             except socket.timeout:
                 continue
-            with c:
-                n = int.from_bytes(c.recv(2, socket.MSG_WAITALL), "big")
-                r = answer(c.recv(n, socket.MSG_WAITALL), asked)
-                c.sendall(len(r).to_bytes(2, "big") + r)
-        lsn.close()
+        sock.close()
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     assert ready.wait(30)
@@ -78,36 +74,34 @@ def tcp_stub(ns, asked):
     return stop
 
 
+def tcp_stub(ns, asked):
+    """The same resolver over TCP (RFC 1035 4.2.2: a 2-byte length before each
+    message), a connection a query; returns stop."""
+    def one(lsn):
+        c, _ = lsn.accept()
+        with c:
+            c.settimeout(5)
+            n = int.from_bytes(c.recv(2, socket.MSG_WAITALL), "big")
+            r = answer(c.recv(n, socket.MSG_WAITALL), asked)
+            c.sendall(len(r).to_bytes(2, "big") + r)
+    return _serving(ns, lambda: socket.create_server(("127.0.0.1", 53)), one)
+
+
 def stub(ns):
     """A resolver on 127.0.0.1:53 in ns, in a thread; returns (stop, the names it was asked)."""
-    ready, asked = threading.Event(), []
-    box = {}
+    asked = []
 
-    def serve():
-        from pyroute2 import netns
-        netns.setns(ns, flags=0)
+    def make():
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.bind(("127.0.0.1", 53))
-        s.settimeout(0.2)
-        box["s"] = s
-        ready.set()
-        while not box.get("stop"):
-            try:
-                wire, peer = s.recvfrom(512)
-            except socket.timeout:
-                continue
-            r = answer(wire, asked)
-            if r is not None:
-                s.sendto(r, peer)
-        s.close()
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(30)
+        return s
 
-    def stop():
-        box["stop"] = True
-        t.join(10)
-    return stop, asked
+    def one(s):
+        wire, peer = s.recvfrom(512)
+        r = answer(wire, asked)
+        if r is not None:
+            s.sendto(r, peer)
+    return _serving(ns, make, one), asked
 
 
 def query(name, rdtype="A"):
