@@ -14,8 +14,16 @@ resets, errors, segments received, timers fired) per variant, beside empty progr
 for connections (each: connect, one byte, close; and a refused connect) on a
 port nettap does not capture and on one it does.
 
+and of the DNS programs (capture.dns: syscall tracepoints on sendto, write,
+sendmsg, sendmmsg, recvfrom, read, recvmsg and the receives' exits) per
+variant, each beside an empty program on the same tracepoints, for UDP
+datagrams on the loopback that are not DNS (sendto/recvfrom, and write/read
+on a connected pair) while no target matches them, and for DNS queries to a
+local responder on port 53 from a captured process.
+
 Run as root:  .venv/bin/python bench/probe_cost.py [--sends 200000] [--sizes 64,4000]
-                                                   [--variants fast,compat]
+                                                   [--variants fast,compat] [--sections send,lifecycle,tls,dns]
+  the DNS programs alone:  .venv/bin/python bench/probe_cost.py --sections dns
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -246,7 +255,6 @@ def measure_timers(variant: str, empty_obj: str, n: int, seconds: float = 8.0) -
     which run for every timer of the node: n sockets with a keepalive every
     second (each fires its timer once a second and sends a probe the peer
     answers) to a port nettap does not capture, then to one it does."""
-    import time
     captured, other = Server(), Server()
     app = Nettap(config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"}}), variant=variant)
     obj, links, fds = _attach_empty(app, empty_obj, TIMER_EMPTY)
@@ -418,6 +426,226 @@ def print_tls(n: int, results: list) -> None:
           "write and read calls together; goal: a nettap run <= 5 us)")
 
 
+# The DNS programs' workload, in a network namespace of its own (port 53 of
+# its loopback is free): commands on stdin, "udp N" (N sendto+recvfrom of
+# 64 B to a port other than 53, then N write+read of 64 B on a connected
+# pair) and "dns N" (N queries by sendto+recvfrom to port 53, then N by
+# write+read on a socket connected to it); answers "done" to each.
+DNS_WORKLOAD = r"""
+import os, socket, struct, sys
+lo = "127.0.0.1"
+def udp(bind=True):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if bind:
+        s.bind((lo, 0))
+    return s
+rx, tx, a, b, q, c = udp(), udp(False), udp(), udp(), udp(False), udp(False)
+a.connect(b.getsockname())
+b.connect(a.getsockname())
+c.connect((lo, 53))
+for s in (q, c):    # blocking (read() takes no timeout), but not for ever
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 5, 0))
+m = b"x" * 64
+def query(i):
+    return (struct.pack("!HHHHHH", i & 0xffff, 0x0100, 1, 0, 0, 0)
+            + b"\x05bench\x07example\x00\x00\x01\x00\x01")
+print(os.getpid(), flush=True)
+for line in sys.stdin:
+    what, n = line.split()
+    n = int(n)
+    if what == "udp":
+        dst = rx.getsockname()
+        for _ in range(n):
+            tx.sendto(m, dst)
+            rx.recvfrom(2048)
+        wa, rb = a.fileno(), b.fileno()
+        for _ in range(n):
+            os.write(wa, m)
+            os.read(rb, 2048)
+    else:
+        for i in range(n):
+            q.sendto(query(i), (lo, 53))
+            q.recvfrom(512)
+        fd = c.fileno()
+        for i in range(n):
+            os.write(fd, query(i))
+            os.read(fd, 512)
+    print("done", flush=True)
+"""
+# Answers every query on 127.0.0.1:53 with NXDOMAIN (the query, its flags
+# made a response's).
+DNS_RESPONDER = r"""
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 53))
+print("ready", flush=True)
+while True:
+    w, peer = s.recvfrom(512)
+    s.sendto(w[:2] + b"\x81\x83" + w[4:], peer)
+"""
+# The cases no target matches: the goal (<= empty + 20 ns per run) is theirs.
+DNS_FILTERED = ("filtered out, pid target", "filtered out, port target")
+
+
+def _empty_tracepoints(empty_obj: str, progs: dict):
+    """An empty tracepoint program beside each of progs (label -> (role,
+    tracepoints)): a load of its own of the empty object each, so each
+    counts only the calls of the tracepoints of the program beside it.
+    Returns (objects, links, fds)."""
+    objs, links, fds = [], [], {}
+    try:
+        for label, (role, tps) in progs.items():
+            obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
+            objs.append(obj)
+            name = f"empty_tp_{role}"
+            for pname, prog in loader.object_programs(obj):
+                libbpf.call("bpf_program__set_autoload", prog, pname == name)
+            libbpf.call("bpf_object__load", obj)
+            p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, name.encode())
+            for cat, tp in tps:
+                links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", p, cat.encode(), tp.encode()))
+            fds[label] = libbpf.call("bpf_program__fd", p)
+    except BaseException:
+        _release_empty(objs, links)
+        raise
+    return objs, links, fds
+
+
+def _release_empty(objs, links) -> None:
+    for link in links:
+        libbpf.lib().bpf_link__destroy(link)
+    for obj in objs:
+        libbpf.lib().bpf_object__close(obj)
+
+
+def _dns_config(target: dict, ring: int):
+    return config.parse({"captures": [target], "capture": {"dns": True}, "output": {"type": "none"},
+                         "rings": {"dns": ring}})
+
+
+def _dns_ring(queries: int) -> int:
+    """A dns ring that holds every record of the captured case (4 per
+    --dns-queries: a query by sendto and one by write, each with its answer;
+    624 bytes each in the ring): the daemon drains it every 0.2 s at the
+    latest (sized for a node's hundreds of messages a second), and a dropped
+    record costs less than a published one."""
+    need = 4 * queries * 624
+    return max(128 << 10, 1 << (need - 1).bit_length())
+
+
+def measure_dns(variant: str, empty_obj: str, n: int, queries: int) -> dict:
+    """case -> {program: (nettap ns, empty ns, runs)} of the DNS programs of
+    one variant, each beside an empty program on its tracepoints, and per
+    case ("queries", count, nettap ns, empty ns, ring drops) totals; the
+    workload (DNS_WORKLOAD) in a network namespace of its own:
+
+      filtered out, pid target   n UDP sendto+recvfrom and n write+read, not
+                                 DNS; the target: another process's pid
+      filtered out, port target  the same; the target: a port other than 53
+      captured pid, not DNS      the same; the target: the workload's pid
+      captured pid, DNS queries  queries by sendto+recvfrom and as many by
+                                 write+read, to a responder on port 53 (a
+                                 process not captured); the target: the
+                                 workload's pid"""
+    from exporter.kernel import dns
+    from pyroute2 import NetNS, netns
+    name = f"nettap-bench-dns-{os.getpid()}"
+    netns.create(name)
+    procs, app, objs, links = [], None, [], []
+    try:
+        with NetNS(name) as handle:
+            handle.link("set", index=handle.link_lookup(ifname="lo")[0], state="up")
+        other = subprocess.Popen(["sleep", "infinity"])
+        procs.append(other)
+        responder = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", DNS_RESPONDER],
+                                     stdout=subprocess.PIPE, text=True)
+        procs.append(responder)
+        assert responder.stdout.readline().strip() == "ready"
+        work = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", DNS_WORKLOAD],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs.append(work)
+        work_pid = int(work.stdout.readline())
+
+        def run(command: str) -> None:
+            work.stdin.write(command + "\n")
+            work.stdin.flush()
+            if work.stdout.readline().strip() != "done":
+                raise RuntimeError(f"DNS workload failed at {command!r} (exit {work.poll()})")
+
+        ring = _dns_ring(queries)
+        app = Nettap(_dns_config({"pid": other.pid}, ring), variant=variant)
+        st = app.probes.dns.state
+        if not st.attached:
+            raise RuntimeError(f"DNS programs not attached: {st.error}")
+        progs = {short: full for short in dns.TRACEPOINTS
+                 for full in dns.programs(variant) if full.removesuffix("_compat") == short}
+        objs, links, efds = _empty_tracepoints(
+            empty_obj, {f"empty {short}": ("exit" if "_exit" in short else "enter", dns.TRACEPOINTS[short])
+                        for short in progs})
+        fds = {**efds, **{f"nettap {short}": app.probes.prog_fds[full] for short, full in progs.items()}}
+        rows = {}
+        for case, target, command, nq in (
+                ("filtered out, pid target", {"pid": other.pid}, f"udp {n}", 0),
+                ("filtered out, port target", {"port": free_port()}, f"udp {n}", 0),
+                ("captured pid, not DNS", {"pid": work_pid}, f"udp {n}", 0),
+                ("captured pid, DNS queries", {"pid": work_pid}, f"dns {queries}", 2 * queries)):
+            app.apply(_dns_config(target, ring))
+            drops = app.drops()["dns"]
+            before = own_program_stats(fds)
+            run(command)
+            d = delta(own_program_stats(fds), before)
+            r = _rows(d, fds)
+            if nq:
+                tot = {side: sum(d[f"{side} {short}"][1] for short in progs) for side in ("nettap", "empty")}
+                r["queries"] = (nq, tot["nettap"] / nq, tot["empty"] / nq, app.drops()["dns"] - drops)
+            rows[case] = r
+        return rows
+    finally:
+        _release_empty(objs, links)
+        if app:
+            app.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+            for f in (p.stdin, p.stdout):
+                if f:
+                    f.close()
+        netns.remove(name)
+
+
+def print_dns(n: int, queries: int, results: list) -> None:
+    print(f"\nDNS programs (capture.dns; syscall tracepoints; ns per run, beside an empty program on the "
+          f"same tracepoints; per not-DNS case {n:,} UDP sendto+recvfrom and {n:,} write+read of 64 B on the "
+          f"loopback, to a port other than 53; DNS case: {queries:,} queries by sendto+recvfrom and "
+          f"{queries:,} by write+read to a responder on port 53)")
+    verdicts = []
+    for variant, rows in results:
+        print(f"\n{variant + ' variant':27s} {'program':>14s} {'runs':>9s} {'empty':>7s} {'nettap':>7s}"
+              f" {'diff':>6s} {'ratio':>6s}")
+        for case, progs in rows.items():
+            for short, row in progs.items():
+                if short == "queries":
+                    continue
+                nt, em, runs = row
+                if not runs:
+                    continue
+                mark = ""
+                if case in DNS_FILTERED:
+                    ok = nt - em <= 20
+                    mark = "  ok" if ok else "  OVER"
+                    verdicts.append(ok)
+                print(f"{case:27s} {short:>14s} {runs:9d} {em:7.0f} {nt:7.0f} {nt - em:+6.0f}"
+                      f" {nt / em:6.2f}{mark}")
+            if "queries" in progs:
+                nq, nt, em, drops = progs["queries"]
+                print(f"{case:27s} {'per query':>14s} {nq:9d} {em:7.0f} {nt:7.0f} {nt - em:+6.0f}"
+                      f" {nt / em:6.2f}  (all DNS programs' time / queries; dns ring drops: {drops})")
+    print("\n(runs: every call of the node on those tracepoints while the case ran, the workload's and others'; "
+          "per query: the run time of all DNS programs during the case, the responder's calls and the node's "
+          "included, over the queries sent; goal: filtered out <= empty + 20 ns per run"
+          + (f": {'met' if all(verdicts) else 'NOT met'} by every program that ran)" if verdicts else ")"))
+
+
 def print_lifecycle(n: int, results: list) -> None:
     print(f"\nlifecycle programs (ns per run; {n:,} connections and {n:,} refused connects per case; the "
           "lossy cases: connections of 20 KB each on a loopback that drops a fifth of the packets)")
@@ -440,7 +668,17 @@ def main() -> None:
                     help="sockets with a keepalive a second per timer case (tcp_timer, tcp_timer_exit)")
     ap.add_argument("--lossy-connections", type=int, default=320,
                     help="connections per case on the lossy loopback (tcp_retransmit, tcp_synack_retransmit)")
+    ap.add_argument("--dns-calls", type=int, default=200000,
+                    help="per not-DNS case: UDP sendto+recvfrom pairs, and as many write+read pairs (DNS programs)")
+    ap.add_argument("--dns-queries", type=int, default=5000,
+                    help="DNS queries by sendto+recvfrom, and as many by write+read, in the captured DNS case")
+    ap.add_argument("--sections", default="send,lifecycle,tls,dns",
+                    help="what to measure: send (tcp_sendmsg per mechanism), lifecycle, tls, dns")
     a = ap.parse_args()
+    sections = set(a.sections.split(","))
+    unknown = sections - {"send", "lifecycle", "tls", "dns"}
+    if unknown:
+        raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))} (send, lifecycle, tls, dns)")
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
     sizes = [int(s) for s in a.sizes.split(",") if s]
@@ -448,9 +686,9 @@ def main() -> None:
     switch = StatsSwitch()
     switch.set(True)
     empty_obj = build_empty(tempfile.mkdtemp(prefix="nettap-bench-"))
-    results, skipped = [], []
+    results, skipped, lifecycle, tls_results, dns_results = [], [], [], [], []
     try:
-        for mech in mechanisms.MECHANISMS:
+        for mech in (mechanisms.MECHANISMS if "send" in sections else ()):
             st = mechanisms.plan(forced=mech).states["tcp_sendmsg"]
             if st.mechanism != mech:
                 skipped.append(f"{mech}: not offered ({st.reasons[mech]})")
@@ -460,8 +698,7 @@ def main() -> None:
                     results.append((mech, variant, measure(mech, variant, empty_obj, a.sends, sizes)))
                 except (features.Unsupported, OSError, RuntimeError) as e:
                     skipped.append(f"{mech}, {variant}: {e}")
-        lifecycle = []
-        for variant in a.variants.split(","):
+        for variant in (a.variants.split(",") if "lifecycle" in sections else ()):
             try:
                 lifecycle.append((variant, measure_lifecycle(variant, empty_obj, a.connections)))
             except (features.Unsupported, OSError) as e:
@@ -474,19 +711,24 @@ def main() -> None:
                 lifecycle.append((variant, measure_lossy(variant, empty_obj, a.lossy_connections)))
             except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
                 skipped.append(f"lossy lifecycle, {variant}: {e}")
-        tls_results = []
-        if tls.supported()[0] and tls.system_files():
-            for variant in a.variants.split(","):
-                try:
-                    tls_results.append((variant, measure_tls(variant, empty_obj, a.tls_calls)))
-                except (features.Unsupported, OSError, RuntimeError) as e:
-                    skipped.append(f"tls, {variant}: {e}")
-        else:
+        tls_here = "tls" in sections and tls.supported()[0] and tls.system_files()
+        if "tls" in sections and not tls_here:
             skipped.append("tls: no uprobes or no libssl.so here")
+        for variant in (a.variants.split(",") if tls_here else ()):
+            try:
+                tls_results.append((variant, measure_tls(variant, empty_obj, a.tls_calls)))
+            except (features.Unsupported, OSError, RuntimeError) as e:
+                skipped.append(f"tls, {variant}: {e}")
+        for variant in (a.variants.split(",") if "dns" in sections else ()):
+            try:
+                dns_results.append((variant, measure_dns(variant, empty_obj, a.dns_calls, a.dns_queries)))
+            except (features.Unsupported, OSError, RuntimeError, subprocess.CalledProcessError) as e:
+                skipped.append(f"dns, {variant}: {e}")
     finally:
         switch.close()
-    print(f"\nnettap probe cost (ns per run, kernel BPF statistics; {a.sends:,} sends per case, "
-          f"kernel {os.uname().release})")
+    print("\nnettap probe cost (ns per run, kernel BPF statistics; "
+          + (f"{a.sends:,} sends per case, " if "send" in sections else "")
+          + f"kernel {os.uname().release}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
     for mech, variant, rows in results:
         print(f"\n{mech + ', ' + variant + ' variant':24s} {'empty program':>15s} {'nettap tcp_sendmsg':>19s}"
               f" {'nettap':>10s} {'over empty':>9s}")
@@ -496,14 +738,19 @@ def main() -> None:
             e_in, e_out, n_in, n_out = (r["empty enter"], r["empty exit"], r["nettap enter"], r["nettap exit"])
             over = (n_in - e_in + n_out - e_out) / 2
             print(f"{case:24s} {e_in:7.0f} {e_out:7.0f} {n_in:9.0f} {n_out:9.0f} {n_in + n_out:10.0f} {over:+9.0f}")
-    print_lifecycle(a.connections, lifecycle)
-    print_tls(a.tls_calls, tls_results)
+    if "lifecycle" in sections:
+        print_lifecycle(a.connections, lifecycle)
+    if "tls" in sections:
+        print_tls(a.tls_calls, tls_results)
+    if "dns" in sections:
+        print_dns(a.dns_calls, a.dns_queries, dns_results)
     for s in skipped:
         print(f"\n{s}")
-    print("\n(empty program: programs that return at once, attached where the nettap program beside them is: "
-          "for tracepoints, every syscall that program serves (write and sendto; 4 exits), so both count "
-          "the node's other calls there too; "
-          "goals: filtered out <= empty + 20 ns per run, captured 64 B <= 400 ns enter+exit)")
+    if "send" in sections:
+        print("\n(empty program: programs that return at once, attached where the nettap program beside them is: "
+              "for tracepoints, every syscall that program serves (write and sendto; 4 exits), so both count "
+              "the node's other calls there too; "
+              "goals: filtered out <= empty + 20 ns per run, captured 64 B <= 400 ns enter+exit)")
 
 
 if __name__ == "__main__":

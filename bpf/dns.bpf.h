@@ -227,15 +227,17 @@ static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 
 	struct file *file = NULL;
 	bool tcp = false;
 	struct sock *sk = dns_fd_sock(fd, &file, &tcp, btf);
-	struct dns_call call = {}, *old;
-	__u64 id = bpf_get_current_pid_tgid();
-	__u64 ino;
+	struct dns_call call, *old;
+	__u64 id, ino;
 
 	if (!sk)
 		return 0;
 	ino = file_ino(file);
 	if (!bpf_map_lookup_elem(&dns_socks, &ino) && send_port(sk, 0, btf) != DNS_PORT)
 		return 0;
+	/* set only here: the filtered-out path pays for none of it */
+	__builtin_memset(&call, 0, sizeof(call));
+	id = bpf_get_current_pid_tgid();
 	call.sk = (__u64)sk;
 	call.ino = ino;
 	call.buf = buf;
