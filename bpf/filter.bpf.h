@@ -50,8 +50,11 @@ static __always_inline bool task_matches_for(struct nettap_capture_config *cfg, 
 {
 	if (cfg->flags & NETTAP_TARGET_PID) {
 		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		__u32 word = (tgid >> 6) & 1023;
+		__u64 *bits = bpf_map_lookup_elem(&capture_pid_bits, &word);
 
-		if (match(bpf_map_lookup_elem(&capture_pids, &tgid), want))
+		if (bits && (*bits & (1ULL << (tgid & 63))) &&
+		    match(bpf_map_lookup_elem(&capture_pids, &tgid), want))
 			return true;
 	}
 	if (cfg->flags & NETTAP_TARGET_CGROUP) {

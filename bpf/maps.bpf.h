@@ -43,6 +43,17 @@ struct {
 	__type(value, __u8);
 } capture_netns SEC(".maps");
 
+/* A 65536-bit prefilter of capture_pids: bit (tgid & 63) of word
+ * ((tgid >> 6) & 1023) is set for every pid target. An array read that the
+ * verifier inlines says no for almost every other process before the hash
+ * lookup (a tgid that shares a target's bit pays that lookup too). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} capture_pid_bits SEC(".maps");
+
 /* Per CPU and ring: bytes published since this CPU last looked at the
  * ring's fill (wakeup_flags). Read and written without atomics: a lost
  * add only moves the next look. */

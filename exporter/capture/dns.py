@@ -4,12 +4,13 @@ their resolvers, what they were told, and how long it took.
 The kernel publishes each DNS message a captured workload sends to UDP port
 53, or receives on a socket it sent one from, and each call's bytes on its TCP
 connections to port 53 (bpf/dns.bpf.h), with at most NETTAP_DNS_DATA of their
-bytes; :class:`Stream` cuts a TCP connection's bytes into its messages. :class:`DnsTracker` decodes them with dnspython
-(imported at the first message: a node that captures no DNS never pays for
-it) and pairs a query with its answer by the socket (its inode) and the
-message id. A query unanswered after :data:`TIMEOUT_S` counts as a timeout;
-an answer that matches no query (its query sent before nettap looked, or
-after the timeout), and a message that does not parse, are counted apart.
+bytes; :class:`Stream` cuts a TCP connection's bytes into its messages.
+:class:`DnsTracker` decodes them with dnspython (imported at the first
+message: a node that captures no DNS never pays for it) and pairs a query
+with its answer by the socket (its inode) and the message id. A query
+unanswered after :data:`TIMEOUT_S` counts as a timeout; an answer that
+matches no query (its query sent before nettap looked, or after the
+timeout), and a message that does not parse, are counted apart.
 
 Thread-safety: :meth:`DnsTracker.observe` runs in the drain thread,
 :meth:`DnsTracker.snapshot` in a scrape's; one lock guards the counts.

@@ -68,6 +68,15 @@ def wakeup_check_bytes(threshold: int, cpus: int | None = None) -> int:
     return max(1, threshold // (4 * cpus))
 
 
+def pid_bitmap(pids) -> list:
+    """capture_pid_bits' words: bit (tgid & 63) of word ((tgid >> 6) & 1023)
+    set for each pid (bpf/maps.bpf.h)."""
+    words = [0] * 1024
+    for p in pids:
+        words[(p >> 6) & 1023] |= 1 << (p & 63)
+    return words
+
+
 class TargetMaps:
     """The filter maps of one loaded object. Not thread-safe: one writer
     (the caller holds a lock shared with :class:`TargetWatch`)."""
@@ -81,6 +90,7 @@ class TargetMaps:
                          if name in (map_info or {})}
         self.current = Resolved()
         self._bitmap = [0] * 2048            # capture_ports: the captured ports, then those with segments
+        self._pid_bits = [0] * 1024          # capture_pid_bits: capture_pids' prefilter
         self._config = bytes(24)             # capture_config as last written (an array map starts zeroed)
         self._settings = None                # (max_payload_bytes, wakeup_bytes) of the last apply
         self.gone_total = {"pid": 0, "cgroup": 0}
@@ -113,6 +123,7 @@ class TargetMaps:
             bitmap[p >> 6] |= 1 << (p & 63)
             if ("port", p) in new.segments:
                 bitmap[1024 + (p >> 6)] |= 1 << (p & 63)
+        pid_bits = pid_bitmap(new.pids)
         cfg = config_bytes(flags=new.flags, cgroup_levels=new.cgroup_levels, max_payload_bytes=max_payload_bytes,
                            wakeup_bytes=wakeup_bytes["capture_chunks"], eof_wakeup_bytes=wakeup_bytes["capture_eof"],
                            wakeup_check_bytes=wakeup_check_bytes(wakeup_bytes["capture_chunks"]),
@@ -123,12 +134,14 @@ class TargetMaps:
                 self._remove_stale(before, after, undo)
             for name, key in sorted(k for k, v in after.items() if before.get(k) != v):    # new, or asking another
                 self._write(name, key, after[name, key], before.get((name, key)), undo)
-            for word, (bits, was) in enumerate(zip(bitmap, self._bitmap)):
-                if bits != was:
-                    self._write("capture_ports", _u32(word), _u64(bits), _u64(was), undo)
+            self._write_words("capture_ports", bitmap, self._bitmap, undo)
+            # the pids' prefilter: new bits before the config, stale ones after (with the entries)
+            both = [a | b for a, b in zip(pid_bits, self._pid_bits)]
+            self._write_words("capture_pid_bits", both, self._pid_bits, undo)
             self._write("capture_config", _u32(0), cfg, self._config, undo)
             if fits:
                 self._remove_stale(before, after, undo)
+            self._write_words("capture_pid_bits", pid_bits, both, undo)
         except BaseException:
             for step in reversed(undo):
                 try:
@@ -136,7 +149,7 @@ class TargetMaps:
                 except OSError as e:       # the kernel refused to restore: say so, loudly
                     log.error("captures: rolling back a failed change: %s", e)
             raise
-        self._bitmap = bitmap
+        self._bitmap, self._pid_bits = bitmap, pid_bits
         self._config = cfg
         self._settings = (max_payload_bytes, wakeup_bytes)
         self.current = new
@@ -159,6 +172,12 @@ class TargetMaps:
         for name, key in sorted(was.keys() - now.keys()):
             maps.delete(self.fds[name], key)
             undo.append(lambda name=name, key=key: maps.update(self.fds[name], key, was[name, key]))
+
+    def _write_words(self, name: str, now: list, then: list, undo: list) -> None:
+        """Write the words of an array of u64 that differ."""
+        for word, (bits, was) in enumerate(zip(now, then)):
+            if bits != was:
+                self._write(name, _u32(word), _u64(bits), _u64(was), undo)
 
     def _write(self, name: str, key: bytes, value: bytes, was: bytes | None, undo: list) -> None:
         """Write an entry; undone by writing was back, or deleting it where it had none."""

@@ -354,7 +354,7 @@ def test_cgroup_levels_bits():
 # ---- TargetMaps.apply: order of the writes ------------------------------------
 
 FDS = {"capture_pids": 11, "capture_cgroups": 12, "capture_netns": 13, "capture_ports": 14,
-       "capture_config": 15}
+       "capture_config": 15, "capture_pid_bits": 16}
 NAMES = {v: k for k, v in FDS.items()}
 
 
@@ -442,12 +442,17 @@ def test_apply_change_adds_before_config_deletes_after(calls):
     tm.apply(Resolved(pids={200, 300}, cgroups={8: 3, 9: 1}, netns={2, 3}, ports={80, 81, 8080}), 2048, WAKE)
     ci = config_index(calls)
     before, after = calls[:ci], calls[ci + 1:]
-    assert all(c[0] == "update" for c in before) and all(c[0] == "delete" for c in after)
-    assert sorted((c[1], c[2]) for c in before if c[1] != "capture_ports") == sorted([
+    assert all(c[0] == "update" for c in before) and all(c[0] == "delete" for c in after if c[1] != "capture_pid_bits")
+    assert sorted((c[1], c[2]) for c in before if c[1] not in ("capture_ports", "capture_pid_bits")) == sorted([
         ("capture_pids", u32(300)), ("capture_cgroups", u64(9)), ("capture_netns", u32(3))])
-    assert sorted(after) == sorted([("delete", "capture_pids", u32(100)),
-                                    ("delete", "capture_cgroups", u64(7)),
-                                    ("delete", "capture_netns", u32(1))])
+    # the pids' prefilter: word (pid >> 6) & 1023, bit pid & 63, before the config
+    # (300 added, before the config; 100's bit cleared after it, with the entries)
+    pid_bits = [(int.from_bytes(c[2], "little"), port_word(c[3])) for c in calls if c[1] == "capture_pid_bits"]
+    assert pid_bits == [(4, 1 << (300 - 256)), (1, 0)]
+    assert calls.index(("update", "capture_pid_bits", u32(1), u64(0))) > ci
+    assert sorted(c for c in after if c[1] != "capture_pid_bits") == sorted([
+        ("delete", "capture_pids", u32(100)), ("delete", "capture_cgroups", u64(7)),
+        ("delete", "capture_netns", u32(1))])
     # port words: word 1 (80 -> 80, 81) changed, word 6 (443 gone) changed to 0, word 126 new
     ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in before if c[1] == "capture_ports"}
     assert ports == {1: (1 << 16) | (1 << 17), 6: 0, 126: 1 << (8080 - 126 * 64)}
@@ -493,7 +498,8 @@ def test_apply_to_empty_deletes_everything_after_config(calls):
                                           "eof_wakeup_bytes": 256, "obs_wakeup_bytes": 128}
     assert sorted(calls[1:]) == sorted([("delete", "capture_pids", u32(1)), ("delete", "capture_pids", u32(2)),
                                         ("delete", "capture_cgroups", u64(3)),
-                                        ("delete", "capture_netns", u32(4))])
+                                        ("delete", "capture_netns", u32(4)),
+                                        ("update", "capture_pid_bits", u32(0), u64(0))])
 
 
 def test_apply_failure_keeps_previous_state(calls, monkeypatch):
@@ -513,7 +519,8 @@ def test_apply_failure_keeps_previous_state(calls, monkeypatch):
     monkeypatch.setattr(maps, "update", lambda fd, key, value, flags=0: log.append((NAMES[fd], key)))
     monkeypatch.setattr(maps, "delete", lambda fd, key: log.append(("delete", NAMES[fd], key)))
     tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, WAKE)
-    assert log == [("capture_pids", u32(2)), ("capture_ports", u32(1)), ("capture_config", u32(0))]
+    assert log == [("capture_pids", u32(2)), ("capture_ports", u32(1)), ("capture_pid_bits", u32(0)),
+                   ("capture_config", u32(0))]
 
 
 def test_segments_ask_more_of_their_entries(calls):
