@@ -107,6 +107,17 @@ static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **
 	return sk;
 }
 
+/* probe dns's counters: calls, every message or piece published (a send,
+ * or a receive's return), and its bytes and records; returns, the kept
+ * receives' returns. */
+static __always_inline void counters_add_returns(__u32 probe)
+{
+	struct nettap_probe_counters *c = counters(probe);
+
+	if (c)
+		__sync_fetch_and_add(&c->returns, 1);
+}
+
 static __always_inline __u64 file_ino(struct file *file)
 {
 	return BPF_CORE_READ(file, f_inode, i_ino);
@@ -269,7 +280,10 @@ static __always_inline int dns_recv_return(long nr, long ret, const bool btf)
 	c = *call;
 	if (!bpf_map_delete_elem(&dns_calls, &id))
 		__sync_fetch_and_add(&dns_waiting, -1);
-	if (c.nr != nr || c.task_start != task_start_time() || ret <= 0)
+	if (c.nr != nr || c.task_start != task_start_time())
+		return 0;
+	counters_add_returns(NETTAP_PROBE_DNS);
+	if (ret <= 0)
 		return 0;
 	dns_publish((struct sock *)c.sk, c.ino, c.buf, ret, c.tcp ? 0 : c.addr, NETTAP_DIR_INGRESS,
 		    c.tcp, false);

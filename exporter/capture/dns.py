@@ -30,8 +30,11 @@ from exporter.kernel import tcp_h
 TIMEOUT_S = 5.0
 # Queries awaiting an answer, at most (the oldest counts as a timeout).
 MAX_PENDING = 4096
-# TCP connections to port 53 followed at once (the least recent is forgotten).
+# TCP connections to port 53 followed at once (the least recent is forgotten),
+# and the bytes of a message kept of each (a longer one is read as cut short):
+# 1,024 x 4 KiB at most, where a message may be 64 KiB.
 MAX_STREAMS = 1024
+MAX_KEPT = 4096
 # Seconds: a node-local cache answers in well under a millisecond, a
 # resolver across a region in tens of milliseconds; 5 is the timeout.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -104,8 +107,9 @@ class Stream:
             take = min(self.want - self.got, size - pos)
             seen = max(0, min(len(data), pos + take) - pos)
             if not self.cut:
-                self.buf += data[pos:pos + seen]
-                self.cut = seen < take
+                keep = min(seen, MAX_KEPT - len(self.buf))     # the header and question are first
+                self.buf += data[pos:pos + keep]
+                self.cut = keep < take
             self.got += take
             pos += take
             if self.got == self.want:

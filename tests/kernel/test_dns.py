@@ -242,6 +242,10 @@ def test_queries_and_answers_are_recorded_and_matched(nettap_run, mode, ns):
     assert queries == {"NOERROR": 4, "NXDOMAIN": 1, "SERVFAIL": 1, "timeout": 2}, queries
     assert (answered, malformed, unmatched) == (6, 1, 0)
     assert 0 < seconds < 60
+    # probe dns: a call a message published (8 sent, 7 received), a return a kept receive (slow's
+    # never called recvfrom: Python polls until its timeout)
+    assert {k: run.counters()["dns"][k] for k in ("calls", "returns", "chunks")} == \
+        {"calls": 15, "returns": 7, "chunks": 15}
     text = generate_latest(run.app.registry(with_process=False)).decode()
     assert 'nettap_dns_queries_total{rcode="NXDOMAIN"}' in text and "nettap_dns_latency_seconds_bucket" in text
     # nettap read --dns: the process's queries, each with its answer

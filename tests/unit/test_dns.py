@@ -153,3 +153,17 @@ def test_tracker_follows_tcp_connections():
     t.observe(recs_)
     c = t.snapshot()
     assert (c.queries, c.latency_sum) == ({"REFUSED": 1}, pytest.approx(0.002))
+
+
+def test_stream_keeps_at_most_max_kept_bytes_of_a_message(monkeypatch):
+    """A long message recorded whole is kept only to MAX_KEPT bytes: given
+    as cut short, its header and question still read."""
+    monkeypatch.setattr(D, "MAX_KEPT", 64)
+    big = wire_answer(wire_query(qid=9), answers=30)
+    stream = D.Stream()
+    out = []
+    for at in range(0, len(framed(big)), 500):
+        piece = framed(big)[at:at + 500]
+        out += stream.feed(piece, len(piece))
+    assert [(len(m), c) for m, c in out] == [(64, False)]
+    assert D.decode(out[0][0], complete=False).answers == 30
