@@ -131,9 +131,12 @@ def test_a_segment_lost_among_others_is_recovered_on_acks(nettap_run, mode, ns):
     sport, kernel = exchange(ns, sends=8)
     got = retransmits(run, sport)
     # Where the SACKs come after the loss probe's time (an emulated CPU sends
-    # the eight slowly), the probe recovers it: the kernel's counters say which.
-    assert len(got) == 1 and Counter(c for c, _, _ in got) == kernel, (got, kernel)
-    assert got[0][1:] == ("ESTABLISHED", 0)
+    # the eight slowly), the probe recovers it, or the probe goes out and the
+    # SACKs' fast retransmit follows (seen in the 6.1 guests under load): the
+    # kernel's counters say which; never the retransmission timer.
+    causes = Counter(c for c, _, _ in got)
+    assert causes == kernel and set(causes) <= {"fast", "tlp"} and 1 <= len(got) <= 2, (got, kernel)
+    assert all(g[1:] == ("ESTABLISHED", 0) for g in got)
 
 
 def test_a_listener_sends_its_syn_ack_again_when_the_ack_is_lost(nettap_run, mode, ns):
