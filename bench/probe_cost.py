@@ -40,7 +40,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from exporter import config  # noqa: E402
-from exporter.kernel import features, libbpf, loader, mechanisms, tls  # noqa: E402
+from exporter.kernel import features, libbpf, loader, mechanisms, tcp_h, tls  # noqa: E402
 from exporter.commands.daemon import Nettap  # noqa: E402
 from exporter.kernel.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
 from procs import free_port  # noqa: E402
@@ -512,8 +512,7 @@ def _empty_tracepoints(empty_obj: str, progs: dict):
 
 
 def _release_empty(objs, links) -> None:
-    for link in links:
-        libbpf.lib().bpf_link__destroy(link)
+    loader.destroy_links(links)
     for obj in objs:
         libbpf.lib().bpf_object__close(obj)
 
@@ -526,10 +525,10 @@ def _dns_config(target: dict, ring: int):
 def _dns_ring(queries: int) -> int:
     """A dns ring that holds every record of the captured case (4 per
     --dns-queries: a query by sendto and one by write, each with its answer;
-    624 bytes each in the ring): the daemon drains it every 0.2 s at the
-    latest (sized for a node's hundreds of messages a second), and a dropped
-    record costs less than a published one."""
-    need = 4 * queries * 624
+    tcp_h.STRIDES["dns"] bytes each in the ring): the daemon drains it every
+    0.2 s at the latest (sized for a node's hundreds of messages a second),
+    and a dropped record costs less than a published one."""
+    need = 4 * queries * tcp_h.STRIDES["dns"]
     return max(128 << 10, 1 << (need - 1).bit_length())
 
 
