@@ -98,12 +98,8 @@ static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **
 	*tcp = sock_is_tcp(sk, btf);
 	if (!*tcp && !sock_is_udp(sk, btf))
 		return NULL;
-	if (!taken) {
-		__u32 inum = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
-
-		if (!bpf_map_lookup_elem(&capture_netns, &inum))
-			return NULL;
-	}
+	if (!taken && !netns_matches(sk, btf, NETTAP_MATCH_CAPTURE))
+		return NULL;
 	return sk;
 }
 
@@ -155,8 +151,7 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 	r->flags = 0;
 	r->transport = tcp ? NETTAP_TRANSPORT_TCP : NETTAP_TRANSPORT_UDP;
 	__builtin_memset(r->pad0, 0, sizeof(r->pad0));
-	read_addrs(sk, btf, &r->family, &r->sport, &r->dport, r->saddr, r->daddr);
-	r->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	OBS_SOCK(r, sk, btf);
 	/* sockaddr_in's 8 bytes first: the user's struct may end there */
 	if (peer && !bpf_probe_read_user(&sa, 8, (void *)peer)) {
 		if (sa.family == AF_INET) {

@@ -93,18 +93,22 @@ static __always_inline bool port_matches(__u16 port, const __u8 want)
 	return bits && (*bits & (1ULL << (port & 63)));
 }
 
+/* Is this socket's network namespace a target that wants this? */
+static __always_inline bool netns_matches(struct sock *sk, const bool btf, const __u8 want)
+{
+	__u32 inum = btf ? sk->__sk_common.skc_net.net->ns.inum
+			 : BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+
+	return match(bpf_map_lookup_elem(&capture_netns, &inum), want);
+}
+
 /* The socket-level targets (netns, port): does this socket match one that
  * wants this? */
 static __always_inline bool sock_matches_for(struct nettap_capture_config *cfg, struct sock *sk,
 					     const bool btf, const __u8 want)
 {
-	if (cfg->flags & NETTAP_TARGET_NETNS) {
-		__u32 inum = btf ? sk->__sk_common.skc_net.net->ns.inum
-				 : BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
-
-		if (match(bpf_map_lookup_elem(&capture_netns, &inum), want))
-			return true;
-	}
+	if ((cfg->flags & NETTAP_TARGET_NETNS) && netns_matches(sk, btf, want))
+		return true;
 	if (cfg->flags & NETTAP_TARGET_PORT) {
 		__u16 sport = btf ? sk->__sk_common.skc_num
 				  : BPF_CORE_READ(sk, __sk_common.skc_num);
