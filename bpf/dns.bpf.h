@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * dns.bpf.h: the DNS messages captured workloads exchange over UDP with port
- * 53, as records on the dns ring (user space decodes them:
- * exporter/capture/dns.py). Syscall tracepoints, which every kernel has
- * whatever the TCP probes' mechanism: a query is published at its send's
- * entry (sendto, sendmsg, sendmmsg, write), from the caller's buffer; the
- * socket is then remembered (dns_socks), and a receive on it (recvfrom,
- * recvmsg, read) is published at its return. Attached only while
- * capture.dns is on (exporter/kernel/dns.py).
+ * dns.bpf.h: the DNS messages captured workloads exchange with port 53, over
+ * UDP and TCP, as records on the dns ring (user space decodes them:
+ * exporter/capture/dns.py). A query is published at its send's entry, from
+ * the caller's buffer; a UDP socket that sent one is then remembered
+ * (dns_socks), and a receive on it, or on a TCP socket connected to port
+ * 53, is published at its return. Attached only while capture.dns is on
+ * (exporter/kernel/dns.py), by one of two mechanisms: the kernel-function
+ * programs of dns_func.bpf.h (fentry/fexit or kprobe/kretprobe on the inet
+ * socket calls, so only socket calls pay), or, where the kernel has neither,
+ * the syscall tracepoints below (sendto, sendmsg, sendmmsg, write, writev;
+ * recvfrom, recvmsg, read), which every call of those of the node runs.
  *
  * The filter is the TCP one's, cheapest test first: a task target (pid,
  * cgroup) or a port target on 53 decides without the socket; a netns target
@@ -39,11 +42,12 @@ struct {
 struct dns_call {
 	__u64 sk;
 	__u64 ino;
-	__u64 buf;	  /* the user buffer the datagram lands in */
-	__u64 addr;	  /* the user sockaddr the kernel writes the peer to, or 0 */
-	__u64 task_start; /* the thread's start_time: a reused thread id is not it */
-	long nr;	  /* the syscall's number: its return must be the same call's */
-	__u64 tcp;	  /* a TCP socket (its bytes are a stream) */
+	__u64 buf;	   /* the user buffer the datagram lands in */
+	__u64 addr;	   /* the user sockaddr the kernel writes the peer to, or 0 */
+	__u64 task_start;  /* the thread's start_time: a reused thread id is not it */
+	long nr;	   /* the syscall's number: its return must be the same call's */
+	__u32 tcp;	   /* a TCP socket (its bytes are a stream) */
+	__u32 addr_kernel; /* addr is kernel memory (the kernel-function programs') */
 };
 
 struct {
@@ -76,6 +80,14 @@ static __always_inline bool sock_is_udp(struct sock *sk, const bool btf)
 	       BPF_CORE_READ(sk, sk_protocol) == IPPROTO_UDP;
 }
 
+/* Does a target ask for the current task's DNS, without looking at its
+ * socket: a pid or cgroup target, or a port target on 53 (every process's)? */
+static __always_inline bool dns_task_taken(struct nettap_capture_config *cfg)
+{
+	return task_matches(cfg) ||
+	       ((cfg->flags & NETTAP_TARGET_PORT) && port_matches(DNS_PORT, NETTAP_MATCH_CAPTURE));
+}
+
 /* The UDP or TCP sock of an fd of the current task when a target asks for
  * its DNS, else NULL; *file: its file, *tcp: whether it is TCP. */
 static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **file, bool *tcp,
@@ -87,8 +99,7 @@ static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **
 
 	if (!cfg)
 		return NULL;
-	taken = task_matches(cfg) ||
-		((cfg->flags & NETTAP_TARGET_PORT) && port_matches(DNS_PORT, NETTAP_MATCH_CAPTURE));
+	taken = dns_task_taken(cfg);
 	if (!taken && !(cfg->flags & NETTAP_TARGET_NETNS))
 		return NULL;
 	*file = fd_to_file(fd, btf);
@@ -119,11 +130,21 @@ static __always_inline __u64 file_ino(struct file *file)
 	return BPF_CORE_READ(file, f_inode, i_ino);
 }
 
-/* Publish one message of size bytes at user address buf. peer: the user
- * sockaddr naming the other end (sendto's, or what recvfrom wrote), or 0
- * for the socket's own peer. */
+/* A socket address's first size bytes: from user memory (the syscall's
+ * argument), or from the kernel's copy (the kernel-function programs'). */
+static __always_inline long read_sockaddr(void *dst, __u32 size, __u64 addr, bool kernel)
+{
+	if (kernel)
+		return bpf_probe_read_kernel(dst, size, (void *)addr);
+	return bpf_probe_read_user(dst, size, (void *)addr);
+}
+
+/* Publish one message of size bytes at user address buf. peer: the
+ * sockaddr naming the other end (sendto's, or what recvfrom wrote; in
+ * kernel memory when peer_kernel), or 0 for the socket's own peer. */
 static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, __u64 size,
-					__u64 peer, __u8 direction, bool tcp, const bool btf)
+					__u64 peer, bool peer_kernel, __u8 direction, bool tcp,
+					const bool btf)
 {
 	struct nettap_probe_counters *c = counters(NETTAP_PROBE_DNS);
 	__u64 id = bpf_get_current_pid_tgid();
@@ -153,13 +174,13 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 	__builtin_memset(r->pad0, 0, sizeof(r->pad0));
 	OBS_SOCK(r, sk, btf);
 	/* sockaddr_in's 8 bytes first: the user's struct may end there */
-	if (peer && !bpf_probe_read_user(&sa, 8, (void *)peer)) {
+	if (peer && !read_sockaddr(&sa, 8, peer, peer_kernel)) {
 		if (sa.family == AF_INET) {
 			__builtin_memset(r->daddr, 0, sizeof(r->daddr));
 			*(__u32 *)r->daddr = sa.v4;
 			r->dport = bpf_ntohs(sa.port);
 		} else if (sa.family == AF_INET6 &&
-			   !bpf_probe_read_user(sa.v6, sizeof(sa.v6), (void *)(peer + 8))) {
+			   !read_sockaddr(sa.v6, sizeof(sa.v6), peer + 8, peer_kernel)) {
 			__builtin_memcpy(r->daddr, sa.v6, sizeof(r->daddr));
 			r->dport = bpf_ntohs(sa.port);
 		}
@@ -178,13 +199,15 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 	bpf_ringbuf_submit(r, 0);
 }
 
-/* The peer's port of a send: the address it names, else the socket's. */
-static __always_inline __u16 send_port(struct sock *sk, __u64 addr, const bool btf)
+/* The peer's port of a send: the address it names (in kernel memory when
+ * addr_kernel), else the socket's. */
+static __always_inline __u16 send_port(struct sock *sk, __u64 addr, const bool addr_kernel,
+				       const bool btf)
 {
 	struct user_sockaddr sa = {};
 
 	if (addr) {
-		if (bpf_probe_read_user(&sa, 4, (void *)addr))
+		if (read_sockaddr(&sa, 4, addr, addr_kernel))
 			return 0;
 		return (sa.family == AF_INET || sa.family == AF_INET6) ? bpf_ntohs(sa.port) : 0;
 	}
@@ -202,12 +225,12 @@ static __always_inline int dns_send(unsigned long fd, __u64 buf, __u64 len, __u6
 	__u8 one = 1;
 	__u64 ino;
 
-	if (!sk || send_port(sk, tcp ? 0 : addr, btf) != DNS_PORT)
+	if (!sk || send_port(sk, tcp ? 0 : addr, false, btf) != DNS_PORT)
 		return 0;
 	ino = file_ino(file);
 	if (!tcp) /* a connected TCP socket's peer says where its answers come from */
 		bpf_map_update_elem(&dns_socks, &ino, &one, BPF_ANY);
-	dns_publish(sk, ino, buf, len, tcp ? 0 : addr, NETTAP_DIR_EGRESS, tcp, btf);
+	dns_publish(sk, ino, buf, len, tcp ? 0 : addr, false, NETTAP_DIR_EGRESS, tcp, btf);
 	return 0;
 }
 
@@ -225,22 +248,22 @@ static __always_inline void msg_first(struct user_msghdr *m, __u64 *name, __u64 
 	*len = v.iov_len;
 }
 
-/* A receive's entry on fd: kept when its socket sent a query, or is
- * connected to port 53. */
-static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 addr,
-				    const bool btf)
+/* Is a receive on this socket (inode ino) one of DNS: a UDP socket that
+ * sent a query, or a TCP socket connected to port 53? */
+static __always_inline bool dns_recv_sock(struct sock *sk, __u64 ino, const bool btf)
 {
-	struct file *file = NULL;
-	bool tcp = false;
-	struct sock *sk = dns_fd_sock(fd, &file, &tcp, btf);
-	struct dns_call call, *old;
-	__u64 id, ino;
+	return bpf_map_lookup_elem(&dns_socks, &ino) || send_port(sk, 0, false, btf) == DNS_PORT;
+}
 
-	if (!sk)
-		return 0;
-	ino = file_ino(file);
-	if (!bpf_map_lookup_elem(&dns_socks, &ino) && send_port(sk, 0, btf) != DNS_PORT)
-		return 0;
+/* Keep a DNS receive's entry until its return (dns_recv_return): nr names
+ * the call (a syscall's number, or a kernel function's DNS_NR_*), buf its
+ * user buffer, addr where the peer's address is written (0: none). */
+static __always_inline int dns_keep(long nr, struct sock *sk, __u64 ino, __u64 buf, __u64 addr,
+				    bool addr_kernel, bool tcp)
+{
+	struct dns_call call, *old;
+	__u64 id;
+
 	/* set only here: the filtered-out path pays for none of it */
 	__builtin_memset(&call, 0, sizeof(call));
 	id = bpf_get_current_pid_tgid();
@@ -251,6 +274,7 @@ static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 
 	call.task_start = task_start_time();
 	call.nr = nr;
 	call.tcp = tcp;
+	call.addr_kernel = addr_kernel;
 	/* An entry left by a call whose return was not seen (the programs
 	 * detached meanwhile) is this thread's: replaced, counted once. */
 	old = bpf_map_lookup_elem(&dns_calls, &id);
@@ -259,6 +283,24 @@ static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 
 	else if (!bpf_map_update_elem(&dns_calls, &id, &call, BPF_NOEXIST))
 		__sync_fetch_and_add(&dns_waiting, 1);
 	return 0;
+}
+
+/* A receive's entry on fd: kept when its socket sent a query, or is
+ * connected to port 53. */
+static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 addr,
+				    const bool btf)
+{
+	struct file *file = NULL;
+	bool tcp = false;
+	struct sock *sk = dns_fd_sock(fd, &file, &tcp, btf);
+	__u64 ino;
+
+	if (!sk)
+		return 0;
+	ino = file_ino(file);
+	if (!dns_recv_sock(sk, ino, btf))
+		return 0;
+	return dns_keep(nr, sk, ino, buf, addr, false, tcp);
 }
 
 static __always_inline int dns_recv_return(long nr, long ret, const bool btf)
@@ -280,8 +322,8 @@ static __always_inline int dns_recv_return(long nr, long ret, const bool btf)
 	counters_add_returns(NETTAP_PROBE_DNS);
 	if (ret <= 0)
 		return 0;
-	dns_publish((struct sock *)c.sk, c.ino, c.buf, ret, c.tcp ? 0 : c.addr, NETTAP_DIR_INGRESS,
-		    c.tcp, false);
+	dns_publish((struct sock *)c.sk, c.ino, c.buf, ret, c.tcp ? 0 : c.addr, c.addr_kernel,
+		    NETTAP_DIR_INGRESS, c.tcp, false);
 	return 0;
 }
 

@@ -36,6 +36,7 @@
 #include "timer.bpf.h"
 #include "segment.bpf.h"
 #include "dns.bpf.h"
+#include "dns_func.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */

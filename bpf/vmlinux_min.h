@@ -152,8 +152,11 @@ struct inet_sock {
 	__be16 inet_sport;
 };
 
+struct file;
+
 struct socket {
 	short type;
+	struct file *file;
 	struct sock *sk;
 };
 
@@ -220,6 +223,7 @@ struct iov_iter {
 };
 
 struct msghdr {
+	void *msg_name; /* the kernel's copy of the caller's address */
 	struct iov_iter msg_iter;
 };
 

@@ -270,9 +270,9 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
                 f"cut -d' ' -f1 /proc/uptime > {g}.unpacked\n"
                 # only the variant nettap would pick here: each test costs ~10x under TCG
                 "export PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp NETTAP_TEST_VARIANTS=default\n"
-                # the jump labels the tests' tracepoints switch stay switched on (see the script)
+                # the tests' tracepoints stay registered: no jump label is rewritten (see the script)
                 "mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing\n"
-                f"/usr/bin/python3 scripts/hold_syscall_tracepoints.py 2> {g}.hold & hold=$!\n"
+                f".venv/bin/python scripts/hold_tracepoints.py 2> {g}.hold & hold=$!\n"
                 # nothing else runs while it switches the labels on (6.12 once hit the int3 of
                 # the syscall exit label in pytest's start-up, in the middle of that rewrite)
                 f"while kill -0 $hold 2>/dev/null && ! grep -q holding {g}.hold; do sleep 0.2; done\n"

@@ -1,25 +1,27 @@
-"""capture.dns: the DNS programs (bpf/dns.bpf.h) and their links.
+"""capture.dns: the DNS programs (bpf/dns.bpf.h, bpf/dns_func.bpf.h) and their links.
 
-Syscall tracepoints, whatever mechanism the TCP probes use: every kernel of
-nettap's range has them. The programs are loaded with the object (where the
-kernel has syscall tracepoints) and attached only while ``capture.dns`` is
-on, so a node that does not ask pays nothing: while on, every sendto,
-sendmsg, sendmmsg, write, writev, recvfrom, recvmsg and read of the node runs
-one more program, which leaves at the capture filter unless a target asks.
-Reported as one probe, ``dns``.
+The probe ``dns`` has its own mechanism, chosen as the TCP probes' are, in
+the design card's order (mechanisms.plan): fentry/fexit, else
+kprobe/kretprobe, on the inet sockets' send and receive functions
+(mechanisms.DNS_FUNCTIONS), which only UDP and TCP socket calls run; else
+syscall tracepoints, which every kernel of nettap's range has, and which
+every sendto, sendmsg, sendmmsg, write, writev, recvfrom, recvmsg and read of
+the node runs. The programs of that mechanism are loaded with the object and
+attached only while ``capture.dns`` is on, so a node that does not ask pays
+nothing; while on, a call leaves at the capture filter unless a target asks.
 """
 from __future__ import annotations
 
 import logging
 
 from exporter.kernel import libbpf
-from exporter.kernel.mechanisms import DISABLED, UNSUPPORTED, ProbeState, syscall_tps, tracepoint_support
+from exporter.kernel.mechanisms import DISABLED, DNS_FUNCTIONS, UNSUPPORTED, ProbeState, syscall_tps
 
 log = logging.getLogger(__name__)
 
 PROBE = "dns"
 OFF = "capture.dns is off"
-# program (the fast variant's name) -> the tracepoints it is attached to.
+# The tracepoint mechanism's programs (the fast variant's names) -> the tracepoints each is attached to.
 TRACEPOINTS = {
     "dns_recv_exit": syscall_tps("sys_exit", ("recvfrom", "read", "recvmsg")),
     "dns_sendto": syscall_tps("sys_enter", ("sendto",)),
@@ -31,18 +33,20 @@ TRACEPOINTS = {
     "dns_read": syscall_tps("sys_enter", ("read",)),
     "dns_recvmsg": syscall_tps("sys_enter", ("recvmsg",)),
 }
+# kernel-function mechanism -> (entry, return) section kinds (bpf/dns_func.bpf.h's program names)
+_FUNC_KINDS = {"fentry": ("fentry", "fexit"), "kprobe": ("kprobe", "kretprobe")}
 
 
-def programs(variant: str) -> list:
-    """The DNS programs of a variant, the return first: attached in this
-    order, no receive is kept before its return can end it."""
-    return list(TRACEPOINTS) if variant == "fast" else [f"{n}_compat" for n in TRACEPOINTS]
-
-
-def supported() -> tuple:
-    """(True, "") where the kernel has syscall tracepoints, else (False, why)."""
-    ok, why = tracepoint_support()
-    return (True, "") if ok else (False, why)
+def programs(variant: str, mechanism: str = "tracepoint") -> list:
+    """The DNS programs of a variant and mechanism, the returns first:
+    attached in this order, no receive is kept before its return can end it."""
+    if mechanism == "tracepoint":
+        names = list(TRACEPOINTS)
+    else:
+        entry, ret = _FUNC_KINDS[mechanism]
+        names = [f"dns_{f}_{ret}" for f in DNS_FUNCTIONS if f.endswith("recvmsg")]
+        names += [f"dns_{f}_{entry}" for f in DNS_FUNCTIONS]
+    return names if variant == "fast" else [f"{n}_compat" for n in names]
 
 
 class DnsProbes:
@@ -50,14 +54,20 @@ class DnsProbes:
     ``dns`` probe as /metrics reports it. Not thread-safe: the daemon's
     config thread alone switches it."""
 
-    def __init__(self, variant: str, destroy_links):
-        """destroy_links: loader.destroy_links (it destroys links at once)."""
+    def __init__(self, variant: str, planned: ProbeState, destroy_links):
+        """planned: the plan's dns probe (mechanisms.plan: the mechanism
+        chosen, and why); destroy_links: loader.destroy_links."""
         self.variant = variant
+        self.mechanism = planned.mechanism
         self._destroy = destroy_links
-        ok, why = supported()
-        self.state = ProbeState(PROBE, mechanism=DISABLED if ok else UNSUPPORTED, error=OFF if ok else why)
-        self.loaded = ok
+        self.loaded = self.mechanism != "none"
+        why = "; ".join(f"{m}: {r}" for m, r in planned.reasons.items())
+        self.state = ProbeState(PROBE, mechanism=DISABLED if self.loaded else UNSUPPORTED,
+                                reasons=dict(planned.reasons), error=OFF if self.loaded else why)
         self.links: list = []
+
+    def programs(self) -> list:
+        return programs(self.variant, self.mechanism) if self.loaded else []
 
     def refused(self, error: str) -> None:
         """The kernel refused the programs at load: DNS stays off, said why."""
@@ -73,8 +83,11 @@ class DnsProbes:
             self.state.mechanism, self.state.attached, self.state.error = DISABLED, False, OFF
             return
         try:
-            for name in programs(self.variant):
+            for name in self.programs():
                 prog = libbpf.call_ptr("bpf_object__find_program_by_name", obj, name.encode())
+                if self.mechanism != "tracepoint":
+                    self.links.append(libbpf.call_ptr("bpf_program__attach", prog))
+                    continue
                 for cat, tp in TRACEPOINTS[name.removesuffix("_compat")]:
                     self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint",
                                                       prog, cat.encode(), tp.encode()))
@@ -83,8 +96,8 @@ class DnsProbes:
             self.state.mechanism, self.state.attached, self.state.error = "none", False, str(e)
             log.error("probe dns not attached: %s", e)
             return
-        self.state.mechanism, self.state.attached, self.state.error = "tracepoint", True, ""
-        log.info("probe dns attached by tracepoint")
+        self.state.mechanism, self.state.attached, self.state.error = self.mechanism, True, ""
+        log.info("probe dns attached by %s", self.mechanism)
 
     def detach(self) -> None:
         self._destroy(self.links)

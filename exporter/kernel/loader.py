@@ -99,6 +99,13 @@ def separate_programs(features: list, variant: str = "fast") -> dict:
 _TRACEPOINTS = {prog: tps for plan in TP_PLAN.values() for prog, tps in plan.items()} | _SEPARATE_TPS
 
 
+def attached_tracepoints() -> dict:
+    """program (fast name) -> the syscall tracepoints user space attaches it
+    to, for the TCP probes' tracepoint mechanism and the accept probe
+    (scripts/hold_tracepoints.py holds them all)."""
+    return dict(_TRACEPOINTS)
+
+
 BPF_MAP_TYPE_HASH = 1
 # max_entries of maps that must be preallocated before Linux 6.1 (features.py:
 # bpf_mem_alloc): threads inside a captured call at once; 4096 x ~650 B.
@@ -211,7 +218,7 @@ class Probes:
         self.tls_states = {p: ProbeState(p, mechanism=DISABLED if ok else UNSUPPORTED, error=why or TLS_OFF)
                            for p in tls.PROBES}
         self.tls: tls.TlsProbes | None = None
-        self.dns = dns.DnsProbes(self.variant, destroy_links)
+        self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
@@ -244,7 +251,7 @@ class Probes:
         refused = {}
         groups = {probe: [prog] for probe, (prog, _m) in self._separate.items()}
         if self.dns.loaded:
-            groups[dns.PROBE] = dns.programs(self.variant)
+            groups[dns.PROBE] = self.dns.programs()
         for probe, progs in groups.items():
             self._open(path, ring_sizes, want=dict.fromkeys(progs, probe))
             try:
@@ -289,7 +296,7 @@ class Probes:
         if self.tls_ok:
             want.update({p: "tls" for p in tls.programs(self.variant)})
         if self.dns.loaded:
-            want.update({p: dns.PROBE for p in dns.programs(self.variant)})
+            want.update({p: dns.PROBE for p in self.dns.programs()})
         return want
 
     def _collect_fds(self) -> None:

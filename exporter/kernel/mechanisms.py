@@ -26,6 +26,9 @@ CALL_PROBES = tuple(p for p in PROBES if p.startswith("tcp_"))
 TRACEFS = "/sys/kernel/tracing"
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 MECHANISMS = ("fentry", "kprobe", "tracepoint")
+# The DNS probe's kernel functions (bpf/dns_func.bpf.h): every UDP and TCP
+# socket's sends and receives go through them; its tracepoints: dns.py.
+DNS_FUNCTIONS = ("inet_sendmsg", "inet6_sendmsg", "inet_recvmsg", "inet6_recvmsg")
 
 
 def fentry_support(func: str, btf: int) -> tuple:
@@ -66,6 +69,18 @@ def fentry_support(func: str, btf: int) -> tuple:
         return True, "fexit attach works"
     finally:
         os.close(fd)
+
+
+def dns_fentry_support(btf: int) -> tuple:
+    """fentry for the DNS programs: every function of DNS_FUNCTIONS named in
+    BTF, and an fexit on inet_recvmsg attached for real (fentry_support)."""
+    if not btf:
+        return False, "no vmlinux BTF"
+    lb = libbpf.lib()
+    missing = [f for f in DNS_FUNCTIONS if lb.btf__find_by_name_kind(btf, f.encode(), libbpf.BTF_KIND_FUNC) <= 0]
+    if missing:
+        return False, f"{', '.join(missing)} not in vmlinux BTF"
+    return fentry_support("inet_recvmsg", btf)
 
 
 def preempt_rt() -> bool:
@@ -199,8 +214,10 @@ class Plan:
     """What to load on this kernel: the features found, the variant, and
     per probe the mechanism (ProbeState)."""
 
-    def __init__(self, feats: list, variant: str, variant_why: str, states: dict):
+    def __init__(self, feats: list, variant: str, variant_why: str, states: dict, dns: ProbeState | None = None):
         self.features, self.variant, self.variant_why, self.states = feats, variant, variant_why, states
+        # the DNS probe's mechanism: its own functions' (dns.py), apart from the TCP probes'
+        self.dns = dns if dns is not None else ProbeState("dns")
 
 
 def plan(forced: str | None = None, variant: str | None = None) -> Plan:
@@ -216,20 +233,27 @@ def plan(forced: str | None = None, variant: str | None = None) -> Plan:
         feats = features.probe(btf)
         chosen, why = features.choose_variant(feats, variant)
         for probe in CALL_PROBES:
-            st = ProbeState(probe)
-            checks = {"fentry": lambda probe=probe: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
-                      "kprobe": lambda: kp, "tracepoint": lambda: tp}
-            for mech in MECHANISMS:
-                if forced and mech != forced:
-                    st.reasons[mech] = "not requested"
-                    continue
-                ok, reason = checks[mech]()
-                st.reasons[mech] = reason
-                if ok:
-                    st.mechanism = mech
-                    break
-            states[probe] = st
+            states[probe] = _choose(ProbeState(probe), forced, {
+                "fentry": lambda probe=probe: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
+                "kprobe": lambda: kp, "tracepoint": lambda: tp})
+        dns = _choose(ProbeState("dns"), forced, {"fentry": lambda: dns_fentry_support(btf),
+                                                   "kprobe": lambda: kp, "tracepoint": lambda: tp})
     finally:
         if btf:
             lb.btf__free(btf)
-    return Plan(feats, chosen, why, states)
+    return Plan(feats, chosen, why, states, dns)
+
+
+def _choose(st: ProbeState, forced: str | None, checks: dict) -> ProbeState:
+    """The first of MECHANISMS (or the forced one) that checks[mechanism]()
+    accepts; st.reasons says why each was (not) taken."""
+    for mech in MECHANISMS:
+        if forced and mech != forced:
+            st.reasons[mech] = "not requested"
+            continue
+        ok, reason = checks[mech]()
+        st.reasons[mech] = reason
+        if ok:
+            st.mechanism = mech
+            break
+    return st

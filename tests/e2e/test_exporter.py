@@ -27,10 +27,10 @@ def expected_programs() -> int:
     calls = sum(len(loader.programs_for(p, st.mechanism, kp.variant)) for p, st in kp.states.items()
                 if st.mechanism != "none")
     # the TLS programs are loaded wherever the kernel has uprobes, attached only with capture.tls;
-    # the DNS programs wherever it has syscall tracepoints, attached only with capture.dns
+    # the DNS programs of the mechanism the plan chose for them, attached only with capture.dns
     return len(loader.LIFECYCLE) + len(loader.separate_programs(kp.features)) + 1 + calls \
         + (len(tls.programs(kp.variant)) if tls.supported()[0] else 0) \
-        + (len(dns.programs(kp.variant)) if dns.supported()[0] else 0)
+        + (len(dns.programs(kp.variant, kp.dns.mechanism)) if kp.dns.mechanism != "none" else 0)
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
 

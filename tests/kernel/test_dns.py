@@ -1,7 +1,9 @@
-"""Kernel tests: the DNS captured workloads exchange over UDP (capture.dns,
-bpf/dns.bpf.h on syscall tracepoints), decoded and matched in user space
-(exporter/capture/dns.py). A stub resolver of the test's own, on port 53 of
-the loopback of a network namespace of the test's own, answers by name."""
+"""Kernel tests: the DNS captured workloads exchange over UDP and TCP
+(capture.dns: bpf/dns_func.bpf.h's kernel-function programs, or
+bpf/dns.bpf.h's syscall tracepoints, by the mode's mechanism), decoded and
+matched in user space (exporter/capture/dns.py). A stub resolver of the
+test's own, on port 53 of the loopback of a network namespace of the test's
+own (IPv4 and IPv6 alike), answers by name."""
 import base64
 import contextlib
 import ctypes
@@ -88,12 +90,14 @@ def tcp_stub(ns, asked):
 
 
 def stub(ns):
-    """A resolver on 127.0.0.1:53 in ns, in a thread; returns (stop, the names it was asked)."""
+    """A resolver on port 53 of ns's loopback, IPv4 and IPv6 (one dual-stack
+    socket), in a thread; returns (stop, the names it was asked)."""
     asked = []
 
     def make():
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind(("127.0.0.1", 53))
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.bind(("::", 53))
         return s
 
     def one(s):
@@ -108,12 +112,12 @@ def query(name, rdtype="A"):
     return dns.message.make_query(name, rdtype).to_wire()
 
 
-def ask_sendto(name, rdtype="A"):
+def ask_sendto(name, rdtype="A", server="127.0.0.1"):
     """sendto/recvfrom on an unconnected socket (dnspython's, musl's way)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(socket.AF_INET6 if ":" in server else socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(2)
     try:
-        s.sendto(query(name, rdtype), ("127.0.0.1", 53))
+        s.sendto(query(name, rdtype), (server, 53))
         return s.recvfrom(512)[0]
     except socket.timeout:
         return None
@@ -187,11 +191,14 @@ def ask_elsewhere(ns, name):
     assert p.returncode == 0
 
 
-def _dns_probe(run):
+def _dns_probe(run, mode):
     st = run.app.probes.dns.state
     if not run.app.probes.dns.loaded:
         pytest.skip(f"dns not loaded: {st.error}")
     assert st.attached, st.error
+    # the mode's mechanism, as the TCP probes': the kernel accepts it for them
+    # (conftest.kernel_modes), and the DNS functions are as traceable
+    assert st.mechanism == mode[0], st
 
 
 def _delta(before, after):
@@ -208,11 +215,12 @@ def test_queries_and_answers_are_recorded_and_matched(nettap_run, mode, ns):
     stop, asked = stub(ns)
     try:
         run = nettap_run({"captures": [{"pid": os.getpid()}], "capture": {"dns": True}})
-        _dns_probe(run)
+        _dns_probe(run, mode)
         before = run.app.dns.snapshot()
 
         def client():
             assert ask_sendto("a.example.") is not None
+            assert ask_sendto("aaaa.example.", "AAAA", server="::1") is not None
             assert ask_sendto("nx.example.") is not None
             assert ask_sendto("slow.example.") is None
             assert ask_connected("aaaa.example.")
@@ -230,22 +238,24 @@ def test_queries_and_answers_are_recorded_and_matched(nettap_run, mode, ns):
     sent = [l for l in recs if l["direction"] == "egress"]
     got = [l for l in recs if l["direction"] == "ingress"]
     names = sorted(dns.message.from_wire(base64.b64decode(l["data"])).question[0].name.to_text() for l in sent)
-    assert names == sorted(["a.example.", "nx.example.", "slow.example.", "aaaa.example.", "fail.example.",
-                            "bad.example.", "a.example.", "a.example."]), names
-    assert len(got) == 7, got                           # every query but slow's was answered
-    assert all(l["dport"] == 53 and l["daddr"] == "127.0.0.1" and l["len"] == l["size"] for l in recs), recs
-    assert len({l["sock_ino"] for l in sent}) == 7      # a socket a query, but sendmmsg's two
+    assert names == sorted(["a.example.", "aaaa.example.", "nx.example.", "slow.example.", "aaaa.example.",
+                            "fail.example.", "bad.example.", "a.example.", "a.example."]), names
+    assert len(got) == 8, got                           # every query but slow's was answered
+    assert all(l["dport"] == 53 and l["len"] == l["size"] for l in recs), recs
+    assert sorted(l["daddr"] for l in recs).count("::1") == 2, recs       # the IPv6 query and its answer
+    assert {l["daddr"] for l in recs} == {"127.0.0.1", "::1"}, recs
+    assert len({l["sock_ino"] for l in sent}) == 8      # a socket a query, but sendmmsg's two
     # the tracker: matched by socket and id; once 5 s passed, slow's query and
     # bad's (its answer did not parse: to its resolver, no answer) time out
     run.app.dns.expire(time.monotonic_ns() + 10 ** 10)
     queries, answered, seconds, malformed, unmatched = _delta(before, run.app.dns.snapshot())
-    assert queries == {"NOERROR": 4, "NXDOMAIN": 1, "SERVFAIL": 1, "timeout": 2}, queries
-    assert (answered, malformed, unmatched) == (6, 1, 0)
+    assert queries == {"NOERROR": 5, "NXDOMAIN": 1, "SERVFAIL": 1, "timeout": 2}, queries
+    assert (answered, malformed, unmatched) == (7, 1, 0)
     assert 0 < seconds < 60
-    # probe dns: a call a message published (8 sent, 7 received), a return a kept receive (slow's
+    # probe dns: a call a message published (9 sent, 8 received), a return a kept receive (slow's
     # never called recvfrom: Python polls until its timeout)
     assert {k: run.counters()["dns"][k] for k in ("calls", "returns", "chunks")} == \
-        {"calls": 15, "returns": 7, "chunks": 15}
+        {"calls": 17, "returns": 8, "chunks": 17}
     text = generate_latest(run.app.registry(with_process=False)).decode()
     assert 'nettap_dns_queries_total{rcode="NXDOMAIN"}' in text and "nettap_dns_latency_seconds_bucket" in text
     # nettap read --dns: the process's queries, each with its answer
@@ -264,7 +274,7 @@ def test_a_port_target_on_53_captures_every_process(nettap_run, mode, ns):
     stop, _ = stub(ns)
     try:
         run = nettap_run({"captures": [{"port": 53}], "capture": {"dns": True}})
-        _dns_probe(run)
+        _dns_probe(run, mode)
         ask_elsewhere(ns, "a.example.")
         run.apply({"captures": [{"port": 53}]})
         assert not run.app.probes.dns.state.attached
@@ -303,7 +313,7 @@ def test_dns_over_tcp_is_reassembled_from_the_calls(nettap_run, mode, ns):
     stop = tcp_stub(ns, asked)
     try:
         run = nettap_run({"captures": [{"pid": os.getpid()}], "capture": {"dns": True}})
-        _dns_probe(run)
+        _dns_probe(run, mode)
         before = run.app.dns.snapshot()
 
         def client():

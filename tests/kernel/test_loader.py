@@ -5,7 +5,7 @@ the kernel is asked."""
 import pytest
 
 from conftest import kernel_modes
-from exporter.kernel import features, libbpf, loader, mechanisms, tls
+from exporter.kernel import dns, features, libbpf, loader, mechanisms, tls
 
 
 
@@ -30,10 +30,11 @@ def _variants():
 @pytest.mark.parametrize("mechanism", ["kprobe", "tracepoint"])
 def test_every_variant_the_kernel_runs_passes_the_verifier(mechanism):
     # Loading kprobe and tracepoint programs needs no kprobe support (only
-    # attaching does), so the verifier sees them on every kernel.
+    # attaching does), so the verifier sees them on every kernel: the TCP
+    # probes' and the DNS probe's
     for variant in _variants():
         progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, mechanism, variant)]
-        _load_only(progs, variant)
+        _load_only(progs + dns.programs(variant, mechanism), variant)
 
 
 def test_every_tls_program_passes_the_verifier():
@@ -93,8 +94,10 @@ def test_a_refused_lifecycle_program_is_a_failure_to_start(monkeypatch):
 
 def test_fentry_programs_load_exactly_where_the_loader_says_fentry_works():
     accepted = "fentry" in {m for m, _ in kernel_modes()}
+    assert (mechanisms.plan("fentry").dns.mechanism == "fentry") == accepted      # the DNS probe's own check agrees
     for variant in _variants():
         progs = [n for probe in loader.PROBES for n in loader.programs_for(probe, "fentry", variant)]
+        progs += dns.programs(variant, "fentry")
         if accepted:
             _load_only(progs, variant)
         elif mechanisms.preempt_rt():         # declined on PREEMPT_RT, whether it would load or not
