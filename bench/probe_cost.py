@@ -14,9 +14,11 @@ resets, errors, segments received, timers fired) per variant, beside empty progr
 for connections (each: connect, one byte, close; and a refused connect) on a
 port nettap does not capture and on one it does.
 
-and of the DNS programs (capture.dns: syscall tracepoints on sendto, write,
-sendmsg, sendmmsg, recvfrom, read, recvmsg and the receives' exits) per
-variant, each beside an empty program on the same tracepoints, for UDP
+and of the DNS programs (capture.dns) per variant, by the mechanism the
+kernel gives them (fentry/fexit or kprobe/kretprobe on inet_sendmsg,
+inet6_sendmsg, inet_recvmsg, inet6_recvmsg; else syscall tracepoints on
+sendto, write, sendmsg, sendmmsg, recvfrom, read, recvmsg and the receives'
+exits), each beside an empty program on the same attach point, for UDP
 datagrams on the loopback that are not DNS (sendto/recvfrom, and write/read
 on a connected pair) while no target matches them, and for DNS queries to a
 local responder on port 53 from a captured process.
@@ -487,23 +489,30 @@ while True:
 DNS_FILTERED = ("filtered out, pid target", "filtered out, port target")
 
 
-def _empty_tracepoints(empty_obj: str, progs: dict):
-    """An empty tracepoint program beside each of progs (label -> (role,
-    tracepoints)): a load of its own of the empty object each, so each
-    counts only the calls of the tracepoints of the program beside it.
-    Returns (objects, links, fds)."""
+def _empty_beside(empty_obj: str, mechanism: str, progs: dict):
+    """An empty program beside each of progs (label -> (role, where): the
+    tracepoints, or the kernel function, of the nettap program it is
+    measured beside): a load of its own of the empty object each, so each
+    counts only the calls of its own attach points. Returns (objects, links, fds)."""
     objs, links, fds = [], [], {}
     try:
-        for label, (role, tps) in progs.items():
+        for label, (role, where) in progs.items():
             obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
             objs.append(obj)
-            name = f"empty_tp_{role}"
+            name = f"{EMPTY_PREFIX[mechanism]}_{role}"
             for pname, prog in loader.object_programs(obj):
                 libbpf.call("bpf_program__set_autoload", prog, pname == name)
-            libbpf.call("bpf_object__load", obj)
             p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, name.encode())
-            for cat, tp in tps:
-                links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", p, cat.encode(), tp.encode()))
+            if mechanism == "fentry":         # empty.bpf.c's section names tcp_sendmsg
+                libbpf.call("bpf_program__set_attach_target", p, 0, where.encode())
+            libbpf.call("bpf_object__load", obj)
+            if mechanism == "tracepoint":
+                for cat, tp in where:
+                    links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", p, cat.encode(), tp.encode()))
+            elif mechanism == "kprobe":
+                links.append(libbpf.call_ptr("bpf_program__attach_kprobe", p, role == "exit", where.encode()))
+            else:
+                links.append(libbpf.call_ptr("bpf_program__attach", p))
             fds[label] = libbpf.call("bpf_program__fd", p)
     except BaseException:
         _release_empty(objs, links)
@@ -532,9 +541,10 @@ def _dns_ring(queries: int) -> int:
     return max(128 << 10, 1 << (need - 1).bit_length())
 
 
-def measure_dns(variant: str, empty_obj: str, n: int, queries: int) -> dict:
-    """case -> {program: (nettap ns, empty ns, runs)} of the DNS programs of
-    one variant, each beside an empty program on its tracepoints, and per
+def measure_dns(mech: str, variant: str, empty_obj: str, n: int, queries: int) -> tuple:
+    """(mech, case -> {program: (nettap ns, empty ns, runs)}) of the DNS
+    programs of one mechanism and variant, each beside an empty program on
+    its attach point, and per
     case ("queries", count, nettap ns, empty ns, ring drops) totals; the
     workload (DNS_WORKLOAD) in a network namespace of its own:
 
@@ -572,15 +582,17 @@ def measure_dns(variant: str, empty_obj: str, n: int, queries: int) -> dict:
                 raise RuntimeError(f"DNS workload failed at {command!r} (exit {work.poll()})")
 
         ring = _dns_ring(queries)
-        app = Nettap(_dns_config({"pid": other.pid}, ring), variant=variant)
+        app = Nettap(_dns_config({"pid": other.pid}, ring), mechanism=mech, variant=variant)
         st = app.probes.dns.state
-        if not st.attached:
-            raise RuntimeError(f"DNS programs not attached: {st.error}")
-        progs = {short: full for short in dns.TRACEPOINTS
-                 for full in dns.programs(variant) if full.removesuffix("_compat") == short}
-        objs, links, efds = _empty_tracepoints(
-            empty_obj, {f"empty {short}": ("exit" if "_exit" in short else "enter", dns.TRACEPOINTS[short])
-                        for short in progs})
+        if (st.mechanism, st.attached) != (mech, True):
+            raise RuntimeError(f"DNS programs not attached by {mech}: {st.error}")
+        progs = {full.removesuffix("_compat"): full for full in dns.programs(variant, mech)}
+        if mech == "tracepoint":
+            where = {short: ("exit" if "_exit" in short else "enter", dns.TRACEPOINTS[short]) for short in progs}
+        else:       # dns_<function>_<fentry|fexit|kprobe|kretprobe>
+            where = {short: ("exit" if short.endswith(("_fexit", "_kretprobe")) else "enter",
+                             short.removeprefix("dns_").rsplit("_", 1)[0]) for short in progs}
+        objs, links, efds = _empty_beside(empty_obj, mech, {f"empty {s}": w for s, w in where.items()})
         fds = {**efds, **{f"nettap {short}": app.probes.prog_fds[full] for short, full in progs.items()}}
         rows = {}
         for case, target, command, nq in (
@@ -598,7 +610,7 @@ def measure_dns(variant: str, empty_obj: str, n: int, queries: int) -> dict:
                 tot = {side: sum(d[f"{side} {short}"][1] for short in progs) for side in ("nettap", "empty")}
                 r["queries"] = (nq, tot["nettap"] / nq, tot["empty"] / nq, app.drops()["dns"] - drops)
             rows[case] = r
-        return rows
+        return mech, rows
     finally:
         _release_empty(objs, links)
         if app:
@@ -613,13 +625,14 @@ def measure_dns(variant: str, empty_obj: str, n: int, queries: int) -> dict:
 
 
 def print_dns(n: int, queries: int, results: list) -> None:
-    print(f"\nDNS programs (capture.dns; syscall tracepoints; ns per run, beside an empty program on the "
-          f"same tracepoints; per not-DNS case {n:,} UDP sendto+recvfrom and {n:,} write+read of 64 B on the "
-          f"loopback, to a port other than 53; DNS case: {queries:,} queries by sendto+recvfrom and "
-          f"{queries:,} by write+read to a responder on port 53)")
+    print(f"\nDNS programs (capture.dns; ns per run, beside an empty program on the same attach point, "
+          f"by the mechanism the kernel gives them; per not-DNS case {n:,} UDP sendto+recvfrom and {n:,} "
+          f"write+read of 64 B on the loopback, to a port other than 53; DNS case: {queries:,} queries by "
+          f"sendto+recvfrom and {queries:,} by write+read to a responder on port 53)")
     verdicts = []
-    for variant, rows in results:
-        print(f"\n{variant + ' variant':27s} {'program':>14s} {'runs':>9s} {'empty':>7s} {'nettap':>7s}"
+    for variant, (mech, rows) in results:
+        w = max(14, *(len(short) for progs in rows.values() for short in progs))
+        print(f"\n{variant + ' variant, ' + mech:27s} {'program':>{w}s} {'runs':>9s} {'empty':>7s} {'nettap':>7s}"
               f" {'diff':>6s} {'ratio':>6s}")
         for case, progs in rows.items():
             for short, row in progs.items():
@@ -633,13 +646,13 @@ def print_dns(n: int, queries: int, results: list) -> None:
                     ok = nt - em <= 20
                     mark = "  ok" if ok else "  OVER"
                     verdicts.append(ok)
-                print(f"{case:27s} {short:>14s} {runs:9d} {em:7.0f} {nt:7.0f} {nt - em:+6.0f}"
+                print(f"{case:27s} {short:>{w}s} {runs:9d} {em:7.0f} {nt:7.0f} {nt - em:+6.0f}"
                       f" {nt / em:6.2f}{mark}")
             if "queries" in progs:
                 nq, nt, em, drops = progs["queries"]
-                print(f"{case:27s} {'per query':>14s} {nq:9d} {em:7.0f} {nt:7.0f} {nt - em:+6.0f}"
+                print(f"{case:27s} {'per query':>{w}s} {nq:9d} {em:7.0f} {nt:7.0f} {nt - em:+6.0f}"
                       f" {nt / em:6.2f}  (all DNS programs' time / queries; dns ring drops: {drops})")
-    print("\n(runs: every call of the node on those tracepoints while the case ran, the workload's and others'; "
+    print("\n(runs: every call of the node on those attach points while the case ran, the workload's and others'; "
           "per query: the run time of all DNS programs during the case, the responder's calls and the node's "
           "included, over the queries sent; goal: filtered out <= empty + 20 ns per run"
           + (f": {'met' if all(verdicts) else 'NOT met'} by every program that ran)" if verdicts else ")"))
@@ -718,11 +731,16 @@ def main() -> None:
                 tls_results.append((variant, measure_tls(variant, empty_obj, a.tls_calls)))
             except (features.Unsupported, OSError, RuntimeError) as e:
                 skipped.append(f"tls, {variant}: {e}")
-        for variant in (a.variants.split(",") if "dns" in sections else ()):
-            try:
-                dns_results.append((variant, measure_dns(variant, empty_obj, a.dns_calls, a.dns_queries)))
-            except (features.Unsupported, OSError, RuntimeError, subprocess.CalledProcessError) as e:
-                skipped.append(f"dns, {variant}: {e}")
+        for mech in (mechanisms.MECHANISMS if "dns" in sections else ()):
+            st = mechanisms.plan(forced=mech).dns
+            if st.mechanism != mech:
+                skipped.append(f"dns, {mech}: not offered ({st.reasons[mech]})")
+                continue
+            for variant in a.variants.split(","):
+                try:
+                    dns_results.append((variant, measure_dns(mech, variant, empty_obj, a.dns_calls, a.dns_queries)))
+                except (features.Unsupported, OSError, RuntimeError, subprocess.CalledProcessError) as e:
+                    skipped.append(f"dns, {mech}, {variant}: {e}")
     finally:
         switch.close()
     print("\nnettap probe cost (ns per run, kernel BPF statistics; "

@@ -81,6 +81,8 @@ _SIGNATURES = {
     "bpf_program__fd": (c_int, [c_void_p]),
     "bpf_program__attach": (c_void_p, [c_void_p]),
     "bpf_program__attach_tracepoint": (c_void_p, [c_void_p, c_char_p, c_char_p]),
+    "bpf_program__attach_kprobe": (c_void_p, [c_void_p, c_bool, c_char_p]),
+    "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
     "bpf_link__destroy": (c_int, [c_void_p]),
     "bpf_map__name": (c_char_p, [c_void_p]),
     "bpf_map__fd": (c_int, [c_void_p]),
