@@ -3,7 +3,9 @@
 
 Reads what scripts/test.sh and scripts/kernel_matrix.py left in OUT: stages.tsv (a
 stage's name and the wall clock when it ended, from `mark` in test.sh), host.xml
-(the host's pytest; its time split by tier: tests/unit, tests/kernel, tests/e2e)
+(the host's pytest; its time split by tier: tests/unit, tests/kernel, tests/e2e;
+the unit tests, when they ran on their own two at a time, are the stage
+host-unit's wall clock)
 and guests.tsv (per guest: seconds to boot, seconds in all, and the wall clock
 when it booted: guests run two at a time, so their rows overlap and the
 matrix's own work is its time outside every guest). Prints a markdown table of
@@ -54,6 +56,8 @@ def rows(out):
             table.append(("set-up (Debian packages, virtualenv)", took))
         elif name == "checks":
             table.append(("BPF objects and rendered mixin fresh", took))
+        elif name == "host-unit":          # pytest-xdist's two workers: the wall clock, not the tests' sum
+            table.append(("host: unit tests, two at a time", took))
         elif name == "host":
             junit = os.path.join(out, "host.xml")
             split = tiers(junit) if os.path.exists(junit) else {}

@@ -7,13 +7,15 @@
 #   scripts/test.sh                  everything (CI)
 #   scripts/test.sh --kernel 6.1     set-up, checks, and that guest's kernel tests only
 #                                    (a developer's loop: 5.10, 6.1, 6.1-rt or 6.12)
-#   scripts/test.sh -m "not e2e"     extra arguments go to the host's pytest
+#   scripts/test.sh -m "not e2e"     extra arguments go to the host's pytest (one run,
+#                                    every tier; without them the unit tests run first,
+#                                    two at a time: pytest-xdist)
 # NETTAP_KERNEL_MATRIX=0 leaves the guests out (a quicker local run, never CI's).
 set -eu
 cd "$(dirname "$0")/.."
 out=${NETTAP_MATRIX_OUT:-/tmp/nettap-kernel-matrix}
 mkdir -p "$out"
-rm -f "$out/host.xml" "$out/guests.tsv"
+rm -f "$out/host.xml" "$out/host-unit.xml" "$out/guests.tsv"
 stages="$out/stages.tsv"
 mark() { printf '%s\t%s\n' "$1" "$(date +%s.%N)" >> "$stages"; }
 : > "$stages"
@@ -37,7 +39,14 @@ if [ $host = 1 ]; then
   .venv/bin/python scripts/hold_tracepoints.py 2> "$out/host.hold" & hold=$!
   trap 'kill $hold 2>/dev/null || true' EXIT
   while kill -0 $hold 2>/dev/null && ! grep -q holding "$out/host.hold"; do sleep 0.1; done
-  .venv/bin/python -m pytest --junitxml="$out/host.xml" "$@" || rc=$?
+  if [ $# = 0 ]; then
+    # no root, no kernel: the unit tests two at a time; then the kernel and e2e tests, one at a time
+    .venv/bin/python -m pytest -n 2 --junitxml="$out/host-unit.xml" tests/unit || rc=$?
+    mark host-unit
+    .venv/bin/python -m pytest --junitxml="$out/host.xml" tests/kernel tests/e2e || rc=$?
+  else
+    .venv/bin/python -m pytest --junitxml="$out/host.xml" "$@" || rc=$?
+  fi
   kill $hold 2>/dev/null || true
   mark host
 fi
