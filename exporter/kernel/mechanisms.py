@@ -31,15 +31,27 @@ MECHANISMS = ("fentry", "kprobe", "tracepoint")
 DNS_FUNCTIONS = ("inet_sendmsg", "inet6_sendmsg", "inet_recvmsg", "inet6_recvmsg")
 
 
+# func -> fentry_support's answer, asked once a process: a trampoline's attach and detach wait
+# for the kernel (text patching, an RCU-tasks grace period), and plan() runs at every start
+# and in the tests many times a process; what the kernel accepts does not change while it runs.
+_FENTRY: dict = {}
+
+
 def fentry_support(func: str, btf: int) -> tuple:
     """Load and attach, on ``func``, an fexit program that calls
     bpf_get_func_ret (Linux 5.17), as nettap's fexit programs do (btf: the
-    parsed vmlinux BTF).
+    parsed vmlinux BTF). Asked of the kernel once a process (_FENTRY).
 
     This is the only honest test: BTF may name the function while the
     kernel still refuses tracing programs (lockdown, LSM, or a kernel built
     without the trampoline), as it does with EPERM on nettap's CI kernel.
     """
+    if func not in _FENTRY:
+        _FENTRY[func] = _fentry_support(func, btf)
+    return _FENTRY[func]
+
+
+def _fentry_support(func: str, btf: int) -> tuple:
     lb = libbpf.lib()
     if preempt_rt():
         # Trampolines run BPF programs preemptible on PREEMPT_RT, and the
