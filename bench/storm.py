@@ -8,6 +8,7 @@ machine makes, each figure printed beside a baseline from the same run.
   idle RSS                          vs. a bare interpreter's RSS
 
 Run as root:  .venv/bin/python bench/storm.py [--seconds 5] [--senders 2]
+  the start and the idle RSS alone:  .venv/bin/python bench/storm.py --idle
 The exporter runs as its own process (the real CLI), its figures read from
 /proc and from its /metrics endpoint.
 """
@@ -101,9 +102,9 @@ def cpu(pid: int) -> tuple[float, float]:
     return int(f[11]) / TICK, int(f[12]) / TICK       # utime, stime
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -174,6 +175,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--senders", type=int, default=2)
+    ap.add_argument("--idle", action="store_true", help="only the start times and the idle RSS")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
@@ -187,11 +189,11 @@ def main() -> None:
     rows = []
 
     # 1. the storm alone
-    base_sends, base_t = storm(port, a.seconds, a.senders)
+    base_sends, base_t = storm(port, a.seconds, a.senders) if not a.idle else (0, 1)
     base_rate = base_sends / base_t
 
     # 2. the storm captured, sink none (the drain alone) and sink jsonl
-    for sink in ("none", "jsonl"):
+    for sink in ("none", "jsonl") if not a.idle else ():
         cfg = os.path.join(tmp, f"{sink}.yaml")
         out = (f"{{type: jsonl, path: {tmp}/capture.jsonl, max_bytes: 1073741824}}" if sink == "jsonl"
                else "{type: none}")
@@ -239,6 +241,7 @@ def main() -> None:
     p = start_nettap(cfg, mport)
     time.sleep(3)
     idle_rss, bare_rss = rss_mb(p.pid), rss_mb(bare.pid)
+    parts = {f: rss_mb(p.pid, f) for f in ("RssAnon", "RssFile", "RssShmem")}
     p.terminate()
     p.wait(30)
     bare.kill()
@@ -247,7 +250,8 @@ def main() -> None:
 
     print(f"\nnettap storm benchmark ({a.senders} sender processes x {a.seconds:.0f} s, 64-byte sends, "
           f"{os.cpu_count()} CPUs, kernel {os.uname().release})\n")
-    print(f"baseline: the storm without nettap           {base_rate:12,.0f} sends/s")
+    if not a.idle:
+        print(f"baseline: the storm without nettap           {base_rate:12,.0f} sends/s")
     for sink, srate, rrate, recs, chunks, drops, ucpu, uidle, where in rows:
         print(f"\nsink={sink}")
         print(f"  storm with nettap capturing it             {srate:12,.0f} sends/s  "
@@ -263,7 +267,8 @@ def main() -> None:
     print(f"\nstart to attached (median of 7)             {t_start:12.3f} s     "
           f"(bare interpreter start: {t_bare:.3f} s, +{t_start - t_bare:.3f} s)")
     print(f"start to /readyz 200 (median of 5)          {t_ready:12.3f} s     (probes attached, drain and endpoint up)")
-    print(f"idle RSS                                   {idle_rss:12.1f} MB    (bare interpreter: {bare_rss:.1f} MB)")
+    print(f"idle RSS                                   {idle_rss:12.1f} MB    (bare interpreter: {bare_rss:.1f} MB; "
+          + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()) + ")")
 
 
 if __name__ == "__main__":

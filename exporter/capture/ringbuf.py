@@ -80,7 +80,8 @@ class RingMemory:
         if platform.machine() not in ("x86_64", "AMD64"):
             raise OSError(f"ring reader: memory ordering is only proven on x86-64, not {platform.machine()}")
         self.name = name
-        self.fd = map_fd
+        self.fd = map_fd                           # what RingPoller polls
+        self._map_fd = map_fd                      # what the data pages are mapped from
         self.size = size
         self.mask = size - 1
         self.record = RECORDS.get(name)            # its dtype, when the ring carries one kind
@@ -88,19 +89,35 @@ class RingMemory:
             raise ValueError(f"ring {name}: size {size} is not a power of two")
         page = mmap.PAGESIZE
         self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        # The kernel maps the data pages twice in a row so that a record
-        # crossing the end reads contiguously; nettap maps them once (the
-        # second mapping would double the ring's share of nettap's RSS) and
-        # the scan copies the rare record that crosses the end.
-        self._prod_map = mmap.mmap(map_fd, page + size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        self._prod_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
         self._cons = np.frombuffer(self._cons_map, dtype=np.uint64, count=1)
         self._prod = np.frombuffer(self._prod_map, dtype=np.uint64, count=1)
-        self._data = memoryview(self._prod_map)[page:page + size]
+        # The data pages are mapped at the first record (_map_data): the
+        # kernel fills in every page of a ring's mapping at mmap time
+        # (remap_vmalloc_range), so a mapped ring counts whole in nettap's
+        # RSS, used or not (8 MiB for the chunk ring), and a ring nothing
+        # is published to (a capture not asked for) is never mapped.
+        self._data_map: Optional[mmap.mmap] = None
+        self._data: Optional[memoryview] = None
         self.kinds = MASKS[name]
         self.drained = 0
         self.kind_drained = np.zeros(records.KINDS_MAX, dtype=np.uint64)   # by kind number
         self.bad = 0
         self.copy = copy     # False: records are counted and released, not copied out
+
+    def _map_data(self) -> None:
+        # The kernel maps the data pages twice in a row so that a record
+        # crossing the end reads contiguously; nettap maps them once (the
+        # second mapping would double the ring's share of nettap's RSS) and
+        # the scan copies the rare record that crosses the end.
+        page = mmap.PAGESIZE
+        self._data_map = mmap.mmap(self._map_fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ, offset=2 * page)
+        self._data = memoryview(self._data_map)
+
+    @property
+    def mapped(self) -> bool:
+        """Are the data pages mapped (has a record arrived)?"""
+        return self._data is not None
 
     def positions(self) -> Tuple[int, int]:
         return int(self._cons[0]), int(self._prod[0])
@@ -121,6 +138,8 @@ class RingMemory:
         cons, prod = self.positions()
         if prod == cons:
             return None
+        if self._data is None:
+            self._map_data()
         mode = _LINES if lines else _COUNT if discard or not self.copy or self.record is None else _COPY
         data, consumed, kept, bad, stop = records.compiled.scan(
             self.kinds, self._data, cons & self.mask, prod - cons, max_records, mode, self.kind_drained)
@@ -136,7 +155,10 @@ class RingMemory:
     def close(self) -> None:
         # Drop numpy views before unmapping.
         self._cons = self._prod = None
-        self._data.release()
+        if self._data is not None:
+            self._data.release()
+            self._data_map.close()
+            self._data = self._data_map = None
         self._cons_map.close()
         self._prod_map.close()
 

@@ -406,3 +406,12 @@ def test_stop_does_not_wait_for_a_reader_that_stopped_reading(mem, monkeypatch, 
     assert sink.lost == lost and sink.errors == 0   # ... and counts nothing twice
     os.close(w)
 
+
+
+def test_the_data_pages_are_mapped_at_the_first_record(mem):
+    # A mapped ring counts whole in the RSS (the kernel fills every page in
+    # at mmap): a ring nothing was published to is never mapped.
+    assert mem.ring.read(100, lines=True) is None and not mem.ring.mapped
+    mem.publish(n=2)
+    b = mem.ring.read(100, lines=True)
+    assert mem.ring.mapped and b.count == 2 and mem.pending() == 0
