@@ -30,6 +30,28 @@ def test_the_guests_select_every_test_under_tests_kernel():
     assert _collect(*selection) == everything
 
 
+def test_a_kernels_shards_select_each_of_its_tests_once():
+    km = _script("kernel_matrix")
+    everything = _collect(*km.GUEST_SELECTION)
+    for name, shards in km.SHARDS.items():
+        picked = [_collect(*km.GUEST_SELECTION, *km.with_k([], k)) for _g, k in shards]
+        assert all(picked) and sum(len(p) for p in picked) == len(everything), name
+        assert set().union(*picked) == everything, name
+
+
+def test_guests_are_split_into_lanes_whose_longest_is_shortest():
+    km = _script("kernel_matrix")
+    jobs = km.guest_jobs([(n, f"r{n}") for n, _, _ in km.KERNELS])
+    assert {g for g, _r, _k in jobs} == set(km.EXPECTED)
+    lanes = km.lanes(jobs, 2)
+    assert sorted(j for lane in lanes for j in lane) == sorted(jobs)
+    longest = max(sum(km.EXPECTED[g] for g, _r, _k in lane) for lane in lanes)
+    assert longest <= sum(km.EXPECTED.values()) / 2 + min(km.EXPECTED.values())
+    assert [j for lane in km.lanes(jobs, 1) for j in lane] == sorted(jobs, key=lambda j: -km.EXPECTED[j[0]])
+    # a -k of the caller's own is and-ed with the shard's, not replaced (pytest keeps only the last -k)
+    assert km.with_k(["-k", "test_dns", "-x"], "tracepoint-") == ["-k", "(test_dns) and (tracepoint-)", "-x"]
+
+
 def test_stage_table_splits_the_host_run_by_tier_and_each_guest_into_boot_and_tests(tmp_path):
     (tmp_path / "stages.tsv").write_text(
         "start\t1000.0\nset-up\t1010.0\nchecks\t1012.5\nhost\t1100.0\nmatrix\t1500.0\n")
