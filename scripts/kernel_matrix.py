@@ -412,6 +412,9 @@ def verdict(name, release, out):
         counts = count(f"{out}/{name}.xml")
     except ET.ParseError as e:
         return {}, f"unreadable junit xml ({e})"
+    shard = any(g == name for shards in SHARDS.values() for g, _k in shards)
+    if shard and rc == "5" and not counts:     # a caller's -k left this shard nothing: not a failure
+        return counts, ""
     if rc != "0":
         return counts, f"pytest rc {rc} (see {out}/{name}.log)"
     return counts, "" if counts else "no kernel tests ran"
