@@ -25,25 +25,26 @@
 #define DNS_NR_INET  -1
 #define DNS_NR_INET6 -2
 
-/* The sock of a struct socket, when it is UDP or TCP and a target asks for
- * its DNS (the task, or the socket's netns), else NULL; *tcp: whether TCP. */
+/* The sock of a struct socket when it is UDP or TCP, else NULL; *tcp:
+ * whether TCP. */
 static __always_inline struct sock *dns_socket_sock(struct socket *sock, bool *tcp, const bool fast)
 {
-	struct nettap_capture_config *cfg = active_config();
-	struct sock *sk;
+	struct sock *sk = fast ? KCAST(struct socket, sock)->sk : BPF_CORE_READ(sock, sk);
 
-	if (!cfg)
-		return NULL;
-	sk = fast ? KCAST(struct socket, sock)->sk : BPF_CORE_READ(sock, sk);
 	if (!sk)
 		return NULL;
 	*tcp = sock_is_tcp(sk, fast);
-	if (!*tcp && !sock_is_udp(sk, fast))
-		return NULL;
-	if (!dns_task_taken(cfg) &&
-	    !((cfg->flags & NETTAP_TARGET_NETNS) && netns_matches(sk, fast, NETTAP_MATCH_CAPTURE)))
-		return NULL;
-	return sk;
+	return *tcp || sock_is_udp(sk, fast) ? sk : NULL;
+}
+
+/* Does a target ask for this socket's DNS: the task's, or the socket's
+ * netns? Asked after the port: the socket is an argument here, so the
+ * port is the cheaper test, and most calls are not DNS. */
+static __always_inline bool dns_sock_taken(struct nettap_capture_config *cfg, struct sock *sk,
+					   const bool fast)
+{
+	return dns_task_taken(cfg) || ((cfg->flags & NETTAP_TARGET_NETNS) &&
+				       netns_matches(sk, fast, NETTAP_MATCH_CAPTURE));
 }
 
 /* The socket's inode number, as the tracepoints' file_ino() finds it. */
@@ -103,17 +104,21 @@ static __always_inline __u64 msg_buffer(const struct msg_bufs *b, __u32 i, __u64
  * query's length and message as two). */
 static __always_inline int dns_sock_send(struct socket *sock, struct msghdr *msg, const bool fast)
 {
-	bool tcp = false;
-	struct sock *sk = dns_socket_sock(sock, &tcp, fast);
+	struct nettap_capture_config *cfg = active_config();
 	struct msg_bufs bufs = {};
 	__u64 name = 0, ino;
+	bool tcp = false;
+	struct sock *sk;
 	__u8 one = 1;
 
+	if (!cfg)
+		return 0;
+	sk = dns_socket_sock(sock, &tcp, fast);
 	if (!sk)
 		return 0;
 	if (!tcp)
 		name = (__u64)BPF_CORE_READ(msg, msg_name);
-	if (send_port(sk, name, true, fast) != DNS_PORT)
+	if (send_port(sk, name, true, fast) != DNS_PORT || !dns_sock_taken(cfg, sk, fast))
 		return 0;
 	ino = socket_ino(sock, fast);
 	if (!tcp)
@@ -136,12 +141,18 @@ static __always_inline int dns_sock_send(struct socket *sock, struct msghdr *msg
 static __always_inline int dns_sock_recv(long nr, struct socket *sock, struct msghdr *msg,
 					 const bool fast)
 {
-	bool tcp = false;
-	struct sock *sk = dns_socket_sock(sock, &tcp, fast);
+	struct nettap_capture_config *cfg = active_config();
 	struct msg_bufs bufs = {};
 	__u64 ino, buf, len = 0;
+	bool tcp = false;
+	struct sock *sk;
 
-	if (!sk)
+	if (!cfg)
+		return 0;
+	sk = dns_socket_sock(sock, &tcp, fast);
+	/* a TCP socket's port first (cheap); a UDP socket's mark needs its inode */
+	if (!sk || (tcp && send_port(sk, 0, false, fast) != DNS_PORT) ||
+	    !dns_sock_taken(cfg, sk, fast))
 		return 0;
 	ino = socket_ino(sock, fast);
 	if (!dns_recv_sock(sk, ino, fast))
