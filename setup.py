@@ -1,7 +1,9 @@
-"""The compiled ring scan and JSON-lines writer (exporter/capture/_jsonl.c),
-built by `pip install` (scripts/setup.sh). Required: it is nettap's only ring
-reader and writer (the pure-Python ones are test oracles, tests/oracles.py),
-so an install without a C compiler and Python's headers fails here.
+"""The compiled ring scan and JSON-lines writer (exporter/capture/_jsonl.c)
+and the per-CPU map sums (exporter/kernel/_percpu.c), built by `pip install`
+(scripts/setup.sh). Required: the first is nettap's only ring reader and
+writer (the pure-Python ones are test oracles, tests/oracles.py), the second
+keeps numpy off the scrape path, so an install without a C compiler and
+Python's headers fails here.
 
 A built (non-editable) package also gets the BPF objects (bpf/*.bpf.o, as
 exporter/bpf/) and exporter/_revision.py, the git revision it was built from
@@ -48,6 +50,7 @@ class BuildPy(build_py):
                 f.write(f'"""Written by setup.py at build time."""\nREVISION = {rev!r}\n')
 
 
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 setup(cmdclass={"build_py": BuildPy},
-      ext_modules=[Extension("exporter.capture._jsonl", ["exporter/capture/_jsonl.c"],
-                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"])])
+      ext_modules=[Extension("exporter.capture._jsonl", ["exporter/capture/_jsonl.c"], extra_compile_args=FLAGS),
+                   Extension("exporter.kernel._percpu", ["exporter/kernel/_percpu.c"], extra_compile_args=FLAGS)])

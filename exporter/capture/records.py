@@ -1,4 +1,4 @@
-"""Ring records: the numpy layouts of bpf/tcp.h and their JSON lines.
+"""Ring records: the layouts of bpf/tcp.h (numpy's, built at first use) and their JSON lines.
 
 Each dtype is built from exporter/kernel/tcp_h.py, which scripts/gen_layout.py
 generates from the BTF of ``bpf/tcp.bpf.o``: names, offsets and sizes are the C
@@ -20,8 +20,6 @@ from __future__ import annotations
 import errno
 import json
 import socket
-
-import numpy as np
 
 from exporter.kernel import tcp_h
 from exporter.kernel.tcp_h import CHUNK_DATA, PROBES, RINGS  # noqa: F401
@@ -45,11 +43,48 @@ RB_HDR = 8
 _SCALARS = {"__u64": "<u8", "__u32": "<u4", "__u16": "<u2", "__u8": "u1", "char": "S1"}
 
 
-def dtype_of(struct: str, structs: dict = tcp_h.STRUCTS) -> np.dtype:
+def u64_fields(struct: str) -> tuple:
+    """The field names of a struct of bpf/tcp.h made of __u64s only (a per-CPU
+    counter row, read without numpy: exporter.kernel.maps.PerCpuArray)."""
+    _size, fields = tcp_h.STRUCTS[struct]
+    if any(f[2] != "__u64" or f[3] != 1 for f in fields):
+        raise TypeError(f"struct {struct} is not made of __u64s only")
+    return tuple(f[0] for f in fields)
+
+
+PROBE_COUNTER_FIELDS = u64_fields("nettap_probe_counters")
+# Where in the header every record starts with is the kind.
+KIND_FIELD = next((off, nbytes) for name, off, _, _, nbytes, *_ in tcp_h.STRUCTS["nettap_hdr"][1] if name == "kind")
+# kind -> its number (NETTAP_KIND_*); ring -> the kinds it carries.
+NUMBERS = {kind: n for n, kind in tcp_h.NAMES["KIND"].items()}
+RING_KINDS = {ring: tuple(k for k, (r, _) in tcp_h.RECORDS.items() if r == ring) for ring in RINGS}
+# ring -> the scan's mask of the kinds it accepts there (bit n: kind number n).
+KINDS_MAX = 32      # _jsonl.c's: kind numbers 0-31, the mask's bits and the scan's counts
+MASKS = {ring: sum(1 << NUMBERS[k] for k in kinds) for ring, kinds in RING_KINDS.items()}
+# The rings that carry one kind (all of them today), by that kind: its name
+# (the JSON "type"), struct and number (the writer's and the scan's), and the
+# bytes one record takes in ring memory (ring header + record, 8-aligned).
+_ONE = {ring: kinds[0] for ring, kinds in RING_KINDS.items() if len(kinds) == 1}
+KIND_NAMES = dict(_ONE)
+C_NAMES = {ring: tcp_h.RECORDS[kind][1] for ring, kind in _ONE.items()}
+KINDS = {ring: NUMBERS[kind] for ring, kind in _ONE.items()}
+STRIDES = {ring: tcp_h.STRIDES[kind] for ring, kind in _ONE.items()}
+
+
+# ---- the numpy layouts: built at first use ----------------------------------
+# numpy costs ~15 MB of RSS and ~45 ms of start: an idle nettap (nothing
+# captured, only scraped) never imports it. These names are built on first
+# access (PEP 562): a copied batch (the logs, dns and dlopen rings), the
+# decoder of `nettap read`, the tests.
+_LAYOUTS = ("CAPTURE_CONFIG", "PROBE_COUNTERS", "HEADER", "DTYPES", "RECORDS", "CHUNK", "EOF_", "LOG", "SLOTS")
+
+
+def dtype_of(struct: str, structs: dict = tcp_h.STRUCTS):
     """The numpy layout of a struct of bpf/tcp.h (``structs``: tcp_h.STRUCTS,
     or an earlier revision's). Byte arrays read as text (a char array, an
     address) are S: numpy strips their trailing NULs; the rest (a payload)
     are V, raw bytes."""
+    import numpy as np
     size, fields = structs[struct]
     formats = []
     for _name, _off, ctype, count, nbytes, form, _ in fields:
@@ -63,43 +98,39 @@ def dtype_of(struct: str, structs: dict = tcp_h.STRUCTS) -> np.dtype:
                      "offsets": [f[1] for f in fields], "itemsize": size})
 
 
-CAPTURE_CONFIG = dtype_of("nettap_capture_config")
-PROBE_COUNTERS = dtype_of("nettap_probe_counters")
-# The header every record starts with, and where in it the kind is.
-HEADER = dtype_of("nettap_hdr")
-KIND_FIELD = next((off, nbytes) for name, off, _, _, nbytes, *_ in tcp_h.STRUCTS["nettap_hdr"][1] if name == "kind")
-# kind -> its number (NETTAP_KIND_*), its dtype; ring -> the kinds it carries.
-NUMBERS = {kind: n for n, kind in tcp_h.NAMES["KIND"].items()}
-DTYPES = {kind: dtype_of(struct) for kind, (_, struct) in tcp_h.RECORDS.items()}
-RING_KINDS = {ring: tuple(k for k, (r, _) in tcp_h.RECORDS.items() if r == ring) for ring in RINGS}
-# ring -> the scan's mask of the kinds it accepts there (bit n: kind number n).
-KINDS_MAX = 32      # _jsonl.c's: kind numbers 0-31, the mask's bits and the scan's counts
-MASKS = {ring: sum(1 << NUMBERS[k] for k in kinds) for ring, kinds in RING_KINDS.items()}
-# The rings that carry one kind (all of them today), by that kind: its dtype,
-# name (the JSON "type"), struct and number (the writer's and the scan's).
-_ONE = {ring: kinds[0] for ring, kinds in RING_KINDS.items() if len(kinds) == 1}
-RECORDS = {ring: DTYPES[kind] for ring, kind in _ONE.items()}
-KIND_NAMES = dict(_ONE)
-C_NAMES = {ring: tcp_h.RECORDS[kind][1] for ring, kind in _ONE.items()}
-KINDS = {ring: NUMBERS[kind] for ring, kind in _ONE.items()}
-CHUNK, EOF_, LOG = RECORDS["capture_chunks"], RECORDS["capture_eof"], RECORDS["logs"]
-
-
-def stride(record: np.dtype) -> int:
-    """Bytes one record takes in ring memory: header + record, 8-aligned."""
+def stride(record) -> int:
+    """Bytes one record (a numpy dtype) takes in ring memory: header + record, 8-aligned."""
     return (RB_HDR + record.itemsize + 7) & ~7
 
 
-def slot_dtype(record: np.dtype) -> np.dtype:
+def slot_dtype(record):
     """Ring header + record + padding, as laid out in ring memory."""
+    import numpy as np
     return np.dtype({"names": ["rb_len", "rb_pg_off", "rec"],
                      "formats": ["<u4", "<u4", record],
                      "offsets": [0, 4, RB_HDR], "itemsize": stride(record)})
 
 
-SLOTS = {ring: slot_dtype(rec) for ring, rec in RECORDS.items()}
-STRIDES = {ring: s.itemsize for ring, s in SLOTS.items()}
-assert all(STRIDES[r] == tcp_h.STRIDES[k] for r, k in _ONE.items()), "tcp_h.STRIDES disagrees with the dtypes"
+def _layouts() -> dict:
+    dtypes = {kind: dtype_of(struct) for kind, (_, struct) in tcp_h.RECORDS.items()}
+    recs = {ring: dtypes[kind] for ring, kind in _ONE.items()}
+    slots = {ring: slot_dtype(rec) for ring, rec in recs.items()}
+    assert all(slots[r].itemsize == STRIDES[r] for r in _ONE), "tcp_h.STRIDES disagrees with the dtypes"
+    return {"CAPTURE_CONFIG": dtype_of("nettap_capture_config"), "PROBE_COUNTERS": dtype_of("nettap_probe_counters"),
+            "HEADER": dtype_of("nettap_hdr"), "DTYPES": dtypes, "RECORDS": recs, "CHUNK": recs["capture_chunks"],
+            "EOF_": recs["capture_eof"], "LOG": recs["logs"], "SLOTS": slots}
+
+
+def _layout(name: str):
+    if name not in globals():
+        globals().update(_layouts())
+    return globals()[name]
+
+
+def __getattr__(name: str):
+    if name in _LAYOUTS:
+        return _layout(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- the compiled writer (exporter/capture/_jsonl.c) ---------------------------
@@ -194,11 +225,11 @@ def kind_of(name: str) -> str:
     raise KeyError(f"{name!r} is neither a record kind nor a ring of one kind")
 
 
-def jsonl(name: str, recs: np.ndarray) -> bytes:
+def jsonl(name: str, recs) -> bytes:
     """Every record's JSON line, each ended by a newline, as UTF-8 bytes (what
     a sink writes), in one call without the interpreter lock. name: the
     records' kind, or their ring's when it carries one kind."""
     kind = kind_of(name)
-    if recs.dtype != DTYPES[kind]:         # the writer checks the item size only
+    if recs.dtype != _layout("DTYPES")[kind]:       # the writer checks the item size only
         raise TypeError(f"{name}: records of dtype {recs.dtype}, not the {kind} kind's")
     return compiled.format(NUMBERS[kind], recs)

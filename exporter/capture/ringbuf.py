@@ -37,7 +37,7 @@ headers and data, followed by a plain store of ``consumer_pos`` after the
 copy, give the acquire/release pairing the protocol needs. On a weakly
 ordered architecture (arm64, ppc64, riscv) this reader would need a load
 acquire of ``producer_pos`` (``ldar``) and a store release of
-``consumer_pos`` (``stlr``), which plain numpy loads and stores do not give;
+``consumer_pos`` (``stlr``), which plain loads and stores do not give;
 nettap's loader therefore only runs this reader on x86-64.
 
 Thread-safety: a RingMemory is read by one thread at a time (the drain
@@ -45,20 +45,17 @@ thread). :meth:`RingPoller.close` may be called from any thread.
 """
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import platform
 import select
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
-
-import numpy as np
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from exporter.capture import records
-from exporter.capture.records import MASKS, RECORDS
+from exporter.capture.records import KIND_NAMES, MASKS
 
-# No records copied: of the ring's dtype (a ring of several kinds has none: the header's).
-_EMPTY = {ring: np.empty(0, dtype=RECORDS.get(ring, records.HEADER)) for ring in MASKS}
 _COUNT, _LINES, _COPY = 0, 1, 2                 # _jsonl.scan's modes
 _FULL = 2                                       # its stop: max_records reached
 
@@ -66,7 +63,7 @@ _FULL = 2                                       # its stop: max_records reached
 @dataclass
 class Batch:
     ring: str
-    records: np.ndarray        # structured array of the ring's record dtype (empty when not copied)
+    records: Any               # a numpy array of the ring's record dtype when copied, else None
     count: int = -1            # records read (== len(records) when copied)
     bad: int = 0               # records whose header did not match the layout
     full: bool = False         # max_records were read: more may be waiting
@@ -84,14 +81,14 @@ class RingMemory:
         self._map_fd = map_fd                      # what the data pages are mapped from
         self.size = size
         self.mask = size - 1
-        self.record = RECORDS.get(name)            # its dtype, when the ring carries one kind
+        self.one_kind = name in KIND_NAMES         # a copy needs one record dtype
         if size & (size - 1):
             raise ValueError(f"ring {name}: size {size} is not a power of two")
         page = mmap.PAGESIZE
         self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         self._prod_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        self._cons = np.frombuffer(self._cons_map, dtype=np.uint64, count=1)
-        self._prod = np.frombuffer(self._prod_map, dtype=np.uint64, count=1)
+        self._cons = memoryview(self._cons_map).cast("Q")[:1]
+        self._prod = memoryview(self._prod_map).cast("Q")[:1]
         # The data pages are mapped at the first record (_map_data): the
         # kernel fills in every page of a ring's mapping at mmap time
         # (remap_vmalloc_range), so a mapped ring counts whole in nettap's
@@ -101,7 +98,7 @@ class RingMemory:
         self._data: Optional[memoryview] = None
         self.kinds = MASKS[name]
         self.drained = 0
-        self.kind_drained = np.zeros(records.KINDS_MAX, dtype=np.uint64)   # by kind number
+        self.kind_drained = array.array("Q", bytes(8 * records.KINDS_MAX))   # by kind number
         self.bad = 0
         self.copy = copy     # False: records are counted and released, not copied out
 
@@ -120,7 +117,7 @@ class RingMemory:
         return self._data is not None
 
     def positions(self) -> Tuple[int, int]:
-        return int(self._cons[0]), int(self._prod[0])
+        return self._cons[0], self._prod[0]
 
     def pending_bytes(self) -> int:
         cons, prod = self.positions()
@@ -140,7 +137,7 @@ class RingMemory:
             return None
         if self._data is None:
             self._map_data()
-        mode = _LINES if lines else _COUNT if discard or not self.copy or self.record is None else _COPY
+        mode = _LINES if lines else _COUNT if discard or not self.copy or not self.one_kind else _COPY
         data, consumed, kept, bad, stop = records.compiled.scan(
             self.kinds, self._data, cons & self.mask, prod - cons, max_records, mode, self.kind_drained)
         if not consumed:                               # a BUSY record first
@@ -148,19 +145,27 @@ class RingMemory:
         self._cons[0] = cons + consumed                # release (x86-64: plain store)
         self.drained += kept
         self.bad += bad
-        recs = np.frombuffer(data, dtype=self.record) if mode == _COPY and kept else _EMPTY[self.name]
+        recs = _copied(self.name, data) if mode == _COPY else None
         return Batch(self.name, recs, count=kept, bad=bad, full=stop == _FULL,
                      data=data if mode == _LINES else b"")
 
     def close(self) -> None:
-        # Drop numpy views before unmapping.
-        self._cons = self._prod = None
+        # Release the views before unmapping.
+        self._cons.release()
+        self._prod.release()
         if self._data is not None:
             self._data.release()
             self._data_map.close()
             self._data = self._data_map = None
         self._cons_map.close()
         self._prod_map.close()
+
+
+def _copied(ring: str, data: bytes):
+    """A copied batch as a numpy array of its ring's record dtype (numpy is
+    imported here, at the first copy: never by an idle nettap)."""
+    import numpy as np
+    return np.frombuffer(data, dtype=records.RECORDS[ring])
 
 
 class RingPoller:

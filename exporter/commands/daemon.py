@@ -26,7 +26,7 @@ from exporter.kernel.loader import Probes
 from exporter.kernel.maps import PerCpuArray, lookup
 from exporter.capture.dns import LATENCY_BUCKETS, DnsTracker
 from exporter.capture.pipeline import Pipeline
-from exporter.capture.records import ERRNO_NAMES, PROBE_COUNTERS, PROBES, RINGS, TCP_STATES
+from exporter.capture.records import ERRNO_NAMES, PROBE_COUNTER_FIELDS, PROBES, RINGS, TCP_STATES
 from exporter.capture.ringbuf import RingMemory
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,9 @@ class Nettap:
         try:
             fds = self.probes.map_fds
             self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)
-            self._counters = PerCpuArray(fds["probe_counters"], PROBE_COUNTERS)
-            self._drops = PerCpuArray(fds["ringbuf_drops"], "<u8")
-            self._obs = PerCpuArray(fds["obs_counters"], ("<u8", (tcp_h.OBS_ROWS,)))
+            self._counters = PerCpuArray(fds["probe_counters"], len(PROBE_COUNTER_FIELDS), PROBE_COUNTER_FIELDS)
+            self._drops = PerCpuArray(fds["ringbuf_drops"], 1)
+            self._obs = PerCpuArray(fds["obs_counters"], tcp_h.OBS_ROWS)
             # Without a sink the capture rings are counted, not copied out.
             keep = config.output.type != "none"
             self.rings = {r: RingMemory(r, fds[r], self.probes.map_info[r][3],
@@ -93,10 +93,9 @@ class Nettap:
     def drops(self) -> Dict[str, int]:
         return {r: self._drops.sum(i)[""] for i, r in enumerate(RINGS)}
 
-    def obs_counts(self):
-        """The obs_counters rows (NETTAP_OBS_*), summed over CPUs: a uint64 array."""
-        per_cpu = self._obs.read(0)
-        return per_cpu.sum(axis=0, dtype=per_cpu.dtype)
+    def obs_counts(self) -> list:
+        """The obs_counters rows (NETTAP_OBS_*), summed over CPUs: OBS_ROWS ints."""
+        return self._obs.read(0)
 
     def known_map_entries(self) -> Dict[str, int]:
         cur = self.target_maps.current

@@ -237,7 +237,7 @@ def refused(e, what: str = "config") -> int:
 
 def _attach(cfg, mechanisms):
     """The probes loaded and attached, or the exit status that says why not.
-    What only the pipeline needs (numpy) is imported once they are in place."""
+    What only the pipeline needs is imported once they are in place."""
     from exporter import config
     from exporter.capture.targets import resolve
     from exporter.kernel.features import Unsupported

@@ -1,4 +1,4 @@
-"""Reading and writing BPF maps by fd, with bytes and numpy values."""
+"""Reading and writing BPF maps by fd: bytes in, bytes or summed per-CPU words out."""
 from __future__ import annotations
 
 import ctypes
@@ -45,21 +45,25 @@ def count(fd: int, key_size: int) -> int:
 
 
 class PerCpuArray:
-    """A BPF_MAP_TYPE_PERCPU_ARRAY read as numpy rows summed over CPUs.
+    """A BPF_MAP_TYPE_PERCPU_ARRAY whose value is ``words`` __u64s (a struct
+    of them, named by ``fields``, or an array), read as sums over CPUs.
 
     The kernel copies one value per possible CPU, each rounded up to 8 bytes
-    (kernel/bpf/arraymap.c, bpf_percpu_array_copy). Thread-safe: scrapes
-    read it from several threads at once."""
+    (kernel/bpf/arraymap.c, bpf_percpu_array_copy); the compiled sum
+    (exporter/kernel/_percpu.c) adds them up without numpy, which an idle
+    nettap does not import. Thread-safe: scrapes read it from several
+    threads at once."""
 
-    def __init__(self, fd: int, value, ncpus: int | None = None):
-        import numpy as np                   # not needed before the probes are attached
-        self.np = np
+    def __init__(self, fd: int, words: int, fields: tuple = (), ncpus: int | None = None):
+        from exporter.kernel import _percpu
+        if fields and len(fields) != words:
+            raise ValueError(f"{len(fields)} field names for {words} words")
+        self._sum = _percpu.sum
         self.fd = fd
-        self.value = np.dtype(value)
+        self.words = words
+        self.fields = tuple(fields)
         self.ncpus = ncpus or libbpf.possible_cpus()
-        stride = (self.value.itemsize + 7) & ~7
-        self._cpu_dtype = np.dtype({"names": ["v"], "formats": [self.value], "itemsize": stride})
-        self._buf = ctypes.create_string_buffer(stride * self.ncpus)
+        self._buf = ctypes.create_string_buffer(8 * words * self.ncpus)
         # One buffer, one reader at a time: the lookup releases the GIL, and
         # concurrent scrapes sharing the buffer unguarded read each other's
         # rows (77 of 2,400 answers wrong with 16 scrapers). Measured here (2
@@ -67,17 +71,16 @@ class PerCpuArray:
         # lock, +0.7-1.9 us with a buffer allocated per call (ctypes or numpy).
         self._lock = threading.Lock()
 
-    def read(self, index: int):
-        """Per-CPU values of one row, shape (ncpus,) (a copy: the caller's)."""
-        key = ctypes.c_uint32(index).value.to_bytes(4, "little")
+    def read(self, index: int) -> list:
+        """Row ``index`` summed over CPUs: ``words`` ints (each modulo 2**64)."""
+        key = index.to_bytes(4, "little")
         with self._lock:
             libbpf.call("bpf_map_lookup_elem", self.fd, key, self._buf)
-            raw = self._buf.raw
-        return self.np.frombuffer(raw, dtype=self._cpu_dtype)["v"]
+            return self._sum(self._buf, self.words)
 
     def sum(self, index: int) -> dict:
-        """One row summed over CPUs, as {field: int} (or {'': int} for a scalar)."""
-        rows = self.read(index)
-        if self.value.names:
-            return {f: int(rows[f].sum(dtype=self.np.uint64)) for f in self.value.names}
-        return {"": int(rows.sum(dtype=self.np.uint64))}
+        """Row ``index`` summed over CPUs, as {field: int} (or {'': int} for one unnamed word)."""
+        row = self.read(index)
+        if self.fields:
+            return dict(zip(self.fields, row))
+        return {"": row[0]}

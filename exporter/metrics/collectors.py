@@ -9,6 +9,7 @@ other collectors down.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import platform
 import time
@@ -66,10 +67,15 @@ class ProbeCollector(Collector):
         return [calls, returns, nbytes, chunks, drops]
 
 
+def _nonzero(rows, start: int, n: int) -> list:
+    """The indexes i < n of the non-zero rows[start + i]."""
+    return [i for i, v in enumerate(rows[start:start + n]) if v]
+
+
 class LifecycleCollector(Collector):
     """What captured sockets did, counted in the kernel (the obs_counters
     rows, bpf/tcp.h NETTAP_OBS_*) whether or not their records found room on
-    obs_events. ``read()`` returns the rows summed over CPUs.
+    obs_events. ``read()`` returns the rows summed over CPUs (a sequence of ints).
 
     Bounded label sets: a state change only for the pairs seen (the kernel's
     states, at most 12 x 12), an error only for the numbers seen (their names;
@@ -111,19 +117,19 @@ class LifecycleCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         states, resets, errors, retrans, behind, probes = _families(self.SPECS)
         rows = self.read()
-        for i in rows[tcp_h.OBS_STATES:tcp_h.OBS_STATES + 256].nonzero()[0]:
-            old, new = divmod(int(i), 16)
+        for i in _nonzero(rows, tcp_h.OBS_STATES, 256):
+            old, new = divmod(i, 16)
             states.add_metric([self._state(old), self._state(new)], int(rows[tcp_h.OBS_STATES + i]))
         for d, name in ((tcp_h.DIR_EGRESS, "sent"), (tcp_h.DIR_INGRESS, "received")):
             resets.add_metric([name], int(rows[tcp_h.OBS_RESETS + d]))
-        for e in rows[tcp_h.OBS_ERRORS:tcp_h.OBS_ERRORS + 256].nonzero()[0]:
-            name = "other" if e >= 255 else self.errno_names.get(int(e), str(int(e)))
+        for e in _nonzero(rows, tcp_h.OBS_ERRORS, 256):
+            name = "other" if e >= 255 else self.errno_names.get(e, str(e))
             errors.add_metric([name], int(rows[tcp_h.OBS_ERRORS + e]))
         for name, const in self.RETRANS:
             retrans.add_metric([name], int(rows[tcp_h.OBS_RETRANS + getattr(tcp_h, const)]))
         for name, const in self.TIMERS:
             at = tcp_h.OBS_TIMERS + getattr(tcp_h, const) * 16
-            counts = [int(n) for n in rows[at:at + 10].cumsum()]
+            counts = list(itertools.accumulate(int(n) for n in rows[at:at + 10]))
             behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(rows[at + 15]))
         for name, const in self.PROBES:
             probes.add_metric([name], int(rows[tcp_h.OBS_WAKEUPS + getattr(tcp_h, const)]))

@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import pyroute2.config
 
@@ -256,9 +257,10 @@ class Window:
         self.apply(doc)
         shared.quiet()
         self.offset = self.out.stat().st_size if self.out.exists() else 0
-        self._counters, self._drops, self._obs = self.app.counters(), self.app.drops(), self.app.obs_counts()
+        self._counters, self._drops = self.app.counters(), self.app.drops()
+        self._obs = np.array(self.app.obs_counts(), dtype=np.uint64)
         self._drained = {n: r.drained for n, r in self.app.rings.items()}
-        self._by_kind = sum(r.kind_drained for r in self.app.rings.values()).copy()
+        self._by_kind = self._kinds_drained()
 
     def counters(self):
         return {p: {k: v - self._counters[p][k] for k, v in c.items()} for p, c in self.app.counters().items()}
@@ -268,7 +270,10 @@ class Window:
 
     def obs_counts(self):
         """The obs_counters rows (NETTAP_OBS_*) since the test's start."""
-        return self.app.obs_counts() - self._obs
+        return np.array(self.app.obs_counts(), dtype=np.uint64) - self._obs
+
+    def _kinds_drained(self):
+        return sum(np.frombuffer(r.kind_drained, dtype=np.uint64) for r in self.app.rings.values())
 
     def apply(self, doc):
         self.shared.run.apply(doc)
@@ -281,7 +286,7 @@ class Window:
             f.seek(self.offset)
             lines = records_only([json.loads(l) for l in f.read().splitlines()])
         drained = {n: r.drained - self._drained[n] for n, r in self.app.rings.items()}
-        by_kind = sum(r.kind_drained for r in self.app.rings.values()) - self._by_kind
+        by_kind = self._kinds_drained() - self._by_kind
         self.kinds_drained = {kind: int(by_kind[n]) for n, kind in tcp_h.NAMES["KIND"].items() if by_kind[n]}
         self.apply({"captures": []})
         self.window_lines = lines             # every connection's: what the kernel counters count

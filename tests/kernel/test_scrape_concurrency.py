@@ -15,7 +15,7 @@ import requests
 
 from exporter.kernel import libbpf, maps
 from exporter.config import ConfigError, Target
-from exporter.capture.records import PROBE_COUNTERS
+from exporter.capture.records import PROBE_COUNTER_FIELDS, PROBE_COUNTERS
 from exporter.capture.targets import resolve
 from conftest import emulated
 from procs import Nettap, wait_for
@@ -76,7 +76,7 @@ def test_percpu_array_read_by_sixteen_threads():
     dt = np.dtype(PROBE_COUNTERS)
     fd = _percpu_array(dt.itemsize, 16)
     try:
-        a = maps.PerCpuArray(fd, PROBE_COUNTERS)
+        a = maps.PerCpuArray(fd, len(PROBE_COUNTER_FIELDS), PROBE_COUNTER_FIELDS)
         stride = (dt.itemsize + 7) & ~7
         for i in range(16):                  # row i: every field of every CPU is i + 1
             rows = np.zeros(a.ncpus, dtype=np.dtype({"names": ["v"], "formats": [dt], "itemsize": stride}))

@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from conftest import Run
 from exporter.config import ConfigError
 from exporter.kernel.maps import PerCpuArray
-from exporter.capture.records import PROBE_COUNTERS, PROBES
+from exporter.capture.records import PROBE_COUNTER_FIELDS, PROBES
 from traffic import ClientProcess, Server, send_messages
 from procs import wait_for
 
@@ -144,7 +144,7 @@ def test_every_record_published_until_stop_is_written_or_counted_lost(nettap_run
         for t in senders:
             t.join(10)
     try:
-        arr = PerCpuArray(counters, PROBE_COUNTERS)
+        arr = PerCpuArray(counters, len(PROBE_COUNTER_FIELDS), PROBE_COUNTER_FIELDS)
         published = sum(arr.sum(i)["chunks"] for i in range(len(PROBES)))
     finally:
         os.close(counters)

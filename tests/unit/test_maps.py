@@ -9,9 +9,10 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from exporter.kernel import libbpf, maps
-from exporter.capture.records import PROBE_COUNTERS
+from exporter.capture.records import PROBE_COUNTER_FIELDS, PROBE_COUNTERS
 
 NCPUS = 4
 
@@ -39,14 +40,14 @@ def fake_lookup(monkeypatch):
 
 def test_sum_of_one_row(monkeypatch):
     fake_lookup(monkeypatch)
-    a = maps.PerCpuArray(3, PROBE_COUNTERS, ncpus=NCPUS)
+    a = maps.PerCpuArray(3, 4, PROBE_COUNTER_FIELDS, ncpus=NCPUS)
     assert a.sum(2) == {f: 4 * 2000 + 6 for f in np.dtype(PROBE_COUNTERS).names}
 
 
 def test_sixteen_concurrent_readers_each_get_their_row(monkeypatch):
     # Was one shared buffer: a reader got another reader's row.
     fake_lookup(monkeypatch)
-    a = maps.PerCpuArray(3, PROBE_COUNTERS, ncpus=NCPUS)
+    a = maps.PerCpuArray(3, 4, PROBE_COUNTER_FIELDS, ncpus=NCPUS)
     wrong, start = [], threading.Barrier(16)
 
     def scrape(index):
@@ -61,3 +62,29 @@ def test_sixteen_concurrent_readers_each_get_their_row(monkeypatch):
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_compiled_sum_matches_numpy_and_wraps():
+    from exporter.kernel import _percpu
+    rng = np.random.default_rng(31)
+    for ncpus, words in ((1, 1), (2, 4), (128, 1024)):
+        rows = rng.integers(0, 2**64, size=(ncpus, words), dtype=np.uint64, endpoint=False)
+        assert _percpu.sum(rows.tobytes(), words) == rows.sum(axis=0, dtype=np.uint64).tolist()
+    top = np.array([[2**64 - 1], [2]], dtype=np.uint64)           # wraps as the kernel's counters do
+    assert _percpu.sum(top.tobytes(), 1) == [1]
+
+
+def test_compiled_sum_refuses_a_partial_value():
+    from exporter.kernel import _percpu
+    with pytest.raises(ValueError, match="not whole values of 4"):
+        _percpu.sum(bytes(40), 4)
+    with pytest.raises(ValueError):
+        _percpu.sum(bytes(8), 0)
+
+
+def test_counter_fields_are_the_structs_u64s():
+    from exporter.capture import records
+    assert records.PROBE_COUNTER_FIELDS == tuple(np.dtype(PROBE_COUNTERS).names)
+    assert all(np.dtype(PROBE_COUNTERS)[f] == np.uint64 for f in records.PROBE_COUNTER_FIELDS)
+    with pytest.raises(TypeError, match="not made of __u64s"):
+        records.u64_fields("nettap_hdr")
