@@ -1,5 +1,5 @@
 """The compiled ring scan and JSON-lines writer (exporter/capture/_jsonl.c)
-and the per-CPU map sums (exporter/kernel/_percpu.c), built by `pip install`
+and the per-CPU map sums (exporter/kernel/_native.c), built by `pip install`
 (scripts/setup.sh). Required: the first is nettap's only ring reader and
 writer (the pure-Python ones are test oracles, tests/oracles.py), the second
 keeps numpy off the scrape path, so an install without a C compiler and
@@ -53,4 +53,4 @@ class BuildPy(build_py):
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 setup(cmdclass={"build_py": BuildPy},
       ext_modules=[Extension("exporter.capture._jsonl", ["exporter/capture/_jsonl.c"], extra_compile_args=FLAGS),
-                   Extension("exporter.kernel._percpu", ["exporter/kernel/_percpu.c"], extra_compile_args=FLAGS)])
+                   Extension("exporter.kernel._native", ["exporter/kernel/_native.c"], extra_compile_args=FLAGS)])

@@ -17,9 +17,16 @@ of its drain: the whole process, and its drain and sink threads apart), its
 peak RSS (VmHWM) beside its idle RSS, and connections/s beside the same storm without nettap, measured in
 the same run before and after the captured rounds.
 
+With jsonl, the JSON lines' rate (bytes/s the sink wrote over the round,
+and what it would have written had nothing been lost) is printed beside
+what a writer of the same batches reaches in the same run: alone (2 MiB
+os.write calls to a file in the same directory), and during a storm round
+without nettap (the same writer in a process of its own, competing with the
+storm for the CPUs as nettap's sink does): the page cache's limit here.
+
 Run as root:  .venv/bin/python bench/storm_c.py [--connections 20000]
               [--rounds 3] [--threads 4] [--bytes 64] [--chunk-ring 16777216]
-              [--sinks jsonl,none]
+              [--queue-bytes 4194304] [--sinks jsonl,none]
 """
 from __future__ import annotations
 
@@ -76,6 +83,40 @@ def delta(m1: dict, m0: dict, name: str) -> dict:
     return {k: int(v - b.get(k, 0)) for k, v in a.items()}
 
 
+WRITE_BLOCK = 2 << 20          # the sink's batches: half the default 4 MiB queue at most
+
+
+def _write_for(path: str, seconds: float, out) -> None:
+    """Write WRITE_BLOCK-byte blocks of JSON-like text to path for seconds;
+    put the bytes written a second on out."""
+    block = (b'{"data":"' + b"A" * 5400 + b'","type":"chunk"}\n') * (WRITE_BLOCK // 5427)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    n, t0 = 0, time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < seconds:
+            n += os.write(fd, block)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    out.put(n / (time.perf_counter() - t0))
+
+
+def page_cache_rates(exe: str, port: int, a, tmp: str) -> tuple:
+    """(bytes/s a writer reaches alone, bytes/s during a storm round without nettap)."""
+    import multiprocessing as mp
+    q = mp.Queue()
+    w = mp.Process(target=_write_for, args=(os.path.join(tmp, "alone"), 3.0, q))
+    w.start()
+    alone = q.get()
+    w.join()
+    w = mp.Process(target=_write_for, args=(os.path.join(tmp, "beside"), 2.0, q))
+    w.start()                          # the storm round below runs longer than the writer
+    run_storm(exe, port, a)
+    beside = q.get()
+    w.join()
+    return alone, beside
+
+
 def count_lines(path: str, offset: int) -> tuple:
     """({ring: lines of its type} written after offset, new offset)."""
     counts = {r: 0 for r in RINGS}
@@ -105,6 +146,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=4, help="client threads (and server threads)")
     ap.add_argument("--bytes", type=int, default=64, help="bytes sent and echoed on each connection (64)")
     ap.add_argument("--chunk-ring", type=int, default=16 << 20, help="capture_chunks ring bytes (16 MiB)")
+    ap.add_argument("--queue-bytes", type=int, default=4 << 20, help="output.queue_bytes (4 MiB, the default)")
     ap.add_argument("--sinks", default="jsonl,none", help="comma-separated outputs to run: jsonl,none")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -117,17 +159,19 @@ def main() -> None:
     results = {}
     try:
         base += [run_storm(exe, port, a) for _ in range(a.rounds)]
+        cache = page_cache_rates(exe, port, a, tmp) if "jsonl" in a.sinks.split(",") else None
         for sink in a.sinks.split(","):
             results[sink] = captured(a, exe, sink, port, mport, tmp)
         base += [run_storm(exe, port, a) for _ in range(a.rounds)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    report(a, base, results)
+    report(a, base, results, cache)
 
 
 def captured(a, exe: str, sink: str, port: int, mport: int, tmp: str) -> dict:
     path = os.path.join(tmp, "capture.jsonl")
-    out = f"{{type: jsonl, path: {path}, max_bytes: {1 << 40}}}" if sink == "jsonl" else "{type: none}"
+    out = (f"{{type: jsonl, path: {path}, max_bytes: {1 << 40}, queue_bytes: {a.queue_bytes}}}" if sink == "jsonl"
+           else "{type: none}")
     cfg = os.path.join(tmp, f"{sink}.yaml")
     with open(cfg, "w") as f:
         f.write(f"captures: [{{port: {port}}}]\noutput: {out}\nrings: {{capture_chunks: {a.chunk_ring}}}\n")
@@ -156,8 +200,10 @@ def captured(a, exe: str, sink: str, port: int, mport: int, tmp: str) -> dict:
             else:
                 published = {r: drained.get(r, 0) + dropped.get(r, 0) for r in RINGS}
                 published["capture_chunks"] = chunks
+            wrote = delta(m1, m0, "nettap_sink_bytes_written_total").get("jsonl", 0)
+            written = delta(m1, m0, "nettap_sink_records_written_total").get("jsonl", 0)
             rounds.append(dict(rate=rate, tail=tail, cpu=cpu, pipe=pipe, drained=drained, dropped=dropped,
-                               published=published, lines=lines,
+                               published=published, lines=lines, wrote=wrote, written=written,
                                lost=delta(m1, m0, "nettap_records_lost_total")))
             m0 = m1
         hwm = status_mb(p.pid, "VmHWM")
@@ -166,13 +212,16 @@ def captured(a, exe: str, sink: str, port: int, mport: int, tmp: str) -> dict:
     return dict(rounds=rounds, idle_cpu=idle_cpu, idle_rss=idle_rss, hwm=hwm)
 
 
-def report(a, base: list, results: dict) -> None:
+def report(a, base: list, results: dict, cache) -> None:
     b = statistics.mean(base)
     print(f"\nnettap under the prober's storm: {a.connections:,} loopback connections x {a.rounds} rounds, "
           f"{a.threads} threads, {a.bytes}-byte echo; capture_chunks ring {a.chunk_ring / (1 << 20):g} MiB, "
           f"other rings default; {os.cpu_count()} CPUs, kernel {os.uname().release}\n")
     print(f"baseline, the storm without nettap: {b:,.0f} connections/s (mean of {len(base)} rounds: "
           f"{a.rounds} before and {a.rounds} after the captured ones; min {min(base):,.0f}, max {max(base):,.0f})")
+    if cache:
+        print(f"page cache here, a writer of {WRITE_BLOCK >> 20} MiB blocks: alone {cache[0] / 1e6:,.0f} MB/s; "
+              f"beside a storm round without nettap (a process of its own): {cache[1] / 1e6:,.0f} MB/s")
     summary = []
     for sink, r in results.items():
         print(f"\noutput: {sink}   (nettap idle: {r['idle_cpu'] * 100:.2f} % of a core, RSS {r['idle_rss']:.1f} MB)")
@@ -194,6 +243,13 @@ def report(a, base: list, results: dict) -> None:
                       f"{x['dropped'].get(ring, 0):>10,}{note}")
             lost = ", ".join(f"{k} {v:,}" for k, v in sorted(x["lost"].items()))
             print(f"    user-space lost: {lost or 'none reported'}")
+            if x["written"]:
+                storm_s = a.connections / x["rate"]
+                whole = x["wrote"] / x["written"] * recs          # every drained record's lines
+                span = storm_s + x["tail"]
+                print(f"    JSON lines: wrote {x['wrote'] / 1e6:,.0f} MB, {x['wrote'] / span / 1e6:,.0f} "
+                      f"MB/s over the storm and its drain ({span:.1f} s); every record's lines: "
+                      f"{whole / 1e6:,.0f} MB, {whole / storm_s / 1e6:,.0f} MB/s over the storm ({storm_s:.1f} s)")
         rs = r["rounds"]
         recs = sum(sum(x["drained"].values()) for x in rs)
         cpu = sum(x["cpu"] for x in rs)

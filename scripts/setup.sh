@@ -64,9 +64,9 @@ extras=""
 [ "$profile" = bench ] && extras="[test,bench]"
 # The stamp covers what pip builds from (the compiled modules' C sources too), and the
 # modules must be there: a changed source or a cleaned tree rebuilds them.
-hash=$(cat pyproject.toml setup.py exporter/capture/_jsonl.c exporter/kernel/_percpu.c | sha1sum | cut -c1-12)
+hash=$(cat pyproject.toml setup.py exporter/capture/_jsonl.c exporter/kernel/_native.c | sha1sum | cut -c1-12)
 stamp=".venv/.nettap-$profile-$hash"
-built() { ls exporter/capture/_jsonl.*.so exporter/kernel/_percpu.*.so >/dev/null 2>&1; }
+built() { ls exporter/capture/_jsonl.*.so exporter/kernel/_native.*.so >/dev/null 2>&1; }
 if [ ! -f "$stamp" ] || ! built; then
   [ -x .venv/bin/python ] || $PY -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
@@ -74,7 +74,7 @@ if [ ! -f "$stamp" ] || ! built; then
   touch "$stamp"
   [ "$profile" != run ] && touch ".venv/.nettap-run-$hash"
   [ "$profile" = bench ] && touch ".venv/.nettap-test-$hash"
-  built || { echo "setup: the compiled modules (exporter/capture/_jsonl.c, exporter/kernel/_percpu.c) did not build" >&2; exit 1; }
+  built || { echo "setup: the compiled modules (exporter/capture/_jsonl.c, exporter/kernel/_native.c) did not build" >&2; exit 1; }
 fi
 [ "$profile" = bench ] && make -s -C bench
 exit 0

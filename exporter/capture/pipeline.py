@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.2          # s: records of a quiet ring reach the sink within this
 QUEUE_PARTS = 2              # a batch's longest possible lines fill at most queue_bytes / 2
+RING_PARTS = 8               # a batch takes at most an eighth of its ring
 RING_HIGH = 2                # queue full: a ring more than 1/RING_HIGH full loses a batch
 WAIT_FOR_SINK = 0.005        # s the drain waits for the sink before looking at the rings again
 LOSS_LOG_INTERVAL = 10.0     # s between two log lines about queue losses
@@ -120,8 +121,17 @@ class Pipeline:
 
     def batch_records(self, ring: str) -> int:
         """Records a read takes: their longest possible lines fit the queue's
-        free half (records.LINE_MAX), so the queue never exceeds queue_bytes."""
-        return max(self.queue_bytes // QUEUE_PARTS // records.LINE_MAX[ring], 1)
+        free half (records.LINE_MAX), so the queue never exceeds queue_bytes;
+        and they fill at most an eighth of their ring (records.STRIDES). A
+        read releases its records to the kernel only once their lines are
+        made: a batch of a whole ring (a large queue took one: 64 MiB
+        queue_bytes, 8 MiB chunk ring) left the producer no room while it was
+        formatted, and a batch dropped at a full queue lost the whole ring."""
+        n = self.queue_bytes // QUEUE_PARTS // records.LINE_MAX[ring]
+        r = self.rings.get(ring)
+        if r is not None and ring in records.STRIDES:
+            n = min(n, r.size // RING_PARTS // records.STRIDES[ring])
+        return max(n, 1)
 
     def _room(self) -> bool:
         return self.queued_bytes <= self.queue_bytes - self.queue_bytes // QUEUE_PARTS

@@ -1,8 +1,10 @@
 """The daemon's start, from parsed flags and a loaded config to a serving
 nettap, in the order that matters: bind the port before loading anything (a
-port in use fails at once), load and attach, drop privileges before any
-thread starts, then build the pipeline and collectors (commands/daemon.py),
-watch the config files, serve, and wait for a signal."""
+port in use fails at once), load and attach (importing the server and the
+daemon meanwhile, in a thread that ends before the drop), drop privileges
+before any thread starts, then build the pipeline and collectors
+(commands/daemon.py), watch the config files, serve, and wait for a
+signal."""
 from __future__ import annotations
 
 import logging
@@ -23,8 +25,8 @@ log = logging.getLogger("nettap")
 class Background(threading.Thread):
     """Runs fn in a thread; result() joins and returns its value or raises."""
 
-    def __init__(self, fn, *args):
-        super().__init__(name="nettap-probe-kernel", daemon=True)
+    def __init__(self, fn, *args, name: str = "nettap-start"):
+        super().__init__(name=name, daemon=True)
         self._fn, self._args, self._value, self._error = fn, args, None, None
         self.start()
 
@@ -70,7 +72,7 @@ def probe_kernel_meanwhile(mechanism, variant):
     outside the GIL) while the main thread imports PyYAML and reads the config."""
     from exporter.kernel.mechanisms import ensure_tracefs, plan
     ensure_tracefs()                            # before any thread: it may unshare the mount namespace
-    return Background(plan, mechanism, variant)
+    return Background(plan, mechanism, variant, name="nettap-probe-kernel")
 
 
 def load_refused(e: OSError, kernel_plan) -> str:
@@ -169,26 +171,38 @@ def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
     _logging(args.log_level or cfg.log_level, args.log_format)
     for old, new in renamed:
         log.warning("%s is deprecated: use %s", old, new)
-    endpoint = srv = None
+    sock = imports = None
     if not args.preflight:
         # Bind before loading anything: a port in use fails now, not after
         # the load. Served once the collector is up; until then a client
         # waits in the listen backlog.
-        from exporter.web.server import serve
-        endpoint = Endpoint(args.config, args.telemetry_path)
+        from exporter.web.listen import bind
         try:
-            srv = serve(args.listen, endpoint, endpoint.stats, endpoint.not_ready, web, endpoint.landing,
-                        telemetry_path=args.telemetry_path, start=False)
+            sock = bind(args.listen)
         except (OSError, ValueError) as e:
             print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
             return 1
+        # What the server and the daemon import (~50 ms: the client
+        # library, http.server) is imported while the kernel verifies the
+        # programs: the load releases the interpreter lock for ~70 ms. The
+        # loader's own imports come first, so no module is imported by
+        # both threads at once.
+        from exporter.capture import targets  # noqa: F401
+        from exporter.kernel import features, loader  # noqa: F401
+        imports = Background(_import, ("exporter.web.server", "exporter.commands.daemon"))
     t0 = time.monotonic()
     probes = _attach(cfg, mechanisms)
+    if imports is not None:
+        imports.result()                        # before the privileges drop: no other thread then
     if isinstance(probes, int):
         return probes
     attached = time.monotonic() - t0
     if args.preflight:
         return preflight(probes, cfg.tls, cfg.dns)
+    from exporter.web.server import serve
+    endpoint = Endpoint(args.config, args.telemetry_path)
+    srv = serve(args.listen, endpoint, endpoint.stats, endpoint.not_ready, web, endpoint.landing,
+                telemetry_path=args.telemetry_path, start=False, sock=sock)
     app = _daemon(cfg, probes, args.log_level)
     if isinstance(app, int):
         return app
@@ -218,6 +232,12 @@ def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
         srv.shutdown()
         app.close()
     return 0
+
+
+def _import(modules) -> None:
+    import importlib
+    for m in modules:
+        importlib.import_module(m)
 
 
 def _logging(level: str, fmt: str) -> None:

@@ -17,7 +17,7 @@ only while the key is on.
 
 Reading: nettap's own programs with one ``BPF_OBJ_GET_INFO_BY_FD`` each on
 the fds it holds (no walk of the node's programs). The node-wide view (``scope: node``) walks every program
-with ``BPF_PROG_GET_NEXT_ID`` and ``BPF_OBJ_GET_INFO_BY_FD``, and names each
+with ``BPF_PROG_GET_NEXT_ID`` and ``BPF_OBJ_GET_INFO_BY_FD``, in one compiled call, and names each
 program's holder from a /proc scan that is refreshed only when a program id
 appears that it has not seen (a scan reads every process's fd links).
 Programs are named as ``bpftool prog show`` names them: by the full name of
@@ -37,7 +37,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.kernel import fdinfo, libbpf
+from exporter.kernel import _native, fdinfo, libbpf
 
 log = logging.getLogger(__name__)
 
@@ -283,12 +283,29 @@ def prog_full_name(fd: int, info: bpf_prog_info) -> bytes:
 _FULL_NAMES: Dict[int, bytes] = {}       # program id -> full name, for node_programs
 
 
+def _full_name_by_id(prog_id: int, short: bytes) -> bytes:
+    """prog_full_name for a program known by id (its kernel name: short)."""
+    if len(short) < BPF_OBJ_NAME_LEN - 1:
+        return short
+    fd = libbpf.lib().bpf_prog_get_fd_by_id(prog_id)
+    if fd < 0:                           # unloaded since
+        return short
+    try:
+        return prog_full_name(fd, prog_info(fd))
+    except OSError:
+        return short
+    finally:
+        os.close(fd)
+
+
 def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[int, bytes, int, int, int]]:
     """(id, name, type, run_cnt, run_time_ns) of every program on the node.
 
-    Four syscalls a program (next id, fd by id, info, close), with one info
-    buffer reused: this walk is the node-wide view's whole cost. A program
-    unloaded during the walk, or whose info cannot be read, is left out.
+    The walk is one call into the compiled module (exporter/kernel/_native.c,
+    ``programs``): four bpf(2) calls a program (next id, fd by id, info,
+    close), without the interpreter lock; it is the node-wide view's whole
+    cost. A program unloaded during the walk, or whose info cannot be read,
+    is left out.
 
     Names are full names (prog_full_name), cached by program id in
     full_names (by default the process's one cache, _FULL_NAMES): a
@@ -296,28 +313,12 @@ def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[i
     cycle up to INT_MAX), so each program's BTF is read once. Ids no longer
     loaded are dropped from the cache."""
     names = _FULL_NAMES if full_names is None else full_names
-    lb = libbpf.lib()
-    next_id, get_fd, get_info, close = (lb.bpf_prog_get_next_id, lb.bpf_prog_get_fd_by_id,
-                                        lb.bpf_obj_get_info_by_fd, os.close)
-    info = bpf_prog_info()
-    size = ctypes.sizeof(info)
-    n = ctypes.c_uint32()
-    cur = ctypes.c_uint32(0)
     out = []
-    while next_id(cur.value, ctypes.byref(cur)) == 0:
-        fd = get_fd(cur.value)
-        if fd < 0:                       # unloaded since
-            continue
-        # Zeroed each time: the kernel reads the buffer's counts and pointers
-        # (nr_map_ids, ...) as requests, and the last answer left them set.
-        ctypes.memset(ctypes.byref(info), 0, size)
-        n.value = size
-        if get_info(fd, ctypes.byref(info), ctypes.byref(n)) == 0:
-            name = names.get(info.id)
-            if name is None:
-                name = names[info.id] = prog_full_name(fd, info)
-            out.append((info.id, name, info.type, info.run_cnt, info.run_time_ns))
-        close(fd)
+    for prog_id, short, ptype, cnt, ns in _native.programs():
+        name = names.get(prog_id)
+        if name is None:
+            name = names[prog_id] = _full_name_by_id(prog_id, short)
+        out.append((prog_id, name, ptype, cnt, ns))
     if len(names) > len(out):            # programs unloaded: forget them
         live = {p[0] for p in out}
         for pid_ in list(names):         # list(): a copy taken at once (scrapes may overlap)

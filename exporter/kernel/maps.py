@@ -50,15 +50,15 @@ class PerCpuArray:
 
     The kernel copies one value per possible CPU, each rounded up to 8 bytes
     (kernel/bpf/arraymap.c, bpf_percpu_array_copy); the compiled sum
-    (exporter/kernel/_percpu.c) adds them up without numpy, which an idle
+    (exporter/kernel/_native.c) adds them up without numpy, which an idle
     nettap does not import. Thread-safe: scrapes read it from several
     threads at once."""
 
     def __init__(self, fd: int, words: int, fields: tuple = (), ncpus: int | None = None):
-        from exporter.kernel import _percpu
+        from exporter.kernel import _native
         if fields and len(fields) != words:
             raise ValueError(f"{len(fields)} field names for {words} words")
-        self._sum = _percpu.sum
+        self._sum = _native.percpu_sum
         self.fd = fd
         self.words = words
         self.fields = tuple(fields)

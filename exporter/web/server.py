@@ -3,35 +3,23 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
 from exporter.web import landing as landing_page
-from exporter.web.transport import Handler, HttpCollector, Limits, Server, Server6
+from exporter.web.listen import bind, parse_listen  # noqa: F401 (parse_listen: this module's before)
+from exporter.web.transport import Handler, HttpCollector, Limits, Server
 
 log = logging.getLogger(__name__)
 
 # One collector per registry, summing its servers (tests serve one registry many times).
 _COLLECTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-_LISTEN = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]*:[0-9A-Fa-f:.%\w]*)\]|(?P<host>[^\[\]:]*))"
-                     r":(?P<port>[0-9]{1,5})$", re.ASCII)
-
-
-def parse_listen(addr: str) -> Tuple[str, int]:
-    """':42424' -> ('', 42424); '127.0.0.1:9' -> ('127.0.0.1', 9); '[::1]:9' -> ('::1', 9)."""
-    m = _LISTEN.match(addr)
-    if not m or int(m["port"]) > 65535:
-        raise ValueError(f"--web.listen-address: expected HOST:PORT or [IPV6]:PORT, got {addr!r}")
-    return (m["v6"] if m["v6"] is not None else m["host"]), int(m["port"])
-
 
 @dataclass(frozen=True)
 class _Site:
@@ -117,30 +105,21 @@ class _Routes(Handler):
         log.debug("%s " + fmt, self.address_string(), *args)
 
 
-def _bind(host: str, port: int, limits: Limits) -> Server:
-    if ":" in host:
-        return Server6((host, port), _Routes, limits)
-    if host == "" and socket.has_ipv6:
-        try:
-            return Server6(("::", port), _Routes, limits)
-        except OSError:                      # no IPv6 on this host
-            pass
-    return Server((host, port), _Routes, limits)
-
-
 def serve(addr: str, registry, stats: Callable[[], dict],
           readiness: Callable[[], Optional[str]], web=None,
           landing: Optional[Callable[[], dict]] = None, telemetry_path: str = "/metrics",
-          start: bool = True, limits: Optional[Limits] = None) -> Server:
+          start: bool = True, limits: Optional[Limits] = None, sock: Optional[socket.socket] = None) -> Server:
     """Start serving in a background thread; readiness() returns None when
     ready, else the reason it is not. web: a webconfig.Web (TLS, basic
     auth, headers), read anew for each connection and request. landing():
     the document of the page at / (exporter/web/landing.py); without it the
     page has the version and the links. telemetry_path: where the
     metrics are (--web.telemetry-path). start=False: bound and listening,
-    served once the caller runs srv.serve_forever."""
-    host, port = parse_listen(addr)
-    srv = _bind(host, port, limits or Limits())
+    served once the caller runs srv.serve_forever. sock: the socket
+    listen.bind made for addr already (the daemon binds before it imports
+    this module)."""
+    limits = limits or Limits()
+    srv = Server(sock or bind(addr, limits.backlog), _Routes, limits)
     srv.web = web
     srv.site = _Site(registry, stats, readiness, web, landing or (lambda: {"version": __version__}),
                      telemetry_path)

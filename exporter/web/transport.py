@@ -25,6 +25,8 @@ from typing import Dict, Iterable, Optional
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter.web.listen import BACKLOG
+
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 10.0     # seconds a client may take to finish the TLS handshake
@@ -48,7 +50,7 @@ class Limits:
     than the new one: under a flood of idle connections a scraper's new
     connection still gets in."""
     workers: int = 8             # rendering holds the GIL: more threads than this only queue on it
-    backlog: int = 1024          # listen(2) backlog (the kernel caps it at net.core.somaxconn)
+    backlog: int = BACKLOG       # listen(2) backlog (the kernel caps it at net.core.somaxconn)
     max_connections: int = 4096  # waiting at once; past it the longest-waiting one is closed
     max_queued: int = 512        # complete requests waiting for a worker; past it: 503
     header_timeout: float = 10.0  # from the first byte (or the connection) to the end of the headers
@@ -97,9 +99,9 @@ class Server(TCPServer):
     allow_reuse_address = True
     web = None                  # a webconfig.Web: TLS and basic auth in force
 
-    def __init__(self, address, handler, limits: Limits = Limits()):
+    def __init__(self, sock: socket.socket, handler, limits: Limits = Limits()):
+        """sock: bound and listening (exporter.web.listen.bind)."""
         self.limits = limits
-        self.request_queue_size = limits.backlog
         self.rejected = {r: 0 for r in REASONS}
         # accept() failing with EMFILE would spin the accept loop: stay well under the limit.
         self._max_conns = min(limits.max_connections,
@@ -117,9 +119,10 @@ class Server(TCPServer):
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._threads: list = []
-        # A failed bind (address in use) calls server_close(), which closes
-        # the selector and the wake pair too.
-        super().__init__(address, handler)
+        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
+        self.socket.close()                         # the one TCPServer made, never bound
+        self.socket = sock
+        self.server_address = sock.getsockname()
         self._threads = [threading.Thread(target=self._park_loop, name="nettap-http-park", daemon=True)]
         self._threads += [threading.Thread(target=self._work, name=f"nettap-http-{i}", daemon=True)
                           for i in range(limits.workers)]
@@ -399,11 +402,3 @@ class Handler(BaseHTTPRequestHandler):
         super().end_headers()
 
 
-class Server6(Server):
-    address_family = socket.AF_INET6
-
-    def server_bind(self) -> None:
-        # An empty host listens on every address, IPv4 included (dual stack).
-        if self.server_address[0] == "::":
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()

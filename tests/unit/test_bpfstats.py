@@ -497,6 +497,11 @@ class FakeBpf:
     def btf__free(self, btf):
         self.btf_freed.append(btf)
 
+    # exporter/kernel/_native.c's walk: (id, the kernel's name, type, run_cnt, run_time_ns)
+    def programs(self):
+        return [(i, full.encode()[:15], ptype, i * 10, i * 1000)
+                for i, (full, ptype, *_rest) in sorted(self.progs.items())]
+
     def open_fds(self):
         return [fd for fd in self.fds if is_open(fd)]
 
@@ -531,6 +536,7 @@ def fake_bpf(monkeypatch):
     fake = FakeBpf(dict(NODE), BTFS)
     fake.fail_func_info.add(1204)
     monkeypatch.setattr(bpfstats.libbpf, "lib", lambda: fake)
+    monkeypatch.setattr(bpfstats, "_native", fake)
     yield fake
     for fd in fake.open_fds():
         os.close(fd)

@@ -10,7 +10,7 @@ import sys
 
 IDLE_PATH = ("exporter.commands.cli", "exporter.commands.start", "exporter.commands.daemon",
              "exporter.capture.pipeline", "exporter.capture.ringbuf", "exporter.metrics.collectors",
-             "exporter.web.server", "exporter.kernel.maps", "exporter.kernel._percpu")
+             "exporter.web.server", "exporter.kernel.maps", "exporter.kernel._native")
 
 
 def _modules_after(code: str) -> set:

@@ -65,21 +65,21 @@ def test_sixteen_concurrent_readers_each_get_their_row(monkeypatch):
 
 
 def test_compiled_sum_matches_numpy_and_wraps():
-    from exporter.kernel import _percpu
+    from exporter.kernel import _native
     rng = np.random.default_rng(31)
     for ncpus, words in ((1, 1), (2, 4), (128, 1024)):
         rows = rng.integers(0, 2**64, size=(ncpus, words), dtype=np.uint64, endpoint=False)
-        assert _percpu.sum(rows.tobytes(), words) == rows.sum(axis=0, dtype=np.uint64).tolist()
+        assert _native.percpu_sum(rows.tobytes(), words) == rows.sum(axis=0, dtype=np.uint64).tolist()
     top = np.array([[2**64 - 1], [2]], dtype=np.uint64)           # wraps as the kernel's counters do
-    assert _percpu.sum(top.tobytes(), 1) == [1]
+    assert _native.percpu_sum(top.tobytes(), 1) == [1]
 
 
 def test_compiled_sum_refuses_a_partial_value():
-    from exporter.kernel import _percpu
+    from exporter.kernel import _native
     with pytest.raises(ValueError, match="not whole values of 4"):
-        _percpu.sum(bytes(40), 4)
+        _native.percpu_sum(bytes(40), 4)
     with pytest.raises(ValueError):
-        _percpu.sum(bytes(8), 0)
+        _native.percpu_sum(bytes(8), 0)
 
 
 def test_counter_fields_are_the_structs_u64s():

@@ -195,6 +195,21 @@ def test_batches_fit_half_the_queue_at_their_longest_lines(mem):
     p.stop()
 
 
+def test_a_batch_takes_at_most_an_eighth_of_its_ring(mem):
+    """A queue far larger than the ring (64 MiB against 64 KiB here, as 64
+    MiB against the 8 MiB chunk ring in issue 31's storm): a read still
+    takes an eighth of the ring, so the producer gets room back batch by
+    batch, and a batch dropped at a full queue is an eighth of the ring."""
+    p = Pipeline({mem.name: mem.ring}, None, queue_bytes=64 << 20)
+    try:
+        n = p.batch_records(RING)
+        assert n == SIZE // 8 // mem.stride == 16
+        mem.publish(n=100)
+        assert mem.ring.read(n).count == n and mem.pending() == (100 - n) * mem.stride
+    finally:
+        p.stop()
+
+
 def test_full_queue_leaves_records_in_the_ring_and_loses_none(mem, caplog):
     """The sink blocked: the queue fills to its bound, then the drain
     stops reading; the rest waits in the ring (under half of it), and is

@@ -1,5 +1,5 @@
-"""exporter.web.server: parse_listen, and the HTTP endpoints served from a
-background thread on a free loopback port."""
+"""exporter.web.server: parse_listen, the listen socket (exporter.web.listen),
+and the HTTP endpoints served from a background thread on a free loopback port."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import requests
 from prometheus_client import CollectorRegistry, Counter
 
 from exporter import __version__
-from exporter.web import transport
+from exporter.web import listen
 from exporter.web.server import parse_listen, serve
 
 
@@ -33,6 +33,49 @@ def test_parse_listen_refuses(addr):
     with pytest.raises(ValueError) as e:
         parse_listen(addr)
     assert str(e.value) == f"--web.listen-address: expected HOST:PORT or [IPV6]:PORT, got {addr!r}"
+
+
+def _ipv6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_bind_listens_where_the_address_says():
+    with listen.bind("127.0.0.1:0") as s:
+        assert s.family == socket.AF_INET and s.getsockname()[0] == "127.0.0.1"
+        socket.create_connection(s.getsockname()[:2], timeout=5).close()     # listening
+    with listen.bind(":0") as s:                 # every address: IPv4 too, over IPv6 where there is IPv6
+        port = s.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        if _ipv6():
+            assert s.family == socket.AF_INET6
+            socket.create_connection(("::1", port), timeout=5).close()
+
+
+def test_bind_refuses_a_port_in_use_and_a_bad_address():
+    with listen.bind("127.0.0.1:0") as busy:
+        with pytest.raises(OSError) as e:
+            listen.bind(f"127.0.0.1:{busy.getsockname()[1]}").close()
+        assert e.value.errno == 98                           # EADDRINUSE
+    with pytest.raises(ValueError):
+        listen.bind("localhost")
+
+
+def test_serve_on_a_socket_bound_before():
+    app = App()
+    sock = listen.bind("127.0.0.1:0")
+    srv = serve("127.0.0.1:0", app.registry, app.stats, app.not_ready, sock=sock)
+    try:
+        assert srv.socket is sock and srv.server_address == sock.getsockname()
+        r = requests.get(f"http://127.0.0.1:{sock.getsockname()[1]}/healthz", timeout=10)
+        assert (r.status_code, r.text) == (200, "ok\n")
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 class App:
@@ -176,7 +219,7 @@ def test_handler_error_is_500(base, http, app):
     assert http.get(base + "/healthz", timeout=10).status_code == 200
 
 
-def test_serve_ipv6_loopback(http, monkeypatch):
+def test_serve_ipv6_loopback(http):
     app = App()
     try:
         socket.socket(socket.AF_INET6).close()
@@ -185,9 +228,6 @@ def test_serve_ipv6_loopback(http, monkeypatch):
         s.close()
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    # serve() sets address_family on the shared Server class (see report):
-    # monkeypatch restores it, so later IPv4 tests still work.
-    monkeypatch.setattr(transport.Server, "address_family", socket.AF_INET)
     srv = serve("[::1]:0", app.registry, app.stats, app.not_ready)
     try:
         port = srv.server_address[1]
