@@ -19,14 +19,15 @@ the same run before and after the captured rounds.
 
 With jsonl, the JSON lines' rate (bytes/s the sink wrote over the round,
 and what it would have written had nothing been lost) is printed beside
-what a writer of the same batches reaches in the same run: alone (2 MiB
-os.write calls to a file in the same directory), and during a storm round
-without nettap (the same writer in a process of its own, competing with the
-storm for the CPUs as nettap's sink does): the page cache's limit here.
+what one writer of the same blocks reaches in the same run, alone (2 MiB
+os.write calls appending to a new file in the same directory), over a
+file's first 512 MB and over the 1.5 GB after them: the page cache's limit
+here, which nettap's sink, formatting too and sharing the CPUs with the
+storm, cannot pass.
 
 Run as root:  .venv/bin/python bench/storm_c.py [--connections 20000]
               [--rounds 3] [--threads 4] [--bytes 64] [--chunk-ring 16777216]
-              [--queue-bytes 4194304] [--sinks jsonl,none]
+              [--queue-bytes 4194304] [--sinks jsonl,none] [--sync]
 """
 from __future__ import annotations
 
@@ -86,35 +87,36 @@ def delta(m1: dict, m0: dict, name: str) -> dict:
 WRITE_BLOCK = 2 << 20          # the sink's batches: half the default 4 MiB queue at most
 
 
-def _write_for(path: str, seconds: float, out) -> None:
-    """Write WRITE_BLOCK-byte blocks of JSON-like text to path for seconds;
-    put the bytes written a second on out."""
+def dirty_mb() -> tuple:
+    """(Dirty, Writeback) of /proc/meminfo in MB: what the page cache still has to write out."""
+    got = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            if k in ("Dirty", "Writeback"):
+                got[k] = int(v.split()[0]) / 1024
+    return got.get("Dirty", 0.0), got.get("Writeback", 0.0)
+
+
+def page_cache_rates(tmp: str, first: int = 512 << 20, rest: int = 1536 << 20) -> tuple:
+    """(bytes/s, bytes/s): one writer of WRITE_BLOCK-byte blocks of JSON-like
+    text appending to a new file in tmp, nothing else running: over the
+    file's first `first` bytes, then over the `rest` after them (here the
+    page cache takes a file's first few hundred MB faster than the rest)."""
     block = (b'{"data":"' + b"A" * 5400 + b'","type":"chunk"}\n') * (WRITE_BLOCK // 5427)
+    path = os.path.join(tmp, "page-cache.jsonl")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-    n, t0 = 0, time.perf_counter()
+    rates = []
     try:
-        while time.perf_counter() - t0 < seconds:
-            n += os.write(fd, block)
+        for size in (first, rest):
+            n, t0 = 0, time.perf_counter()
+            while n < size:
+                n += os.write(fd, block)
+            rates.append(n / (time.perf_counter() - t0))
     finally:
         os.close(fd)
         os.unlink(path)
-    out.put(n / (time.perf_counter() - t0))
-
-
-def page_cache_rates(exe: str, port: int, a, tmp: str) -> tuple:
-    """(bytes/s a writer reaches alone, bytes/s during a storm round without nettap)."""
-    import multiprocessing as mp
-    q = mp.Queue()
-    w = mp.Process(target=_write_for, args=(os.path.join(tmp, "alone"), 3.0, q))
-    w.start()
-    alone = q.get()
-    w.join()
-    w = mp.Process(target=_write_for, args=(os.path.join(tmp, "beside"), 2.0, q))
-    w.start()                          # the storm round below runs longer than the writer
-    run_storm(exe, port, a)
-    beside = q.get()
-    w.join()
-    return alone, beside
+    return tuple(rates)
 
 
 def count_lines(path: str, offset: int) -> tuple:
@@ -148,6 +150,8 @@ def main() -> None:
     ap.add_argument("--chunk-ring", type=int, default=16 << 20, help="capture_chunks ring bytes (16 MiB)")
     ap.add_argument("--queue-bytes", type=int, default=4 << 20, help="output.queue_bytes (4 MiB, the default)")
     ap.add_argument("--sinks", default="jsonl,none", help="comma-separated outputs to run: jsonl,none")
+    ap.add_argument("--sync", action="store_true",
+                    help="sync(2) before each round: it starts with no dirty page left to write back")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
@@ -159,7 +163,7 @@ def main() -> None:
     results = {}
     try:
         base += [run_storm(exe, port, a) for _ in range(a.rounds)]
-        cache = page_cache_rates(exe, port, a, tmp) if "jsonl" in a.sinks.split(",") else None
+        cache = page_cache_rates(tmp) if "jsonl" in a.sinks.split(",") else None
         for sink in a.sinks.split(","):
             results[sink] = captured(a, exe, sink, port, mport, tmp)
         base += [run_storm(exe, port, a) for _ in range(a.rounds)]
@@ -186,6 +190,9 @@ def captured(a, exe: str, sink: str, port: int, mport: int, tmp: str) -> dict:
         offset = 0
         m0, _ = settle(mport, sink)
         for _ in range(a.rounds):
+            if a.sync:
+                os.sync()                # each round starts with nothing left to write back
+            dirty = dirty_mb()
             c0, th0 = cpu_s(p.pid), thread_cpu_s(p.pid)
             rate = run_storm(exe, port, a)
             m1, tail = settle(mport, sink)
@@ -203,7 +210,7 @@ def captured(a, exe: str, sink: str, port: int, mport: int, tmp: str) -> dict:
             wrote = delta(m1, m0, "nettap_sink_bytes_written_total").get("jsonl", 0)
             written = delta(m1, m0, "nettap_sink_records_written_total").get("jsonl", 0)
             rounds.append(dict(rate=rate, tail=tail, cpu=cpu, pipe=pipe, drained=drained, dropped=dropped,
-                               published=published, lines=lines, wrote=wrote, written=written,
+                               published=published, lines=lines, wrote=wrote, written=written, dirty=dirty,
                                lost=delta(m1, m0, "nettap_records_lost_total")))
             m0 = m1
         hwm = status_mb(p.pid, "VmHWM")
@@ -220,8 +227,9 @@ def report(a, base: list, results: dict, cache) -> None:
     print(f"baseline, the storm without nettap: {b:,.0f} connections/s (mean of {len(base)} rounds: "
           f"{a.rounds} before and {a.rounds} after the captured ones; min {min(base):,.0f}, max {max(base):,.0f})")
     if cache:
-        print(f"page cache here, a writer of {WRITE_BLOCK >> 20} MiB blocks: alone {cache[0] / 1e6:,.0f} MB/s; "
-              f"beside a storm round without nettap (a process of its own): {cache[1] / 1e6:,.0f} MB/s")
+        print(f"page cache here, one writer of {WRITE_BLOCK >> 20} MiB blocks appending to a new file, nothing "
+              f"else running: {cache[0] / 1e6:,.0f} MB/s over its first 512 MB, {cache[1] / 1e6:,.0f} MB/s "
+              f"over the next 1.5 GB")
     summary = []
     for sink, r in results.items():
         print(f"\noutput: {sink}   (nettap idle: {r['idle_cpu'] * 100:.2f} % of a core, RSS {r['idle_rss']:.1f} MB)")
@@ -247,6 +255,8 @@ def report(a, base: list, results: dict, cache) -> None:
                 storm_s = a.connections / x["rate"]
                 whole = x["wrote"] / x["written"] * recs          # every drained record's lines
                 span = storm_s + x["tail"]
+                print(f"    page cache at the round's start: {x['dirty'][0]:,.0f} MB dirty, "
+                      f"{x['dirty'][1]:,.0f} MB under writeback")
                 print(f"    JSON lines: wrote {x['wrote'] / 1e6:,.0f} MB, {x['wrote'] / span / 1e6:,.0f} "
                       f"MB/s over the storm and its drain ({span:.1f} s); every record's lines: "
                       f"{whole / 1e6:,.0f} MB, {whole / storm_s / 1e6:,.0f} MB/s over the storm ({storm_s:.1f} s)")

@@ -266,7 +266,8 @@ def _attach(cfg, mechanisms):
     try:
         resolve(cfg.captures)                   # refuse a bad target before loading anything
         kernel_plan = mechanisms.result()
-        return Probes(ring_sizes=cfg.ring_bytes, kernel_plan=kernel_plan)
+        from exporter.kernel.privileges import loads_after_drop
+        return Probes(ring_sizes=cfg.ring_bytes, kernel_plan=kernel_plan, dns_now=cfg.dns or not loads_after_drop())
     except config.ConfigError as e:
         return refused(e)
     except Unsupported as e:

@@ -6,9 +6,13 @@ kprobe/kretprobe, on the inet sockets' send and receive functions
 (mechanisms.DNS_FUNCTIONS), which only UDP and TCP socket calls run; else
 syscall tracepoints, which every kernel of nettap's range has, and which
 every sendto, sendmsg, sendmmsg, write, writev, recvfrom, recvmsg and read of
-the node runs. The programs of that mechanism are loaded with the object and
-attached only while ``capture.dns`` is on, so a node that does not ask pays
-nothing; while on, a call leaves at the capture filter unless a target asks.
+the node runs. The programs of that mechanism are attached only while
+``capture.dns`` is on, so a node that does not ask pays nothing; while on, a
+call leaves at the capture filter unless a target asks. nettap loads them
+with the object when the config at start asks for DNS (or when it could not
+load them later: without CAP_SYS_ADMIN, kept after the start), else when a
+config first turns it on, in an object of their own that shares the loaded
+object's maps (loader.Probes._load_dns).
 """
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ class DnsProbes:
         self.mechanism = planned.mechanism
         self._destroy = destroy_links
         self.loaded = self.mechanism != "none"
+        self.deferred = False        # loaded at the first set(on) (loader.Probes, dns_now=False)
         why = "; ".join(f"{m}: {r}" for m, r in planned.reasons.items())
         self.state = ProbeState(PROBE, mechanism=DISABLED if self.loaded else UNSUPPORTED,
                                 reasons=dict(planned.reasons), error=OFF if self.loaded else why)

@@ -96,6 +96,7 @@ _SIGNATURES = {
     "bpf_map__set_map_flags": (c_int, [c_void_p, c_uint32]),
     "bpf_map__set_initial_value": (c_int, [c_void_p, c_void_p, c_size_t]),
     "bpf_map__autocreate": (c_bool, [c_void_p]),
+    "bpf_map__reuse_fd": (c_int, [c_void_p, c_int]),
     "libbpf_probe_bpf_map_type": (c_int, [c_int, c_void_p]),
     "libbpf_probe_bpf_helper": (c_int, [c_int, c_int, c_void_p]),
     "bpf_map_update_elem": (c_int, [c_int, c_void_p, c_void_p, c_uint64]),

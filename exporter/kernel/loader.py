@@ -193,10 +193,14 @@ class Probes:
 
     def __init__(self, ring_sizes: dict | None = None, mechanism: str | None = None,
                  obj_path: str | None = None, kernel_plan: Plan | None = None,
-                 variant: str | None = None):
+                 variant: str | None = None, dns_now: bool = True):
         """kernel_plan: plan()'s answer, when the caller asked the kernel
-        already (the CLI does it while it reads the config)."""
+        already (the CLI does it while it reads the config). dns_now=False:
+        the DNS programs are loaded when capture.dns is first turned on
+        (set_dns), not with the object: on the syscall tracepoints they are
+        half of what the kernel verifies at start (~70 ms of ~150 here)."""
         self.obj = 0
+        self.dns_obj = 0           # the DNS programs' own object, when loaded after the start
         self.links: list = []
         self.prog_fds: dict = {}
         self.map_fds: dict = {}
@@ -219,9 +223,11 @@ class Probes:
                            for p in tls.PROBES}
         self.tls: tls.TlsProbes | None = None
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
+        self.dns.deferred = self.dns.loaded and not dns_now
         path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
+        self._path, self._ring_sizes = path, dict(ring_sizes or {})
         try:
             self._load(path, ring_sizes or {})
             self._collect_fds()
@@ -250,7 +256,7 @@ class Probes:
         self._close_object()
         refused = {}
         groups = {probe: [prog] for probe, (prog, _m) in self._separate.items()}
-        if self.dns.loaded:
+        if self.dns.loaded and not self.dns.deferred:
             groups[dns.PROBE] = self.dns.programs()
         for probe, progs in groups.items():
             self._open(path, ring_sizes, want=dict.fromkeys(progs, probe))
@@ -275,6 +281,9 @@ class Probes:
         libbpf.call("bpf_object__load", self.obj)
 
     def _close_object(self) -> None:
+        if self.dns_obj:
+            libbpf.lib().bpf_object__close(self.dns_obj)
+            self.dns_obj = 0
         if self.obj:
             libbpf.lib().bpf_object__close(self.obj)
             self.obj = 0
@@ -295,7 +304,7 @@ class Probes:
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
         if self.tls_ok:
             want.update({p: "tls" for p in tls.programs(self.variant)})
-        if self.dns.loaded:
+        if self.dns.loaded and not self.dns.deferred:
             want.update({p: dns.PROBE for p in self.dns.programs()})
         return want
 
@@ -393,8 +402,42 @@ class Probes:
         self.rescan_tls()
 
     def set_dns(self, on: bool) -> None:
-        """capture.dns: attach the DNS programs, or detach them (dns.py)."""
-        self.dns.set(self.obj, on)
+        """capture.dns: attach the DNS programs, or detach them (dns.py);
+        loaded first if the start left them out (dns_now=False)."""
+        if on and self.dns.deferred:
+            self._load_dns()
+        self.dns.set(self.dns_obj or self.obj, on)
+
+    def _load_dns(self) -> None:
+        """Load the DNS programs in an object of their own, opened from the
+        same file and configured the same way, every map of it the loaded
+        object's (bpf_map__reuse_fd: the rings, the filter, .rodata). A
+        refusal leaves DNS off and says why (DnsProbes.refused)."""
+        want = dict.fromkeys(self.dns.programs(), dns.PROBE)
+        lb = libbpf.lib()
+        obj = 0
+        try:
+            obj = libbpf.call_ptr("bpf_object__open_file", self._path.encode(), None)
+            configure(obj, self.plan.features, self.variant, want, self._ring_sizes)
+            for name, m in object_maps(obj):
+                if not lb.bpf_map__autocreate(m):
+                    continue
+                if name not in self.map_fds:
+                    raise OSError(errno.ENOENT, f"map {name} is not in the loaded object")
+                libbpf.call("bpf_map__reuse_fd", m, self.map_fds[name])
+            libbpf.call("bpf_object__load", obj)
+            fds = {name: libbpf.call("bpf_program__fd", prog)
+                   for name, prog in object_programs(obj) if lb.bpf_program__autoload(prog)}
+        except OSError as e:
+            if obj:
+                lb.bpf_object__close(obj)
+            self.dns.deferred = False
+            self.dns.refused(str(e))
+            log.error("probe dns not loaded: %s", self.dns.state.error)
+            return
+        self.dns_obj, self.dns.deferred = obj, False
+        self.prog_fds = {**self.prog_fds, **fds}        # a new dict: scrapes read the old one meanwhile
+        log.info("probe dns: %d programs loaded", len(fds))
 
     def rescan_tls(self) -> None:
         """Attach the TLS uprobes to libssl files not seen before (processes

@@ -94,6 +94,17 @@ def kept(permitted: int, tls: bool = False) -> int:
     return keep
 
 
+def loads_after_drop() -> bool:
+    """Can this process still load BPF programs once drop_after_attach has
+    run (CAP_SYS_ADMIN kept)? Then what no config asks for yet (capture.dns)
+    can be loaded when one does, rather than at start."""
+    try:
+        permitted = current()[1]
+    except OSError:
+        return False
+    return bool(kept(permitted) & mask_of(("CAP_SYS_ADMIN",)))
+
+
 def current() -> tuple:
     """(effective, permitted, inheritable) of this thread, as 64-bit masks."""
     hdr, data = _Header(_LINUX_CAPABILITY_VERSION_3, 0), (_Data * 2)()
