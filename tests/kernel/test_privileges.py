@@ -4,6 +4,7 @@ import base64
 import json
 import os
 import pwd
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -102,6 +103,17 @@ def test_as_root_only_what_reloads_use_is_kept(tmp_path):
             {tid: (privileges.names(want), 1) for tid in tasks}
         n.write_config({"output": {"type": "none"}, "diagnostics": {"bpfStats": {"enabled": True}}})
         wait_for(lambda: n.sample("nettap_bpf_stats_source", source="fd") == 1, what="stats on by reload")
+        # The DNS programs, left out at start (no config asked), are loaded
+        # and attached by the reload that turns capture.dns on, after the drop.
+        dns = re.search(r'^nettap_probe_attached\{mechanism="(\w+)",probe="dns"\} (\S+)$', n.metrics_text(), re.M)
+        assert dns and dns[1] in ("disabled", "unsupported"), dns
+        n.write_config({"output": {"type": "none"}, "capture": {"dns": True}})
+        if dns[1] == "disabled":
+            def attached():
+                m = re.search(r'^nettap_probe_attached\{mechanism="(\w+)",probe="dns"\} 1\.0$', n.metrics_text(),
+                              re.M)
+                return m and m[1] not in ("disabled", "none")
+            wait_for(attached, what="dns attached by a reload")
     finally:
         assert n.stop() == 0
 
