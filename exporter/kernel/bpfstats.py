@@ -281,6 +281,7 @@ def prog_full_name(fd: int, info: bpf_prog_info) -> bytes:
 
 
 _FULL_NAMES: Dict[int, bytes] = {}       # program id -> full name, for node_programs
+_WALK_REFUSED: list = []                 # the walk's first refusal, logged once
 
 
 def _full_name_by_id(prog_id: int, short: bytes) -> bytes:
@@ -305,7 +306,7 @@ def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[i
     ``programs``): four bpf(2) calls a program (next id, fd by id, info,
     close), without the interpreter lock; it is the node-wide view's whole
     cost. A program unloaded during the walk, or whose info cannot be read,
-    is left out.
+    is left out; a walk the kernel refuses (no CAP_SYS_ADMIN) gives none.
 
     Names are full names (prog_full_name), cached by program id in
     full_names (by default the process's one cache, _FULL_NAMES): a
@@ -313,8 +314,16 @@ def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[i
     cycle up to INT_MAX), so each program's BTF is read once. Ids no longer
     loaded are dropped from the cache."""
     names = _FULL_NAMES if full_names is None else full_names
+    try:
+        walked = _native.programs()
+    except OSError as e:                 # the walk refused (no CAP_SYS_ADMIN): no node view, said once
+        if not _WALK_REFUSED:
+            _WALK_REFUSED.append(e)
+            log.warning("scope node: cannot walk the node's BPF programs: %s (it needs CAP_SYS_ADMIN)",
+                        e.strerror or e)
+        return []
     out = []
-    for prog_id, short, ptype, cnt, ns in _native.programs():
+    for prog_id, short, ptype, cnt, ns in walked:
         name = names.get(prog_id)
         if name is None:
             name = names[prog_id] = _full_name_by_id(prog_id, short)

@@ -610,3 +610,16 @@ def test_own_and_node_program_names_join(fake_bpf, monkeypatch):
     loads = len(fake_bpf.btf_loads)
     fams(c)
     assert len(fake_bpf.btf_loads) == loads                   # the second scrape reads no BTF
+
+
+def test_a_refused_walk_gives_no_node_programs_and_says_so_once(monkeypatch, caplog):
+    class Refused:
+        @staticmethod
+        def programs():
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(bpfstats, "_native", Refused)
+    monkeypatch.setattr(bpfstats, "_WALK_REFUSED", [])
+    caplog.set_level("WARNING", logger="exporter.kernel.bpfstats")
+    assert bpfstats.node_programs({}) == [] and bpfstats.node_programs({}) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "scope node: cannot walk the node's BPF programs: Operation not permitted (it needs CAP_SYS_ADMIN)"]
