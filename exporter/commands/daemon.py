@@ -21,8 +21,8 @@ from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector,
                                          MapCollector, PipelineCollector, ProbeCollector, ReloadCollector)
 from exporter.config import Config, ConfigError
-from exporter.kernel import privileges, tcp_h
-from exporter.kernel.loader import Probes
+from exporter.kernel import tcp_h
+from exporter.kernel.loader import Probes, dns_at_start
 from exporter.kernel.maps import PerCpuArray, lookup
 from exporter.capture.dns import LATENCY_BUCKETS, DnsTracker
 from exporter.capture.pipeline import Pipeline
@@ -59,7 +59,7 @@ class Nettap:
         self.reloads = ReloadState()
         self.stats_switch = StatsSwitch(kernel_on=STATE_PROBE.on)
         self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism, variant=variant,
-                                        dns_now=config.dns or not privileges.loads_after_drop())
+                                        dns_now=dns_at_start(config.dns))
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset

@@ -266,8 +266,8 @@ def _attach(cfg, mechanisms):
     try:
         resolve(cfg.captures)                   # refuse a bad target before loading anything
         kernel_plan = mechanisms.result()
-        from exporter.kernel.privileges import loads_after_drop
-        return Probes(ring_sizes=cfg.ring_bytes, kernel_plan=kernel_plan, dns_now=cfg.dns or not loads_after_drop())
+        from exporter.kernel.loader import dns_at_start
+        return Probes(ring_sizes=cfg.ring_bytes, kernel_plan=kernel_plan, dns_now=dns_at_start(cfg.dns))
     except config.ConfigError as e:
         return refused(e)
     except Unsupported as e:

@@ -19,8 +19,8 @@ import logging
 import os
 
 from exporter.kernel import dns, libbpf, tcp_h, tls
-from exporter.kernel.objects import (ALWAYS_PREALLOC, PREALLOC_MAX, VARIANT_MAPS, configure,  # noqa: F401
-                                     destroy_links, object_maps, object_programs)
+from exporter.kernel import privileges
+from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
 from exporter.kernel.mechanisms import (CALL_PROBES, DISABLED, TP_PLAN, UNSUPPORTED, Plan, ProbeState, ensure_tracefs,
                                         plan, programs_for, syscall_tps)
 
@@ -106,6 +106,13 @@ def attached_tracepoints() -> dict:
     to, for the TCP probes' tracepoint mechanism and the accept probe
     (scripts/hold_tracepoints.py holds them all)."""
     return dict(_TRACEPOINTS)
+
+
+def dns_at_start(dns_on: bool) -> bool:
+    """Load the DNS programs with the object (Probes' dns_now)? When the
+    config asks for DNS, or when nettap could not load them later (it keeps
+    no CAP_SYS_ADMIN after attach)."""
+    return dns_on or not privileges.loads_after_drop()
 
 
 class Probes:

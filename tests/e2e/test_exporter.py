@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from exporter.kernel import dns, loader, mechanisms, privileges, tls
+from exporter.kernel import dns, loader, mechanisms, tls
 from exporter.kernel.tcp_h import RINGS
 from procs import Nettap, Prometheus, held_programs, loaded_programs, stats_held_elsewhere, wait_for
 from traffic import Server, send_messages
@@ -33,7 +33,7 @@ def expected_programs() -> int:
     return len(loader.LIFECYCLE) + len(loader.separate_programs(kp.features)) + 1 + calls \
         + (len(tls.programs(kp.variant)) if tls.supported()[0] else 0) \
         + (len(dns.programs(kp.variant, kp.dns.mechanism))
-           if kp.dns.mechanism != "none" and not privileges.loads_after_drop() else 0)
+           if kp.dns.mechanism != "none" and loader.dns_at_start(False) else 0)
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
 
