@@ -15,15 +15,16 @@ from prometheus_client import gc_collector, platform_collector, process_collecto
 from exporter import __version__
 from exporter import config as config_mod
 from exporter.capture import filter as capture_filter, sinks, targets
-from exporter.kernel.bpfstats import (STATE_PROBE, ProgramStatsCollector, StatsSwitch, own_program_misses,
-                       own_program_stats)
+from exporter.kernel.bpfstats import STATE_PROBE, StatsSwitch, own_programs
 from exporter.metrics.cgroup import CgroupCollector
+from exporter.metrics.programs import ProgramStatsCollector
 from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector,
                                          MapCollector, PipelineCollector, ProbeCollector, ReloadCollector)
 from exporter.config import Config, ConfigError
 from exporter.kernel import tcp_h
 from exporter.kernel.loader import Probes, dns_at_start
 from exporter.kernel.maps import PerCpuArray, lookup
+from exporter.kernel.nodewalk import NodeWalk
 from exporter.capture.dns import LATENCY_BUCKETS, DnsTracker
 from exporter.capture.pipeline import Pipeline
 from exporter.capture.records import ERRNO_NAMES, PROBE_COUNTER_FIELDS, PROBES, RINGS, TCP_STATES
@@ -58,6 +59,7 @@ class Nettap:
         self._lock = threading.Lock()
         self.reloads = ReloadState()
         self.stats_switch = StatsSwitch(kernel_on=STATE_PROBE.on)
+        self.node_walk = NodeWalk()             # scope node's walk: the iterator loads at its first scrape
         self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism, variant=variant,
                                         dns_now=dns_at_start(config.dns))
         self.pipeline: Optional[Pipeline] = None
@@ -108,11 +110,9 @@ class Nettap:
         """The /stats document: the probe counters, drops and drained
         records, each program's kernel statistics (runs and run time only
         while bpfStats is on), and the process footprint, as /metrics has them."""
-        fds = self.probes.prog_fds
-        misses = own_program_misses(fds)
-        runs = own_program_stats(fds) if self.stats_switch.wanted else {}
-        programs = {p: {"misses": m, **({"runs": runs[p][0], "run_time_seconds": runs[p][1] / 1e9}
-                                        if p in runs else {})} for p, m in misses.items()}
+        wanted = self.stats_switch.wanted
+        programs = {p: {"misses": m, **({"runs": cnt, "run_time_seconds": ns / 1e9} if wanted else {})}
+                    for p, (cnt, ns, m) in own_programs(self.probes.prog_fds).items()}
         # The client library's process collector, samples without the process_ prefix.
         process = {s.name[len("process_"):]: s.value
                    for fam in process_collector.ProcessCollector(registry=None).collect() for s in fam.samples}
@@ -262,7 +262,8 @@ class Nettap:
             "dns": DnsCollector(self.dns.snapshot, LATENCY_BUCKETS),
             "pipeline": PipelineCollector(self),
             "programs": ProgramStatsCollector(self.stats_switch, lambda: self.probes.prog_fds,
-                                              lambda: self.config.bpf_stats_scope),
+                                              lambda: self.config.bpf_stats_scope,
+                                              node_walk=self.node_walk.programs),
             "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
                                  self.known_map_entries),
             "cgroup": CgroupCollector(),
@@ -290,6 +291,7 @@ class Nettap:
             r.close()
         self.rings = {}
         self.stats_switch.close()
+        self.node_walk.close()
         self.probes.close()
 
 

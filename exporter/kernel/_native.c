@@ -184,9 +184,75 @@ static PyObject *programs(PyObject *self, PyObject *unused)
     return out;
 }
 
+PyDoc_STRVAR(prog_stats_doc,
+             "prog_stats(fds) -> list of (run_cnt, run_time_ns, recursion_misses)\n\n"
+             "One BPF_OBJ_GET_INFO_BY_FD per program fd of the sequence fds, in its order,\n"
+             "without the interpreter lock. OSError where one is refused.");
+
+static PyObject *prog_stats(PyObject *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "prog_stats: expected a sequence of fds");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int *fds = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *fds);
+    uint64_t (*rows)[3] = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *rows);
+    PyObject *out = NULL;
+    if (fds == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (fd == -1 && PyErr_Occurred())
+            goto done;
+        fds[i] = (int)fd;
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !err; i++) {
+        struct bpf_prog_info info;
+        union bpf_attr attr;
+        memset(&info, 0, sizeof info);
+        memset(&attr, 0, sizeof attr);
+        attr.info.bpf_fd = (uint32_t)fds[i];
+        attr.info.info_len = sizeof info;
+        attr.info.info = (uint64_t)(uintptr_t)&info;
+        if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &attr)) {
+            err = errno;
+            break;
+        }
+        rows[i][0] = info.run_cnt;
+        rows[i][1] = info.run_time_ns;
+        rows[i][2] = info.recursion_misses;
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *t = Py_BuildValue("(KKK)", (unsigned long long)rows[i][0], (unsigned long long)rows[i][1],
+                                    (unsigned long long)rows[i][2]);
+        if (t == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+done:
+    PyMem_RawFree(fds);
+    PyMem_RawFree(rows);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"percpu_sum", percpu_sum, METH_VARARGS, percpu_sum_doc},
     {"programs", programs, METH_NOARGS, programs_doc},
+    {"prog_stats", prog_stats, METH_O, prog_stats_doc},
     {NULL, NULL, 0, NULL},
 };
 

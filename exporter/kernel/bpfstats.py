@@ -16,14 +16,15 @@ program once with BPF_PROG_TEST_RUN, whose run is counted (bpf_prog_run)
 only while the key is on.
 
 Reading: nettap's own programs with one ``BPF_OBJ_GET_INFO_BY_FD`` each on
-the fds it holds (no walk of the node's programs). The node-wide view (``scope: node``) walks every program
-with ``BPF_PROG_GET_NEXT_ID`` and ``BPF_OBJ_GET_INFO_BY_FD``, in one compiled call, and names each
-program's holder from a /proc scan that is refreshed only when a program id
-appears that it has not seen (a scan reads every process's fd links).
-Programs are named as ``bpftool prog show`` names them: by the full name of
-their first function in their BTF where the kernel's 15-character name is
-cut short, so node-scope names are those of the own-scope series (libbpf's
-program names). The full names are resolved once per program id.
+the fds it holds (no walk of the node's programs). The node-wide view
+(``scope: node``) walks every program by a BPF iterator where the kernel
+runs it (exporter/kernel/nodewalk.py), else with ``BPF_PROG_GET_NEXT_ID``
+and ``BPF_OBJ_GET_INFO_BY_FD`` in one compiled call. Programs are named as
+``bpftool prog show`` names them: by the full name of their first function
+in their BTF where the kernel's 15-character name is cut short, so
+node-scope names are those of the own-scope series (libbpf's program
+names). The full names are resolved once per program id. The
+collector of both views is exporter/metrics/programs.py.
 """
 from __future__ import annotations
 
@@ -31,13 +32,9 @@ import ctypes
 import logging
 import os
 import threading
-from collections import defaultdict
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from exporter.kernel import _native, fdinfo, libbpf
+from exporter.kernel import _native, libbpf
 
 log = logging.getLogger(__name__)
 
@@ -224,22 +221,25 @@ def prog_info(fd: int) -> bpf_prog_info:
     return info
 
 
+def own_programs(prog_fds: Dict[str, int]) -> Dict[str, Tuple[int, int, int]]:
+    """{program: (run_cnt, run_time_ns, recursion_misses)} for nettap's
+    programs: one BPF_OBJ_GET_INFO_BY_FD each on the fds nettap holds, no
+    walk, in one call into the compiled module. recursion_misses: runs the
+    kernel skipped because the program was already running on that CPU
+    (recursion, or preemption on PREEMPT_RT), counted whether statistics
+    are on or not."""
+    names = list(prog_fds)
+    return dict(zip(names, _native.prog_stats([prog_fds[n] for n in names])))
+
+
 def own_program_stats(prog_fds: Dict[str, int]) -> Dict[str, Tuple[int, int]]:
-    """{program: (run_cnt, run_time_ns)} for nettap's programs: one
-    BPF_OBJ_GET_INFO_BY_FD each on the fds nettap holds, no walk."""
-    out = {}
-    for name, fd in prog_fds.items():
-        info = prog_info(fd)
-        out[name] = (info.run_cnt, info.run_time_ns)
-    return out
+    """{program: (run_cnt, run_time_ns)} (own_programs)."""
+    return {name: (cnt, ns) for name, (cnt, ns, _) in own_programs(prog_fds).items()}
 
 
 def own_program_misses(prog_fds: Dict[str, int]) -> Dict[str, int]:
-    """{program: runs the kernel skipped} for nettap's programs: the kernel
-    does not run a program again on a CPU where it is already running
-    (recursion, or preemption on PREEMPT_RT) and counts it in
-    bpf_prog_info.recursion_misses, whether statistics are on or not."""
-    return {name: prog_info(fd).recursion_misses for name, fd in prog_fds.items()}
+    """{program: runs the kernel skipped} (own_programs)."""
+    return {name: m for name, (_, _, m) in own_programs(prog_fds).items()}
 
 
 def prog_full_name(fd: int, info: bpf_prog_info) -> bytes:
@@ -299,14 +299,17 @@ def _full_name_by_id(prog_id: int, short: bytes) -> bytes:
         os.close(fd)
 
 
-def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[int, bytes, int, int, int]]:
+def node_programs(full_names: Optional[Dict[int, bytes]] = None,
+                  walk: Optional[Callable[[], list]] = None) -> List[Tuple[int, bytes, int, int, int]]:
     """(id, name, type, run_cnt, run_time_ns) of every program on the node.
 
-    The walk is one call into the compiled module (exporter/kernel/_native.c,
-    ``programs``): four bpf(2) calls a program (next id, fd by id, info,
-    close), without the interpreter lock; it is the node-wide view's whole
-    cost. A program unloaded during the walk, or whose info cannot be read,
-    is left out; a walk the kernel refuses (no CAP_SYS_ADMIN) gives none.
+    walk: what lists them with their kernel names (nodewalk.NodeWalk's
+    programs: the BPF iterator where the kernel runs it); by default one
+    call into the compiled module (exporter/kernel/_native.c, ``programs``):
+    four bpf(2) calls a program (next id, fd by id, info, close), without
+    the interpreter lock. A program unloaded during the walk, or whose info
+    cannot be read, is left out; a walk the kernel refuses (no
+    CAP_SYS_ADMIN) gives none.
 
     Names are full names (prog_full_name), cached by program id in
     full_names (by default the process's one cache, _FULL_NAMES): a
@@ -315,7 +318,7 @@ def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[i
     loaded are dropped from the cache."""
     names = _FULL_NAMES if full_names is None else full_names
     try:
-        walked = _native.programs()
+        walked = (walk or _native.programs)()
     except OSError as e:                 # the walk refused (no CAP_SYS_ADMIN): no node view, said once
         if not _WALK_REFUSED:
             _WALK_REFUSED.append(e)
@@ -334,110 +337,3 @@ def node_programs(full_names: Optional[Dict[int, bytes]] = None) -> List[Tuple[i
             if pid_ not in live:
                 names.pop(pid_, None)
     return out
-
-
-class ProgramStatsCollector(Collector):
-    """``nettap_bpf_program_*`` (own programs) and, in node scope,
-    ``nettap_node_bpf_program_*``; present only while stats are wanted."""
-
-    def __init__(self, switch: StatsSwitch, prog_fds: Callable[[], Dict[str, int]],
-                 scope: Callable[[], str], proc_root: str = "/proc"):
-        self.switch = switch
-        self.prog_fds = prog_fds
-        self.scope = scope
-        self.proc_root = proc_root
-        self._holders: Dict[int, fdinfo.Holder] = {}
-        self._seen_ids: set = set()
-
-    def describe(self) -> Iterable[Metric]:
-        return (self._own_families() + self._node_families() + self._switch_families()
-                + [self._misses_family()])
-
-    @staticmethod
-    def _misses_family() -> Metric:
-        return CounterMetricFamily(
-            "nettap_bpf_program_misses",
-            "Runs of each nettap eBPF program the kernel skipped because the program was already running "
-            "on that CPU (recursion, or preemption on PREEMPT_RT): what they would have captured is lost.",
-            labels=["program"])
-
-    @staticmethod
-    def _own_families() -> List[Metric]:
-        return [CounterMetricFamily("nettap_bpf_program_runs",
-                                    "Executions of each nettap eBPF program (only while bpfStats is on).",
-                                    labels=["program"]),
-                CounterMetricFamily("nettap_bpf_program_run_time_seconds",
-                                    "Cumulative kernel run time of each nettap eBPF program "
-                                    "(only while bpfStats is on).", labels=["program"])]
-
-    @staticmethod
-    def _node_families() -> List[Metric]:
-        labels = ["program", "type", "owner"]
-        return [CounterMetricFamily("nettap_node_bpf_program_runs",
-                                    "Executions of every eBPF program on the node, summed over programs with "
-                                    "equal labels (bpfStats on, scope node).", labels=labels),
-                CounterMetricFamily("nettap_node_bpf_program_run_time_seconds",
-                                    "Kernel run time of every eBPF program on the node (bpfStats on, scope node).",
-                                    labels=labels),
-                GaugeMetricFamily("nettap_node_bpf_programs", "eBPF programs loaded on the node (scope node).",
-                                  labels=["type", "owner"])]
-
-    @staticmethod
-    def _switch_families() -> List[Metric]:
-        return [GaugeMetricFamily("nettap_bpf_stats_enabled",
-                                  "1 while the kernel's BPF run-time statistics are on, by anyone's doing "
-                                  "(asked of the kernel: a probe program's run is counted)."),
-                GaugeMetricFamily("nettap_bpf_stats_source",
-                                  "1 for who holds BPF statistics on: fd (this nettap holds BPF_ENABLE_STATS), "
-                                  "sysctl (this nettap set kernel.bpf_stats_enabled), external (another process: "
-                                  "its own BPF_ENABLE_STATS fd, e.g. another nettap, or the sysctl).",
-                                  labels=["source"])]
-
-    def collect(self) -> Iterable[Metric]:
-        enabled, source = self._switch_families()
-        src = self.switch.source()
-        enabled.add_metric([], 1 if src else 0)
-        if src:
-            source.add_metric([src], 1)
-        misses = self._misses_family()
-        for name, n in sorted(own_program_misses(self.prog_fds()).items()):
-            misses.add_metric([name], n)
-        out: List[Metric] = [enabled, source, misses]
-        if not self.switch.wanted:
-            return out
-        runs, rt = self._own_families()
-        for name, (cnt, ns) in sorted(own_program_stats(self.prog_fds()).items()):
-            runs.add_metric([name], cnt)
-            rt.add_metric([name], ns / 1e9)
-        out += [runs, rt]
-        if self.scope() == "node":
-            out += self._node()
-        return out
-
-    def _node(self) -> List[Metric]:
-        progs = node_programs()
-        ids = {p[0] for p in progs}
-        if not ids <= self._seen_ids:       # new programs: who holds them?
-            self._holders = fdinfo.scan_bpf_holders(self.proc_root)
-            self._seen_ids = ids
-        agg: Dict[Tuple[bytes, int, str], List[int]] = {}
-        for pid_, name, ptype, cnt, ns in progs:
-            h = self._holders.get(pid_)
-            key = (name or f"id{pid_}".encode(), ptype, h.comm if h else "none")
-            a = agg.get(key)
-            if a is None:
-                agg[key] = [cnt, ns, 1]
-            else:
-                a[0] += cnt
-                a[1] += ns
-                a[2] += 1
-        runs, rt, count = self._node_families()
-        per_owner: Dict[Tuple[str, str], int] = defaultdict(int)
-        for (name, ptype, owner), (cnt, ns, k) in sorted(agg.items()):
-            labels = [name.decode(errors="replace"), fdinfo.prog_type_name(ptype), owner]
-            runs.add_metric(labels, cnt)
-            rt.add_metric(labels, ns / 1e9)
-            per_owner[(labels[1], owner)] += k
-        for (ptype, owner), k in sorted(per_owner.items()):
-            count.add_metric([ptype, owner], k)
-        return [runs, rt, count]

@@ -56,7 +56,7 @@ def _map_type(t: int) -> tuple:
     return r == 1, "libbpf_probe_bpf_map_type" + ("" if r >= 0 else f": {os.strerror(-r)}")
 
 
-def _helper(prog_type: int, helper: int) -> tuple:
+def helper(prog_type: int, helper: int) -> tuple:
     r = libbpf.lib().libbpf_probe_bpf_helper(prog_type, helper, None)
     return r == 1, "libbpf_probe_bpf_helper" + ("" if r >= 0 else f": {os.strerror(-r)}")
 
@@ -120,11 +120,11 @@ def probe(btf: int) -> list:
         ("task storage", "5.11", lambda: _map_type(BPF_MAP_TYPE_TASK_STORAGE)),
         # compat reads the cgroup ancestry itself where tracing programs lack the helper
         ("bpf_get_current_ancestor_cgroup_id", "5.14",
-         lambda: _helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_get_current_ancestor_cgroup_id)),
+         lambda: helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_get_current_ancestor_cgroup_id)),
         ("bpf_get_current_task_btf", "5.11",
-         lambda: _helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_get_current_task_btf)),
+         lambda: helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_get_current_task_btf)),
         ("atomic fetch-and-add", "5.12", _atomic_fetch),
-        ("bpf_loop", "5.17", lambda: _helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_loop)),
+        ("bpf_loop", "5.17", lambda: helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_loop)),
         ("bpf_rdonly_cast", "6.2", lambda: _kfunc(btf, "bpf_rdonly_cast")),
         # a tracepoint a lifecycle program needs (loader.SEPARATE)
         ("sock:inet_sk_error_report", "5.14", lambda: _tracepoint(btf, "inet_sk_error_report")),

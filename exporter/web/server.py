@@ -9,10 +9,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from prometheus_client.exposition import choose_encoder
-
 from exporter import __version__
 from exporter.web import landing as landing_page
+from exporter.web.exposition import TextRenderer
 from exporter.web.listen import bind, parse_listen  # noqa: F401 (parse_listen: this module's before)
 from exporter.web.transport import Handler, HttpCollector, Limits, Server
 
@@ -20,6 +19,8 @@ log = logging.getLogger(__name__)
 
 # One collector per registry, summing its servers (tests serve one registry many times).
 _COLLECTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# One text renderer per registry (it keeps the registry's label texts between scrapes).
+_RENDERERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 @dataclass(frozen=True)
 class _Site:
@@ -30,6 +31,7 @@ class _Site:
     web: object
     landing: Callable[[], dict]
     telemetry_path: str
+    renderer: TextRenderer
 
 
 class _Routes(Handler):
@@ -76,7 +78,7 @@ class _Routes(Handler):
         text = "text/plain; charset=utf-8"
         try:
             if path == site.telemetry_path:
-                encoder, ctype = choose_encoder(self.headers.get("Accept"))
+                encoder, ctype = site.renderer.encoder(self.headers.get("Accept"))
                 self._send(200, encoder(site.registry), ctype)
             elif path == "/stats":
                 self._send(200, json.dumps(site.stats(), indent=2, sort_keys=True).encode() + b"\n",
@@ -121,8 +123,11 @@ def serve(addr: str, registry, stats: Callable[[], dict],
     limits = limits or Limits()
     srv = Server(sock or bind(addr, limits.backlog), _Routes, limits)
     srv.web = web
+    renderer = _RENDERERS.get(registry)
+    if renderer is None:
+        renderer = _RENDERERS[registry] = TextRenderer()
     srv.site = _Site(registry, stats, readiness, web, landing or (lambda: {"version": __version__}),
-                     telemetry_path)
+                     telemetry_path, renderer)
     coll = _COLLECTORS.get(registry)
     if coll is None:
         coll = _COLLECTORS[registry] = HttpCollector()

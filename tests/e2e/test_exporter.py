@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from exporter.kernel import dns, loader, mechanisms, tls
+from exporter.kernel import dns, loader, mechanisms, nodewalk, tls
 from exporter.kernel.tcp_h import RINGS
 from procs import Nettap, Prometheus, held_programs, loaded_programs, stats_held_elsewhere, wait_for
 from traffic import Server, send_messages
@@ -81,7 +81,8 @@ def test_promtool_accepts_the_exposition(tmp_path):
         comm = open(f"/proc/{n.p.pid}/comm").read().strip()
         ours = sum(float(l.split()[-1]) for l in text.splitlines()
                    if l.startswith("nettap_node_bpf_programs{") and f'owner="{comm}"' in l)
-        assert ours >= len(held_programs(n.p.pid)) == expected_programs()
+        # ... and the iterator that listed them, where the kernel offers it (loaded by this scrape)
+        assert ours >= len(held_programs(n.p.pid)) == expected_programs() + nodewalk.iterator_offered()[0]
         names = {m for m in re.findall(r'nettap_node_bpf_program_runs_total\{[^}]*program="([^"]+)"', text)}
         assert {"tcp_sendmsg_enter_iov", "tcp_state"} <= names and "tcp_sendmsg_ent" not in names  # BTF names
         r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)

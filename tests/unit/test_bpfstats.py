@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from exporter.kernel import bpfstats, fdinfo
-from exporter.kernel.bpfstats import ProgramStatsCollector, StatsSwitch
+from exporter.kernel.bpfstats import StatsSwitch
+from exporter.metrics.programs import ProgramStatsCollector
 
 
 class FakeEnable:
@@ -119,8 +120,7 @@ def test_external_sysctl_still_counts_as_wanted(sysctl):
 
 
 def test_external_wanted_exports_own_programs(sysctl, monkeypatch):
-    monkeypatch.setattr(bpfstats, "own_program_stats", lambda fds: {"tcp_state": (5, 1000)})
-    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {"tcp_state": 0})
+    monkeypatch.setattr(bpfstats, "own_programs", lambda fds: {"tcp_state": (5, 1000, 0)})
     sysctl.write_text("1\n")
     sw = StatsSwitch(str(sysctl), FakeEnable(refuse=True))
     sw.set(True)
@@ -132,7 +132,7 @@ def test_external_wanted_exports_own_programs(sysctl, monkeypatch):
 def test_another_processes_stats_fd_is_reported_though_the_sysctl_reads_0(sysctl, enable, monkeypatch):
     """Another nettap holds BPF_ENABLE_STATS: the sysctl still reads 0 (it
     shows only what was written to it), the kernel's answer says on."""
-    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {})
+    monkeypatch.setattr(bpfstats, "own_programs", lambda fds: {})
     sysctl.write_text("0\n")
     kernel = {"on": True}
     sw = StatsSwitch(str(sysctl), enable, kernel_on=lambda: kernel["on"])
@@ -266,9 +266,9 @@ def kernel(monkeypatch):
 
     def own(fds):
         calls["own"] += 1
-        return {n: (100 + i, 1_000_000 * (i + 1)) for i, n in enumerate(sorted(fds))}
+        return {n: (100 + i, 1_000_000 * (i + 1), 0) for i, n in enumerate(sorted(fds))}
 
-    def node():
+    def node(full_names=None, walk=None):
         calls["node"] += 1
         return list(state["progs"])
 
@@ -276,8 +276,7 @@ def kernel(monkeypatch):
         calls["scan"] += 1
         return dict(state["holders"])
 
-    monkeypatch.setattr(bpfstats, "own_program_stats", own)
-    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {n: 0 for n in fds})
+    monkeypatch.setattr(bpfstats, "own_programs", own)
     monkeypatch.setattr(bpfstats, "node_programs", node)
     monkeypatch.setattr(fdinfo, "scan_bpf_holders", scan)
     return calls, state
@@ -292,7 +291,7 @@ def test_series_absent_when_not_wanted(kernel):
     assert samples(f["nettap_bpf_program_misses"]) == {("tcp_state",): 0}
     assert samples(f["nettap_bpf_stats_enabled"]) == {(): 0}
     assert f["nettap_bpf_stats_source"].samples == []
-    assert calls == {"own": 0, "node": 0, "scan": 0}          # nothing read
+    assert calls == {"own": 1, "node": 0, "scan": 0}          # the misses' one read, no walk
 
 
 def test_external_not_wanted_reports_enabled_only(kernel):
@@ -501,6 +500,10 @@ class FakeBpf:
     def programs(self):
         return [(i, full.encode()[:15], ptype, i * 10, i * 1000)
                 for i, (full, ptype, *_rest) in sorted(self.progs.items())]
+
+    # exporter/kernel/_native.c's info calls on nettap's own fds: (run_cnt, run_time_ns, recursion_misses)
+    def prog_stats(self, fds):
+        return [(self.fds[fd] * 10, self.fds[fd] * 1000, 0) for fd in fds]
 
     def open_fds(self):
         return [fd for fd in self.fds if is_open(fd)]

@@ -24,7 +24,7 @@ from exporter.capture.records import ERRNO_NAMES, TCP_STATES
 from exporter.kernel import bpfstats, fdinfo, tcp_h
 from exporter.metrics import collectors
 from exporter.commands.daemon import ReloadState
-from exporter.kernel.bpfstats import ProgramStatsCollector
+from exporter.metrics.programs import ProgramStatsCollector
 from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector, MapCollector,
                                          PipelineCollector, ProbeCollector, ReloadCollector)
@@ -147,10 +147,9 @@ class FakeSwitch:
 
 @pytest.fixture
 def fixture_kernel(monkeypatch):
-    monkeypatch.setattr(bpfstats, "own_program_stats", lambda fds: dict(OWN_PROGRAMS))
-    monkeypatch.setattr(bpfstats, "own_program_misses", lambda fds: {p: 2 if p == "tcp_state" else 0
-                                                                     for p in OWN_PROGRAMS})
-    monkeypatch.setattr(bpfstats, "node_programs", lambda: list(NODE_PROGRAMS))
+    monkeypatch.setattr(bpfstats, "own_programs", lambda fds: {p: (*v, 2 if p == "tcp_state" else 0)
+                                                               for p, v in OWN_PROGRAMS.items()})
+    monkeypatch.setattr(bpfstats, "node_programs", lambda *a: list(NODE_PROGRAMS))
     monkeypatch.setattr(fdinfo, "scan_bpf_holders", lambda proc_root="/proc": dict(HOLDERS))
     memlock = {fd: mem for fd, _, mem in MAPS.values()}
     monkeypatch.setattr(MapCollector, "_memlock", lambda self, fd, mtype: memlock[fd])
