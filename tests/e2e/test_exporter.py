@@ -151,9 +151,11 @@ def test_stats_switch_live_and_agrees_with_bpftool(stack):
 def test_nothing_left_in_the_kernel_after_exit(tmp_path, how):
     before = open(SYSCTL).read().strip()
     n = Nettap(tmp_path, {"captures": [{"port": 1}], "diagnostics": {"bpfStats": {"enabled": True}}})
-    ours = held_programs(n.p.pid)
-    assert len(ours) == expected_programs() and ours <= loaded_programs()
-    n.stop(how)
+    try:
+        ours = held_programs(n.p.pid)
+        assert len(ours) == expected_programs() and ours <= loaded_programs()
+    finally:                             # stopped either way: a failed count must not leave it running
+        n.stop(how)
     wait_for(lambda: not ours & loaded_programs(), timeout=10, what="programs unloaded")
     # Links hold their programs: with no nettap program left, no link of nettap's is left either.
     assert open(SYSCTL).read().strip() == before
