@@ -8,7 +8,9 @@
  *   fast (Linux 6.2+): task-local storage (5.11), bpf_get_current_task_btf
  *     (5.11), bpf_loop (5.17), bpf_rdonly_cast (6.2), fetching atomics (5.12);
  *   compat (Linux 5.8+): a pid_tgid hash, bpf_get_current_task, an
- *     open-coded bounded loop, bpf_probe_read_kernel, plain atomic adds.
+ *     open-coded bounded loop, bpf_probe_read_kernel, plain atomic adds;
+ *     bpf_loop in tcp.bpf.o (see emit_chunks), and where the kernel has it
+ *     (struct nettap_kernel, set by user space) bpf_get_current_task_btf.
  * User space (exporter/kernel/features.py) loads one variant per program.
  */
 #ifndef NETTAP_EMIT_BPF_H
@@ -222,13 +224,36 @@ static long emit_chunk_cb(__u32 i, void *ctx)
 	return emit_step(*(struct inflight **)ctx);
 }
 
+/*
+ * The compat programs chunk with bpf_loop (5.17; Linux 6.1 runs the compat
+ * variant): the open-coded loop below costs the verifier tens of
+ * milliseconds a program at load, bpf_loop's body is checked once. A program
+ * that merely names bpf_loop's callback is refused before Linux 5.13 (the
+ * callback is a subprogram such a kernel does not count: "number of funcs in
+ * func_info doesn't match number of subprogs"), even where the call is never
+ * reached, so the Makefile builds this file twice: tcp.bpf.o, and
+ * tcp_open_loop.bpf.o (NETTAP_COMPAT_OPEN_LOOP) whose compat programs keep
+ * the open-coded loop, for kernels without bpf_loop (exporter/kernel/loader.py
+ * chooses).
+ */
+#ifdef NETTAP_COMPAT_OPEN_LOOP
+#define COMPAT_BPF_LOOP 0
+#else
+#define COMPAT_BPF_LOOP 1
+#endif
+
 /* Chunks of the largest call, plus per iovec one step to read it and one
  * short chunk at its end. */
 #define EMIT_STEPS (NETTAP_MAX_CHUNKS_PER_CALL + 2 * NETTAP_MAX_IOV)
 
 static __always_inline void emit_chunks(struct inflight *in, const bool fast)
 {
-	if (fast) {
+	/* compat too, but in tcp_open_loop.bpf.o (see COMPAT_BPF_LOOP). The
+	 * flag, always set where tcp.bpf.o loads, keeps the open-coded loop in
+	 * the compat programs for the verifier to prune: built without it,
+	 * clang's registers for the single step's length lost their bounds on
+	 * Linux 6.1's verifier ("R2 min value is negative"). */
+	if (fast || (COMPAT_BPF_LOOP && nettap_kernel.has_bpf_loop)) {
 		/* One buffer that fits one chunk (most calls): one step, without
 		 * bpf_loop's helper call and callbacks. (The compat loop is
 		 * open-coded already: its first step is as direct.) */

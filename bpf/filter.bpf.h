@@ -110,12 +110,25 @@ static __always_inline bool sock_matches_for(struct nettap_capture_config *cfg, 
 	if ((cfg->flags & NETTAP_TARGET_NETNS) && netns_matches(sk, btf, want))
 		return true;
 	if (cfg->flags & NETTAP_TARGET_PORT) {
-		__u16 sport = btf ? sk->__sk_common.skc_num
-				  : BPF_CORE_READ(sk, __sk_common.skc_num);
-		__u16 dport = btf ? sk->__sk_common.skc_dport
-				  : BPF_CORE_READ(sk, __sk_common.skc_dport);
+		struct {
+			__be16 dport;
+			__u16 sport;
+		} p = {};
 
-		if (port_matches(sport, want) || port_matches(bpf_ntohs(dport), want))
+		if (btf) {
+			p.sport = sk->__sk_common.skc_num;
+			p.dport = sk->__sk_common.skc_dport;
+		} else if (bpf_core_field_offset(struct sock_common, skc_num) ==
+			   bpf_core_field_offset(struct sock_common, skc_dport) + 2) {
+			/* the port pair (skc_portpair): one read */
+			bpf_probe_read_kernel(&p, sizeof(p),
+					      (void *)sk + bpf_core_field_offset(struct sock_common,
+										 skc_dport));
+		} else {
+			p.sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+			p.dport = BPF_CORE_READ(sk, __sk_common.skc_dport);
+		}
+		if (port_matches(p.sport, want) || port_matches(bpf_ntohs(p.dport), want))
 			return true;
 	}
 	return false;
@@ -181,12 +194,43 @@ static __always_inline struct file *fd_to_file(unsigned long fd, const bool btf)
 				     bpf_core_field_offset(struct files_struct, fd_array));
 		return slot->fd_array[0];
 	} else {
-		struct task_struct *task = (void *)bpf_get_current_task();
-		struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+		struct fdtable *fdt;
 
-		if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
-			return NULL;
-		fds = BPF_CORE_READ(fdt, fd);
+		if (nettap_kernel.has_task_btf) {
+			/* 5.11+: the task's fd table by direct loads (what the
+			 * verifier cannot follow is the array indexed by fd). */
+			struct task_struct *task = bpf_get_current_task_btf();
+
+			fdt = task->files->fdt;
+			if (!fdt || fd >= fdt->max_fds)
+				return NULL;
+			fds = fdt->fd;
+		} else {
+			struct task_struct *task = (void *)bpf_get_current_task();
+			struct {
+				__u32 max_fds;
+				__u32 pad;
+				__u64 fd;
+			} head = {};
+
+			fdt = BPF_CORE_READ(task, files, fdt);
+			if (!fdt)
+				return NULL;
+			/* max_fds and fd side by side (every kernel so far): one read. */
+			if (bpf_core_field_offset(struct fdtable, fd) ==
+			    bpf_core_field_offset(struct fdtable, max_fds) + 8) {
+				bpf_probe_read_kernel(&head, sizeof(head),
+						      (void *)fdt +
+							      bpf_core_field_offset(struct fdtable,
+										    max_fds));
+			} else {
+				head.max_fds = BPF_CORE_READ(fdt, max_fds);
+				head.fd = (__u64)BPF_CORE_READ(fdt, fd);
+			}
+			if (fd >= head.max_fds)
+				return NULL;
+			fds = (struct file **)head.fd;
+		}
 		if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]))
 			return NULL;
 		return file;

@@ -165,6 +165,8 @@ struct nettap_capture_config {
  * .rodata.nettap: read-only once loaded, so the verifier prunes on it). */
 struct nettap_kernel {
 	__u32 has_ancestor_cgroup_id; /* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
+	__u32 has_task_btf;	      /* bpf_get_current_task_btf in tracing (5.11) */
+	__u32 has_bpf_loop;	      /* bpf_loop (5.17) */
 };
 
 /* The obs_counters map's one per-CPU value: rows NETTAP_OBS_* (one lookup

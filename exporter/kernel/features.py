@@ -136,7 +136,8 @@ def kernel_settings(features: list) -> bytes:
     """struct nettap_kernel (bpf/tcp.h), written into the object's
     .rodata.nettap section before load."""
     have = {f.name: f.present for f in features}
-    return int(have["bpf_get_current_ancestor_cgroup_id"]).to_bytes(4, "little")
+    return b"".join(int(have[name]).to_bytes(4, "little")
+                    for name in ("bpf_get_current_ancestor_cgroup_id", "bpf_get_current_task_btf", "bpf_loop"))
 
 
 def runtime_alloc_ok(features: list) -> bool:

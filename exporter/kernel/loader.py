@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # Plain strings and classes on this path: pathlib, dataclasses and typing would
 # add ~30 ms of imports before the probes are attached.
 OBJECT = "tcp.bpf.o"
+OBJECT_OPEN_LOOP = "tcp_open_loop.bpf.o"      # the same for kernels without bpf_loop (bpf/emit.bpf.h)
 
 
 def _bpf_dir() -> str:
@@ -108,6 +109,13 @@ def attached_tracepoints() -> dict:
     return dict(_TRACEPOINTS)
 
 
+def object_for(features: list) -> str:
+    """The object this kernel loads: tcp.bpf.o, whose compat programs chunk
+    with bpf_loop, or tcp_open_loop.bpf.o where the kernel has no bpf_loop
+    (before 5.13 it refuses any program that names bpf_loop's callback)."""
+    return OBJECT if any(f.name == "bpf_loop" and f.present for f in features) else OBJECT_OPEN_LOOP
+
+
 def dns_at_start(dns_on: bool) -> bool:
     """Load the DNS programs with the object (Probes' dns_now)? When the
     config asks for DNS, or when nettap could not load them later (it keeps
@@ -152,7 +160,7 @@ class Probes:
         self.tls: tls.TlsProbes | None = None
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         self.dns.deferred = self.dns.loaded and not dns_now
-        path = str(obj_path or os.path.join(BPF_DIR, OBJECT))
+        path = str(obj_path or os.path.join(BPF_DIR, object_for(self.plan.features)))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
         self._path, self._ring_sizes = path, dict(ring_sizes or {})

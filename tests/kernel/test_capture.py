@@ -544,18 +544,17 @@ def test_cgroup_target(nettap_run, mode):
     _cgroup_capture(nettap_run)
 
 
-def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
-    # Before Linux 5.14 tracing programs cannot call bpf_get_current_ancestor_cgroup_id
-    # and the compat programs read the cgroup's ancestor ids themselves. Tell the
-    # loader the helper is missing, so every kernel runs that path (5.10 reads
-    # ancestor_ids[], 6.1+ ancestors[]).
+def _compat_without(tmp_path, missing, body, settings):
+    """body(run_for) with compat tracepoint programs loaded as on a kernel
+    that lacks the features named in missing (the loader is told so);
+    settings(kernel_settings bytes) checks what the object is given."""
     from exporter.kernel import features, mechanisms
     from conftest import Run
     kp = mechanisms.plan("tracepoint", "compat")
     for f in kp.features:
-        if f.name == "bpf_get_current_ancestor_cgroup_id":
+        if f.name in missing:
             f.present = False
-    assert features.kernel_settings(kp.features) == bytes(4)
+    assert settings(features.kernel_settings(kp.features))
     runs = []
 
     def run_for(doc):
@@ -563,10 +562,20 @@ def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
         runs.append(r)
         return r
     try:
-        _cgroup_capture(run_for)
+        body(run_for)
+        return [r.app.probes._path for r in runs]
     finally:
         for r in runs:
             r.app.close()
+
+
+def test_cgroup_target_where_tracing_lacks_the_ancestor_helper(tmp_path):
+    # Before Linux 5.14 tracing programs cannot call bpf_get_current_ancestor_cgroup_id
+    # and the compat programs read the cgroup's ancestor ids themselves. Tell the
+    # loader the helper is missing, so every kernel runs that path (5.10 reads
+    # ancestor_ids[], 6.1+ ancestors[]).
+    _compat_without(tmp_path, ("bpf_get_current_ancestor_cgroup_id",), _cgroup_capture,
+                    lambda settings: settings[:4] == bytes(4))
 
 
 def test_netns_target(nettap_run, mode):
@@ -775,12 +784,29 @@ def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
 
 
 def test_largest_vectored_call_is_captured_whole(nettap_run, mode):
+    _largest_vectored_call(nettap_run)
+
+
+def test_compat_where_the_kernel_lacks_task_btf_and_bpf_loop(tmp_path):
+    # Before Linux 5.11 (bpf_get_current_task_btf) the compat programs read the
+    # fd table by bpf_probe_read_kernel (max_fds and fd in one read), before
+    # 5.17 (bpf_loop) they chunk a call in an open-coded loop (the object
+    # tcp_open_loop.bpf.o). Tell the loader both are missing, so every kernel
+    # runs those paths: a port target (the port pair in one read) and a call
+    # of many chunks and iovecs.
+    from exporter.kernel import loader
+    paths = _compat_without(tmp_path, ("bpf_get_current_task_btf", "bpf_loop"), _largest_vectored_call,
+                            lambda settings: settings[4:] == bytes(8))
+    assert [os.path.basename(p) for p in paths] == [loader.OBJECT_OPEN_LOOP]
+
+
+def _largest_vectored_call(run_for):
     # 8 iovecs of 8,200 bytes at max_payload_bytes 65,736: each iovec ends in a
     # short chunk, so the call needs more chunk steps than 65,736 / 396.
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(1)
-    run = nettap_run({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65736}})
+    run = run_for({"captures": [{"port": lst.getsockname()[1]}], "capture": {"max_payload_bytes": 65736}})
     data = payload(8 * 8200, seed=5)
     with socket.socket() as cli:
         cli.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)

@@ -13,9 +13,10 @@ def _load_only(names, variant) -> None:
     """Load the object with autoload on only for names, configured for this
     kernel as the loader does (raises OSError)."""
     lb = libbpf.lib()
-    obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.OBJECT}".encode(), None)
+    feats = mechanisms.plan("tracepoint").features
+    obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.object_for(feats)}".encode(), None)
     try:
-        loader.configure(obj, mechanisms.plan("tracepoint").features, variant, set(names), {})
+        loader.configure(obj, feats, variant, set(names), {})
         libbpf.call("bpf_object__load", obj)
     finally:
         lb.bpf_object__close(obj)
