@@ -127,12 +127,13 @@ class NodeWalk:
             try:
                 return it.walk()
             except (OSError, ValueError) as e:      # a link that fails later: the bpf(2) walk from now on
-                with self._lock:
-                    self._refused = str(e)
-                    if self._iter is it:
-                        self._iter = None
-                log.warning("scope node: the BPF program iterator failed (%s); walking by bpf(2)", e)
-                it.close()
+                with self._lock:                    # one scrape of those that failed at once closes it
+                    mine = self._iter is it
+                    if mine:
+                        self._iter, self._refused = None, str(e)
+                if mine:
+                    log.warning("scope node: the BPF program iterator failed (%s); walking by bpf(2)", e)
+                    it.close()
         return _native.programs()
 
     def close(self) -> None:
