@@ -237,11 +237,6 @@ def own_program_stats(prog_fds: Dict[str, int]) -> Dict[str, Tuple[int, int]]:
     return {name: (cnt, ns) for name, (cnt, ns, _) in own_programs(prog_fds).items()}
 
 
-def own_program_misses(prog_fds: Dict[str, int]) -> Dict[str, int]:
-    """{program: runs the kernel skipped} (own_programs)."""
-    return {name: m for name, (_, _, m) in own_programs(prog_fds).items()}
-
-
 def prog_full_name(fd: int, info: bpf_prog_info) -> bytes:
     """The program's full name, the way ``bpftool prog show`` finds it
     (get_prog_full_name, bpftool's src/common.c): the kernel keeps 15

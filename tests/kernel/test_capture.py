@@ -18,7 +18,7 @@ from conftest import conn_slots_total, dropped_children, kernel_modes, live_conn
 from exporter.capture import records as R, targets
 from exporter.kernel import maps
 from exporter.kernel.mechanisms import preempt_rt
-from exporter.kernel.bpfstats import own_program_misses
+from exporter.kernel.bpfstats import own_programs
 from procs import wait_for
 from traffic import ClientProcess, Server, in_netns, payload, send_messages
 
@@ -914,7 +914,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
             if still >= 600:                 # nothing new for 30 s
                 break
         drops = run.drops()
-        misses = {k: v for k, v in own_program_misses(run.app.probes.prog_fds).items() if v}
+        misses = {k: m for k, (_, _, m) in own_programs(run.app.probes.prog_fds).items() if m}
         counters = run.counters()
         live = run.app.known_map_entries()["capture_conns"]
         slots = conn_slots_total(run.app)
