@@ -25,6 +25,20 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
 #define KCAST(type, ptr) ((type *)bpf_rdonly_cast((void *)(ptr), bpf_core_type_id_kernel(type)))
 
 /*
+ * A trusted BTF pointer (bpf_get_current_task_btf()'s task, a tp_btf
+ * program's arguments) made untrusted, for the verifier's sake alone. Since
+ * Linux 6.3 (commit 57539b1c0ac2 "bpf: Enable annotating trusted nested
+ * pointers") each load of a pointer field through a trusted pointer asks
+ * whether the field passes trust on (btf_nested_type_is_trusted): up to four
+ * lookups by name, each a scan of the whole vmlinux BTF. On 6.18 that made
+ * the six syscall entry programs take ~5 ms each to verify and tcp_state
+ * 18 ms. Loads through an untrusted pointer are the same exception-handled
+ * loads at run time, and the verifier inlines bpf_rdonly_cast (a register
+ * move). Fast programs only (6.2+).
+ */
+#define UNTRUSTED(type, ptr) KCAST(type, ptr)
+
+/*
  * struct iov_iter before Linux 5.14 (commit 8cd54c1c8480 "iov_iter: separate
  * direction from flavour"): one `type` word held the flavour as a bit
  * (ITER_IOVEC 4, ITER_KVEC 8, ITER_BVEC 16, ...) or-ed with the direction

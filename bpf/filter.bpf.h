@@ -182,7 +182,8 @@ static __always_inline struct file *fd_to_file(unsigned long fd, const bool btf)
 	struct file **fds;
 
 	if (btf) {
-		struct task_struct *task = bpf_get_current_task_btf();
+		struct task_struct *task =
+			UNTRUSTED(struct task_struct, bpf_get_current_task_btf());
 		struct fdtable *fdt = task->files->fdt;
 		struct files_struct *slot;
 
