@@ -157,6 +157,35 @@ finally:
 """
 
 
+DROP_WHILE_A_THREAD_ENDS = """
+import threading
+from exporter.kernel import privileges
+real, calls = privileges.threads, []
+
+def ending():                    # a joined thread still ending in the kernel, for the first three looks
+    calls.append(1)
+    return {**real(), 1 << 30: (1 << 38, 0)} if len(calls) <= 3 else real()
+
+privileges.threads = ending
+privileges.drop_after_attach()
+print("dropped after", len(calls), "looks")
+"""
+
+
+def test_a_thread_still_ending_is_waited_for_not_taken_for_one_that_keeps_privileges():
+    """A Python thread that join() has returned for is still ending in the
+    kernel for a moment: the drop waits for it (a start that had just joined
+    its import and probe threads once failed on one). A thread that stays is
+    still refused (test_a_thread_started_before_the_drop_fails_it)."""
+    import subprocess
+    import sys
+    from exporter.kernel import loader
+    p = subprocess.run([sys.executable, "-c", DROP_WHILE_A_THREAD_ENDS], cwd=os.path.dirname(loader.BPF_DIR),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "dropped after 4 looks\n"
+
+
 def test_a_thread_started_before_the_drop_fails_it():
     """capset changes the calling thread only: a drop with another thread
     already running must fail, naming the thread, not log success."""
