@@ -313,6 +313,58 @@ static __always_inline __u64 wakeup_flags_every(void *ring, __u32 ring_idx, __u3
 /* Addresses and ports of a socket, as both record kinds carry them. With
  * btf, sk is a BTF pointer read by direct loads; otherwise any kernel
  * address, read by bpf_probe_read_kernel (CO-RE relocated either way). */
+#define SKC_OFF(field) bpf_core_field_offset(struct sock_common, field)
+
+/* read_addrs by bpf_probe_read_kernel: the head of struct sock_common
+ * (skc_addrpair, skc_hash, skc_portpair, skc_family: every kernel so far)
+ * in one read where CO-RE finds it so, where there were five; an IPv6
+ * socket's two addresses (skc_v6_daddr, skc_v6_rcv_saddr) in one more. */
+static __always_inline void read_addrs_compat(struct sock *sk, __u16 *family, __u16 *sport,
+					      __u16 *dport, __u8 *saddr, __u8 *daddr)
+{
+	if (SKC_OFF(skc_rcv_saddr) == SKC_OFF(skc_daddr) + 4 &&
+	    SKC_OFF(skc_dport) == SKC_OFF(skc_daddr) + 12 &&
+	    SKC_OFF(skc_num) == SKC_OFF(skc_daddr) + 14 &&
+	    SKC_OFF(skc_family) == SKC_OFF(skc_daddr) + 16) {
+		struct {
+			__be32 daddr;
+			__be32 rcv_saddr;
+			__u32 hash;
+			__be16 dport;
+			__u16 num;
+			__u16 family;
+		} h = {};
+
+		bpf_probe_read_kernel(&h, 18, (void *)sk + SKC_OFF(skc_daddr));
+		*family = h.family;
+		*sport = h.num;
+		*dport = bpf_ntohs(h.dport);
+		*(__u32 *)saddr = h.rcv_saddr;
+		*(__u32 *)daddr = h.daddr;
+	} else {
+		*family = BPF_CORE_READ(sk, __sk_common.skc_family);
+		*sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+		*dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+		BPF_CORE_READ_INTO((__u32 *)saddr, sk, __sk_common.skc_rcv_saddr);
+		BPF_CORE_READ_INTO((__u32 *)daddr, sk, __sk_common.skc_daddr);
+	}
+	if (*family != AF_INET6)
+		return;
+	if (SKC_OFF(skc_v6_rcv_saddr) == SKC_OFF(skc_v6_daddr) + 16) {
+		struct {
+			__u8 daddr[16];
+			__u8 saddr[16];
+		} a = {};
+
+		bpf_probe_read_kernel(&a, sizeof(a), (void *)sk + SKC_OFF(skc_v6_daddr));
+		__builtin_memcpy(saddr, a.saddr, 16);
+		__builtin_memcpy(daddr, a.daddr, 16);
+	} else {
+		bpf_core_read(saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+		bpf_core_read(daddr, 16, &sk->__sk_common.skc_v6_daddr);
+	}
+}
+
 static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *family, __u16 *sport,
 				       __u16 *dport, __u8 *saddr, __u8 *daddr)
 {
@@ -332,16 +384,7 @@ static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *f
 			*(__u32 *)daddr = c->skc_daddr;
 		}
 	} else {
-		*family = BPF_CORE_READ(sk, __sk_common.skc_family);
-		*sport = BPF_CORE_READ(sk, __sk_common.skc_num);
-		*dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-		if (*family == AF_INET6) {
-			bpf_core_read(saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
-			bpf_core_read(daddr, 16, &sk->__sk_common.skc_v6_daddr);
-		} else {
-			BPF_CORE_READ_INTO((__u32 *)saddr, sk, __sk_common.skc_rcv_saddr);
-			BPF_CORE_READ_INTO((__u32 *)daddr, sk, __sk_common.skc_daddr);
-		}
+		read_addrs_compat(sk, family, sport, dport, saddr, daddr);
 	}
 	/* tcp_set_state() releases the local port (inet_put_port zeroes
 	 * skc_num) before it stores TCP_CLOSE: at close, and for data read

@@ -129,6 +129,7 @@ const volatile struct nettap_kernel nettap_kernel SEC(".rodata.nettap") = {
 	.has_ancestor_cgroup_id = 1,
 	.has_task_btf = 1,
 	.has_bpf_loop = 1,
+	.keep_inflight = 1,
 };
 
 static __always_inline __u64 current_ancestor_cgroup_id(__u32 level)

@@ -95,6 +95,7 @@ static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **
 {
 	struct nettap_capture_config *cfg = active_config();
 	struct sock *sk;
+	__u64 inode = 0;
 	bool taken;
 
 	if (!cfg)
@@ -103,8 +104,8 @@ static __always_inline struct sock *dns_fd_sock(unsigned long fd, struct file **
 	if (!taken && !(cfg->flags & NETTAP_TARGET_NETNS))
 		return NULL;
 	*file = fd_to_file(fd, btf);
-	sk = file_to_sock(*file, btf);
-	if (!sk || !file_is_socket(*file, btf))
+	sk = file_to_sock(*file, btf, &inode);
+	if (!sk || !file_is_socket(*file, inode, btf))
 		return NULL;
 	*tcp = sock_is_tcp(sk, btf);
 	if (!*tcp && !sock_is_udp(sk, btf))

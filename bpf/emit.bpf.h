@@ -48,10 +48,15 @@ static __always_inline struct inflight *inflight_create(const bool fast)
 	return bpf_map_lookup_elem(&inflight_compat, &id);
 }
 
+/* The thread's start, so that a thread reusing a dead one's id is told
+ * apart: a direct load where the kernel has task BTF (5.11). */
 static __always_inline __u64 task_start_time(void)
 {
-	struct task_struct *task = (void *)bpf_get_current_task();
+	struct task_struct *task;
 
+	if (nettap_kernel.has_task_btf)
+		return bpf_get_current_task_btf()->start_time;
+	task = (void *)bpf_get_current_task();
 	return BPF_CORE_READ(task, start_time);
 }
 
@@ -102,11 +107,18 @@ static __always_inline void inflight_forget(const bool fast)
 		inflight_release(in, id);
 }
 
-/* The call returned: task storage keeps its slot (cleared), the hash drops it. */
+/* The call returned: task storage keeps its slot (cleared), and so does the
+ * hash where it allocates at run time (keep_inflight, Linux 6.1): the
+ * thread's next captured call finds its entry with one lookup, where an
+ * insert cost a lookup of the zero value, an allocation, a copy of ~650
+ * bytes and a lookup, and the delete an unlink and a deferred free.
+ * inflight_exit (tcp.bpf.c) removes the entry when the thread ends. A
+ * preallocated hash (before 6.1: 4,096 entries, threads inside a captured
+ * call at once) drops it now, so that it is not held by idle threads. */
 static __always_inline void inflight_end(struct inflight *in, __u64 id, const bool fast)
 {
 	inflight_release(in, id);
-	if (!fast)
+	if (!fast && !nettap_kernel.keep_inflight)
 		bpf_map_delete_elem(&inflight_compat, &id);
 }
 

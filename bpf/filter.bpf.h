@@ -157,6 +157,18 @@ static __always_inline bool sock_is_tcp(struct sock *sk, const bool btf)
 {
 	if (btf)
 		return sk->sk_type == SOCK_STREAM && sk->sk_protocol == IPPROTO_TCP;
+	if (bpf_core_field_offset(struct sock, sk_protocol) ==
+	    bpf_core_field_offset(struct sock, sk_type) + 2) {
+		/* two __u16 side by side (Linux 5.6+): one read */
+		struct {
+			__u16 type;
+			__u16 protocol;
+		} t = {};
+
+		bpf_probe_read_kernel(&t, sizeof(t),
+				      (void *)sk + bpf_core_field_offset(struct sock, sk_type));
+		return t.type == SOCK_STREAM && t.protocol == IPPROTO_TCP;
+	}
 	return BPF_CORE_READ(sk, sk_type) == SOCK_STREAM &&
 	       BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP;
 }
@@ -238,7 +250,8 @@ static __always_inline struct file *fd_to_file(unsigned long fd, const bool btf)
 	}
 }
 
-static __always_inline struct sock *file_to_sock(struct file *file, const bool btf)
+static __always_inline struct sock *file_to_sock(struct file *file, const bool btf,
+						 __u64 *file_inode)
 {
 	__u64 sock, inode;
 
@@ -253,15 +266,16 @@ static __always_inline struct sock *file_to_sock(struct file *file, const bool b
 	}
 	if (!sock || inode != sock + bpf_core_field_offset(struct socket_alloc, vfs_inode))
 		return NULL;
+	*file_inode = inode;
 	if (btf)
 		return KCAST(struct socket, sock)->sk;
 	return BPF_CORE_READ((struct socket *)sock, sk);
 }
 
-/* The proof behind file_to_sock's test: the inode's mode. */
-static __always_inline bool file_is_socket(struct file *file, const bool btf)
+/* The proof behind file_to_sock's test: the mode of the inode it read. */
+static __always_inline bool file_is_socket(struct file *file, __u64 inode, const bool btf)
 {
-	umode_t mode = btf ? file->f_inode->i_mode : BPF_CORE_READ(file, f_inode, i_mode);
+	umode_t mode = btf ? file->f_inode->i_mode : BPF_CORE_READ((struct inode *)inode, i_mode);
 
 	return (mode & S_IFMT) == S_IFSOCK;
 }
@@ -276,19 +290,20 @@ static __always_inline struct sock *captured_fd_sock(struct nettap_capture_confi
 {
 	struct file *file;
 	struct sock *sk;
+	__u64 inode = 0;
 
 	if (task_matches(cfg)) {
 		file = fd_to_file(fd, btf);
-		sk = file_to_sock(file, btf);
+		sk = file_to_sock(file, btf, &inode);
 	} else {
 		if (!(cfg->flags & (NETTAP_TARGET_NETNS | NETTAP_TARGET_PORT)))
 			return NULL;
 		file = fd_to_file(fd, btf);
-		sk = file_to_sock(file, btf);
+		sk = file_to_sock(file, btf, &inode);
 		if (!sk || !sock_matches(cfg, sk, btf))
 			return NULL;
 	}
-	if (!sk || !file_is_socket(file, btf) || !sock_is_tcp(sk, btf))
+	if (!sk || !file_is_socket(file, inode, btf) || !sock_is_tcp(sk, btf))
 		return NULL;
 	return sk;
 }

@@ -191,9 +191,11 @@ struct {
 	__type(value, struct inflight);
 } inflight_calls SEC(".maps");
 
-/* Linux 5.8+: the same state keyed by pid_tgid, for the "compat" programs;
- * removed at the call's return (a thread killed inside a call leaves its
- * entry until the thread id is reused). */
+/* Linux 5.8+: the same state keyed by pid_tgid, for the "compat" programs:
+ * kept between a thread's calls where the hash allocates at run time (6.1),
+ * else removed at the call's return (inflight_end); removed when the thread
+ * ends (inflight_exit, tcp.bpf.c). One whose removal was missed is told
+ * apart by its thread's start time when the id is reused (inflight_find). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

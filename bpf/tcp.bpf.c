@@ -283,6 +283,42 @@ int BPF_PROG(tcp_rst_recv, struct sock *sk)
 	return publish_reset(sk, NETTAP_DIR_INGRESS);
 }
 
+/* A thread ends (do_exit, in the thread itself): a call it was killed
+ * inside no longer counts in its slot (inflight_slots: the return programs of
+ * the threads sharing it would look their state up at every return), and the
+ * compat programs' entry for it goes (kept between its calls: inflight_end).
+ * The fast programs' task storage goes with the task. */
+static __always_inline int on_thread_exit(const bool fast)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct inflight *in;
+
+	if (fast) {
+		in = bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
+		if (in)
+			inflight_release(in, id);
+		return 0;
+	}
+	in = bpf_map_lookup_elem(&inflight_compat, &id);
+	if (!in)
+		return 0;
+	inflight_release(in, id);
+	bpf_map_delete_elem(&inflight_compat, &id);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(inflight_exit)
+{
+	return on_thread_exit(FAST);
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(inflight_exit_compat)
+{
+	return on_thread_exit(COMPAT);
+}
+
 /* An accepted socket, in the accepting task (accept4(2), accept(2) return
  * its fd): its owner, and its capture decided here when a task target (pid,
  * cgroup) names the accepting process, which its birth in softirq (LISTEN ->

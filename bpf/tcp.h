@@ -167,6 +167,9 @@ struct nettap_kernel {
 	__u32 has_ancestor_cgroup_id; /* bpf_get_current_ancestor_cgroup_id in tracing (5.14) */
 	__u32 has_task_btf;	      /* bpf_get_current_task_btf in tracing (5.11) */
 	__u32 has_bpf_loop;	      /* bpf_loop (5.17) */
+	__u32 keep_inflight;	      /* hash maps allocate at run time (bpf_mem_alloc,
+				       * 6.1): a compat thread's call entry stays
+				       * between its calls (emit.bpf.h) */
 };
 
 /* The obs_counters map's one per-CPU value: rows NETTAP_OBS_* (one lookup

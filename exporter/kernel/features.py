@@ -137,7 +137,8 @@ def kernel_settings(features: list) -> bytes:
     .rodata.nettap section before load."""
     have = {f.name: f.present for f in features}
     return b"".join(int(have[name]).to_bytes(4, "little")
-                    for name in ("bpf_get_current_ancestor_cgroup_id", "bpf_get_current_task_btf", "bpf_loop"))
+                    for name in ("bpf_get_current_ancestor_cgroup_id", "bpf_get_current_task_btf", "bpf_loop",
+                                 "bpf_mem_alloc"))
 
 
 def runtime_alloc_ok(features: list) -> bool:

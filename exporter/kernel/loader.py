@@ -58,12 +58,15 @@ KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 # eof at TCP_CLOSE; tcp_destroy on tcp:tcp_destroy_sock publishes its
 # destruction (and what a skipped tcp_state run left) and removes every entry
 # with its socket; tcp_rst_sent and tcp_rst_recv (tcp:tcp_send_reset,
-# tcp:tcp_receive_reset) publish a captured socket's resets. Reported as one
-# probe, "tcp_state", attached when all are. tcp_state creates connections,
-# so it comes in both variants (their connection ids differ: bpf/conn.bpf.h).
+# tcp:tcp_receive_reset) publish a captured socket's resets; inflight_exit
+# (sched:sched_process_exit) clears what an ended thread leaves of its calls
+# (bpf/tcp.bpf.c). Reported as one probe, "tcp_state", attached when all are.
+# tcp_state creates connections, so it comes in both variants (their
+# connection ids differ: bpf/conn.bpf.h), and inflight_exit does, as each
+# variant keeps its calls in a map of its own.
 LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf", "tcp_rst_sent": "tp_btf",
-             "tcp_rst_recv": "tp_btf"}
-_LIFECYCLE_VARIANTS = ("tcp_state",)
+             "tcp_rst_recv": "tp_btf", "inflight_exit": "tp_btf"}
+_LIFECYCLE_VARIANTS = ("tcp_state", "inflight_exit")
 TLS_OFF = "capture.tls is off"
 # Lifecycle programs each reported as a probe of its own, so that one that
 # cannot attach stops only itself: name -> (mechanism, the feature it needs

@@ -154,10 +154,11 @@ STRUCTS = {
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
         ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
     )),
-    'nettap_kernel': (12, (
+    'nettap_kernel': (16, (
         ('has_ancestor_cgroup_id', 0, '__u32', 1, 4, '', 'bpf_get_current_ancestor_cgroup_id in tracing (5.14)'),
         ('has_task_btf', 4, '__u32', 1, 4, '', 'bpf_get_current_task_btf in tracing (5.11)'),
         ('has_bpf_loop', 8, '__u32', 1, 4, '', 'bpf_loop (5.17)'),
+        ('keep_inflight', 12, '__u32', 1, 4, '', "hash maps allocate at run time (bpf_mem_alloc, 6.1): a compat thread's call entry stays between its calls (emit.bpf.h)"),
     )),
     'nettap_eof': (128, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),

@@ -796,7 +796,7 @@ def test_compat_where_the_kernel_lacks_task_btf_and_bpf_loop(tmp_path):
     # of many chunks and iovecs.
     from exporter.kernel import loader
     paths = _compat_without(tmp_path, ("bpf_get_current_task_btf", "bpf_loop"), _largest_vectored_call,
-                            lambda settings: settings[4:] == bytes(8))
+                            lambda settings: settings[4:12] == bytes(8))
     assert [os.path.basename(p) for p in paths] == [loader.OBJECT_OPEN_LOOP]
 
 
