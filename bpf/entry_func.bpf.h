@@ -16,7 +16,8 @@
 #include "emit.bpf.h"
 
 /* btf_sk: sk is a BTF pointer (fentry's typed argument, or KCAST), read by
- * direct loads; otherwise by bpf_probe_read_kernel. */
+ * direct loads; otherwise by bpf_probe_read_kernel. The fast fentry program
+ * passes its argument untrusted, as tcp_state does (core_fixes.bpf.h). */
 static __always_inline int enter_func(__u32 probe, struct sock *sk, struct msghdr *msg,
 				      const bool btf_sk, const bool fast)
 {
@@ -59,26 +60,26 @@ static __always_inline long func_ret(void *ctx)
 	return (int)ret;
 }
 
-#define NETTAP_FENTRY(func, probe)                                              \
-	SEC("fentry/" #func)                                                    \
-	int BPF_PROG(func##_fentry, struct sock *sk, struct msghdr *msg)        \
-	{                                                                       \
-		return enter_func(probe, sk, msg, true, FAST);                  \
-	}                                                                       \
-	SEC("fentry/" #func)                                                    \
-	int BPF_PROG(func##_fentry_compat, struct sock *sk, struct msghdr *msg) \
-	{                                                                       \
-		return enter_func(probe, sk, msg, true, COMPAT);                \
-	}                                                                       \
-	SEC("fexit/" #func)                                                     \
-	int func##_fexit(void *ctx)                                             \
-	{                                                                       \
-		return exit_call(probe, func_ret(ctx), FAST);                   \
-	}                                                                       \
-	SEC("fexit/" #func)                                                     \
-	int func##_fexit_compat(void *ctx)                                      \
-	{                                                                       \
-		return exit_call(probe, func_ret(ctx), COMPAT);                 \
+#define NETTAP_FENTRY(func, probe)                                                     \
+	SEC("fentry/" #func)                                                           \
+	int BPF_PROG(func##_fentry, struct sock *sk, struct msghdr *msg)               \
+	{                                                                              \
+		return enter_func(probe, UNTRUSTED(struct sock, sk), msg, true, FAST); \
+	}                                                                              \
+	SEC("fentry/" #func)                                                           \
+	int BPF_PROG(func##_fentry_compat, struct sock *sk, struct msghdr *msg)        \
+	{                                                                              \
+		return enter_func(probe, sk, msg, true, COMPAT);                       \
+	}                                                                              \
+	SEC("fexit/" #func)                                                            \
+	int func##_fexit(void *ctx)                                                    \
+	{                                                                              \
+		return exit_call(probe, func_ret(ctx), FAST);                          \
+	}                                                                              \
+	SEC("fexit/" #func)                                                            \
+	int func##_fexit_compat(void *ctx)                                             \
+	{                                                                              \
+		return exit_call(probe, func_ret(ctx), COMPAT);                        \
 	}
 
 #define NETTAP_KPROBE(func, probe)                                                 \
