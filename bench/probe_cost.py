@@ -23,8 +23,13 @@ datagrams on the loopback that are not DNS (sendto/recvfrom, and write/read
 on a connected pair) while no target matches them, and for DNS queries to a
 local responder on port 53 from a captured process.
 
+and, for the compat tracepoint programs, the same filtered-out and captured
+cases as each kernel older than 6.1 runs them (the older paths forced: the
+features such a kernel lacks are said missing to the loader).
+
 Run as root:  .venv/bin/python bench/probe_cost.py [--sends 200000] [--sizes 64,4000]
-                                                   [--variants fast,compat] [--sections send,lifecycle,tls,dns]
+                                                   [--variants fast,compat]
+                                                   [--sections send,compat-paths,lifecycle,tls,dns]
   the DNS programs alone:  .venv/bin/python bench/probe_cost.py --sections dns
 """
 from __future__ import annotations
@@ -103,11 +108,27 @@ def release(links, obj, app) -> None:
     app.close()
 
 
-def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list) -> dict:
-    """case -> {program role: ns per run} for one mechanism and variant."""
+# The compat programs' paths by kernel: the features (features.py) a kernel
+# older than 6.1 lacks, each making the compat programs take an older path
+# (docs/kernels.md). Measured here by telling the loader they are missing.
+COMPAT_PATHS = (("Linux 6.1 (all of them)", ()),
+                ("5.17-6.0: call state removed at return", ("bpf_mem_alloc",)),
+                ("5.11-5.16: and an open-coded chunk loop", ("bpf_mem_alloc", "bpf_loop")),
+                ("5.8-5.10: and the fd table by helper", ("bpf_mem_alloc", "bpf_loop", "bpf_get_current_task_btf")))
+
+
+def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list, missing=()) -> dict:
+    """case -> {program role: ns per run} for one mechanism and variant, as
+    on a kernel without the features named in missing."""
     captured, other = Server(), Server()
-    app = Nettap(config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"}}),
-                 mechanism=mechanism, variant=variant)
+    cfg = config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"}})
+    probes = None
+    if missing:
+        kp = mechanisms.plan(mechanism, variant)
+        for f in kp.features:
+            f.present = f.present and f.name not in missing
+        probes = loader.Probes(cfg.ring_bytes, kernel_plan=kp)
+    app = Nettap(cfg, mechanism=mechanism, variant=variant, probes=probes)
     if app.probes.states["tcp_sendmsg"].mechanism != mechanism:
         app.close()
         raise RuntimeError(f"tcp_sendmsg not attached by {mechanism}")
@@ -684,13 +705,15 @@ def main() -> None:
                     help="per not-DNS case: UDP sendto+recvfrom pairs, and as many write+read pairs (DNS programs)")
     ap.add_argument("--dns-queries", type=int, default=5000,
                     help="DNS queries by sendto+recvfrom, and as many by write+read, in the captured DNS case")
-    ap.add_argument("--sections", default="send,lifecycle,tls,dns",
-                    help="what to measure: send (tcp_sendmsg per mechanism), lifecycle, tls, dns")
+    ap.add_argument("--sections", default="send,compat-paths,lifecycle,tls,dns",
+                    help="what to measure: send (tcp_sendmsg per mechanism), compat-paths (the compat "
+                         "tracepoint programs as each older kernel runs them), lifecycle, tls, dns")
     a = ap.parse_args()
     sections = set(a.sections.split(","))
-    unknown = sections - {"send", "lifecycle", "tls", "dns"}
+    unknown = sections - {"send", "compat-paths", "lifecycle", "tls", "dns"}
     if unknown:
-        raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))} (send, lifecycle, tls, dns)")
+        raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))} "
+                         "(send, compat-paths, lifecycle, tls, dns)")
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
     sizes = [int(s) for s in a.sizes.split(",") if s]
@@ -710,6 +733,12 @@ def main() -> None:
                     results.append((mech, variant, measure(mech, variant, empty_obj, a.sends, sizes)))
                 except (features.Unsupported, OSError, RuntimeError) as e:
                     skipped.append(f"{mech}, {variant}: {e}")
+        for label, missing in (COMPAT_PATHS if "compat-paths" in sections else ()):
+            try:
+                results.append(("tracepoint", f"compat, {label}",
+                                measure("tracepoint", "compat", empty_obj, a.sends, sizes[:1], missing)))
+            except (features.Unsupported, OSError, RuntimeError) as e:
+                skipped.append(f"compat, {label}: {e}")
         for variant in (a.variants.split(",") if "lifecycle" in sections else ()):
             try:
                 lifecycle.append((variant, measure_lifecycle(variant, empty_obj, a.connections)))
@@ -747,7 +776,11 @@ def main() -> None:
           + (f"{a.sends:,} sends per case, " if "send" in sections else "")
           + f"kernel {os.uname().release}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
     for mech, variant, rows in results:
-        print(f"\n{mech + ', ' + variant + ' variant':24s} {'empty program':>15s} {'nettap tcp_sendmsg':>19s}"
+        title = f"{mech}, {variant} variant"
+        if len(title) > 24:                     # a compat path: its own line
+            print(f"\n{title}")
+            title = ""
+        print(f"{chr(10) if title else ''}{title:24s} {'empty program':>15s} {'nettap tcp_sendmsg':>19s}"
               f" {'nettap':>10s} {'over empty':>9s}")
         print(f"{'':24s} {'enter':>7s} {'exit':>7s} {'enter':>9s} {'exit':>9s} {'enter+exit':>10s}"
               f" {'per run':>9s}")
