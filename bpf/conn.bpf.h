@@ -310,9 +310,6 @@ static __always_inline __u64 wakeup_flags_every(void *ring, __u32 ring_idx, __u3
 	return wakeup_flags(ring, ring_idx, threshold);
 }
 
-/* Addresses and ports of a socket, as both record kinds carry them. With
- * btf, sk is a BTF pointer read by direct loads; otherwise any kernel
- * address, read by bpf_probe_read_kernel (CO-RE relocated either way). */
 #define SKC_OFF(field) bpf_core_field_offset(struct sock_common, field)
 
 /* read_addrs by bpf_probe_read_kernel: the head of struct sock_common
@@ -365,6 +362,9 @@ static __always_inline void read_addrs_compat(struct sock *sk, __u16 *family, __
 	}
 }
 
+/* Addresses and ports of a socket, as both record kinds carry them. With
+ * btf, sk is a BTF pointer read by direct loads; otherwise any kernel
+ * address, read by bpf_probe_read_kernel (CO-RE relocated either way). */
 static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *family, __u16 *sport,
 				       __u16 *dport, __u8 *saddr, __u8 *daddr)
 {

@@ -166,24 +166,33 @@ def test_a_capture_storm_arrives_whole_and_reads_back_as_the_files(tmp_path, clu
 
 def test_a_node_killed_mid_stream_loses_nothing(tmp_path, cluster):
     out = tmp_path / "capture.jsonl"
-    w = Writer(out, 1 << 20, 3)
-    ing = Ingest(tmp_path, config(out, cluster))
+    # 21 MiB of files at ~1.5 MB/s: 14 s of two elections (the new stream's,
+    # then the killed leader's). With 4 MiB the first election alone once
+    # outlasted them (CI47: "no stream answered", then a file rotated away)
+    w = Writer(out, 1 << 20, 20)
+    ing = Ingest(tmp_path, config(out, cluster, backups=20))
     try:
         w.start()
         wait_for(lambda: ing.metrics()["nettap_ingest_records_acked_total"] > 5000, timeout=30, what="flowing")
         cluster.kill(cluster.stream_leader("NETTAP"))
         time.sleep(3)
         written = w.stop()
+        # Every record in the stream, not records_acked >= written: that counts
+        # the newly stored only, and a message stored just before its leader
+        # was killed, its ack lost with it, is acknowledged as a duplicate when
+        # sent again (CI47 and here: acked 64,200 of 64,800, one duplicate ack).
         try:
-            wait_for(lambda: caught_up(ing, 0) and ing.metrics()["nettap_ingest_records_acked_total"] >= written,
-                     timeout=60, what=f"all {written} acknowledged")
-        except TimeoutError as e:        # failed twice in CI (2026-12-04), never alone: say where it stood
+            wait_for(lambda: caught_up(ing, 0) and len(numbers(stream_lines(cluster))) >= written,
+                     timeout=60, step=1, what=f"all {written} in the stream")
+        except TimeoutError as e:        # say where it stood
             state = {k: v for k, v in ing.metrics().items() if k.startswith("nettap_ingest_")}
             raise TimeoutError(f"{e}\ningest metrics: {state}\ningest log:\n{ing.text()}") from None
         exactly_once(cluster, written)
         m = ing.metrics()
         assert m['nettap_ingest_records_lost_total{reason="rotated"}'] == 0
-        assert m["nettap_ingest_records_acked_total"] == written      # stored once each
+        acked = m["nettap_ingest_records_acked_total"]
+        dups = m['nettap_ingest_messages_acked_total{result="duplicate"}']
+        assert acked == written or (acked < written and dups > 0), (acked, written, dups)
     finally:
         w.halt.set()
         ing.stop()
