@@ -21,6 +21,14 @@ programs are never the first on a tracepoint, nor the last. Two reasons:
   forever (both vCPUs of a 5.10 guest sat in "soft lockup" at the syscall
   labels), and a 6.12 guest died of an "Oops: int3" in call_timer_fn, on
   timer_expire_entry's. Held, no label is rewritten while the tests run.
+  A raw tracepoint (tp_btf) also calls its one probe directly, through a
+  static call that is rewritten whenever it gains a second probe or loses
+  it (tracepoint_update_call): a 6.12 guest died of an "Oops: int3" at
+  sched_process_exit's in do_exit, nettap's inflight_exit coming and going
+  beside the held perf event. So each tracepoint nettap attaches a BPF
+  raw tracepoint to holds a second probe too, an empty raw-tracepoint
+  program: with two, its call goes through the probe iterator whatever
+  nettap attaches, and is never rewritten.
 
 The tracepoints are what the BPF object's programs name in their sections
 and what the loader and the DNS probe attach one program to (so a new probe
@@ -84,6 +92,22 @@ def event_id(name: str) -> int | None:
     return None
 
 
+BPF_PROG_TYPE_RAW_TRACEPOINT = 17
+EMPTY = (ctypes.c_uint64 * 2)(0x00000000000000B7, 0x0000000000000095)    # r0 = 0; exit
+
+
+def hold_raw(name: str, prog: list) -> int:
+    """A second probe on the raw tracepoint name: the empty program (loaded
+    once, into prog[0]) attached there."""
+    if not prog:
+        prog.append(libbpf.call("bpf_prog_load", BPF_PROG_TYPE_RAW_TRACEPOINT, b"nettap_hold", b"GPL",
+                                EMPTY, 2, None))
+    fd = libbpf.lib().bpf_raw_tracepoint_open(name.encode(), prog[0])
+    if fd < 0:
+        raise OSError(-fd, f"bpf_raw_tracepoint_open({name})")
+    return fd
+
+
 def open_disabled(libc, config: int) -> int:
     attr = PerfEventAttr(type=PERF_TYPE_TRACEPOINT, size=ctypes.sizeof(PerfEventAttr), config=config,
                          sample_period=1, flags=DISABLED)
@@ -93,7 +117,7 @@ def open_disabled(libc, config: int) -> int:
 
 def main() -> int:
     libc = ctypes.CDLL(None, use_errno=True)
-    fds, missing = [], []
+    fds, missing, prog, raw, not_raw = [], [], [], 0, []
     try:
         mechanisms.ensure_tracefs()
         for name in sorted(tracepoints(os.path.join(loader.BPF_DIR, loader.OBJECT))):
@@ -105,12 +129,19 @@ def main() -> int:
             if fd < 0:
                 raise OSError(ctypes.get_errno(), f"perf_event_open({name})")
             fds.append(fd)
+            if "/" not in name:              # a tp_btf or raw_tp section's: a raw tracepoint's probe too
+                try:
+                    fds.append(hold_raw(name, prog))
+                    raw += 1
+                except OSError as e:         # its perf event still holds the label
+                    not_raw.append(f"{name} ({e.strerror})")
     except OSError as e:
         print(f"hold_tracepoints: {e}: not held", file=sys.stderr)
         return 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"hold_tracepoints: holding {len(fds)} tracepoints"
-          + (f" (not in this kernel: {', '.join(missing)})" if missing else ""), file=sys.stderr, flush=True)
+    print(f"hold_tracepoints: holding {len(fds) - raw} tracepoints ({raw} with a raw tracepoint's probe too)"
+          + (f" (not in this kernel: {', '.join(missing)})" if missing else "")
+          + (f" (no raw tracepoint probe on: {', '.join(not_raw)})" if not_raw else ""), file=sys.stderr, flush=True)
     while True:
         signal.pause()
 
