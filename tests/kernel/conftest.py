@@ -55,6 +55,16 @@ def kernel_modes() -> tuple:
     return tuple(modes)
 
 
+def compat_plan_without(*missing: str):
+    """The compat tracepoint plan as on a kernel without the features named
+    (features.py): the loader then takes their older paths on this one."""
+    kp = mechanisms.plan("tracepoint", "compat")
+    for f in kp.features:
+        if f.name in missing:
+            f.present = False
+    return kp
+
+
 def _variant_ok(variant: str) -> bool:
     try:
         mechanisms.plan("tracepoint", variant)

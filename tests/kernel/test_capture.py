@@ -548,12 +548,9 @@ def _compat_without(tmp_path, missing, body, settings):
     """body(run_for) with compat tracepoint programs loaded as on a kernel
     that lacks the features named in missing (the loader is told so);
     settings(kernel_settings bytes) checks what the object is given."""
-    from exporter.kernel import features, mechanisms
-    from conftest import Run
-    kp = mechanisms.plan("tracepoint", "compat")
-    for f in kp.features:
-        if f.name in missing:
-            f.present = False
+    from exporter.kernel import features
+    from conftest import Run, compat_plan_without
+    kp = compat_plan_without(*missing)
     assert settings(features.kernel_settings(kp.features))
     runs = []
 
@@ -761,12 +758,9 @@ def test_hash_maps_preallocated_where_the_kernel_has_no_bpf_allocator(tmp_path):
     # refused on PREEMPT_RT and a kernel WARNING elsewhere, so nettap
     # preallocates them. Tell the loader bpf_mem_alloc is missing, so every
     # kernel captures through preallocated maps.
-    from conftest import Run
-    from exporter.kernel import libbpf, mechanisms
-    kp = mechanisms.plan("tracepoint", "compat")
-    for f in kp.features:
-        if f.name == "bpf_mem_alloc":
-            f.present = False
+    from conftest import Run, compat_plan_without
+    from exporter.kernel import libbpf
+    kp = compat_plan_without("bpf_mem_alloc")
     srv = Server()
     run = Run(tmp_path, {"captures": [{"port": srv.port}]}, kernel_plan=kp)
     try:

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import threading
 
-from conftest import Run
-from exporter.kernel import features, maps, mechanisms
+from conftest import Run, compat_plan_without
+from exporter.kernel import features, maps
 from procs import wait_for
 from test_capture import inflight_slots
 from traffic import Server
@@ -56,17 +56,14 @@ def _compat_thread_entry(tmp_path, kp) -> None:
 
 
 def test_a_compat_threads_entry_is_kept_where_the_kernel_allocates_and_goes_with_the_thread(tmp_path):
-    _compat_thread_entry(tmp_path, mechanisms.plan("tracepoint", "compat"))
+    _compat_thread_entry(tmp_path, compat_plan_without())
 
 
 def test_a_compat_threads_entry_goes_at_each_return_where_maps_are_preallocated(tmp_path):
     # Before Linux 6.1 the hash is preallocated (4,096 entries for the threads
     # inside a call at once): an idle thread must not hold one. Tell the
     # loader bpf_mem_alloc is missing, so every kernel runs that path.
-    kp = mechanisms.plan("tracepoint", "compat")
-    for f in kp.features:
-        if f.name == "bpf_mem_alloc":
-            f.present = False
+    kp = compat_plan_without("bpf_mem_alloc")
     assert features.kernel_settings(kp.features)[12:16] == bytes(4)
     _compat_thread_entry(tmp_path, kp)
 
