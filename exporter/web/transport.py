@@ -11,6 +11,7 @@ import logging
 import queue
 import re
 import resource
+import select
 import selectors
 import socket
 import ssl
@@ -61,7 +62,8 @@ class Limits:
     max_header_bytes: int = 65536
 
 
-REASONS = ("header_timeout", "write_timeout", "overload", "http09", "too_large", "unauthorized", "auth_throttled")
+REASONS = ("header_timeout", "write_timeout", "overload", "http09", "too_large", "unauthorized", "auth_throttled",
+           "client_gone")
 _END = re.compile(rb"\r?\n\r?\n")
 _HTTP09 = re.compile(rb"^[A-Z]+ +[^ \r\n]+\r?\n")       # a request line without a version
 
@@ -294,6 +296,10 @@ class Server(TCPServer):
             c = self._ready.get()
             if c is None:
                 return
+            if _gone(c.sock):                    # nobody to answer: not rendered
+                self.rejected["client_gone"] += 1
+                c.sock.close()
+                continue
             end = _END.search(c.buf).end()
             head, c.buf = bytes(c.buf[:end]), c.buf[end:]
             c.served += 1
@@ -374,6 +380,25 @@ class Server(TCPServer):
         self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
+
+
+def _gone(sock) -> bool:
+    """Has the client closed (or reset) its side? A request whose client
+    has gone is not rendered: 1,100 abandoned /metrics requests a second
+    (connect, send, close) otherwise each cost a render and held the
+    workers (a scraper beside them: p50 2.7 s, a third 503). As nginx (its
+    499) and Go's net/http, an end of the client's stream counts as gone,
+    a half-close (shutdown(SHUT_WR)) after the request included: a TCP
+    peer that closed and one that only stopped sending look the same until
+    something is sent. The kernel's view, so TLS sockets too (a
+    close_notify in flight does not hide the FIN)."""
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLRDHUP)
+    try:
+        return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                   for _, ev in p.poll(0))
+    except OSError:
+        return True
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -274,7 +274,7 @@ def test_golden_label_values_match_docs():
     assert results == {"success", "failure"}
     reasons = {s.labels["reason"] for s in fams["nettap_http_connections_rejected"].samples}
     assert reasons == {"header_timeout", "write_timeout", "overload", "http09", "too_large", "unauthorized",
-                       "auth_throttled"}
+                       "auth_throttled", "client_gone"}
 
 
 def test_golden_node_aggregation():

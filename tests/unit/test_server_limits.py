@@ -23,9 +23,11 @@ class App:
         Counter("nettap_test_events", "Events seen by the test.", registry=self.registry).inc(3)
         self.gate = threading.Event()
         self.gate.set()
+        self.rendered = 0
 
     def stats(self):
         self.gate.wait(30)           # a test closes the gate to keep a worker busy
+        self.rendered += 1
         return {"ok": 1}
 
     def not_ready(self):
@@ -230,6 +232,40 @@ def test_full_queue_is_answered_503_and_counted(start):
         assert 'nettap_http_connections_rejected_total{reason="overload"} 1.0' in scrape(srv).text
     finally:
         for s in (busy, queued, extra):
+            s.close()
+
+
+def test_requests_whose_client_has_gone_are_not_rendered(start):
+    """Clients that send a request and close without reading (or reset) are
+    skipped when a worker takes their request: not rendered, counted
+    client_gone. One still reading is answered."""
+    srv, app = start(workers=1)
+    app.gate.clear()
+    busy, waiting = connect(srv), connect(srv)
+    try:
+        busy.sendall(request("/stats"))             # holds the one worker at the gate
+        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        for i in range(20):
+            s = connect(srv)
+            s.sendall(request("/stats"))
+            while srv._ready.qsize() < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.005)                    # queued for the worker, then the client leaves
+            if i % 2:                                # by a reset rather than an end of stream
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            s.close()
+        waiting.sendall(request("/stats"))
+        while srv._ready.qsize() < 21 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv._ready.qsize() == 21
+        app.gate.set()
+        assert response(busy).startswith(b"HTTP/1.1 200 ")
+        assert response(waiting).startswith(b"HTTP/1.1 200 ")
+        assert app.rendered == 2
+        assert srv.rejected["client_gone"] == 20
+        assert 'nettap_http_connections_rejected_total{reason="client_gone"} 20.0' in scrape(srv).text
+    finally:
+        for s in (busy, waiting):
             s.close()
 
 
