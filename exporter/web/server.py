@@ -54,7 +54,7 @@ class _Routes(Handler):
         request was refused (and answered)."""
         cfg = web.current
         self.extra = cfg.headers
-        verdict = web.check(cfg, self.headers.get("Authorization"))
+        verdict = web.check(cfg, self.headers.get("Authorization"), self.client_address[0])
         if verdict == web.OK:
             return False
         # The connection ends with the answer: requests pipelined behind a

@@ -10,11 +10,14 @@ needs a user, an unknown user costs the same bcrypt check as a known one
 (no user enumeration by timing; nettap checks unknown users against a hash
 of the configured users' cost, where the toolkit's fixed one is cost 10),
 results are cached, and one check runs at a time (bcrypt is CPU-heavy by
-design). Beyond the toolkit: checks that fail may use at most a quarter of
-a core (:data:`FAILED_CPU_SHARE`); past it an uncached credential is answered
-429 without hashing, so a flood of wrong passwords costs the attacker
-as much as nettap and credentials verified before still pass at once
-(they are cached apart from failures, which cannot evict them);
+design). Beyond the toolkit (exporter/web/throttle.py): checks that fail
+may use at most a quarter of a core; past it an uncached credential from an
+address that failed a check within a minute is answered 429
+without hashing, so a flood of wrong passwords costs the attacker as much
+as nettap. An address with no recent failure is checked whatever the share
+(its check goes first), so a scraper whose credential was never verified
+gets through a flood from elsewhere, and credentials verified before pass
+at once (cached apart from failures, which cannot evict them);
 ``http_server_config.headers``
 takes only the toolkit's five headers. What Python's ssl cannot do the
 same way (Go cipher-suite and curve names, requesting a client certificate
@@ -35,14 +38,13 @@ import logging
 import os
 import re
 import ssl
-import threading
-import time
 from collections import namedtuple
 from typing import Optional, Tuple
 
 from exporter import config
 from exporter.util import outpath
 from exporter.config import ConfigError, quote
+from exporter.web.throttle import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,6 @@ TLS_UNSUPPORTED = {
 FAKE_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
 _BCRYPT = re.compile(r"^\$2[abxy]?\$[0-9]{2}\$[./A-Za-z0-9]{53}$")
 CACHE_ENTRIES = 1024
-# CPU for failed checks: a token bucket of thread CPU seconds, refilled at
-# FAILED_CPU_SHARE of a core, holding at most FAILED_CPU_BURST.
-FAILED_CPU_SHARE = 0.25
-FAILED_CPU_BURST = 1.0
 OK, DENIED, THROTTLED = "ok", "denied", "throttled"
 
 
@@ -263,8 +261,7 @@ class Web:
         self._good: dict = {}                      # digests of verified credentials, oldest first
         self._bad: dict = {}                       # digests of refused ones, apart: cannot evict the good
         self._fake: dict = {}                      # cost -> a hash of that cost, for unknown users
-        self._bcrypt_lock = threading.Lock()
-        self._budget, self._budget_at = FAILED_CPU_BURST, time.monotonic()
+        self.throttle = Throttle()                 # who may have a bcrypt check, and when
 
     def reload(self) -> bool:
         try:
@@ -279,14 +276,14 @@ class Web:
         log.info("web config loaded from %s: %s", self.path, new.describe())
         return True
 
-    def authorized(self, cfg: WebConfig, header: Optional[str]) -> bool:
-        return self.check(cfg, header) == OK
+    def authorized(self, cfg: WebConfig, header: Optional[str], client: Optional[str] = None) -> bool:
+        return self.check(cfg, header, client) == OK
 
-    def check(self, cfg: WebConfig, header: Optional[str]) -> str:
+    def check(self, cfg: WebConfig, header: Optional[str], client: Optional[str] = None) -> str:
         """OK when an Authorization header passes cfg's basic auth (always,
         when cfg has no users), DENIED when it does not, THROTTLED when it
-        would need a bcrypt check and failed checks have used their share of
-        CPU (the caller answers 429)."""
+        would need a bcrypt check and cannot have one now (the caller
+        answers 429: see Throttle.run). client: the peer's address."""
         if not cfg.users:
             return OK
         if not header or header[:6].lower() != "basic ":
@@ -308,24 +305,9 @@ class Web:
         import bcrypt                               # only with basic auth configured
         if not known:                               # the same cost: no user enumeration by timing
             hashed = self._fake_hash(bcrypt, _usual_cost(cfg.users))
-        # One CPU-heavy check at a time, and no worker waits for it: with the
-        # share spent, or a check already running, the answer is 429 at once
-        # (a flood must not park every worker here; a scraper asks again at
-        # its next interval, and one verified before never gets here).
-        if self._refill() <= 0 or not self._bcrypt_lock.acquire(blocking=False):
+        ok = self.throttle.run(client, lambda: _checkpw(bcrypt, password, hashed), lambda ok: ok and known)
+        if ok is None:                              # no check now: 429
             return THROTTLED
-        try:
-            if self._refill() <= 0:
-                return THROTTLED
-            t0 = time.thread_time()
-            try:
-                ok = bcrypt.checkpw(password.encode(), hashed)
-            except ValueError:                      # e.g. a password past bcrypt's 72 bytes
-                ok = False
-            if not (ok and known):
-                self._budget -= time.thread_time() - t0
-        finally:
-            self._bcrypt_lock.release()
         cache = self._good if ok and known else self._bad
         if len(cache) >= CACHE_ENTRIES:
             try:
@@ -335,12 +317,6 @@ class Web:
         cache[key] = True
         return OK if ok and known else DENIED
 
-    def _refill(self) -> float:
-        now = time.monotonic()
-        self._budget = min(FAILED_CPU_BURST, self._budget + (now - self._budget_at) * FAILED_CPU_SHARE)
-        self._budget_at = now
-        return self._budget
-
     def _fake_hash(self, bcrypt, cost: int) -> bytes:
         h = self._fake.get(cost)
         if h is None:
@@ -348,6 +324,13 @@ class Web:
                                                                         bcrypt.gensalt(cost))
             self._fake[cost] = h
         return h
+
+
+def _checkpw(bcrypt, password: str, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password.encode(), hashed)
+    except ValueError:                          # e.g. a password past bcrypt's 72 bytes
+        return False
 
 
 __all__ = ["Web", "WebConfig", "PLAIN", "load", "load_apart", "parse"]

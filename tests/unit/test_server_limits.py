@@ -319,7 +319,7 @@ def test_a_wrong_password_flood_is_throttled_and_scrapes_go_on(monkeypatch):
     is answered throughout."""
     import base64
     import bcrypt
-    from exporter.web import webconfig
+    from exporter.web import throttle, webconfig
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(10)).decode()       # the toolkit's usual cost
     web = webconfig.Web(webconfig.parse({"basic_auth_users": {"p": hashed}}))
     calls, real = [0], bcrypt.checkpw
@@ -355,7 +355,7 @@ def test_a_wrong_password_flood_is_throttled_and_scrapes_go_on(monkeypatch):
         assert srv.rejected["auth_throttled"] > 0
         assert srv.rejected["unauthorized"] + srv.rejected["auth_throttled"] == 300     # one answer each
         # at most the burst plus the share of the time taken, at >= 10 ms a cost-10 check
-        assert calls[0] - 1 <= (webconfig.FAILED_CPU_BURST + webconfig.FAILED_CPU_SHARE * took) / 0.01 + 1
+        assert calls[0] - 1 <= (throttle.FAILED_CPU_BURST + throttle.FAILED_CPU_SHARE * took) / 0.01 + 1
         assert slowest < 5, slowest          # each scrape answered (the figure: bench/http_load.py)
     finally:
         srv.shutdown()

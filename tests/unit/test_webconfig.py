@@ -18,7 +18,7 @@ import requests
 from prometheus_client import CollectorRegistry
 
 from exporter.config import quote
-from exporter.web import webconfig
+from exporter.web import throttle, webconfig
 from exporter.config import ConfigError
 from exporter.web.server import Limits, serve
 from exporter.web.webconfig import Web
@@ -301,8 +301,8 @@ def test_failed_checks_beyond_their_cpu_share_are_throttled_without_hashing(tmp_
     web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{hashed}'}}\n")))
     good = _basic("p", "s3cret")
     assert web.check(web.current, good) == Web.OK
-    monkeypatch.setattr(webconfig, "FAILED_CPU_SHARE", 0.0)            # no refill: the burst only
-    web._budget = 0.05
+    monkeypatch.setattr(throttle, "FAILED_CPU_SHARE", 0.0)             # no refill: the burst only
+    web.throttle._budget = 0.05
     verdicts = [web.check(web.current, _basic(user, f"wrong{i}")) for i in range(2000) for user in ("p", "x")]
     hashed_checks = len(checks) - 1
     assert 1 <= hashed_checks <= 20                                   # 0.05 s of ~15 ms checks, and one over
@@ -310,8 +310,66 @@ def test_failed_checks_beyond_their_cpu_share_are_throttled_without_hashing(tmp_
     assert set(verdicts[hashed_checks:]) == {Web.THROTTLED}
     assert len(web._bad) == hashed_checks and len(checks) == hashed_checks + 1
     assert web.check(web.current, good) == Web.OK and len(checks) == hashed_checks + 1   # cached, unhashed
-    monkeypatch.setattr(webconfig, "FAILED_CPU_SHARE", 1000.0)         # refilled: checked again
+    monkeypatch.setattr(throttle, "FAILED_CPU_SHARE", 1000.0)          # refilled: checked again
     assert web.check(web.current, _basic("p", "wrong-again")) == Web.DENIED
+
+
+def test_throttled_addresses_are_those_that_failed_and_a_new_one_is_checked(tmp_path, checks, monkeypatch):
+    """With failed checks' share spent, an address that failed within a
+    minute is answered THROTTLED unhashed, but an address with no failure is
+    checked: a scraper's credential never verified before gets through a
+    flood from elsewhere (a5a072b: THROTTLED for everyone). IPv6 by /64."""
+    web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{HASH}'}}\n")))
+    monkeypatch.setattr(throttle, "FAILED_CPU_SHARE", 0.0)
+    for flooder in ("10.0.0.1", "2001:db8::1"):
+        assert web.check(web.current, _basic("p", "no-" + flooder), flooder) == Web.DENIED   # no failure yet: checked
+    web.throttle._budget = 0.0
+    n = len(checks)
+    for flooder in ("10.0.0.1", "::ffff:10.0.0.1", "2001:db8::1", "2001:db8::2"):
+        assert web.check(web.current, _basic("p", f"wrong-{flooder}"), flooder) == Web.THROTTLED
+        assert web.check(web.current, _basic("p", "s3cret"), flooder) == Web.THROTTLED   # its own address
+    assert len(checks) == n                                                  # nothing hashed
+    assert web.check(web.current, _basic("p", "s3cret"), "10.0.0.2") == Web.OK        # checked, cached
+    assert web.check(web.current, _basic("p", "s3cret"), "10.0.0.1") == Web.OK        # from the cache
+    assert web.check(web.current, _basic("p", "wrong"), "2001:db8:0:1::1") == Web.DENIED
+    assert len(checks) == n + 2                         # each new address checked once
+    assert web.check(web.current, _basic("p", "other"), "2001:db8:0:1::1") == Web.THROTTLED
+    monkeypatch.setattr(throttle, "FAILED_FORGET", 0.0)                      # forgotten: checked again
+    assert web.check(web.current, _basic("p", "other"), "10.0.0.1") == Web.DENIED
+
+
+def test_one_check_at_a_time_one_per_address_and_new_addresses_first(tmp_path, monkeypatch):
+    """While a check runs, another from the same address is THROTTLED at
+    once; others wait for their turn, addresses without a failure first."""
+    import threading
+    web = Web(webconfig.load(write(tmp_path, f"basic_auth_users: {{p: '{HASH}'}}\n")))
+    assert web.check(web.current, _basic("p", "wrong"), "10.0.0.5") == Web.DENIED   # 10.0.0.5 has failed
+    gate, order, real = threading.Event(), [], bcrypt.checkpw
+
+    def checkpw(pw, hashed):
+        order.append(pw)
+        if pw == b"first":
+            gate.wait(10)
+        return real(pw, hashed)
+    monkeypatch.setattr(bcrypt, "checkpw", checkpw)
+    verdicts = {}
+
+    def ask(password, client):
+        verdicts[password] = web.check(web.current, _basic("p", password), client)
+    first = threading.Thread(target=ask, args=("first", "10.0.0.1"))
+    first.start()
+    while order != [b"first"]:
+        time.sleep(0.001)
+    assert web.check(web.current, _basic("p", "again"), "10.0.0.1") == Web.THROTTLED   # its check runs
+    waiting = [threading.Thread(target=ask, args=a) for a in (("late", "10.0.0.5"), ("s3cret", "10.0.0.2"))]
+    for t in waiting:
+        t.start()
+        time.sleep(0.05)                                # late waits first
+    gate.set()
+    for t in [first] + waiting:
+        t.join(10)
+    assert order == [b"first", b"s3cret", b"late"]
+    assert verdicts == {"first": Web.DENIED, "s3cret": Web.OK, "late": Web.DENIED}
 
 
 @pytest.mark.parametrize("cost", [5, 12])
@@ -335,7 +393,7 @@ def test_a_refused_or_throttled_request_ends_its_connection_and_is_counted(tmp_p
     port = endpoint(web)
     req = f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {_basic('p', 'wrong')}\r\n\r\n".encode()
     for budget, code in ((1.0, b"401"), (-1.0, b"429")):
-        web._budget, web._bad = budget, {}
+        web.throttle._budget, web._bad = budget, {}
         with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
             c.sendall(req * 20)
             got = b""
