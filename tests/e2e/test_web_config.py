@@ -189,53 +189,57 @@ def nettap(tmp_path):
 def test_abandoned_requests_are_not_rendered(nettap):
     """1,100 requests a second from clients that close without reading
     (another process): each is skipped, not rendered, so a scraper beside
-    them keeps its p99 under 100 ms (on a5a072b: p50 2.7 s, a third 503)."""
+    them keeps its p99 under 100 ms, or within twice its p99 alone when the
+    shared machine is that slow alone (three times; on a5a072b: p99 2.4 s, 4 of 6 scrapes
+    503)."""
     p, url = nettap()
     wait_for(lambda: requests.get(url + "/readyz", timeout=1).status_code == 200, what="ready")
     _scrapes(url + "/metrics", 0.5)                 # the first renders import what they use
-    alone = _figures("scraper alone", _scrapes(url + "/metrics", 2))
-    flood = _flood(int(url.rsplit(":", 1)[1]), 1100, 6)
+    alone = _figures("scraper alone", _scrapes(url + "/metrics", 3))
+    flood = _flood(int(url.rsplit(":", 1)[1]), 1100, 7)
     time.sleep(1)                                   # the flood's queue builds up first
     c0, t0 = _cpu(p.pid), time.monotonic()
-    beside = _figures("beside 1,100 abandoned requests/s", _scrapes(url + "/metrics", 3))
+    beside = _figures("beside 1,100 abandoned requests/s", _scrapes(url + "/metrics", 5))
     share = (_cpu(p.pid) - c0) / (time.monotonic() - t0)
     sent = flood.communicate(timeout=30)[0].split()[0]
     print(f"flood: {sent} requests sent; nettap CPU beside it {share:.0%} of a core; "
           f"p99 beside / alone: {beside[1] / alone[1]:.1f}")
     assert set(beside[2]) == {200}, beside[2]
-    assert beside[1] < 0.1
+    assert beside[1] < max(0.1, 3 * alone[1]), (beside, alone)     # 3x: a shared machine slow alone too
     text = requests.get(url + "/metrics", timeout=5).text
     gone = float(text.split('nettap_http_connections_rejected_total{reason="client_gone"} ', 1)[1].split()[0])
-    assert gone > 0.5 * int(sent), (gone, sent)
+    assert int(sent) >= 0.7 * 1100 * 7 and gone > 0.5 * int(sent), (gone, sent)
 
 
 def test_a_correct_password_gets_through_a_wrong_password_flood(nettap):
     """Started while another process (its own address) floods wrong passwords
     and has spent the failed checks' CPU share: a credential never verified
-    before gets 200 at once, p99 under 100 ms; the flood's own checks stay
-    within their share (on a5a072b: every scrape 429)."""
+    before gets 200 at once, p99 under 100 ms (or three times its p99 alone,
+    as above); the flood's own checks stay within their share (on a5a072b: 80
+    of 144 scrapes 429)."""
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(10)).decode()     # as the docs say: htpasswd -nBC 10
     p, url = nettap(f"basic_auth_users: {{prometheus: '{hashed}', grafana: '{hashed}'}}\n")
     ok = ("grafana", "s3cret")
     wait_for(lambda: requests.get(url + "/readyz", auth=ok, timeout=1).status_code == 200, what="ready")
     _scrapes(url + "/metrics", 0.5, auth=ok)        # the first renders import what they use
-    alone = _figures("scraper alone (grafana)", _scrapes(url + "/metrics", 2, auth=ok))
-    seconds = 6.0
+    alone = _figures("scraper alone (grafana)", _scrapes(url + "/metrics", 3, auth=ok))
+    seconds = 7.0
     flood = _flood(int(url.rsplit(":", 1)[1]), 1000, seconds, src="127.0.0.2", auth="prometheus")
     time.sleep(1.5)                                 # past the failed checks' burst (1 s of CPU)
     c0, t0 = _cpu(p.pid), time.monotonic()
     beside = _figures("beside a wrong-password flood (prometheus)",
-                      _scrapes(url + "/metrics", 3, auth=("prometheus", "s3cret")))
+                      _scrapes(url + "/metrics", 5, auth=("prometheus", "s3cret")))
     share = (_cpu(p.pid) - c0) / (time.monotonic() - t0)
     out = flood.communicate(timeout=30)[0].split()
     codes = dict(kv.split("=") for kv in out[1:])
     print(f"flood: {out[0]} wrong passwords sent, answers {codes}; nettap CPU beside it {share:.0%} of a core; "
           f"p99 beside / alone: {beside[1] / alone[1]:.1f}")
     assert set(beside[2]) == {200}, beside[2]
-    assert beside[1] < 0.1
+    assert beside[1] < max(0.1, 3 * alone[1]), (beside, alone)     # 3x: a shared machine slow alone too
     # The flood's checks stay within the burst and a quarter of a core.
     t = time.thread_time()
     bcrypt.checkpw(b"wrong", hashed.encode())
     check = time.thread_time() - t
     assert int(codes.get("401", 0)) <= (1.0 + 0.25 * seconds) / check * 1.5 + 2, (codes, check)
     assert int(codes.get("429", 0)) > 10 * int(codes.get("401", 0)), codes
+    assert int(out[0]) >= 0.7 * 1000 * seconds, out
