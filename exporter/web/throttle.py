@@ -14,7 +14,8 @@ waits for its turn, briefly, addresses with no recent failure first: a
 flood holds at most two workers here, and a scraper's first check waits for
 the one running only. Addresses are IPv4 addresses and IPv6 /64s (a host
 usually has a whole /64); a flood from the scraper's own address (the same
-host, NAT or proxy) throttles the scraper's new credentials too.
+host, NAT or proxy; the same /64, which the pods of one node may share)
+throttles the scraper's new credentials too.
 """
 from __future__ import annotations
 
