@@ -71,15 +71,18 @@ def lines(messages: List[Message]) -> Dict[str, List[bytes]]:
             if mid in seen:                      # stored twice (outside the engine's window): once here
                 continue
             seen.add(mid)
-        start = int(region.split("-")[0]) if region.split("-")[0].isdigit() else 0
+        first = region.split("-")[0]
+        start = int(first) if first.isascii() and first.isdigit() else 0     # not "²": isdigit() alone takes it
         got = regions.setdefault((node, fid, start), [])
         kind = m.subject.rsplit(".", 1)[-1]
         for line in m.data.splitlines(True):
             ts = -1
             if kind != INVALID:
+                # Any publisher on the subjects can put any line here: one that
+                # is no record keeps its place (ts -1) and is counted by the reader.
                 try:
                     ts = int(json.loads(line).get("ts_ns", -1))
-                except (ValueError, AttributeError, TypeError):
+                except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
                     pass
             got.append((ts, line))
     out: Dict[str, List[bytes]] = {}
