@@ -282,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
     keys = {c.key for c in conns}
     ids = {c.conn_id for c in conns}
     full = Capture()
-    for rec in records(files, None, lambda r: r.get("conn_id") in ids):
+    for rec in records(files, None, lambda r: type(r.get("conn_id")) is int and r["conn_id"] in ids):
         full.add(rec, keep=True)
     conns = [full.conns[k] for k in cap.conns if k in keys and k in full.conns]
     if args.pcap:
