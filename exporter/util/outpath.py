@@ -113,10 +113,32 @@ def open_dir(path: str, create: bool, uid: int, root: str | None = None) -> int:
             os.close(fd)
             fd = nfd
             _check_dir(fd, shown, uid)
+        fstype = _fs_type(_mount_id(fd))
+        if fstype in _KERNEL_FS:
+            raise OutputRefused(f"directory {shown} is on a {fstype} file system: its files are kernel objects "
+                                "(a write or a chmod changes the kernel), not nettap's files")
         return fd
     except BaseException:
         os.close(fd)
         raise
+
+
+# File systems whose files are the kernel's objects or settings, not data.
+_KERNEL_FS = frozenset(("proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "bpf", "configfs",
+                        "devtmpfs", "devpts", "efivarfs", "pstore", "fusectl", "selinuxfs", "binfmt_misc", "nsfs",
+                        "mqueue", "hugetlbfs", "rpc_pipefs"))
+
+
+def _fs_type(mount: int) -> str:
+    """The file system type of a mount id (/proc/self/mountinfo); "" if unknown."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            for line in f:
+                if line.split(b" ", 1)[0] == b"%d" % mount:
+                    return line.partition(b" - ")[2].split(b" ", 1)[0].decode("ascii", "replace")
+    except OSError:
+        pass
+    return ""
 
 
 def _mount_id(fd: int) -> int:

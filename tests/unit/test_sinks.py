@@ -538,3 +538,21 @@ def test_a_refused_file_keeps_its_mode_and_bytes(tmp_path, what):
     after = os.stat(path)
     assert (after.st_mode, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == \
         (before.st_mode, before.st_size, before.st_mtime_ns, before.st_ctime_ns)
+
+
+def test_a_kernel_file_system_is_refused_before_any_file_is_touched():
+    """Issue 45: a sysfs file passed the file checks (root's, 0644, one
+    link), was chmodded, and only then failed. A directory on a file system
+    of kernel objects is refused before any of its files is opened."""
+    d = "/sys/kernel/mm/transparent_hugepage"
+    path = os.path.join(d, "hpage_pmd_size")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} does not exist on this kernel")
+    before = os.stat(path)
+    s = JsonlFileSink(path, max_bytes=4096, backups=1, mode=0o600, root=d)
+    assert refusal(s) == (f"directory {d} is on a sysfs file system: its files are kernel objects (a write "
+                          "or a chmod changes the kernel), not nettap's files")
+    assert os.stat(path).st_mode == before.st_mode
+    s = JsonlFileSink("/proc/self/x.jsonl", max_bytes=4096, backups=1, root="/proc")
+    assert refusal(s).endswith("is on a proc file system: its files are kernel objects (a write or a chmod "
+                               "changes the kernel), not nettap's files")
