@@ -10,6 +10,7 @@ one kind keep their file order).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import OrderedDict
 from typing import Dict, List, Tuple
 
@@ -68,9 +69,12 @@ def lines(messages: List[Message]) -> Dict[str, List[bytes]]:
         node, fid, region = h.get("Nettap-Node", "?"), h.get("Nettap-File", "?"), h.get("Nettap-Region", "0-0")
         mid = h.get("Nats-Msg-Id")
         if mid is not None:
-            if mid in seen:                      # stored twice (outside the engine's window): once here
+            # Stored twice (outside the engine's window): once here. Only the
+            # same bytes: another publisher's message under a used id hides nothing.
+            key = (mid, m.subject, hashlib.blake2b(m.data, digest_size=16).digest())
+            if key in seen:
                 continue
-            seen.add(mid)
+            seen.add(key)
         first = region.split("-")[0]
         start = int(first) if first.isascii() and first.isdigit() else 0     # not "²": isdigit() alone takes it
         got = regions.setdefault((node, fid, start), [])
