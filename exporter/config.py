@@ -116,11 +116,10 @@ class Target(namedtuple("Target", "kind value segments", defaults=(False,))):
 class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode root",
                         defaults=("none", None, 100 << 20, 3, DEFAULT_QUEUE_BYTES, DEFAULT_FILE_MODE,
                                   DEFAULT_OUTPUT_ROOT))):
-    """type: jsonl | stdout | none; the jsonl file (path, absolute, inside
+    """type: jsonl | stdout | none; the jsonl file (path: absolute, inside
     root) rotates at max_bytes keeping `backups` old files, each created
-    with mode; at most
-    queue_bytes of records wait between the drain and the sink (more are
-    dropped, whole batches, and counted)."""
+    with mode; at most queue_bytes of records wait between the drain and
+    the sink (more are dropped, whole batches, and counted)."""
 
     __slots__ = ()
 
@@ -255,7 +254,7 @@ def parse(doc) -> Config:
                                               "queue_records", "mode"))
     otype = _choice(out.get("type", "none"), "output.type", OUTPUT_TYPES)
     for k in ("path", "mode", "root"):
-        if k in out and otype != "jsonl":
+        if out.get(k) is not None and otype != "jsonl":
             raise ConfigError(f"output.{k}: only used with type jsonl (type is {otype})")
     root = os.path.normpath(_str(out.get("root", DEFAULT_OUTPUT_ROOT), "output.root"))
     if not root.startswith("/") or root == "/":
