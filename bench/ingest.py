@@ -57,7 +57,7 @@ def one_pass(a, exe, port, tmp: Path, cluster, with_ingest: bool) -> dict:
     path = d / "capture.jsonl"
     cfg = d / "nettap.yaml"
     cfg.write_text(f"captures: [{{port: {port}}}]\n"
-                   f"output: {{type: jsonl, path: {path}, max_bytes: {64 << 20}, backups: 20}}\n"
+                   f"output: {{type: jsonl, path: {path}, root: {d}, max_bytes: {64 << 20}, backups: 20}}\n"
                    f"ingest: {{servers: {list(urls)}, node: bench, batch_bytes: {a.batch_bytes}, "
                    f"stream: {{name: BENCH, replicas: {a.engine_nodes}, duplicate_window: 10m, "
                    f"storage: {a.engine_storage}}}}}\n")
@@ -118,7 +118,8 @@ def catch_up(a, tmp: Path, cluster) -> dict:
     engine alone on these CPUs, as after a storm or an outage)."""
     d = tmp / "b"
     cfg = d / "catch-up.yaml"
-    cfg.write_text(f"output: {{type: jsonl, path: {d / 'capture.jsonl'}, max_bytes: {64 << 20}, backups: 20}}\n"
+    cfg.write_text(f"output: {{type: jsonl, path: {d / 'capture.jsonl'}, root: {d}, max_bytes: {64 << 20}, "
+                   f"backups: 20}}\n"
                    f"ingest: {{servers: {list(cluster.urls)}, node: bench, batch_bytes: {a.batch_bytes}, "
                    f"subject: 'catchup.{{node}}.{{kind}}', checkpoint: {d / 'catch-up.checkpoint'}, "
                    f"stream: {{name: CATCHUP, replicas: {a.engine_nodes}, duplicate_window: 10m, "

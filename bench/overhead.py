@@ -106,7 +106,7 @@ def start_nginx(tmp: str, port: int, workers: int) -> subprocess.Popen:
 def write_config(tmp: str, case: str, nginx_port: int, unused_port: int, nats_url: str = "") -> str:
     port = unused_port if case == "B" else nginx_port
     text = (f"captures: [{{port: {port}}}]\n"
-            f"output: {{type: jsonl, path: {tmp}/capture-{case}.jsonl, max_bytes: {1 << 30}}}\n")
+            f"output: {{type: jsonl, path: {tmp}/capture-{case}.jsonl, root: {tmp}, max_bytes: {1 << 30}}}\n")
     if case == "D":
         text += "diagnostics: {bpfStats: {enabled: true}}\n"
     if case == "E":

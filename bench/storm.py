@@ -195,7 +195,7 @@ def main() -> None:
     # 2. the storm captured, sink none (the drain alone) and sink jsonl
     for sink in ("none", "jsonl") if not a.idle else ():
         cfg = os.path.join(tmp, f"{sink}.yaml")
-        out = (f"{{type: jsonl, path: {tmp}/capture.jsonl, max_bytes: 1073741824}}" if sink == "jsonl"
+        out = (f"{{type: jsonl, path: {tmp}/capture.jsonl, root: {tmp}, max_bytes: 1073741824}}" if sink == "jsonl"
                else "{type: none}")
         with open(cfg, "w") as f:
             f.write(f"captures: [{{port: {port}}}]\noutput: {out}\n")

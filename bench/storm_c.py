@@ -174,8 +174,8 @@ def main() -> None:
 
 def captured(a, exe: str, sink: str, port: int, mport: int, tmp: str) -> dict:
     path = os.path.join(tmp, "capture.jsonl")
-    out = (f"{{type: jsonl, path: {path}, max_bytes: {1 << 40}, queue_bytes: {a.queue_bytes}}}" if sink == "jsonl"
-           else "{type: none}")
+    out = (f"{{type: jsonl, path: {path}, root: {tmp}, max_bytes: {1 << 40}, queue_bytes: {a.queue_bytes}}}"
+           if sink == "jsonl" else "{type: none}")
     cfg = os.path.join(tmp, f"{sink}.yaml")
     with open(cfg, "w") as f:
         f.write(f"captures: [{{port: {port}}}]\noutput: {out}\nrings: {{capture_chunks: {a.chunk_ring}}}\n")

@@ -54,6 +54,9 @@ DEFAULT_QUEUE_BYTES = 4 << 20
 # Captured payload is other processes' traffic: only nettap's user reads it
 # unless the config says otherwise (0640 for a log shipper's group).
 DEFAULT_FILE_MODE = 0o600
+# The only directory nettap writes its output in (output.root): output.path
+# must be inside it, and directories are made only inside it.
+DEFAULT_OUTPUT_ROOT = "/var/lib/nettap"
 
 
 # Bounds on what a config file may ask of the parser. A real config is a few
@@ -110,12 +113,13 @@ class Target(namedtuple("Target", "kind value segments", defaults=(False,))):
         return f"{self.kind}={self.value}" + (" (segments)" if self.segments else "")
 
 
-class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode",
-                        defaults=("none", None, 100 << 20, 3, DEFAULT_QUEUE_BYTES, DEFAULT_FILE_MODE))):
-    """type: jsonl | stdout | none; the jsonl file rotates at max_bytes
-    keeping `backups` old files, each created with mode; at most
-    queue_bytes of records wait between the drain and the sink (more are
-    dropped, whole batches, and counted)."""
+class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode root",
+                        defaults=("none", None, 100 << 20, 3, DEFAULT_QUEUE_BYTES, DEFAULT_FILE_MODE,
+                                  DEFAULT_OUTPUT_ROOT))):
+    """type: jsonl | stdout | none; the jsonl file (path: absolute, inside
+    root) rotates at max_bytes keeping `backups` old files, each created
+    with mode; at most queue_bytes of records wait between the drain and
+    the sink (more are dropped, whole batches, and counted)."""
 
     __slots__ = ()
 
@@ -246,20 +250,27 @@ def parse(doc) -> Config:
     if not isinstance(dns, bool):
         raise ConfigError(f"capture.dns: must be true or false, got {quote(dns)}")
 
-    out = _map(top.get("output"), "output", ("type", "path", "max_bytes", "backups", "queue_bytes", "queue_records",
-                                              "mode"))
+    out = _map(top.get("output"), "output", ("type", "path", "root", "max_bytes", "backups", "queue_bytes",
+                                              "queue_records", "mode"))
     otype = _choice(out.get("type", "none"), "output.type", OUTPUT_TYPES)
-    path = out.get("path")
-    if otype == "jsonl":
-        path = _str(path, "output.path")
-    elif path is not None:
-        raise ConfigError(f"output.path: only used with type jsonl (type is {otype})")
-    if "mode" in out and otype != "jsonl":
-        raise ConfigError(f"output.mode: only used with type jsonl (type is {otype})")
+    for k in ("path", "mode", "root"):
+        if out.get(k) is not None and otype != "jsonl":
+            raise ConfigError(f"output.{k}: only used with type jsonl (type is {otype})")
+    root = os.path.normpath(_str(out.get("root", DEFAULT_OUTPUT_ROOT), "output.root"))
+    if not root.startswith("/") or root == "/":
+        raise ConfigError(f"output.root: must be an absolute path to nettap's own directory (not /), got "
+                          f"{quote(out['root'])}")
+    path = _str(out.get("path"), "output.path") if otype == "jsonl" else None
+    if path is not None:
+        try:
+            path = outpath.under_root(root, path)
+        except ValueError:
+            raise ConfigError(f"output.path: must name a file inside output.root ({root}; relative paths are "
+                              f"taken from it), got {quote(path)}: nettap writes only there") from None
     output = Output(otype, path,
                     _int(out.get("max_bytes", DEFAULT.output.max_bytes), "output.max_bytes", 4096, 1 << 40),
                     _int(out.get("backups", DEFAULT.output.backups), "output.backups", 0, 1000),
-                    _queue_bytes(out), _mode(out.get("mode", DEFAULT_FILE_MODE)))
+                    _queue_bytes(out), _mode(out.get("mode", DEFAULT_FILE_MODE)), root)
 
     rings = _map(top.get("rings"), "rings", RINGS)
     ring_bytes = dict(DEFAULT_RING_BYTES)

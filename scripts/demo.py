@@ -68,7 +68,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def nettap_config(netns_path: str, capture_path: str, nats_url: str) -> str:
     doc = {
         "captures": [{"netns": netns_path}],
-        "output": {"type": "jsonl", "path": capture_path, "max_bytes": 16 << 20, "backups": 1},
+        "output": {"type": "jsonl", "path": capture_path, "root": os.path.dirname(capture_path),
+                   "max_bytes": 16 << 20, "backups": 1},
         "diagnostics": {"bpfStats": {"enabled": False, "scope": "own"}},
         "log_level": "info",
         # nettap ingest's: the capture keeps it unread

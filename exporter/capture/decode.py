@@ -127,7 +127,9 @@ class Decoder:
             q = min((i for i in (buf.find(h, start, stop + 3) for h in heads) if i >= 0), default=-1)
             if q < 0 or q >= stop:
                 return None
-            if self._fits(buf, q + self._step(buf, q), eof):
+            # A length found in the last 7 bytes is no whole header (a
+            # record cut there is reported as trailing bytes).
+            if self._len(buf, q) is not None and self._fits(buf, q + self._step(buf, q), eof):
                 return q
             start = q + 1
         return None

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from exporter.util.outpath import OutputRefused, open_dir, open_file
+from exporter.util.outpath import OutputRefused, open_dir, open_file, set_mode
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +199,10 @@ class JsonlFileSink(Sink):
     _held_lock = threading.Lock()
 
     def __init__(self, path: str, max_bytes: int, backups: int, mode: int = DEFAULT_MODE,
-                 totals: Optional[Totals] = None) -> None:
+                 totals: Optional[Totals] = None, root: Optional[str] = None) -> None:
         super().__init__(totals)
         self.path = path
+        self.root = root                     # output.root: the directory must resolve inside it
         self.max_bytes = max_bytes
         self.backups = backups
         self.mode = mode
@@ -221,8 +222,14 @@ class JsonlFileSink(Sink):
         if self._f is not None:
             return
         if self._dir is None:
-            self._dir = open_dir(self._dirpath, not self._ever_opened, self.uid)
-        self._f, st = open_file(self._dir, self._name, self.path, self.mode, self.uid)
+            self._dir = open_dir(self._dirpath, not self._ever_opened, self.uid, self.root)
+        f, st = open_file(self._dir, self._name, self.path, self.mode, self.uid)
+        try:
+            set_mode(f, st, self.mode)      # only now: a refused file is left as it was
+        except OSError as e:
+            os.close(f)
+            raise OutputRefused(f"cannot set the mode of {self.path}: {e.strerror}", e.errno) from None
+        self._f = f
         self._id = (st.st_dev, st.st_ino)
         self._size = st.st_size
         self._ever_opened = True
@@ -363,7 +370,7 @@ def make(output, totals: Optional[Totals] = None) -> Optional[Sink]:
     """The sink for a config.Output, or None for type none. Nothing is
     opened yet: call open() to find out whether the path can be used."""
     if output.type == "jsonl":
-        return JsonlFileSink(output.path, output.max_bytes, output.backups, output.mode, totals)
+        return JsonlFileSink(output.path, output.max_bytes, output.backups, output.mode, totals, output.root)
     if output.type == "stdout":
         return StdoutSink(totals=totals)
     return None

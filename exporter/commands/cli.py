@@ -152,7 +152,7 @@ def _check_config(cfg, path) -> int:
         if cfg.output.type == "jsonl":          # as the daemon opens it (made and removed if missing)
             from exporter.util.outpath import OutputRefused, check
             try:
-                check(cfg.output.path, cfg.output.mode, os.geteuid())
+                check(cfg.output.path, cfg.output.mode, os.geteuid(), cfg.output.root)
             except OutputRefused as e:
                 raise config.ConfigError(f"output.path: {e}") from None
     except config.ConfigError as e:

@@ -135,15 +135,22 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, int, List[str]]:
     with os.fdopen(outpath.create_for_writing(path), "wb") as f:
         if not any(c.tls for c in chosen):
             w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
+            late = 0
             for ts, _, p in merged:
+                if ts > _PCAP_MAX_NS:               # a file's ts_ns past 2^32 s: not nettap's clock
+                    ts, late = _PCAP_MAX_NS, late + 1
                 # exact: a float's rounding could make the nanoseconds 10^9
                 w.writepkt_time(p, Decimal(ts) / 1_000_000_000)
                 n += 1
+            if late:
+                notes.append(f"{late} packet(s) timed past what a pcap holds (2^32 s): written at its last "
+                             "second")
         else:
             n = _write_pcapng(f, merged)
     return n, len(chosen), notes
 
 
+_PCAP_MAX_NS = (1 << 32) * 1_000_000_000 - 1     # a pcap record's time: u32 seconds, u32 nanoseconds
 _DECRYPTED = "TLS plaintext decrypted by nettap: read from the process's libssl calls, not from the wire"
 
 

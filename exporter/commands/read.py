@@ -47,7 +47,8 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
     life = ", ".join(f"{n[k]} {k}" for k in LIFECYCLE if n[k])
     out.write(f"{len(conns)} connection(s) of {len(cap.conns)}; records: {n['chunk']} chunk, "
               f"{n['eof']} eof, {n['log']} log" + (f", {life}" if life else "")
-              + (f", {n['dns']} dns (--dns lists them)" if n["dns"] else "") + "\n")
+              + (f", {n['dns']} dns (--dns lists them)" if n["dns"] else "")
+              + (f", {n['dlopen']} dlopen" if n["dlopen"] else "") + "\n")
     if cap.no_conn:
         out.write(f"{cap.no_conn} chunk(s) without a connection (conn_id 0: nettap's connection table "
                   f"was full): in no stream\n")
@@ -62,13 +63,12 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
 def _dns_messages(recs, pids):
     """(record, message, whether whole) of dns records: a UDP record is a
     message; a TCP connection's records are its bytes, cut into messages."""
-    import base64
     from exporter.capture.dns import Stream
     streams = {}
     for r in recs:
         if pids and r["pid"] not in pids:
             continue
-        raw = base64.b64decode(r["data"]) if "read_failed" not in r["flags"] else b""
+        raw = r["data"] if "read_failed" not in r["flags"] else b""     # decoded by streams._check
         if r["transport"] == "tcp":
             s = streams.setdefault((r["sock_ino"], r["direction"]), Stream())
             yield from ((r, m, whole) for m, whole in s.feed(raw, r["size"]))
@@ -282,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
     keys = {c.key for c in conns}
     ids = {c.conn_id for c in conns}
     full = Capture()
-    for rec in records(files, None, lambda r: r.get("conn_id") in ids):
+    for rec in records(files, None, lambda r: type(r.get("conn_id")) is int and r["conn_id"] in ids):
         full.add(rec, keep=True)
     conns = [full.conns[k] for k in cap.conns if k in keys and k in full.conns]
     if args.pcap:

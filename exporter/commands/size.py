@@ -94,6 +94,7 @@ class Prometheus:
         import requests
         self.url, self.at, self.timeout = url.rstrip("/"), at, timeout
         self.session = requests.Session()
+        self.not_finite: Dict[str, List[str]] = {}     # "NaN"/"+Inf"/"-Inf" -> "instance figure" not taken
 
     def vector(self, expr: str) -> Dict[str, float]:
         """{instance: value} of an instant query at self.at. SizeError, in
@@ -136,7 +137,10 @@ def measure(prom: Prometheus, rng: str, window: str, step: str, selector: str = 
 
     def put(attr: str, values: Dict[str, float], key: Optional[str] = None) -> None:
         for inst, v in values.items():
-            if inst in nodes:
+            if inst in nodes and not math.isfinite(v):      # 0/0, x/0: no figure, said by main
+                spelt = "NaN" if math.isnan(v) else "+Inf" if v > 0 else "-Inf"
+                prom.not_finite.setdefault(spelt, []).append(f"{inst} {attr}" + (f" {key}" if key else ""))
+            elif inst in nodes:
                 if key is None:
                     setattr(nodes[inst], attr, v)
                 else:
@@ -313,7 +317,13 @@ def main(argv: Sequence[str]) -> int:
         out = (yaml_patch(nodes, a.prometheus, at, a.rng) if a.output == "yaml"
                else text(nodes, a.prometheus, at, a.rng, a.window, a.step))
     except SizeError as e:
+        out = None
         print(f"nettap size: {e}", file=sys.stderr)
+    finally:
+        for spelt, figures in prom.not_finite.items():
+            print(f"nettap size: Prometheus answered {spelt} for {len(figures)} figure(s), taken as not known "
+                  f"({', '.join(figures[:6])}{', ...' if len(figures) > 6 else ''})", file=sys.stderr)
+    if out is None:
         return 1
     sys.stdout.write(out)
     return 0

@@ -50,12 +50,13 @@ _SEGMENT = {"conn_id": _INT, "ts_ns": _INT, "seq": _INT, "length": _INT, "snd_cw
             "srtt_us": _INT, "snd_wnd": _INT, "rcv_wnd": _INT}
 _DNS = {"ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "sock_ino": _INT, "direction": _STR, "family": _STR,
         "daddr": _STR, "dport": _INT, "data": _STR, "len": _INT, "size": _INT, "flags": list, "transport": _STR}
+_DLOPEN = {"ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "name": _STR, "dev": _INT, "ino": _INT}
 _CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
 _MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
 SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
            "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "retransmit": _RETRANSMIT,
            "synack_retransmit": _SYNACK, "timer": _TIMER, "probe": _PROBE, "segment": _SEGMENT,
-           "dns": _DNS, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
+           "dns": _DNS, "dlopen": _DLOPEN, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
@@ -141,16 +142,16 @@ def _check(rec, where: str, problems: Problems) -> Optional[dict]:
         if not isinstance(v, t) or isinstance(v, bool) or (t is int and not 0 <= v <= _MAX.get(f, _U64)):
             problems.add(f"{kind} record(s) with a missing or bad {f}", where)
             return None
-    if kind == "chunk":
+    if kind in ("chunk", "dns"):
         if rec["direction"] not in DIRECTIONS:
-            problems.add("chunk record(s) with a bad direction", where)
+            problems.add(f"{kind} record(s) with a bad direction", where)
             return None
         try:
             rec["data"] = base64.b64decode(rec["data"], validate=True)
         except (binascii.Error, ValueError):
-            problems.add("chunk record(s) whose data is not base64", where)
+            problems.add(f"{kind} record(s) whose data is not base64", where)
             return None
-        if len(rec["data"]) != rec["len"]:
+        if kind == "chunk" and len(rec["data"]) != rec["len"]:
             problems.add("chunk record(s) whose data is not len bytes", where)
             return None
     return rec
@@ -362,6 +363,8 @@ class Capture:
             return
         if kind == "dns":
             self.dns.append(rec)
+            return
+        if kind == "dlopen":                    # a library nettap saw a process load (capture.tls): counted
             return
         if kind in ("start", "stop"):
             self.marks.append((kind, rec["time"], rec["pid"]))

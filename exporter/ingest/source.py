@@ -10,6 +10,7 @@ one kind keep their file order).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import OrderedDict
 from typing import Dict, List, Tuple
 
@@ -68,18 +69,24 @@ def lines(messages: List[Message]) -> Dict[str, List[bytes]]:
         node, fid, region = h.get("Nettap-Node", "?"), h.get("Nettap-File", "?"), h.get("Nettap-Region", "0-0")
         mid = h.get("Nats-Msg-Id")
         if mid is not None:
-            if mid in seen:                      # stored twice (outside the engine's window): once here
+            # Stored twice (outside the engine's window): once here. Only the
+            # same bytes: another publisher's message under a used id hides nothing.
+            key = (mid, m.subject, hashlib.blake2b(m.data, digest_size=16).digest())
+            if key in seen:
                 continue
-            seen.add(mid)
-        start = int(region.split("-")[0]) if region.split("-")[0].isdigit() else 0
+            seen.add(key)
+        first = region.split("-")[0]
+        start = int(first) if first.isascii() and first.isdigit() else 0     # not "²": isdigit() alone takes it
         got = regions.setdefault((node, fid, start), [])
         kind = m.subject.rsplit(".", 1)[-1]
         for line in m.data.splitlines(True):
             ts = -1
             if kind != INVALID:
+                # Any publisher on the subjects can put any line here: one that
+                # is no record keeps its place (ts -1) and is counted by the reader.
                 try:
                     ts = int(json.loads(line).get("ts_ns", -1))
-                except (ValueError, AttributeError, TypeError):
+                except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
                     pass
             got.append((ts, line))
     out: Dict[str, List[bytes]] = {}

@@ -129,11 +129,12 @@ def test_check_config_refuses_what_the_daemon_refuses(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)], check=True)
     (tmp_path / "link.jsonl").symlink_to(tmp_path / "victim")
     try:
-        for path, why in (("/proc/1/nope/x.jsonl", "cannot create directory /proc/1/nope: No such file or directory"),
-                          (f"{ro}/sub/x.jsonl", f"cannot create directory {ro}/sub: Read-only file system"),
-                          (f"{ro}/x.jsonl", f"cannot open {ro}/x.jsonl: Read-only file system"),
-                          (f"{tmp_path}/link.jsonl", f"{tmp_path}/link.jsonl is a symbolic link")):
-            p.write_text(f"output: {{type: jsonl, path: '{path}'}}\n")
+        for root, path, why in (
+                ("/proc/1", "/proc/1/nope/x.jsonl", "cannot create directory /proc/1/nope: No such file or directory"),
+                (ro, f"{ro}/sub/x.jsonl", f"cannot create directory {ro}/sub: Read-only file system"),
+                (ro, f"{ro}/x.jsonl", f"cannot create {ro}/x.jsonl: Read-only file system"),
+                (tmp_path, f"{tmp_path}/link.jsonl", f"{tmp_path}/link.jsonl is a symbolic link")):
+            p.write_text(f"output: {{type: jsonl, path: '{path}', root: '{root}'}}\n")
             checked = run(["--check-config", "--config", str(p)])
             started = run(["--config", str(p), "--web.listen-address", f"127.0.0.1:{free_port()}"])
             assert checked.returncode == started.returncode == 2, (checked, started)
@@ -142,7 +143,7 @@ def test_check_config_refuses_what_the_daemon_refuses(tmp_path):
     finally:
         subprocess.run(["umount", str(ro)], check=True)
     assert not (tmp_path / "victim").exists()
-    p.write_text(f"output: {{type: jsonl, path: '{tmp_path}/new/dirs/x.jsonl'}}\n")
+    p.write_text(f"output: {{type: jsonl, path: '{tmp_path}/new/dirs/x.jsonl', root: '{tmp_path}'}}\n")
     assert run(["--check-config", "--config", str(p)]).stdout == f"{p}: ok\n"
     assert not (tmp_path / "new").exists()                      # made to see, and removed
     p.write_text(f"captures: [{{pid: {os.getpid()}}}, {{port: 80}}]\n")

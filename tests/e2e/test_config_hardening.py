@@ -225,3 +225,57 @@ def test_values_cannot_forge_log_lines(tmp_path):
     log = (tmp_path / "nettap.log").read_text()
     assert "forged" in log
     assert not [line for line in log.splitlines() if line.startswith("2026-01-01")], log
+
+
+def test_output_only_inside_its_root_and_a_refused_file_left_as_it_was(tmp_path):
+    """Issue 45: a reload to an existing root-owned file outside nettap's
+    directory (an /etc file) chmodded it 0600 and appended payloads, and
+    directories were made anywhere. Writes go only inside output.root
+    (/var/lib/nettap by default); a file refused is left exactly as it was:
+    one outside the root, one reached through a link out of it, one
+    bind-mounted into it (as a sysfs file could be)."""
+    srv = Server()
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    victim = etc / "victim.conf"
+    victim.write_bytes(b"root:x:0:0\n")
+    os.chmod(victim, 0o644)
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (root / "out").symlink_to(tmp_path / "elsewhere")
+    mounted = root / "mounted.jsonl"
+    mounted.write_bytes(b"")
+    os.chmod(mounted, 0o600)
+    subprocess.run(["mount", "--bind", str(victim), str(mounted)], check=True)
+    n = None
+    try:
+        n = Nettap(tmp_path, {"captures": [{"port": srv.port}], "output": {"type": "stdout"}})
+        bad = [({"path": str(victim)}, "output.path: must name a file inside output.root (/var/lib/nettap; "),
+               ({"path": str(tmp_path / "new" / "d" / "x.jsonl")}, "output.path: must name a file inside "),
+               ({"path": "../etc/victim.conf", "root": str(root)}, "output.path: must name a file inside "),
+               ({"path": str(root / "out" / "x.jsonl"), "root": str(root)},
+                f"output.path: directory {root / 'out'} resolves to {tmp_path / 'elsewhere'}, outside output.root"),
+               ({"path": str(mounted), "root": str(root)}, f"output.path: {mounted} is a mount point")]
+        for i, (output, why) in enumerate(bad, 1):
+            n.write_config({"captures": [{"port": srv.port}], "output": {"type": "jsonl", **output}})
+            wait_for(lambda i=i: metric(n, "nettap_config_reloads_total", result="failure") == i,
+                     timeout=10, step=0.1, what=f"{output} refused")
+            send_messages(srv.port, 2, 100)
+            assert why in (tmp_path / "nettap.log").read_text(), why
+            cfg = tmp_path / "check.yaml"
+            cfg.write_text(f"output: {{type: jsonl, {', '.join(f'{k}: {v!r}' for k, v in output.items())}}}\n")
+            checked = start(["--check-config", "--config", str(cfg)])
+            assert checked.returncode == 2 and checked.stderr.startswith(f"nettap: config refused: {why}"), \
+                (output, checked)
+        assert victim.read_bytes() == b"root:x:0:0\n" and os.stat(victim).st_mode & 0o7777 == 0o644
+        assert not (tmp_path / "new").exists() and not list((tmp_path / "elsewhere").iterdir())
+        n.write_config({"captures": [{"port": srv.port}],
+                        "output": {"type": "jsonl", "path": "capture.jsonl", "root": str(root)}})
+        wait_for(lambda: metric(n, "nettap_config_last_reload_successful") == 1, timeout=10, what="good again")
+        send_messages(srv.port, 3, 100)
+        wait_for(lambda: b'"type":"chunk"' in (root / "capture.jsonl").read_bytes(), timeout=10, what="written")
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
+        assert n is None or n.stop() == 0
+    assert victim.read_bytes() == b"root:x:0:0\n" and os.stat(victim).st_mode & 0o7777 == 0o644

@@ -65,7 +65,8 @@ class Writer(threading.Thread):
 
 
 def config(out: Path, cluster: NatsCluster, max_bytes: int = 1 << 20, backups: int = 3, **ingest) -> dict:
-    return {"output": {"type": "jsonl", "path": str(out), "max_bytes": max_bytes, "backups": backups},
+    return {"output": {"type": "jsonl", "path": str(out), "root": str(out.parent), "max_bytes": max_bytes,
+                       "backups": backups},
             "ingest": {"servers": cluster.urls, "node": "node-a", "ack_timeout": "2s",
                        "stream": {"replicas": min(3, len(cluster.urls)), "duplicate_window": "10m"}, **ingest}}
 

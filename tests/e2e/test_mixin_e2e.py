@@ -57,7 +57,7 @@ def test_every_dashboard_query_evaluates_and_nettaps_own_return_data(tmp_path, l
     closed.close()                                # a captured port nothing listens on: resets, errors
     nats = NatsCluster(tmp_path / "nats", n=1).start()     # nettap ingest's engine: the Ingest row
     cfg = {"captures": [{"port": srv.port}, {"port": refused}],
-           "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl")},
+           "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl"), "root": str(tmp_path)},
            "diagnostics": {"bpfStats": {"enabled": True, "scope": "node"}},
            "ingest": {"servers": nats.urls, "stream": {"storage": "memory"}}}
     n = Nettap(tmp_path, cfg, cgroups=limited_cgroups)

@@ -67,7 +67,7 @@ def test_a_restart_and_a_kill_are_gaps_nettap_read_reports(tmp_path):
     from procs import Nettap
     srv = Server()
     out = tmp_path / "capture.jsonl"
-    cfg = {"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": str(out)}}
+    cfg = {"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": str(out), "root": str(tmp_path)}}
     for i, how in enumerate((signal.SIGTERM, signal.SIGKILL, signal.SIGTERM)):
         n = Nettap(tmp_path, cfg)
         send_messages(srv.port, 3, 100)

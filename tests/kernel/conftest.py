@@ -109,7 +109,7 @@ class Run:
     def __init__(self, tmp_path, doc, mode=None, kernel_plan=None):
         self.out = tmp_path / "capture.jsonl"
         doc = dict(doc)
-        doc.setdefault("output", {"type": "jsonl", "path": str(self.out)})
+        doc.setdefault("output", {"type": "jsonl", "path": str(self.out), "root": str(self.out.parent)})
         self.cfg = config.parse(doc)
         mech, variant = mode or (None, None)
         probes = loader.Probes(self.cfg.ring_bytes, kernel_plan=kernel_plan) if kernel_plan else None
@@ -129,7 +129,7 @@ class Run:
 
     def apply(self, doc):
         doc = dict(doc)
-        doc.setdefault("output", {"type": "jsonl", "path": str(self.out)})
+        doc.setdefault("output", {"type": "jsonl", "path": str(self.out), "root": str(self.out.parent)})
         self.app.apply(config.parse(doc))
 
     def finish(self):

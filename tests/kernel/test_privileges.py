@@ -54,7 +54,8 @@ def test_non_root_with_the_documented_capabilities(shared_dir, tmp_path):
     out = os.path.join(shared_dir, "capture.jsonl")
     cfg = Path(shared_dir) / "nettap.yaml"
     umask = os.umask(0o022)                          # the config readable by nobody
-    n = Nettap(tmp_path, {"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": out}},
+    output = {"type": "jsonl", "path": out, "root": shared_dir}
+    n = Nettap(tmp_path, {"captures": [{"port": srv.port}], "output": output},
                config_path=cfg, wrap=wrap)
     try:
         st = status(n.p.pid)
@@ -75,7 +76,7 @@ def test_non_root_with_the_documented_capabilities(shared_dir, tmp_path):
                  what="records written")
         assert n.sample("nettap_probe_calls_total", probe="tcp_sendmsg") == N
         # A reload still works without the capabilities: targets change through the map fds.
-        n.write_config({"captures": [{"port": srv.port}, {"port": 1}], "output": {"type": "jsonl", "path": out}})
+        n.write_config({"captures": [{"port": srv.port}, {"port": 1}], "output": output})
         wait_for(lambda: n.sample("nettap_config_reloads_total", result="success") == 2, what="reload")
         assert n.sample("nettap_config_last_reload_successful") == 1
     finally:

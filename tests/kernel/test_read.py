@@ -134,7 +134,7 @@ def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_p
     ex = Exchange(family, host)
     # every byte captured (65736 a call), in files rotated at 32 KiB: the exchange spans several
     run = nettap_run({"captures": [{"port": ex.port}], "capture": {"max_payload_bytes": 65736},
-                      "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl"),
+                      "output": {"type": "jsonl", "path": str(tmp_path / "capture.jsonl"), "root": str(tmp_path),
                                  "max_bytes": 32768, "backups": 50}})
     client_bytes, server_bytes = ex.run()
     run.finish()

@@ -30,7 +30,7 @@ def sample(app, name, **labels):
 def test_start_with_an_unusable_output_path_is_refused(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ConfigError) as e:
-        Run(tmp_path, {"output": {"type": "jsonl", "path": str(tmp_path / "f" / "out.jsonl")}})
+        Run(tmp_path, {"output": {"type": "jsonl", "path": str(tmp_path / "f" / "out.jsonl"), "root": str(tmp_path)}})
     assert str(e.value) == (f"output.path: {tmp_path / 'f'} is not a directory "
                             "(or is a link made after the path was resolved)")
 
@@ -44,7 +44,8 @@ def test_reload_to_an_unusable_output_path_is_refused(nettap_run, tmp_path, capl
         bad = str(tmp_path / "link.jsonl")
         os.symlink(tmp_path / "victim", bad)
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"captures": [{"port": 1}], "output": {"type": "jsonl", "path": bad}}))
+    root = "/proc" if bad.startswith("/proc") else str(tmp_path)
+    path.write_text(yaml.safe_dump({"captures": [{"port": 1}], "output": {"type": "jsonl", "path": bad, "root": root}}))
     caplog.clear()
     with caplog.at_level(logging.INFO):
         assert run.app.reload(str(path)) is False
@@ -79,7 +80,8 @@ def test_sink_counters_do_not_reset_when_the_sink_is_replaced(nettap_run, tmp_pa
         return seen[0] == last and seen[0]
     before, nbytes = wait_for(settled, timeout=10, step=0.2, what="the first file's totals to settle")
     second = tmp_path / "second.jsonl"
-    run.apply({"captures": [{"port": srv.port}], "output": {"type": "jsonl", "path": str(second)}})
+    run.apply({"captures": [{"port": srv.port}],
+               "output": {"type": "jsonl", "path": str(second), "root": str(tmp_path)}})
     assert run.app.pipeline.sink.path == str(second)
     assert sample(run.app, "nettap_sink_records_written_total", sink="jsonl") == before
     send_messages(srv.port, 4, 100)

@@ -24,6 +24,7 @@ capture:
 output:
   type: jsonl
   path: /var/log/nettap/capture.jsonl
+  root: /var/log/nettap
   max_bytes: 4096
   backups: 0
   queue_bytes: 65536
@@ -55,7 +56,7 @@ def test_full_config():
         captures=(Target("pid", 4242), Target("cgroup", "/sys/fs/cgroup/system.slice/nginx.service"),
                   Target("netns", "/var/run/netns/blue"), Target("netns", 4026531840), Target("port", 443, True)),
         max_payload_bytes=65736,
-        output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640),
+        output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640, "/var/log/nettap"),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20),
                ("dlopen", 64 << 10), ("segments", 256 << 10), ("dns", 128 << 10)),
         bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug", dns=True)
@@ -116,6 +117,9 @@ def test_two_yaml_documents():
         "<config>: not valid YAML at line 2, column 1: but found another document")
 
 
+ROOT_MSG = "output.path: must name a file inside output.root (/var/lib/nettap; relative paths are taken from it), "
+
+
 @pytest.mark.parametrize("text, msg", [
     ("captures: {pid: 1}", "captures: must be a list, got dict"),
     ("captures: pid=1", "captures: must be a list, got str"),
@@ -149,7 +153,8 @@ def test_two_yaml_documents():
      "(and optionally segments), got 7"),
     ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level, ingest)"),
     ("output: {pth: /x}",
-     "output.pth: unknown key (expected one of type, path, max_bytes, backups, queue_bytes, queue_records, mode)"),
+     "output.pth: unknown key (expected one of type, path, root, max_bytes, backups, queue_bytes, queue_records, "
+     "mode)"),
     ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls, dns)"),
     ("capture: {dns: 1}", "capture.dns: must be true or false, got 1"),
     ("capture: {tls: 1}", "capture.tls: must be true or false, got 1"),
@@ -172,14 +177,29 @@ def test_two_yaml_documents():
     ("rings: {capture_eof: 4096.0}", "rings.capture_eof: must be an integer from 4096 to 1073741824, got 4096.0"),
     ("output: {type: jsonl}", "output.path: must be a non-empty string, got None"),
     ("output: {type: jsonl, path: ''}", "output.path: must be a non-empty string, got ''"),
-    ("output: {path: /x}", "output.path: only used with type jsonl (type is none)"),
-    ("output: {type: none, path: /x}", "output.path: only used with type jsonl (type is none)"),
-    ("output: {type: stdout, path: /x}", "output.path: only used with type jsonl (type is stdout)"),
+    ("output: {path: /var/lib/nettap/x}", "output.path: only used with type jsonl (type is none)"),
+    ("output: {type: none, path: /var/lib/nettap/x}", "output.path: only used with type jsonl (type is none)"),
+    ("output: {type: stdout, path: /var/lib/nettap/x}", "output.path: only used with type jsonl (type is stdout)"),
     ("output: {type: file}", "output.type: must be one of jsonl, stdout, none, got 'file'"),
-    ("output: {type: jsonl, path: /x, max_bytes: 4095}",
+    # issue 45: only inside output.root (/var/lib/nettap by default), whatever the path says
+    ("output: {type: jsonl, path: /etc/passwd}", ROOT_MSG + "got '/etc/passwd': nettap writes only there"),
+    ("output: {type: jsonl, path: /var/lib/nettap/../../etc/x}",
+     ROOT_MSG + "got '/var/lib/nettap/../../etc/x': nettap writes only there"),
+    ("output: {type: jsonl, path: ../x}", ROOT_MSG + "got '../x': nettap writes only there"),
+    ("output: {type: jsonl, path: /var/lib/nettap}", ROOT_MSG + "got '/var/lib/nettap': nettap writes only there"),
+    ("output: {type: jsonl, path: /var/lib/nettapx/y}",
+     ROOT_MSG + "got '/var/lib/nettapx/y': nettap writes only there"),
+    ("output: {type: jsonl, path: /x, root: /}",
+     "output.root: must be an absolute path to nettap's own directory (not /), got '/'"),
+    ("output: {type: jsonl, path: x, root: var/x}",
+     "output.root: must be an absolute path to nettap's own directory (not /), got 'var/x'"),
+    ("output: {type: jsonl, path: x, root: ''}", "output.root: must be a non-empty string, got ''"),
+    ("output: {type: stdout, root: /x}", "output.root: only used with type jsonl (type is stdout)"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, max_bytes: 4095}",
      "output.max_bytes: must be an integer from 4096 to 1099511627776, got 4095"),
-    ("output: {type: jsonl, path: /x, backups: -1}", "output.backups: must be an integer from 0 to 1000, got -1"),
-    ("output: {type: jsonl, path: /x, queue_records: 1023}",
+    ("output: {type: jsonl, path: /var/lib/nettap/x, backups: -1}",
+     "output.backups: must be an integer from 0 to 1000, got -1"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, queue_records: 1023}",
      "output.queue_records: must be an integer from 1024 to 67108864, got 1023"),
     ("output: {queue_bytes: 65535}", "output.queue_bytes: must be an integer from 65536 to 1099511627776, got 65535"),
     ("output: {queue_bytes: 1099511627777}",
@@ -190,14 +210,14 @@ def test_two_yaml_documents():
      "output.queue_bytes: must be an integer from 65536 to 1099511627776, got 1048576.0"),
     ("output: {queue_bytes: 1048576, queue_records: 4096}",
      "output.queue_records: deprecated alias of output.queue_bytes; give only queue_bytes"),
-    ("output: {type: jsonl, path: /x, mode: 0666}", MODE_MSG + ", got 438 (octal 666)"),
-    ("output: {type: jsonl, path: /x, mode: 0620}", MODE_MSG + ", got 400 (octal 620)"),
-    ("output: {type: jsonl, path: /x, mode: 0700}", MODE_MSG + ", got 448 (octal 700)"),
-    ("output: {type: jsonl, path: /x, mode: 0400}", MODE_MSG + ", got 256 (octal 400)"),
-    ("output: {type: jsonl, path: /x, mode: 600}", MODE_MSG + ", got 600 (octal 1130)"),
-    ("output: {type: jsonl, path: /x, mode: '0666'}", MODE_MSG + ", got '0666'"),
-    ("output: {type: jsonl, path: /x, mode: rw}", MODE_MSG + ", got 'rw'"),
-    ("output: {type: jsonl, path: /x, mode: true}", MODE_MSG + ", got True"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: 0666}", MODE_MSG + ", got 438 (octal 666)"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: 0620}", MODE_MSG + ", got 400 (octal 620)"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: 0700}", MODE_MSG + ", got 448 (octal 700)"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: 0400}", MODE_MSG + ", got 256 (octal 400)"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: 600}", MODE_MSG + ", got 600 (octal 1130)"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: '0666'}", MODE_MSG + ", got '0666'"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: rw}", MODE_MSG + ", got 'rw'"),
+    ("output: {type: jsonl, path: /var/lib/nettap/x, mode: true}", MODE_MSG + ", got True"),
     ("output: {type: stdout, mode: 0600}", "output.mode: only used with type jsonl (type is stdout)"),
     ("diagnostics: {bpfStats: {enabled: 'yes'}}", "diagnostics.bpfStats.enabled: must be true or false, got 'yes'"),
     ("diagnostics: {bpfStats: {enabled: 1}}", "diagnostics.bpfStats.enabled: must be true or false, got 1"),
@@ -213,7 +233,7 @@ def test_refused(text, msg):
     ("", 0o600), ("mode: 0640", 0o640), ("mode: '0640'", 0o640), ("mode: '0o644'", 0o644),
     ("mode: 0o604", 0o604)])                # YAML 1.1 reads 0o604 as a string
 def test_output_mode(text, mode):
-    assert config.loads("output: {type: jsonl, path: /x, %s}" % text).output.mode == mode
+    assert config.loads("output: {type: jsonl, path: /var/lib/nettap/x, %s}" % text).output.mode == mode
 
 
 def test_queue_bytes():
@@ -459,3 +479,14 @@ def test_a_failed_parser_says_its_exit_status_and_last_words(tmp_path, monkeypat
     msg = str(e.value)
     assert msg.startswith(f"{p}: the YAML parser failed (exit status 1): \"ImportError: cannot import name"), msg
     assert len(msg) - len(str(p)) < 130            # its last words quoted, bounded
+
+
+@pytest.mark.parametrize("text, path, root", [
+    ("path: capture.jsonl", "/var/lib/nettap/capture.jsonl", "/var/lib/nettap"),
+    ("path: ./a/../capture.jsonl", "/var/lib/nettap/capture.jsonl", "/var/lib/nettap"),
+    ("path: /srv/cap/x.jsonl, root: /srv/cap/", "/srv/cap/x.jsonl", "/srv/cap"),
+    ("path: d/x.jsonl, root: /srv/cap", "/srv/cap/d/x.jsonl", "/srv/cap"),
+])
+def test_output_path_is_taken_inside_the_root(text, path, root):
+    out = config.loads("output: {type: jsonl, %s}" % text).output
+    assert (out.path, out.root) == (path, root)

@@ -3,6 +3,7 @@
 listing, streams as text and hex with truncation and gaps marked, filters,
 bad lines, and the pcap, read back by dpkt and followed by tshark."""
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -401,3 +402,76 @@ def test_capture_gaps_from_the_runs_start_and_stop_lines():
         "the run started T6 (pid 13) has no stop line yet (still running, or it ended uncleanly)"]
     assert streams.capture_gaps([("start", "T1", 10)]) == []            # one run going on: no gap
     assert streams.capture_gaps([]) == []
+
+
+RECORD_FIX = Path(__file__).resolve().parent / "fixtures" / "records"
+
+
+def test_every_kind_nettap_writes_is_a_known_type(tmp_path, capsys):
+    """Every record kind nettap's writer puts in a file (the record fixtures,
+    one per kind: dlopen lines included, issue 45) is a type nettap read knows."""
+    from exporter.capture.records import RING_KINDS
+    kinds = [k for ks in RING_KINDS.values() for k in ks]
+    lines = [(RECORD_FIX / f"{k}.jsonl").read_bytes().splitlines(keepends=True)[0] for k in kinds]
+    f = tmp_path / "all.jsonl"
+    f.write_bytes(b"".join(lines))
+    rc, out, err = run(capsys, str(f))
+    assert "unknown type" not in err, err
+    assert rc == 0 and ", 1 dns (--dns lists them), 1 dlopen\n" in out, out
+
+
+def test_dns_records_whose_data_is_not_base64_are_counted_never_a_traceback(tmp_path, capsys):
+    """nettap read --dns on a dns record whose data is not base64 (issue 45):
+    skipped and counted as file reading counts a bad chunk; the good ones listed."""
+    good = (RECORD_FIX / "dns.jsonl").read_bytes().splitlines(keepends=True)[0]
+    f = tmp_path / "dns.jsonl"
+    f.write_bytes(good + good.replace(b'"data":"R0VUIC8="', b'"data":"!!not base64"')
+                  + good.replace(b'"data":"R0VUIC8="', b'"data":"R0VUIC8"'))
+    rc, out, err = run(capsys, "--dns", str(f))
+    assert rc == 0 and "Traceback" not in err
+    assert err == (f"nettap read: skipped 2 line(s): 2 dns record(s) whose data is not base64 "
+                   f"(first: {f}:2)\n")
+    assert out.splitlines()[-1].startswith("0 DNS queries")
+
+
+def _fuzzed_files(tmp_path, rng, n):
+    """n capture files of fixture records with fields set to hostile values."""
+    recs = []
+    for p in sorted((RECORD_FIX.glob("*.jsonl"))) + [FIX / "capture.jsonl.1", FIX / "capture.jsonl.2"]:
+        for raw in p.read_bytes().splitlines():
+            try:
+                recs.append(json.loads(raw))
+            except ValueError:
+                pass
+    values = [0, -1, 2**64 - 1, 2**64, 10**30, "", "x", "ipv6", "egress", "tcp", [], ["read_failed"], {}, None,
+              True, 1.5, "AAAA"]
+    for i in range(n):
+        lines = []
+        for _ in range(rng.randrange(1, 10)):
+            r = dict(rng.choice(recs))
+            for _ in range(rng.randrange(3)):
+                k = rng.choice(list(r))
+                r[k] = rng.choice(values + [r[k]])
+            lines.append(json.dumps(r))
+        f = tmp_path / f"f{i}.jsonl"
+        f.write_text("\n".join(lines) + "\n")
+        yield f
+
+
+def test_hostile_field_values_never_a_traceback_in_any_mode(tmp_path, capsys):
+    """Fixture records with a field set to another type or an out-of-range
+    value, read in every mode (issue 45: a conn_id that is a JSON object
+    raised in --conn's filter; a ts_ns past 2^32 s raised in the pcap
+    writer): skipped and counted, or said, never an exception."""
+    import random
+    chunk = json.loads((FIX / "capture.jsonl.2").read_bytes().splitlines()[0])
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text(json.dumps({**chunk, "conn_id": {}}) + "\n" + json.dumps({**chunk, "ts_ns": 2**64 - 1}) + "\n")
+    rc, out, err = run(capsys, "--pcap", str(tmp_path / "o.pcap"), "--conn", "1", str(fixed))
+    assert rc == 0 and "5 packet(s) timed past what a pcap holds (2^32 s): written at its last second" in err
+    assert "skipped 1 line(s): 1 chunk record(s) with a missing or bad conn_id" in err
+    rng = random.Random(45)
+    for f in _fuzzed_files(tmp_path, rng, 150):
+        for args in (["--dns"], [], ["--conn", "1", "--conn", "2"], ["--pcap", str(tmp_path / "o.pcap"), "--conn", "1"],
+                     ["--conn", "2", "--hex"]):
+            run(capsys, *args, str(f))

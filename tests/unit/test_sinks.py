@@ -470,17 +470,17 @@ def test_a_second_sink_on_a_file_this_process_writes_does_not_cut_its_line(tmp_p
 
 def test_counters_carry_over_to_the_next_sink(tmp_path):
     totals = sinks.Totals()
-    a = sinks.make(Output("jsonl", str(tmp_path / "a.jsonl"), 4096, 1), totals)
+    a = sinks.make(Output("jsonl", str(tmp_path / "a.jsonl"), 4096, 1, root=str(tmp_path)), totals)
     a.write([line(1), line(2)])
     a.write_data(b"\xff", 1)              # not a whole line: still counted by bytes
     a.close()
     tmp_path.joinpath("gone").mkdir()
-    b = sinks.make(Output("jsonl", str(tmp_path / "gone" / "b.jsonl"), 4096, 1), totals)
+    b = sinks.make(Output("jsonl", str(tmp_path / "gone" / "b.jsonl"), 4096, 1, root=str(tmp_path)), totals)
     b.open()
     tmp_path.joinpath("gone", "b.jsonl").unlink()
     tmp_path.joinpath("gone").rmdir()
     b.write([line(3)])                    # lost: its directory is gone
-    c = sinks.make(Output("jsonl", str(tmp_path / "c.jsonl"), 4096, 1), totals)
+    c = sinks.make(Output("jsonl", str(tmp_path / "c.jsonl"), 4096, 1, root=str(tmp_path)), totals)
     c.write([line(4)])
     assert (c.written, c.bytes_written, c.errors, c.lost) == (4, 31, 1, 1)
     r, w = os.pipe()
@@ -490,3 +490,69 @@ def test_counters_carry_over_to_the_next_sink(tmp_path):
     os.close(w)
     assert (out.name, out.written, out.errors, out.lost) == ("stdout", 0, 1, 2)
     assert (c.written, c.errors) == (4, 1)     # per sink name
+
+
+# -- only inside output.root, and a refused file left as it was (issue 45) --
+
+def test_a_directory_resolving_outside_the_root_is_refused_and_nothing_made(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (root / "out").symlink_to(tmp_path / "elsewhere")
+    s = JsonlFileSink(str(root / "out" / "new" / "x.jsonl"), max_bytes=4096, backups=1, root=str(root))
+    assert refusal(s) == (f"directory {root / 'out' / 'new'} resolves to {tmp_path / 'elsewhere' / 'new'}, "
+                          f"outside output.root {root}: nettap writes only inside its own directory")
+    assert not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_directories_are_made_only_inside_the_root(tmp_path):
+    s = JsonlFileSink(str(tmp_path / "a" / "b" / "x.jsonl"), max_bytes=4096, backups=1, root=str(tmp_path / "a" / "b"))
+    assert refusal(s) == (f"directory {tmp_path / 'a'} does not exist (nettap makes directories only inside "
+                          f"output.root {tmp_path / 'a' / 'b'})")
+    assert not (tmp_path / "a").exists()
+    s = JsonlFileSink(str(tmp_path / "a" / "b" / "x.jsonl"), max_bytes=4096, backups=1, root=str(tmp_path / "a"))
+    s.write([line(1)])
+    s.close()
+    assert read_lines(tmp_path / "a" / "b" / "x.jsonl") == [1]
+
+
+@pytest.mark.parametrize("what", ["hard link", "world-writable", "fifo", "device"])
+def test_a_refused_file_keeps_its_mode_and_bytes(tmp_path, what):
+    """Nothing is changed before every check passed: no chmod of a file
+    refused, no open of a FIFO or a device (looked at through O_PATH)."""
+    path = tmp_path / "out.jsonl"
+    if what == "fifo":
+        os.mkfifo(path, 0o644)
+    elif what == "device":
+        if os.geteuid() != 0:
+            pytest.skip("mknod of a device needs root")
+        os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 3))      # /dev/null's numbers
+    else:
+        path.write_bytes(b"theirs\n")
+        os.chmod(path, 0o646 if what == "world-writable" else 0o644)
+        if what == "hard link":
+            os.link(path, tmp_path / "second-name")
+    before = os.stat(path)
+    s = JsonlFileSink(str(path), max_bytes=4096, backups=1, mode=0o600, root=str(tmp_path))
+    refusal(s)
+    after = os.stat(path)
+    assert (after.st_mode, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == \
+        (before.st_mode, before.st_size, before.st_mtime_ns, before.st_ctime_ns)
+
+
+def test_a_kernel_file_system_is_refused_before_any_file_is_touched():
+    """Issue 45: a sysfs file passed the file checks (root's, 0644, one
+    link), was chmodded, and only then failed. A directory on a file system
+    of kernel objects is refused before any of its files is opened."""
+    d = "/sys/kernel/mm/transparent_hugepage"
+    path = os.path.join(d, "hpage_pmd_size")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} does not exist on this kernel")
+    before = os.stat(path)
+    s = JsonlFileSink(path, max_bytes=4096, backups=1, mode=0o600, root=d)
+    assert refusal(s) == (f"directory {d} is on a sysfs file system: its files are kernel objects (a write "
+                          "or a chmod changes the kernel), not nettap's files")
+    assert os.stat(path).st_mode == before.st_mode
+    s = JsonlFileSink("/proc/self/x.jsonl", max_bytes=4096, backups=1, root="/proc")
+    assert refusal(s).endswith("is on a proc file system: its files are kernel objects (a write or a chmod "
+                               "changes the kernel), not nettap's files")

@@ -74,3 +74,56 @@ def test_at_accepts_unix_seconds_and_utc():
     assert size._args(["--prometheus", "u", "--at", "12.5"]).at == 12.5
     with pytest.raises(SystemExit):
         size._args(["--prometheus", "u", "--at", "yesterday"])
+
+
+class _PromLike:
+    """A real HTTP server answering /api/v1/query as Prometheus does: the
+    nettap_build_info group with 1, every other query with ``value``."""
+
+    def __init__(self, value: str):
+        import http.server
+        import json
+        import threading
+        from urllib.parse import parse_qs, urlparse
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                q = parse_qs(urlparse(self.path).query)["query"][0]
+                v = "1" if q.startswith("group by (instance)") else value
+                body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+                    {"metric": {"instance": "a:42424"}, "value": [0, v]}]}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
+@pytest.mark.parametrize("output", ["text", "yaml"])
+def test_a_nan_or_inf_answer_is_no_figure_said_once_never_a_traceback(value, output, capsys):
+    """Prometheus answers "NaN" for 0/0 (and +Inf for x/0): such a figure is
+    not known, said on stderr with how many, never a traceback (issue 45)."""
+    prom = _PromLike(value)
+    try:
+        rc = size.main(["--prometheus", prom.url, "--at", "1796137200", "-o", output])
+    finally:
+        prom.close()
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert (f"nettap size: Prometheus answered {value} for " in err and "taken as not known" in err
+            and "(a:42424 " in err), err
+    if output == "text":
+        assert rc == 0 and "node a:42424" in out and "memory  request -" in out
+    else:
+        assert rc == 1 and "not enough data for a patch" in err
