@@ -48,12 +48,14 @@ class Forwarder:
 
     def start(self) -> None:
         """Where the checkpoint says; the regions it journalled are the
-        first taken, cut exactly as before."""
+        first taken, cut exactly as before. A checkpoint that does not fit
+        its file (an offset past its end or not at a line's start) is not
+        believed: every file is forwarded from its start."""
         try:
             cp = checkpoint.load(self.path)
         except CheckpointError as e:
-            log.warning("%s; forwarding every capture file from its start (the engine drops what it has "
-                        "within its duplicate window)", e)
+            log.warning("%s; starting over: forwarding every capture file from its start (the engine drops "
+                        "what it has within its duplicate window)", e)
             cp = None
         self.files.scan()
         for t in self.files.order:               # what is on disk was written before now: its mtime says when
@@ -70,17 +72,32 @@ class Forwarder:
                       "the records it had after offset %d are lost, how many is unknown", cp.file, cp.offset)
             self._switch(self._next())
             return
-        self.cur, self.acked_to, self.cut_end = t, cp.offset, cp.offset
-        size = t.size()
+        self.cur = t
+        lie = self._lie(cp)
+        if lie:
+            log.warning("checkpoint %s: %s of %s; starting over: forwarding every capture file from its start "
+                        "(the engine drops what it has within its duplicate window)", self.path, lie, t.name)
+            self.cur = None
+            self._switch(self._next())
+            return
+        self.acked_to, self.cut_end = cp.offset, cp.offset
         for end in cp.cuts:
-            if end > size:
-                log.warning("checkpoint: region ending at %d is past the end of %s (%d bytes); cutting anew",
-                            end, t.name, size)
-                break
             self._add(batches.region(t.fid, self.cut_end, os.pread(t.fd, end - self.cut_end, self.cut_end),
                                      self.node, self.subject))
         log.info("resuming %s at offset %d with %d region(s) to send again", t.name, self.acked_to,
                  len(self.fresh))
+
+    def _lie(self, cp: Checkpoint) -> Optional[str]:
+        """What in cp does not fit cur (None: all of it does). Every offset
+        is at a line's start: 0, after a newline, or the end of a finished
+        file (a last line cut by a crash)."""
+        size = self.cur.size()
+        for at in (cp.offset,) + cp.cuts:
+            if at > size:
+                return f"offset {at} is past the end ({size} bytes)"
+            if at and os.pread(self.cur.fd, 1, at - 1) != b"\n" and not (at == size and self._finished()):
+                return f"offset {at} is not at a line's start"
+        return None
 
     # -- the files -----------------------------------------------------------------------
 

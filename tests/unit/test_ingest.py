@@ -237,3 +237,65 @@ def test_the_compiled_split_gives_what_the_line_by_line_split_gives():
         [(b"eof", b'{"i":1,"type":"eof"}\n{"i":2,"type":"eof"}\n', 2), (b"chunk", b'{"type":"chunk"}\n', 1)]
     many = b"".join(b'{"type":"k%d"}\n' % i for i in range(33))                   # more kinds than it gathers
     assert kind_split(many) is None and len(batches.split(many)) == 33
+
+
+def test_a_deeply_nested_checkpoint_is_refused_not_raised(tmp_path):
+    p = tmp_path / "cp"
+    p.write_bytes(b"[" * 100_000 + b"]" * 100_000)          # json's RecursionError
+    with pytest.raises(CheckpointError, match="not a nettap ingest checkpoint"):
+        checkpoint.load(str(p))
+
+
+def test_a_fifo_checkpoint_is_refused_not_waited_on(tmp_path):
+    """open() of a FIFO waits for a writer for ever: refused at once, and
+    replaced by a file at the next save."""
+    import threading
+    p = tmp_path / "cp"
+    os.mkfifo(p)
+    said = []
+    t = threading.Thread(target=lambda: said.append(_load_or_error(str(p))), daemon=True)
+    t.start()
+    t.join(3)
+    if t.is_alive():                            # unblock the open() before failing
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        t.join(3)
+        pytest.fail("loading a FIFO checkpoint waited for a writer")
+    assert "not a regular file" in said[0]
+    checkpoint.save(str(p), Checkpoint(None, 0, ()))       # replaced by a file
+    assert checkpoint.load(str(p)) == Checkpoint(None, 0, ())
+
+
+def _load_or_error(path):
+    try:
+        return repr(checkpoint.load(path))
+    except CheckpointError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("lie", ["past_end", "mid_line", "cut_mid_line", "cut_past_end"])
+def test_a_checkpoint_that_lies_about_the_file_starts_over_with_a_warning(tmp_path, caplog, lie):
+    """Offsets past the end sent nothing; offsets mid-line sent fragments:
+    checked against the file, a lie starts over from the files' start."""
+    sink, fw = make(tmp_path, max_bytes=1 << 20)
+    fw.start()
+    sink.write(lines(0, 30))
+    fw.tick()
+    assert sorted(forwarded(fw)) == list(range(30))
+    fw.close()
+    cp = checkpoint.load(fw.path)
+    size = os.path.getsize(tmp_path / "capture.jsonl")
+    first = len((tmp_path / "capture.jsonl").read_bytes().split(b"\n", 2)[0]) + 1   # the start line's end
+    bad = {"past_end": cp._replace(offset=size + 1000, cuts=()),
+           "mid_line": cp._replace(offset=first + 5, cuts=()),
+           "cut_mid_line": cp._replace(offset=first, cuts=(first + 7,)),
+           "cut_past_end": cp._replace(offset=first, cuts=(size + 50,))}[lie]
+    checkpoint.save(fw.path, bad)
+    _, fw2 = make(tmp_path, max_bytes=1 << 20)
+    with caplog.at_level("WARNING", logger="nettap.ingest"):
+        fw2.start()
+    fw2.tick()
+    again = forwarded(fw2)
+    assert sorted(again) == list(range(30)), again      # every line, whole: from the start
+    assert "checkpoint" in caplog.text and "starting over" in caplog.text
+
