@@ -43,6 +43,8 @@ class Forwarder:
         self.seen: Deque[Tuple[int, int, float]] = deque()   # (seq, size, when first seen that long)
         self.done_seq = 0                        # files up to this seq are forwarded
         self._moved = False                      # acknowledged offset moved since the last save
+        self._unsaved = False                    # regions cut and not in the checkpoint yet: they wait
+        self._failing = False                    # the last checkpoint write failed (logged once an episode)
 
     # -- start ---------------------------------------------------------------------------
 
@@ -142,8 +144,8 @@ class Forwarder:
             self.done_seq = self.cur.seq
         self.cur, self.cur_gone = t, False
         self.acked_to = self.cut_end = 0
-        if t is not None:
-            self._save()
+        if t is not None and not self._save():
+            self._unsaved = True
 
     def _next(self) -> Optional[Tracked]:
         """The file after cur (after the last one forwarded while there is no cur)."""
@@ -174,7 +176,9 @@ class Forwarder:
     def take(self) -> List[Region]:
         """Regions to send now: the journalled ones first, then new ones
         cut from what the files hold, within the bytes allowed in flight.
-        The new ones are in the checkpoint before this returns."""
+        The new ones are in the checkpoint before this returns: while it
+        cannot be written, none is (a region sent and not journalled would
+        be cut differently after a crash, and stored twice)."""
         cut = False
         while self.cur is not None and not self.cur_gone and self.in_flight < self.max_in_flight:
             n = self._cut_some()
@@ -187,8 +191,10 @@ class Forwarder:
             if nxt is None:
                 break
             self._switch(nxt)
-        if cut:
-            self._save()
+        if (cut or self._unsaved) and not self._save():
+            self._unsaved = True
+            return []
+        self._unsaved = False
         out, self.fresh = self.fresh, []
         return out
 
@@ -302,15 +308,25 @@ class Forwarder:
         if self._moved and self.cur is not None and not self.cur_gone:
             self._save()
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
+        """Write the checkpoint: False when it cannot be (counted; logged
+        once until a write succeeds again)."""
         self._moved = False
         cp = Checkpoint(self.cur.fid if self.cur else None, self.acked_to, tuple(r.end for r in self.regions))
         try:
             checkpoint.save(self.path, cp)
         except OSError as e:
+            self._moved = True
             self.stats.checkpoint_errors += 1
-            log.error("checkpoint %s: cannot write: %s (a restart would send what is in flight again)",
-                      self.path, e.strerror)
+            if not self._failing:
+                log.error("checkpoint %s: cannot write: %s; nothing more is sent until it can be "
+                          "(nettap_ingest_checkpoint_write_errors_total)", self.path, e.strerror)
+            self._failing = True
+            return False
+        if self._failing:
+            log.warning("checkpoint %s: written again; forwarding resumes", self.path)
+            self._failing = False
+        return True
 
     def close(self) -> None:
         if self.cur is not None and not self.cur_gone:

@@ -299,3 +299,29 @@ def test_a_checkpoint_that_lies_about_the_file_starts_over_with_a_warning(tmp_pa
     assert sorted(again) == list(range(30)), again      # every line, whole: from the start
     assert "checkpoint" in caplog.text and "starting over" in caplog.text
 
+
+def test_nothing_is_handed_out_before_its_region_is_in_the_checkpoint(tmp_path, caplog):
+    """A checkpoint that cannot be written (here its directory is missing):
+    no region leaves, the failure is logged once, and once it can be written
+    again everything goes, each line once."""
+    out = str(tmp_path / "capture.jsonl")
+    sink = JsonlFileSink(out, 1 << 20, 3)
+    sink.open()
+    cpdir = tmp_path / "cp"
+    stats = Stats()
+    fw = Forwarder(Files(out, 3), str(cpdir / "checkpoint"), "n1", "nettap.{node}.{kind}", stats,
+                   batch_bytes=1024, max_in_flight=8192)
+    with caplog.at_level("ERROR", logger="nettap.ingest"):
+        fw.start()
+        for i in range(5):
+            sink.write(lines(10 * i, 10))
+            fw.tick()
+            assert fw.take() == []
+        fw.save_if_moved()
+    assert stats.checkpoint_errors >= 5
+    assert caplog.text.count("cannot write") == 1
+    cpdir.mkdir()
+    got = forwarded(fw)
+    assert sorted(got) == list(range(50))
+    fw.save_if_moved()
+    assert checkpoint.load(str(cpdir / "checkpoint")).offset == os.path.getsize(out)
