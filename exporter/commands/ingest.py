@@ -124,7 +124,8 @@ def _serve(args, cfg, s, web) -> int:
         if not svc.ready:
             return "starting"
         if not svc.stats.connected:
-            return "not connected to the engine"
+            why = svc.publisher.last_error
+            return "not connected to the engine" + (f" (the last attempt failed: {why}; see the log)" if why else "")
         return None if svc.publisher.ready else "connected; the stream is not usable yet (see the log)"
     try:
         srv = serve(args.listen, reg, svc.state, not_ready, web)

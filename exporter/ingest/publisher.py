@@ -25,6 +25,7 @@ log = logging.getLogger("nettap.ingest")
 
 RETRY_PAUSE = 0.5            # seconds before a 503'd message is sent again
 LOG_EVERY = 10.0             # at most one line per kind of trouble this often
+CONNECT_BACKOFF = (0.5, 5.0)  # seconds between failed first connections: doubling from, up to
 
 
 def classify(e: BaseException) -> str:
@@ -54,6 +55,8 @@ class Publisher:
         self._next = 0
         self._logged: Dict[str, float] = {}
         self.max_payload = 1 << 20
+        self.last_error = ""                    # the reason label of the last failed connection attempt
+        self._counted: Optional[BaseException] = None
 
     def _log(self, key: str, level: int, msg: str, *args) -> None:
         now = time.monotonic()
@@ -65,10 +68,13 @@ class Publisher:
 
     async def _error(self, e: Exception) -> None:
         reason = classify(e)
+        self._counted = e
         if self.nc is None or not self.nc.is_connected:
             self.stats.connect_errors[reason] += 1
+            self.last_error = reason
         hint = {"auth": " (check ingest's credentials)", "tls": " (check ingest.tls)"}.get(reason, "")
-        self._log("connect-" + reason, logging.ERROR, "engine %s: %s%s", ",".join(self.s.servers), e, hint)
+        self._log("connect-" + reason, logging.ERROR, "engine %s: %s%s; retrying", ",".join(self.s.servers),
+                  e or type(e).__name__, hint)
 
     async def _disconnected(self) -> None:
         self.ready = False
@@ -85,14 +91,20 @@ class Publisher:
     async def connect(self) -> None:
         """Connect (retrying for ever: errors counted and logged), check the
         stream, subscribe to the replies."""
-        import nats
-        self.nc = await nats.connect(
-            servers=list(self.s.servers), name=f"nettap-ingest {self.s.node}", allow_reconnect=True,
-            max_reconnect_attempts=-1, reconnect_time_wait=1, connect_timeout=self.s.connect_timeout,
-            error_cb=self._error, disconnected_cb=self._disconnected, reconnected_cb=self._reconnected,
-            pending_size=self.s.max_in_flight_bytes * 2 + (1 << 20), flush_timeout=self.s.ack_timeout,
-            **self.s.auth_options())
+        wait = CONNECT_BACKOFF[0]
+        while True:
+            try:
+                self.nc = await self._connect_once()
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:              # counted once: by nats-py's error_cb, or here
+                if e is not self._counted:
+                    await self._error(e)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, CONNECT_BACKOFF[1])
         self.stats.connected = 1
+        self.last_error = ""
         self.max_payload = self.nc.max_payload or self.max_payload
         self.prefix = self.nc.new_inbox() + "."
         await self.nc.subscribe(self.prefix + "*", cb=self._reply)
@@ -109,6 +121,25 @@ class Publisher:
         log.info("connected to the engine at %s; stream %s", self.nc.connected_url.netloc, self.s.stream.name)
         self.ready = True
         self.wake.set()
+
+    async def _connect_once(self):
+        """One connection, attempted on each server in turn until one takes
+        it (nats-py waits between rounds): a refused TCP connection is retried
+        in there, anything else (a TLS handshake, credentials) raises here.
+        nats-py's own retry of those never comes back from closing the
+        failed TLS stream (its wait_closed() never ends) and never tries
+        again; once connected its reconnects are fine, so they are switched
+        on then."""
+        from nats.aio.client import Client
+        nc = Client()
+        await nc.connect(
+            servers=list(self.s.servers), name=f"nettap-ingest {self.s.node}", allow_reconnect=False,
+            max_reconnect_attempts=-1, reconnect_time_wait=1, connect_timeout=self.s.connect_timeout,
+            error_cb=self._error, disconnected_cb=self._disconnected, reconnected_cb=self._reconnected,
+            pending_size=self.s.max_in_flight_bytes * 2 + (1 << 20), flush_timeout=self.s.ack_timeout,
+            **self.s.auth_options())
+        nc.options["allow_reconnect"] = True     # read at each disconnection
+        return nc
 
     # -- sending -------------------------------------------------------------------------
 

@@ -94,9 +94,9 @@ def numbers(lines) -> Counter:
     return Counter(json.loads(line)["i"] for line in lines)
 
 
-def exactly_once(cluster: NatsCluster, written: int, lost=()):
+def exactly_once(cluster: NatsCluster, written: int, lost=(), **auth):
     """Every record 0..written-1 but the lost ones is in the stream, once."""
-    got = numbers(stream_lines(cluster))
+    got = numbers(stream_lines(cluster, **auth))
     twice = sorted(i for i, n in got.items() if n > 1)
     missing = sorted(set(range(written)) - set(got) - set(lost))
     assert not twice and not missing, f"{len(twice)} twice (first {twice[:5]}), {len(missing)} missing " \
@@ -368,3 +368,80 @@ def test_with_the_checkpoint_disk_full_nothing_leaves_and_a_kill_9_stores_nothin
         finally:
             w.halt.set()
             ing.stop()
+
+
+def test_a_failed_tls_handshake_is_retried_logged_and_not_ready_until_the_server_is_fixed(tmp_path):
+    """One failed handshake used to end ingest's connecting for good (one
+    error counted, no log line): each attempt is counted, the log says it
+    (once per 10 s), /readyz is 503 naming why, and once the server's
+    certificate is one ingest trusts, it connects and forwards."""
+    from natscluster import make_tls
+    out = tmp_path / "capture.jsonl"
+    good, other = make_tls(tmp_path / "good"), make_tls(tmp_path / "other")
+    with NatsCluster(tmp_path / "nats", n=1, tls=other.server()) as c:
+        w = Writer(out, 1 << 20, 3)
+        w.write(100)
+        ing = Ingest(tmp_path, config(out, c, tls={"ca_file": str(good.ca_file)}, connect_timeout="1s"))
+        try:
+            wait_for(lambda: ing.metrics()['nettap_ingest_connect_errors_total{reason="tls"}'] >= 3, timeout=10,
+                     what="three failed handshakes counted")
+            ready = requests.get(f"http://127.0.0.1:{ing.port}/readyz", timeout=2)
+            assert ready.status_code == 503 and "tls" in ready.text, ready.text
+            assert ing.text().count("CERTIFICATE_VERIFY_FAILED") == 1, ing.text()   # rate-limited
+            c.stop(0)
+            c.configure(tls=good.server())
+            c.start_node(0)
+            wait_for(lambda: caught_up(ing, 100), timeout=20, what="connected and forwarded")
+            assert requests.get(f"http://127.0.0.1:{ing.port}/readyz", timeout=2).status_code == 200
+            exactly_once(c, w.stop(), tls=good.client_context(cert=False))
+        finally:
+            w.halt.set()
+            ing.stop()
+
+
+def test_a_listener_that_closes_in_the_handshake_then_the_real_server_on_its_port(tmp_path):
+    """A plain TCP listener on the engine's port that says INFO (TLS
+    required) and closes when the handshake starts; then the real server on
+    that port: ingest connects and forwards."""
+    import socket
+    from natscluster import make_tls
+    out = tmp_path / "capture.jsonl"
+    pki = make_tls(tmp_path / "pki")
+    c = NatsCluster(tmp_path / "nats", n=1, tls=pki.server())
+    port = c.nodes[0].client
+    lsock = socket.create_server(("127.0.0.1", port))
+    lsock.settimeout(0.2)
+    closing = threading.Event()
+    accepted = []
+
+    def fake():
+        info = json.dumps({"server_id": "fake", "version": "2.9.10", "proto": 1, "max_payload": 1 << 20,
+                           "tls_required": True, "headers": True})
+        while not closing.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except socket.timeout:
+                continue
+            conn.sendall(f"INFO {info}\r\n".encode())
+            conn.recv(64)                       # the ClientHello
+            conn.close()
+            accepted.append(1)
+    t = threading.Thread(target=fake, daemon=True)
+    t.start()
+    w = Writer(out, 1 << 20, 3)
+    w.write(100)
+    ing = Ingest(tmp_path, config(out, c, tls={"ca_file": str(pki.ca_file)}, connect_timeout="1s"))
+    try:
+        wait_for(lambda: len(accepted) >= 3, timeout=10, what="three attempts")
+        assert sum(v for k, v in ing.metrics().items() if k.startswith("nettap_ingest_connect_errors_total")) >= 3
+        closing.set()
+        t.join(5)
+        lsock.close()
+        c.start()
+        wait_for(lambda: caught_up(ing, 100), timeout=20, what="connected and forwarded")
+        exactly_once(c, w.stop(), tls=pki.client_context(cert=False))
+    finally:
+        closing.set()
+        w.halt.set()
+        ing.stop()
+        c.close()
