@@ -31,6 +31,8 @@ class Forwarder:
         import time
         self.files, self.path, self.node, self.subject = files, checkpoint_path, node, subject
         self.stats = stats
+        # max_message: the largest message the engine takes, headers included (the server's
+        # max_payload, a stream's max_msg_size): the publisher's limit, set before each take()
         self.batch_bytes, self.max_in_flight, self.max_message = batch_bytes, max_in_flight, max_message
         self.clock = clock or time.time
         self.cur: Optional[Tracked] = None
@@ -124,12 +126,13 @@ class Forwarder:
     def _gone(self, t: Tracked) -> None:
         if t is self.cur:
             lost = count_lines(t.fd, self.cut_end)
-            self.cur_gone = True
+            self.cur_gone = True                 # its descriptor kept until the switch: a region may be re-read
         elif t.seq > (self.cur.seq if self.cur is not None else self.done_seq):
             lost = count_lines(t.fd, 0)
         else:
             lost = 0
-        self.files.release(t)
+        if t is not self.cur:
+            self.files.release(t)
         if lost:
             self.stats.lost["rotated"] += lost
             log.error("capture file %s was rotated away before ingest forwarded it: %d record(s) lost "
@@ -142,6 +145,8 @@ class Forwarder:
         older than t) until rotation removes it."""
         if self.cur is not None:
             self.done_seq = self.cur.seq
+            if self.cur_gone:
+                self.files.release(self.cur)
         self.cur, self.cur_gone = t, False
         self.acked_to = self.cut_end = 0
         if t is not None and not self._save():
@@ -214,12 +219,13 @@ class Forwarder:
             else:
                 return self._long_line(pos)
         view = memoryview(data)                 # regions are views of the one read: no copies
-        at, batch = 0, min(self.batch_bytes, self.max_message)     # a server may allow less than a batch
+        most = self._most()
+        at, batch = 0, min(self.batch_bytes, most)     # the engine may take less than a batch
         while at < end:
             stop = data.rfind(b"\n", at, min(at + batch, end)) + 1
             if stop <= at:                      # one line longer than a batch: alone
                 stop = data.find(b"\n", at, end) + 1 or end
-                if stop - at > self.max_message:
+                if stop - at > most:
                     self._too_large(pos + at, pos + stop)
                     at = stop
                     continue
@@ -243,7 +249,7 @@ class Forwarder:
                 end = at + nl + 1
                 break
             at += len(piece)
-        if end - pos <= self.max_message:
+        if end - pos <= self._most():
             self._add(batches.region(c.fid, pos, os.pread(c.fd, end - pos, pos), self.node, self.subject))
         else:
             self._too_large(pos, end)
@@ -253,8 +259,35 @@ class Forwarder:
         self.stats.lost["too_large"] += 1
         log.error("%s: a line of %d bytes at offset %d is larger than a message may be (%d bytes): "
                   "1 record lost (nettap_ingest_records_lost_total{reason=\"too_large\"})",
-                  self.cur.name, end - pos, pos, self.max_message)
+                  self.cur.name, end - pos, pos, self._most())
         self._add(Region(self.cur.fid, pos, end))   # journalled like any region: never cut differently
+
+    def _most(self) -> int:
+        """The most bytes of lines a message of cur may hold."""
+        return max(self.max_message - batches.header_room(self.node, self.cur.fid), 1)
+
+    def split(self, m: Message, limit: int) -> List[Message]:
+        """m is larger than the engine takes now (limit, headers included: a
+        server's or a stream's limit lower than when its region was cut,
+        before a restart or a reconnect): its lines as parts that fit, to be
+        sent in its place; a line longer than any message is counted lost."""
+        r, c = m.region, self.cur
+        most = limit - batches.header_room(self.node, r.fid, m.kind)
+        if c is not None and r.fid == c.fid and most > 0:
+            a, b = m.span
+            got, lost = batches.parts(m, os.pread(c.fd, b - a, a), self.node, most)
+        else:                                    # not cur's (never: regions are cur's): not sendable
+            got, lost = [], m.records
+        if lost:
+            self.stats.lost["too_large"] += lost
+            log.error("%s: %d line(s) of region %d-%d are larger than a message may be (%d bytes): lost "
+                      "(nettap_ingest_records_lost_total{reason=\"too_large\"})", r.fid, lost, r.start, r.end, limit)
+        log.info("region %d-%d of %s: a message of %d bytes is more than the engine takes (%d bytes): sent as %d "
+                 "part(s)", m.span[0], m.span[1], r.fid, len(m.payload), limit, len(got))
+        r.messages = [x for x in r.messages if x is not m] + got
+        r.pending += len(got)
+        self._settle(m)
+        return got
 
     def _add(self, r: Region) -> None:
         self.regions.append(r)
@@ -331,4 +364,6 @@ class Forwarder:
     def close(self) -> None:
         if self.cur is not None and not self.cur_gone:
             self._save()
+        if self.cur is not None and self.cur_gone:
+            self.files.release(self.cur)
         self.files.close()

@@ -445,3 +445,76 @@ def test_a_listener_that_closes_in_the_handshake_then_the_real_server_on_its_por
         w.halt.set()
         ing.stop()
         c.close()
+
+
+def test_regions_journalled_larger_than_the_servers_max_payload_are_sent_in_parts(tmp_path):
+    """The checkpoint journals regions of 256 KiB (cut for a server taking
+    1 MiB), and ingest restarts against one whose max_payload is 32 KiB: they
+    used to be retried every 0.5 s for ever; now each message is sent in parts
+    that fit, each line once."""
+    from exporter.ingest.files import Files
+    from exporter.ingest.forwarder import Forwarder
+    from exporter.ingest.stats import Stats
+    out = tmp_path / "capture.jsonl"
+    w = Writer(out, 4 << 20, 3)
+    w.write(6000)                               # ~600 KB: three regions of 256 KiB
+    fw = Forwarder(Files(str(out), 3), str(tmp_path / ".capture.jsonl.ingest"), "node-a", "nettap.{node}.{kind}",
+                   Stats(), batch_bytes=256 << 10, max_in_flight=2 << 20, max_message=1 << 20)
+    fw.start()
+    fw.tick()
+    journalled = fw.take()                      # in the checkpoint, never acknowledged: as at a kill -9
+    assert max(r.end - r.start for r in journalled) > 200_000
+    with NatsCluster(tmp_path / "nats", n=1, extra="max_payload: 32768") as c:
+        ing = Ingest(tmp_path, config(out, c))
+        try:
+            w.write(500)
+            wait_for(lambda: caught_up(ing, 6500), timeout=20, what="every line acknowledged")
+            exactly_once(c, w.stop())
+            assert ing.metrics()['nettap_ingest_records_lost_total{reason="too_large"}'] == 0
+            assert "sent as" in ing.text()
+        finally:
+            w.halt.set()
+            ing.stop()
+
+
+def test_a_stream_whose_max_msg_size_is_below_batch_bytes_takes_every_line(tmp_path):
+    """A stream of max_msg_size 8 KiB and the default batch_bytes (256 KiB):
+    every message was refused (100 % lost); now messages are cut to fit,
+    --check-config says so, and when the stream's limit is lowered while
+    ingest runs, the refused messages are sent again in parts."""
+    import nats
+    from nats.js.api import StreamConfig
+    out = tmp_path / "capture.jsonl"
+    with NatsCluster(tmp_path / "nats", n=1) as c:
+        async def stream(size, update=False):
+            nc = await nats.connect(c.urls)
+            try:
+                js = nc.jetstream()
+                cfg = StreamConfig(name="NETTAP", subjects=["nettap.*.*"], max_msg_size=size, duplicate_window=600)
+                await (js.update_stream(cfg) if update else js.add_stream(cfg))
+            finally:
+                await nc.close()
+        asyncio.run(stream(8192))
+        cfg = config(out, c)
+        w = Writer(out, 4 << 20, 3)
+        w.write(3000)
+        ing = Ingest(tmp_path, cfg)
+        try:
+            chk = subprocess.run([sys.executable, "-m", "exporter", "ingest", "--config", str(ing.cfg_path),
+                                  "--check-config"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert chk.returncode == 0 and "messages are cut to fit" in chk.stdout \
+                and "max_msg_size is 8192" in chk.stdout, chk
+            wait_for(lambda: caught_up(ing, 3000), timeout=20, what="the first 3000 acknowledged")
+            asyncio.run(stream(2048, update=True))
+            w.write(3000)
+            wait_for(lambda: caught_up(ing, 6000), timeout=20, what="the next 3000 acknowledged")
+            exactly_once(c, w.stop())
+            lost = {k: v for k, v in ing.metrics().items() if k.startswith("nettap_ingest_records_lost_total")}
+            assert not any(lost.values()), lost
+            asyncio.run(stream(300, update=True))
+            chk = subprocess.run([sys.executable, "-m", "exporter", "ingest", "--config", str(ing.cfg_path),
+                                  "--check-config"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert chk.returncode == 2 and "too small for the capture's lines" in chk.stderr, chk
+        finally:
+            w.halt.set()
+            ing.stop()

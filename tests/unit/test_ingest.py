@@ -198,12 +198,13 @@ def test_a_line_no_message_can_hold_is_skipped_and_counted(tmp_path):
 
 def test_regions_are_no_longer_than_the_server_allows_a_message(tmp_path):
     sink, fw = make(tmp_path, max_bytes=1 << 20)
-    fw.max_message = 300                        # a server whose max_payload is below a batch
+    fw.max_message = 1000                       # a server whose max_payload is below a batch: headers included
     fw.start()
     sink.write(lines(0, 40))
     fw.tick()
     regions = fw.take()
-    assert len(regions) > 1 and all(r.end - r.start <= 300 for r in regions)
+    assert len(regions) > 1 and all(len(m.payload) + batches.header_bytes(m.headers) <= 1000
+                                    for r in regions for m in r.messages)
 
 
 def test_the_compiled_split_gives_what_the_line_by_line_split_gives():
@@ -325,3 +326,30 @@ def test_nothing_is_handed_out_before_its_region_is_in_the_checkpoint(tmp_path, 
     assert sorted(got) == list(range(50))
     fw.save_if_moved()
     assert checkpoint.load(str(cpdir / "checkpoint")).offset == os.path.getsize(out)
+
+
+def test_a_message_too_large_for_the_engine_is_sent_in_parts_of_its_own_lines(tmp_path):
+    """Parts hold the message's lines, each once, in order, each part within
+    the limit; a part split again (the limit lowered again) holds only its
+    own lines; the same limit gives the same parts under the same ids."""
+    sink, fw = make(tmp_path, max_bytes=1 << 20)
+    fw.batch_bytes = 8192
+    fw.start()
+    sink.write(lines(0, 200))
+    fw.tick()
+    r = fw.take()[0]
+    m = max(r.messages, key=lambda x: len(x.payload))
+    whole = m.payload.splitlines()
+    parts = fw.split(m, 2000)
+    again = batches.parts(m, os.pread(fw.cur.fd, r.end - r.start, r.start), "n1", 2000 - batches.header_room(
+        "n1", r.fid, m.kind))[0]
+    assert [p.msg_id for p in parts] == [p.msg_id for p in again] and len(parts) > 2
+    assert all(len(p.payload) + batches.header_bytes(p.headers) <= 2000 for p in parts)
+    assert b"".join(p.payload for p in parts).splitlines() == whole
+    assert all(p.headers["Nettap-Region"] == f"{r.start}-{r.end}" for p in parts)
+    assert parts[0].span[0] == r.start and parts[-1].span[1] == r.end
+    second = parts[1].payload
+    inner = fw.split(parts[1], 900)             # its own lines only, not the region's of its kind
+    assert b"".join(p.payload for p in inner) == second and len(inner) > 1
+    assert all(parts[1].span[0] <= p.span[0] < p.span[1] <= parts[1].span[1] for p in inner)
+    assert r.pending == len(r.messages)         # the split ones replaced by their parts
