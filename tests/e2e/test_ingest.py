@@ -383,8 +383,8 @@ def test_a_failed_tls_handshake_is_retried_logged_and_not_ready_until_the_server
         w.write(100)
         ing = Ingest(tmp_path, config(out, c, tls={"ca_file": str(good.ca_file)}, connect_timeout="1s"))
         try:
-            wait_for(lambda: ing.metrics()['nettap_ingest_connect_errors_total{reason="tls"}'] >= 3, timeout=10,
-                     what="three failed handshakes counted")
+            wait_for(lambda: ing.metrics()['nettap_ingest_connect_errors_total{reason="tls"}'] >= 2, timeout=10,
+                     what="a second failed handshake counted")
             ready = requests.get(f"http://127.0.0.1:{ing.port}/readyz", timeout=2)
             assert ready.status_code == 503 and "tls" in ready.text, ready.text
             assert ing.text().count("CERTIFICATE_VERIFY_FAILED") == 1, ing.text()   # rate-limited
@@ -432,8 +432,8 @@ def test_a_listener_that_closes_in_the_handshake_then_the_real_server_on_its_por
     w.write(100)
     ing = Ingest(tmp_path, config(out, c, tls={"ca_file": str(pki.ca_file)}, connect_timeout="1s"))
     try:
-        wait_for(lambda: len(accepted) >= 3, timeout=10, what="three attempts")
-        assert sum(v for k, v in ing.metrics().items() if k.startswith("nettap_ingest_connect_errors_total")) >= 3
+        wait_for(lambda: len(accepted) >= 2, timeout=10, what="a second attempt")
+        assert sum(v for k, v in ing.metrics().items() if k.startswith("nettap_ingest_connect_errors_total")) >= 2
         closing.set()
         t.join(5)
         lsock.close()
