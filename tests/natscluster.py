@@ -102,18 +102,26 @@ class NatsCluster:
     """
 
     def __init__(self, tmp: Path, n: int = 3, auth: Optional[dict] = None, tls: Optional[dict] = None,
-                 name: str = "nettap-test"):
+                 name: str = "nettap-test", extra: str = ""):
         if NATS_SERVER is None:
             raise RuntimeError("nats-server is not on PATH (Debian: apt-get install nats-server)")
         if n < 1:
             raise ValueError("a cluster needs a node")
-        self.tmp, self.name, self.tls = Path(tmp), name, tls
+        self.tmp, self.name, self.tls, self.auth, self.extra = Path(tmp), name, tls, auth, extra
         self.procs: List[subprocess.Popen] = []     # every node process started, in order
         ports = _free_ports(3 * n)
         self.nodes = [_Node(f"n{i + 1}", *ports[3 * i:3 * i + 3], dir=self.tmp / f"n{i + 1}") for i in range(n)]
-        common = _auth_conf(auth) + _tls_conf(tls)
         for node in self.nodes:
             node.dir.mkdir(parents=True, exist_ok=True)
+        self.configure(tls=tls, extra=extra)
+
+    def configure(self, tls: Optional[dict] = None, extra: str = "") -> None:
+        """(Re)write every node's config: `tls` for the client port, `extra`
+        appended as it is (e.g. "max_payload: 65536"); a running node
+        reads it at its next start."""
+        self.tls, self.extra = tls, extra
+        common = _auth_conf(self.auth) + _tls_conf(tls) + (extra + "\n" if extra else "")
+        for node in self.nodes:
             node.conf.write_text(self._conf(node) + common)
 
     def _conf(self, node: _Node) -> str:

@@ -12,6 +12,7 @@ import sys
 from exporter import __version__
 
 log = logging.getLogger("nettap.ingest")
+MIN_LINES = 1024             # --check-config refuses an engine whose messages hold fewer bytes of lines
 
 
 def _args(argv: list) -> argparse.Namespace:
@@ -47,7 +48,7 @@ def load(path: str):
 async def check(s) -> str:
     """Connect once and look at the stream: what is wrong, or None."""
     import nats
-    from exporter.ingest.publisher import StreamError, ensure_stream
+    from exporter.ingest.publisher import StreamError, ensure_stream, fit
     try:
         nc = await asyncio.wait_for(nats.connect(
             servers=list(s.servers), allow_reconnect=False, max_reconnect_attempts=1,
@@ -56,7 +57,11 @@ async def check(s) -> str:
         return f"cannot connect to {', '.join(s.servers)}: {e or type(e).__name__}"
     try:
         info = await ensure_stream(nc, s)
-        return f"stream {info.config.name}: {info.state.messages} message(s), {info.config.num_replicas} replica(s)"
+        said = f"stream {info.config.name}: {info.state.messages} message(s), {info.config.num_replicas} replica(s)"
+        most, why = fit(s, nc.max_payload, max(info.config.max_msg_size or 0, 0))
+        if most < MIN_LINES:
+            raise StreamError(f"{why}: too small for the capture's lines")
+        return said + (f"; messages are cut to fit: {why}" if most < s.batch_bytes else "")
     except StreamError as e:
         raise RuntimeError(str(e)) from None
     except Exception as e:
@@ -124,7 +129,8 @@ def _serve(args, cfg, s, web) -> int:
         if not svc.ready:
             return "starting"
         if not svc.stats.connected:
-            return "not connected to the engine"
+            why = svc.publisher.last_error
+            return "not connected to the engine" + (f" (the last attempt failed: {why}; see the log)" if why else "")
         return None if svc.publisher.ready else "connected; the stream is not usable yet (see the log)"
     try:
         srv = serve(args.listen, reg, svc.state, not_ready, web)

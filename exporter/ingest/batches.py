@@ -25,14 +25,15 @@ def token(s: str) -> str:
 
 
 class Message:
-    __slots__ = ("region", "kind", "subject", "payload", "records", "msg_id", "headers", "token", "deadline")
+    __slots__ = ("region", "kind", "subject", "payload", "records", "msg_id", "headers", "token", "deadline", "span")
 
     def __init__(self, region, kind: str, subject: str, payload: bytes, records: int, msg_id: str,
-                 headers: Dict[str, str]) -> None:
+                 headers: Dict[str, str], span: Tuple[int, int] = None) -> None:
         self.region, self.kind, self.subject = region, kind, subject
         self.payload, self.records, self.msg_id, self.headers = payload, records, msg_id, headers
         self.token = ""
         self.deadline = 0.0
+        self.span = span or (region.start, region.end)     # its lines are the kind's of [start, end) of the file
 
 
 class Region:
@@ -82,13 +83,74 @@ def region(fid: FileId, start: int, data, node: str, subject: str) -> Region:
     r = Region(fid, start, start + len(data))
     where = f"{r.start}-{r.end}"
     for kind, (payload, n) in split(data).items():
-        headers = {"Nats-Msg-Id": f"{node}:{fid}:{where}:{kind}", "Nettap-Node": node, "Nettap-File": str(fid),
-                   "Nettap-Region": where, "Nettap-Records": str(n)}
+        headers = _headers(r, where, kind, node, n)
         r.messages.append(Message(r, kind, subject.format(node=node, kind=kind), payload, n,
                                   headers["Nats-Msg-Id"], headers))
         r.records += n
     r.pending = len(r.messages)
     return r
+
+
+def header_bytes(headers: Dict[str, str]) -> int:
+    """The bytes headers take in a message: the server counts them in
+    its max_payload, and JetStream in a stream's max_msg_size."""
+    return len(b"NATS/1.0\r\n") + sum(len(k) + len(v) + 4 for k, v in headers.items()) + 2
+
+
+def header_room(node: str, fid: FileId, kind: str = "k" * 32) -> int:
+    """At most the bytes of the headers of a message of a region of fid
+    (the longest offsets and record count; a kind the longest _KIND takes)."""
+    most = 10 ** 19
+    r = Region(fid, most, most)
+    return header_bytes(_headers(r, f"{most}-{most}", kind, node, most))
+
+
+def _headers(r: Region, where: str, kind: str, node: str, n: int) -> Dict[str, str]:
+    return {"Nats-Msg-Id": f"{node}:{r.fid}:{where}:{kind}", "Nettap-Node": node, "Nettap-File": str(r.fid),
+            "Nettap-Region": f"{r.start}-{r.end}", "Nettap-Records": str(n)}
+
+
+def parts(m: Message, data, node: str, most: int) -> Tuple[List[Message], int]:
+    """m (whose span's bytes data are) as messages of at most most bytes
+    of lines each: (the parts, the lines longer than most, in none). A part
+    holds m's kind's lines of [a, b) of the file, and its id names them as a
+    region [a, b) cut so would (its lines of that kind, whoever cut it): the
+    same limit cuts the same parts again after a restart, under the same
+    ids. Nettap-Region stays m's region's."""
+    r, out, lost = m.region, [], 0
+    a, at, got, size = m.span[0], m.span[0], [], 0
+
+    def part(b: int) -> None:
+        payload = b"".join(got)
+        headers = _headers(r, f"{a}-{b}", m.kind, node, len(got))
+        out.append(Message(r, m.kind, m.subject, payload, len(got), headers["Nats-Msg-Id"], headers, (a, b)))
+    data = bytes(data)
+    for line in (data[i:j] for i, j in _lines(data)):
+        k = _KIND.match(line)
+        if (k.group(1).decode() if k else INVALID) == m.kind:
+            whole = line if line[-1:] == b"\n" else line + b"\n"
+            if len(whole) > most:
+                lost += 1
+            else:
+                if got and size + len(whole) > most:
+                    part(at)
+                    a, got, size = at, [], 0
+                got.append(whole)
+                size += len(whole)
+        at += len(line)
+    if got:
+        part(m.span[1])
+    return out, lost
+
+
+def _lines(data: bytes):
+    """(start, end) of each line of data (the last may lack its newline)."""
+    at = 0
+    while at < len(data):
+        nl = data.find(b"\n", at)
+        end = len(data) if nl < 0 else nl + 1
+        yield at, end
+        at = end
 
 
 def subjects_pattern(subject: str) -> str:

@@ -15,8 +15,10 @@ its region's both ends).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections import namedtuple
 from typing import Optional
 
@@ -38,16 +40,26 @@ class Checkpoint(namedtuple("Checkpoint", "file offset cuts", defaults=(None, 0,
 
 def load(path: str) -> Optional[Checkpoint]:
     """The checkpoint at path; None when there is none; CheckpointError
-    when the file is not one (the caller says so and starts over)."""
+    when the file is not one (the caller says so and starts over). Only a
+    regular file is read: a FIFO is opened without waiting for a writer."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 20)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e.strerror}") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        data = os.read(fd, 1 << 20)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
         doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON {type(doc).__name__}, not an object")
         if doc.get("version") != VERSION:
             raise ValueError(f"version {doc.get('version')!r}, expected {VERSION}")
         f = doc["file"]
@@ -56,7 +68,7 @@ def load(path: str) -> Optional[Checkpoint]:
         cuts = tuple(int(c) for c in doc["cuts"])
         if offset < 0 or any(b <= a for a, b in zip((offset,) + cuts, cuts)):
             raise ValueError("offsets not increasing")
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"{path}: not a nettap ingest checkpoint: {e}") from None
     return Checkpoint(fid, offset, cuts)
 
@@ -67,9 +79,22 @@ def save(path: str, cp: Checkpoint) -> None:
     doc = {"version": VERSION, "file": None if f is None else {"dev": f.dev, "ino": f.ino, "fp": f.fp},
            "offset": cp.offset, "cuts": list(cp.cuts)}
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
     try:
-        os.write(fd, json.dumps(doc, separators=(",", ":")).encode() + b"\n")
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        os.unlink(tmp)                          # a leftover, or anything planted there (a FIFO would block)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:                                    # a full disk: what was written of it goes too
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -31,6 +31,8 @@ class Forwarder:
         import time
         self.files, self.path, self.node, self.subject = files, checkpoint_path, node, subject
         self.stats = stats
+        # max_message: the largest message the engine takes, headers included (the server's
+        # max_payload, a stream's max_msg_size): the publisher's limit, set before each take()
         self.batch_bytes, self.max_in_flight, self.max_message = batch_bytes, max_in_flight, max_message
         self.clock = clock or time.time
         self.cur: Optional[Tracked] = None
@@ -43,17 +45,21 @@ class Forwarder:
         self.seen: Deque[Tuple[int, int, float]] = deque()   # (seq, size, when first seen that long)
         self.done_seq = 0                        # files up to this seq are forwarded
         self._moved = False                      # acknowledged offset moved since the last save
+        self._unsaved = False                    # regions cut and not in the checkpoint yet: they wait
+        self._failing = False                    # the last checkpoint write failed (logged once an episode)
 
     # -- start ---------------------------------------------------------------------------
 
     def start(self) -> None:
         """Where the checkpoint says; the regions it journalled are the
-        first taken, cut exactly as before."""
+        first taken, cut exactly as before. A checkpoint that does not fit
+        its file (an offset past its end or not at a line's start) is not
+        believed: every file is forwarded from its start."""
         try:
             cp = checkpoint.load(self.path)
         except CheckpointError as e:
-            log.warning("%s; forwarding every capture file from its start (the engine drops what it has "
-                        "within its duplicate window)", e)
+            log.warning("%s; starting over: forwarding every capture file from its start (the engine drops "
+                        "what it has within its duplicate window)", e)
             cp = None
         self.files.scan()
         for t in self.files.order:               # what is on disk was written before now: its mtime says when
@@ -70,17 +76,32 @@ class Forwarder:
                       "the records it had after offset %d are lost, how many is unknown", cp.file, cp.offset)
             self._switch(self._next())
             return
-        self.cur, self.acked_to, self.cut_end = t, cp.offset, cp.offset
-        size = t.size()
+        self.cur = t
+        lie = self._lie(cp)
+        if lie:
+            log.warning("checkpoint %s: %s of %s; starting over: forwarding every capture file from its start "
+                        "(the engine drops what it has within its duplicate window)", self.path, lie, t.name)
+            self.cur = None
+            self._switch(self._next())
+            return
+        self.acked_to, self.cut_end = cp.offset, cp.offset
         for end in cp.cuts:
-            if end > size:
-                log.warning("checkpoint: region ending at %d is past the end of %s (%d bytes); cutting anew",
-                            end, t.name, size)
-                break
             self._add(batches.region(t.fid, self.cut_end, os.pread(t.fd, end - self.cut_end, self.cut_end),
                                      self.node, self.subject))
         log.info("resuming %s at offset %d with %d region(s) to send again", t.name, self.acked_to,
                  len(self.fresh))
+
+    def _lie(self, cp: Checkpoint) -> Optional[str]:
+        """What in cp does not fit cur (None: all of it does). Every offset
+        is at a line's start: 0, after a newline, or the end of a finished
+        file (a last line cut by a crash)."""
+        size = self.cur.size()
+        for at in (cp.offset,) + cp.cuts:
+            if at > size:
+                return f"offset {at} is past the end ({size} bytes)"
+            if at and os.pread(self.cur.fd, 1, at - 1) != b"\n" and not (at == size and self._finished()):
+                return f"offset {at} is not at a line's start"
+        return None
 
     # -- the files -----------------------------------------------------------------------
 
@@ -105,12 +126,13 @@ class Forwarder:
     def _gone(self, t: Tracked) -> None:
         if t is self.cur:
             lost = count_lines(t.fd, self.cut_end)
-            self.cur_gone = True
+            self.cur_gone = True                 # its descriptor kept until the switch: a region may be re-read
         elif t.seq > (self.cur.seq if self.cur is not None else self.done_seq):
             lost = count_lines(t.fd, 0)
         else:
             lost = 0
-        self.files.release(t)
+        if t is not self.cur:
+            self.files.release(t)
         if lost:
             self.stats.lost["rotated"] += lost
             log.error("capture file %s was rotated away before ingest forwarded it: %d record(s) lost "
@@ -123,10 +145,12 @@ class Forwarder:
         older than t) until rotation removes it."""
         if self.cur is not None:
             self.done_seq = self.cur.seq
+            if self.cur_gone:
+                self.files.release(self.cur)
         self.cur, self.cur_gone = t, False
         self.acked_to = self.cut_end = 0
-        if t is not None:
-            self._save()
+        if t is not None and not self._save():
+            self._unsaved = True
 
     def _next(self) -> Optional[Tracked]:
         """The file after cur (after the last one forwarded while there is no cur)."""
@@ -157,7 +181,9 @@ class Forwarder:
     def take(self) -> List[Region]:
         """Regions to send now: the journalled ones first, then new ones
         cut from what the files hold, within the bytes allowed in flight.
-        The new ones are in the checkpoint before this returns."""
+        The new ones are in the checkpoint before this returns: while it
+        cannot be written, none is (a region sent and not journalled would
+        be cut differently after a crash, and stored twice)."""
         cut = False
         while self.cur is not None and not self.cur_gone and self.in_flight < self.max_in_flight:
             n = self._cut_some()
@@ -170,8 +196,10 @@ class Forwarder:
             if nxt is None:
                 break
             self._switch(nxt)
-        if cut:
-            self._save()
+        if (cut or self._unsaved) and not self._save():
+            self._unsaved = True
+            return []
+        self._unsaved = False
         out, self.fresh = self.fresh, []
         return out
 
@@ -191,12 +219,13 @@ class Forwarder:
             else:
                 return self._long_line(pos)
         view = memoryview(data)                 # regions are views of the one read: no copies
-        at, batch = 0, min(self.batch_bytes, self.max_message)     # a server may allow less than a batch
+        most = self._most()
+        at, batch = 0, min(self.batch_bytes, most)     # the engine may take less than a batch
         while at < end:
             stop = data.rfind(b"\n", at, min(at + batch, end)) + 1
             if stop <= at:                      # one line longer than a batch: alone
                 stop = data.find(b"\n", at, end) + 1 or end
-                if stop - at > self.max_message:
+                if stop - at > most:
                     self._too_large(pos + at, pos + stop)
                     at = stop
                     continue
@@ -220,7 +249,7 @@ class Forwarder:
                 end = at + nl + 1
                 break
             at += len(piece)
-        if end - pos <= self.max_message:
+        if end - pos <= self._most():
             self._add(batches.region(c.fid, pos, os.pread(c.fd, end - pos, pos), self.node, self.subject))
         else:
             self._too_large(pos, end)
@@ -230,8 +259,35 @@ class Forwarder:
         self.stats.lost["too_large"] += 1
         log.error("%s: a line of %d bytes at offset %d is larger than a message may be (%d bytes): "
                   "1 record lost (nettap_ingest_records_lost_total{reason=\"too_large\"})",
-                  self.cur.name, end - pos, pos, self.max_message)
+                  self.cur.name, end - pos, pos, self._most())
         self._add(Region(self.cur.fid, pos, end))   # journalled like any region: never cut differently
+
+    def _most(self) -> int:
+        """The most bytes of lines a message of cur may hold."""
+        return max(self.max_message - batches.header_room(self.node, self.cur.fid), 1)
+
+    def split(self, m: Message, limit: int) -> List[Message]:
+        """m is larger than the engine takes now (limit, headers included: a
+        server's or a stream's limit lower than when its region was cut,
+        before a restart or a reconnect): its lines as parts that fit, to be
+        sent in its place; a line longer than any message is counted lost."""
+        r, c = m.region, self.cur
+        most = limit - batches.header_room(self.node, r.fid, m.kind)
+        if c is not None and r.fid == c.fid and most > 0:
+            a, b = m.span
+            got, lost = batches.parts(m, os.pread(c.fd, b - a, a), self.node, most)
+        else:                                    # not cur's (never: regions are cur's): not sendable
+            got, lost = [], m.records
+        if lost:
+            self.stats.lost["too_large"] += lost
+            log.error("%s: %d line(s) of region %d-%d are larger than a message may be (%d bytes): lost "
+                      "(nettap_ingest_records_lost_total{reason=\"too_large\"})", r.fid, lost, r.start, r.end, limit)
+        log.info("region %d-%d of %s: a message of %d bytes is more than the engine takes (%d bytes): sent as %d "
+                 "part(s)", m.span[0], m.span[1], r.fid, len(m.payload), limit, len(got))
+        r.messages = [x for x in r.messages if x is not m] + got
+        r.pending += len(got)
+        self._settle(m)
+        return got
 
     def _add(self, r: Region) -> None:
         self.regions.append(r)
@@ -285,17 +341,29 @@ class Forwarder:
         if self._moved and self.cur is not None and not self.cur_gone:
             self._save()
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
+        """Write the checkpoint: False when it cannot be (counted; logged
+        once until a write succeeds again)."""
         self._moved = False
         cp = Checkpoint(self.cur.fid if self.cur else None, self.acked_to, tuple(r.end for r in self.regions))
         try:
             checkpoint.save(self.path, cp)
         except OSError as e:
+            self._moved = True
             self.stats.checkpoint_errors += 1
-            log.error("checkpoint %s: cannot write: %s (a restart would send what is in flight again)",
-                      self.path, e.strerror)
+            if not self._failing:
+                log.error("checkpoint %s: cannot write: %s; nothing more is sent until it can be "
+                          "(nettap_ingest_checkpoint_write_errors_total)", self.path, e.strerror)
+            self._failing = True
+            return False
+        if self._failing:
+            log.warning("checkpoint %s: written again; forwarding resumes", self.path)
+            self._failing = False
+        return True
 
     def close(self) -> None:
         if self.cur is not None and not self.cur_gone:
             self._save()
+        if self.cur is not None and self.cur_gone:
+            self.files.release(self.cur)
         self.files.close()

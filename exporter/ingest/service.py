@@ -31,7 +31,8 @@ class Service:
         self.forwarder = Forwarder(Files(output.path, output.backups), settings.checkpoint, settings.node,
                                    settings.subject, self.stats, settings.batch_bytes,
                                    settings.max_in_flight_bytes)
-        self.publisher = Publisher(settings, self.stats, self.forwarder.acked, self.forwarder.rejected)
+        self.publisher = Publisher(settings, self.stats, self.forwarder.acked, self.forwarder.rejected,
+                                   self.forwarder.split)
         self.stopping = None
         self.ready = False                       # started: the checkpoint read and the files looked at
 
@@ -49,7 +50,7 @@ class Service:
                     fw.tick()
                     looked = time.monotonic()
                 if pub.ready:
-                    fw.max_message = pub.max_payload - 4096       # room for the headers
+                    fw.max_message = pub.limit                  # the server's, the stream's: headers included
                     for r in fw.take():
                         for m in r.messages:
                             await pub.send(m)

@@ -62,7 +62,8 @@ class StatsCollector:
                         "reason", s.lost)
         yield _labelled(C, "nettap_ingest_connect_errors", "Failed attempts to connect to the engine, by reason.",
                         "reason", s.connect_errors)
-        yield C("nettap_ingest_checkpoint_write_errors", "Checkpoint writes that failed.", value=s.checkpoint_errors)
+        yield C("nettap_ingest_checkpoint_write_errors", "Checkpoint writes that failed (nothing is sent until one "
+                "succeeds).", value=s.checkpoint_errors)
         yield G("nettap_ingest_connected", "1 while connected to the engine.", value=s.connected)
         yield G("nettap_ingest_backlog_bytes", "Bytes of the capture files not yet acknowledged by the engine.",
                 value=s.backlog_bytes)

@@ -198,12 +198,13 @@ def test_a_line_no_message_can_hold_is_skipped_and_counted(tmp_path):
 
 def test_regions_are_no_longer_than_the_server_allows_a_message(tmp_path):
     sink, fw = make(tmp_path, max_bytes=1 << 20)
-    fw.max_message = 300                        # a server whose max_payload is below a batch
+    fw.max_message = 1000                       # a server whose max_payload is below a batch: headers included
     fw.start()
     sink.write(lines(0, 40))
     fw.tick()
     regions = fw.take()
-    assert len(regions) > 1 and all(r.end - r.start <= 300 for r in regions)
+    assert len(regions) > 1 and all(len(m.payload) + batches.header_bytes(m.headers) <= 1000
+                                    for r in regions for m in r.messages)
 
 
 def test_the_compiled_split_gives_what_the_line_by_line_split_gives():
@@ -237,3 +238,118 @@ def test_the_compiled_split_gives_what_the_line_by_line_split_gives():
         [(b"eof", b'{"i":1,"type":"eof"}\n{"i":2,"type":"eof"}\n', 2), (b"chunk", b'{"type":"chunk"}\n', 1)]
     many = b"".join(b'{"type":"k%d"}\n' % i for i in range(33))                   # more kinds than it gathers
     assert kind_split(many) is None and len(batches.split(many)) == 33
+
+
+def test_a_deeply_nested_checkpoint_is_refused_not_raised(tmp_path):
+    p = tmp_path / "cp"
+    p.write_bytes(b"[" * 100_000 + b"]" * 100_000)          # json's RecursionError
+    with pytest.raises(CheckpointError, match="not a nettap ingest checkpoint"):
+        checkpoint.load(str(p))
+
+
+def test_a_fifo_checkpoint_is_refused_not_waited_on(tmp_path):
+    """open() of a FIFO waits for a writer for ever: refused at once, and
+    replaced by a file at the next save."""
+    import threading
+    p = tmp_path / "cp"
+    os.mkfifo(p)
+    said = []
+    t = threading.Thread(target=lambda: said.append(_load_or_error(str(p))), daemon=True)
+    t.start()
+    t.join(3)
+    if t.is_alive():                            # unblock the open() before failing
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        t.join(3)
+        pytest.fail("loading a FIFO checkpoint waited for a writer")
+    assert "not a regular file" in said[0]
+    checkpoint.save(str(p), Checkpoint(None, 0, ()))       # replaced by a file
+    assert checkpoint.load(str(p)) == Checkpoint(None, 0, ())
+
+
+def _load_or_error(path):
+    try:
+        return repr(checkpoint.load(path))
+    except CheckpointError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("lie", ["past_end", "mid_line", "cut_mid_line", "cut_past_end"])
+def test_a_checkpoint_that_lies_about_the_file_starts_over_with_a_warning(tmp_path, caplog, lie):
+    """Offsets past the end sent nothing; offsets mid-line sent fragments:
+    checked against the file, a lie starts over from the files' start."""
+    sink, fw = make(tmp_path, max_bytes=1 << 20)
+    fw.start()
+    sink.write(lines(0, 30))
+    fw.tick()
+    assert sorted(forwarded(fw)) == list(range(30))
+    fw.close()
+    cp = checkpoint.load(fw.path)
+    size = os.path.getsize(tmp_path / "capture.jsonl")
+    first = len((tmp_path / "capture.jsonl").read_bytes().split(b"\n", 2)[0]) + 1   # the start line's end
+    bad = {"past_end": cp._replace(offset=size + 1000, cuts=()),
+           "mid_line": cp._replace(offset=first + 5, cuts=()),
+           "cut_mid_line": cp._replace(offset=first, cuts=(first + 7,)),
+           "cut_past_end": cp._replace(offset=first, cuts=(size + 50,))}[lie]
+    checkpoint.save(fw.path, bad)
+    _, fw2 = make(tmp_path, max_bytes=1 << 20)
+    with caplog.at_level("WARNING", logger="nettap.ingest"):
+        fw2.start()
+    fw2.tick()
+    again = forwarded(fw2)
+    assert sorted(again) == list(range(30)), again      # every line, whole: from the start
+    assert "checkpoint" in caplog.text and "starting over" in caplog.text
+
+
+def test_nothing_is_handed_out_before_its_region_is_in_the_checkpoint(tmp_path, caplog):
+    """A checkpoint that cannot be written (here its directory is missing):
+    no region leaves, the failure is logged once, and once it can be written
+    again everything goes, each line once."""
+    out = str(tmp_path / "capture.jsonl")
+    sink = JsonlFileSink(out, 1 << 20, 3)
+    sink.open()
+    cpdir = tmp_path / "cp"
+    stats = Stats()
+    fw = Forwarder(Files(out, 3), str(cpdir / "checkpoint"), "n1", "nettap.{node}.{kind}", stats,
+                   batch_bytes=1024, max_in_flight=8192)
+    with caplog.at_level("ERROR", logger="nettap.ingest"):
+        fw.start()
+        for i in range(5):
+            sink.write(lines(10 * i, 10))
+            fw.tick()
+            assert fw.take() == []
+        fw.save_if_moved()
+    assert stats.checkpoint_errors >= 5
+    assert caplog.text.count("cannot write") == 1
+    cpdir.mkdir()
+    got = forwarded(fw)
+    assert sorted(got) == list(range(50))
+    fw.save_if_moved()
+    assert checkpoint.load(str(cpdir / "checkpoint")).offset == os.path.getsize(out)
+
+
+def test_a_message_too_large_for_the_engine_is_sent_in_parts_of_its_own_lines(tmp_path):
+    """Parts hold the message's lines, each once, in order, each part within
+    the limit; a part split again (the limit lowered again) holds only its
+    own lines; the same limit gives the same parts under the same ids."""
+    sink, fw = make(tmp_path, max_bytes=1 << 20)
+    fw.batch_bytes = 8192
+    fw.start()
+    sink.write(lines(0, 200))
+    fw.tick()
+    r = fw.take()[0]
+    m = max(r.messages, key=lambda x: len(x.payload))
+    whole = m.payload.splitlines()
+    parts = fw.split(m, 2000)
+    again = batches.parts(m, os.pread(fw.cur.fd, r.end - r.start, r.start), "n1", 2000 - batches.header_room(
+        "n1", r.fid, m.kind))[0]
+    assert [p.msg_id for p in parts] == [p.msg_id for p in again] and len(parts) > 2
+    assert all(len(p.payload) + batches.header_bytes(p.headers) <= 2000 for p in parts)
+    assert b"".join(p.payload for p in parts).splitlines() == whole
+    assert all(p.headers["Nettap-Region"] == f"{r.start}-{r.end}" for p in parts)
+    assert parts[0].span[0] == r.start and parts[-1].span[1] == r.end
+    second = parts[1].payload
+    inner = fw.split(parts[1], 900)             # its own lines only, not the region's of its kind
+    assert b"".join(p.payload for p in inner) == second and len(inner) > 1
+    assert all(parts[1].span[0] <= p.span[0] < p.span[1] <= parts[1].span[1] for p in inner)
+    assert r.pending == len(r.messages)         # the split ones replaced by their parts
