@@ -7,10 +7,15 @@ connections to port 53 (bpf/dns.bpf.h), with at most NETTAP_DNS_DATA of their
 bytes; :class:`Stream` cuts a TCP connection's bytes into its messages.
 :class:`DnsTracker` decodes them with dnspython (imported at the first
 message: a node that captures no DNS never pays for it) and pairs a query
-with its answer by the socket (its inode) and the message id. A query
-unanswered after :data:`TIMEOUT_S` counts as a timeout; an answer that
-matches no query (its query sent before nettap looked, or after the
-timeout), and a message that does not parse, are counted apart.
+with its answer by the socket (its inode), the message id and the server (an
+answer counts only from an address and port the query went to). A query
+unanswered after :data:`TIMEOUT_S` counts as a timeout, unless the dns ring
+dropped records while it waited: its answer may be one of them, and it counts
+as ``lost`` (so does a query the tracker stopped following, past
+:data:`MAX_PENDING`). An answer that matches no query (its query sent before
+nettap looked, or after the timeout), and a message that does not parse, are
+counted apart. The response code is one of :data:`RCODES`, else ``other``: an
+extended code (EDNS) has 4,096 values, a label must not.
 
 Thread-safety: :meth:`DnsTracker.observe` runs in the drain thread,
 :meth:`DnsTracker.snapshot` in a scrape's; one lock guards the counts.
@@ -28,8 +33,17 @@ from exporter.kernel import tcp_h
 # glibc's default (resolv.conf `options timeout:5`): a stub resolver asks again
 # or gives up after this long, so an answer later than it answers nothing.
 TIMEOUT_S = 5.0
-# Queries awaiting an answer, at most (the oldest counts as a timeout).
+# Queries awaiting an answer, at most (the oldest is no longer followed: lost).
 MAX_PENDING = 4096
+# The response codes counted by name (RFC 1035, 2136, 6891, 8945, 7873,
+# 8490: IANA's "DNS RCODEs"); any other counts as "other".
+RCODES = ("NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "YXDOMAIN", "YXRRSET", "NXRRSET",
+          "NOTAUTH", "NOTZONE", "DSOTYPENI", "BADVERS", "BADKEY", "BADTIME", "BADMODE", "BADNAME", "BADALG",
+          "BADTRUNC", "BADCOOKIE")
+# What a query counts as when no answer does: none came within the timeout,
+# or the ring dropped records meanwhile (the answer may be one) or the
+# tracker stopped following it.
+TIMEOUT, LOST, OTHER = "timeout", "lost", "other"
 # TCP connections to port 53 followed at once (the least recent is forgotten),
 # and the bytes of a message kept of each (a longer one is read as cut short):
 # 1,024 x 4 KiB at most, where a message may be 64 KiB.
@@ -40,13 +54,14 @@ MAX_KEPT = 4096
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _HEADER = struct.Struct("!6H")      # id, flags, qdcount, ancount, nscount, arcount (RFC 1035 4.1.1)
 _QR = 0x8000
+_NAMED = frozenset(RCODES)
 _READ_FAILED = next(bit for bit, name in tcp_h.NAMES["CHUNK_F"].items() if name == "read_failed")
 
 
 class Message(NamedTuple):
     id: int
     response: bool
-    rcode: str          # dnspython's name: NOERROR, NXDOMAIN, SERVFAIL, ...
+    rcode: str          # a name of RCODES (NOERROR, NXDOMAIN, SERVFAIL, ...), else "other"
     name: str           # the question's name, absolute (a trailing dot)
     qtype: str          # the question's type: A, AAAA, SRV, ...
     answers: int        # records in the answer section
@@ -70,7 +85,8 @@ def decode(data: bytes, complete: bool = True) -> Message:
     except (dns.exception.DNSException, ValueError, IndexError, struct.error) as e:
         raise ValueError(f"{type(e).__name__}: {e}") from None
     q = m.question[0]
-    return Message(m.id, bool(flags & _QR), dns.rcode.to_text(m.rcode()), q.name.to_text(),
+    rcode = dns.rcode.to_text(m.rcode())
+    return Message(m.id, bool(flags & _QR), rcode if rcode in _NAMED else OTHER, q.name.to_text(),
                    dns.rdatatype.to_text(q.rdtype), ancount)
 
 
@@ -120,53 +136,75 @@ class Stream:
 
 class Counts(NamedTuple):
     """What snapshot() returns: every count since start."""
-    queries: Dict[str, int]                  # rcode (or "timeout") -> queries
+    queries: Dict[str, int]                  # rcode (or "timeout", "lost") -> queries
     latency_buckets: Tuple[int, ...]         # cumulative, one per LATENCY_BUCKETS and +Inf
     latency_sum: float
     malformed: int
     unmatched: int
 
 
+def servers(recs) -> list:
+    """Each record's peer as (address's low 8 bytes, high 8, port), an
+    IPv4-mapped IPv6 address as its IPv4 one (as bpf/dns.bpf.h compares
+    them): a dual-stack socket may name its server either way."""
+    import numpy as np          # here: importing numpy starts threads, before the daemon drops privileges
+    words = np.ascontiguousarray(recs["daddr"]).view("<u8").reshape(-1, 2).tolist()
+    out = []
+    for (lo, hi), port in zip(words, recs["dport"].tolist()):
+        if lo == 0 and hi & 0xFFFFFFFF == 0xFFFF0000:
+            lo, hi = hi >> 32, 0
+        out.append((lo, hi, port))
+    return out
+
+
 class DnsTracker:
     """Counts of the captured DNS, fed a batch of dns records at a time."""
 
-    def __init__(self, timeout: float = TIMEOUT_S, clock: Callable[[], int] = time.monotonic_ns):
-        """clock: the records' clock (CLOCK_MONOTONIC, bpf_ktime_get_ns)."""
+    def __init__(self, timeout: float = TIMEOUT_S, clock: Callable[[], int] = time.monotonic_ns,
+                 drops: Optional[Callable[[], int]] = None):
+        """clock: the records' clock (CLOCK_MONOTONIC, bpf_ktime_get_ns);
+        drops: the dns ring's records dropped in the kernel so far."""
         self.timeout_ns = int(timeout * 1e9)
         self.clock = clock
+        self.drops = drops
         self._lock = threading.Lock()
         self._queries: Dict[str, int] = collections.Counter()
         self._buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self._sum = 0.0
         self._malformed = self._unmatched = 0
-        # (socket inode, id) -> the query's ts_ns, oldest first
-        self._pending: "collections.OrderedDict[Tuple[int, int], int]" = collections.OrderedDict()
+        # (socket inode, id) -> (the query's ts_ns, the servers it went to), oldest first
+        self._pending: "collections.OrderedDict[Tuple[int, int], Tuple[int, set]]" = collections.OrderedDict()
         # (socket inode, sent) -> a TCP connection's bytes in that direction, the most recent last
         self._streams: "collections.OrderedDict[Tuple[int, bool], Stream]" = collections.OrderedDict()
+        # The ring's drops when last read, and the clock then if they had
+        # grown since the read before: a query sent before that instant may
+        # have lost its answer (a drop after it is seen at the next read).
+        self._drops_seen, self._drop_ns = 0, -1
 
     def observe(self, recs) -> None:
         """A batch of dns records (a numpy array of the dns kind), in ring order."""
         cols = zip(recs["ts_ns"].tolist(), recs["sock_ino"].tolist(), recs["direction"].tolist(),
                    recs["len"].tolist(), recs["size"].tolist(), recs["flags"].tolist(),
-                   recs["transport"].tolist(), recs["data"])
-        for ts_ns, ino, direction, n, size, flags, transport, data in cols:
+                   recs["transport"].tolist(), recs["data"], servers(recs))
+        for ts_ns, ino, direction, n, size, flags, transport, data, server in cols:
             egress, failed = direction == tcp_h.DIR_EGRESS, bool(flags & _READ_FAILED)
             if transport != tcp_h.TRANSPORT_TCP:
-                self._one(ts_ns, ino, egress, bytes(data)[:n], n >= size, failed)
+                self._one(ts_ns, ino, server, egress, bytes(data)[:n], n >= size, failed)
                 continue
             stream = self._streams.pop((ino, egress), None) or Stream()
             self._streams[(ino, egress)] = stream                    # the most recent last
             if len(self._streams) > MAX_STREAMS:
                 self._streams.popitem(last=False)
             for msg, complete in stream.feed(b"" if failed else bytes(data)[:n], size):
-                self._one(ts_ns, ino, egress, msg, complete, False)
+                self._one(ts_ns, ino, server, egress, msg, complete, False)
             if stream.broken and not stream.counted:
                 stream.counted = True
                 with self._lock:
                     self._malformed += 1
         self.expire()
 
-    def _one(self, ts_ns: int, ino: int, egress: bool, data: bytes, complete: bool, read_failed: bool) -> None:
+    def _one(self, ts_ns: int, ino: int, server: tuple, egress: bool, data: bytes, complete: bool,
+             read_failed: bool) -> None:
         try:
             if read_failed:
                 raise ValueError("unreadable")
@@ -179,16 +217,20 @@ class DnsTracker:
         with self._lock:
             if not m.response:
                 if egress:                              # a query sent: await its answer
-                    self._pending.pop(key, None)
-                    self._pending[key] = ts_ns
+                    # the same id again on the socket: a retry, or the same
+                    # query to another server (musl asks every nameserver)
+                    _sent, to = self._pending.pop(key, (0, set()))
+                    to.add(server)
+                    self._pending[key] = (ts_ns, to)
                     if len(self._pending) > MAX_PENDING:
                         self._pending.popitem(last=False)
-                        self._queries["timeout"] += 1
+                        self._queries[LOST] += 1
                 return
-            sent = self._pending.pop(key, None) if not egress else None
-            if sent is None:
+            sent, to = self._pending.get(key, (None, ())) if not egress else (None, ())
+            if server not in to:                        # no such query, or not to this server
                 self._unmatched += 1
                 return
+            del self._pending[key]
             self._queries[m.rcode] += 1
             seconds = max(ts_ns - sent, 0) / 1e9
             self._sum += seconds
@@ -198,15 +240,23 @@ class DnsTracker:
             self._buckets[-1] += 1
 
     def expire(self, now_ns: Optional[int] = None) -> None:
-        """Count the queries unanswered for longer than the timeout."""
-        limit = (self.clock() if now_ns is None else now_ns) - self.timeout_ns
+        """Count the queries unanswered for longer than the timeout: a
+        timeout, or lost when the ring dropped records since it was sent."""
+        try:
+            drops = self.drops() if self.drops else 0
+        except OSError:                         # the maps are gone (closing): as last read
+            drops = self._drops_seen
+        seen = self.clock()                     # after the read: a drop it shows happened before
+        limit = (seen if now_ns is None else now_ns) - self.timeout_ns
         with self._lock:
+            if drops != self._drops_seen:
+                self._drops_seen, self._drop_ns = drops, seen
             while self._pending:
-                key, sent = next(iter(self._pending.items()))
+                key, (sent, _to) = next(iter(self._pending.items()))
                 if sent > limit:
                     break
                 del self._pending[key]
-                self._queries["timeout"] += 1
+                self._queries[LOST if sent < self._drop_ns else TIMEOUT] += 1
 
     def snapshot(self) -> Counts:
         self.expire()
