@@ -48,6 +48,7 @@ def one_run(ns: str, a, mport: int = 0, cfg: str = "") -> dict:
         out["drained"] = int(label_values(d, "nettap_ringbuf_records_drained_total").get("dns", 0))
         out["dropped"] = int(label_values(d, "nettap_ringbuf_drops_total").get("dns", 0))
         out["rcodes"] = {k: int(v) for k, v in label_values(d, "nettap_dns_queries_total").items() if v}
+        out["unmatched"] = int(d.get("nettap_dns_responses_unmatched_total", 0))
     return out
 
 
@@ -106,6 +107,7 @@ def main() -> int:
     print(f"  counted lost       {run['rcodes'].get('lost', 0):>9}")
     print(f"  counted timeout    {run['rcodes'].get('timeout', 0):>9}   (client unanswered: "
           f"{run['sent'] - run['answered']})")
+    print(f"  answers unmatched  {run['unmatched']:>9}   (their query's record dropped)")
     print(f"  rcodes             {run['rcodes']}")
     return 0
 
