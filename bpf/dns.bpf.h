@@ -27,27 +27,44 @@
 #define DNS_MMSG       4  /* messages of one sendmmsg looked at (glibc sends 2: A and AAAA) */
 #define MMSGHDR_STRIDE 64 /* sizeof(struct mmsghdr): a user_msghdr and an unsigned int, padded */
 
-/* Sockets a query went out from, so their answers are taken: an unconnected
- * socket (sendto) says nothing of its peer until a datagram arrives. By
- * inode, not by address: a sock freed and its memory reused for another
- * must not inherit the mark. */
+/* A peer a UDP query went to: an answer is taken only from it. */
+#define DNS_PEERS 4 /* peers a socket remembers (musl asks each nameserver from one socket) */
+struct dns_peer {
+	__u64 addr[2]; /* IPv4 (or IPv4-mapped IPv6): its 4 bytes first, the rest 0 */
+	__u16 port;    /* host order */
+	__u16 v4;      /* addr is an IPv4 address */
+	__u16 pad[2];
+};
+
+struct dns_peers {
+	struct dns_peer p[DNS_PEERS];
+	__u32 next; /* the slot a new peer takes, round robin */
+	__u32 pad;
+};
+
+/* UDP sockets a query went out from, and where to: their answers are taken
+ * from those peers only (a datagram from anyone else, or one that is not
+ * DNS, is never recorded). An unconnected socket (sendto) says nothing of
+ * its peer until a datagram arrives. By inode, not by address: a sock freed
+ * and its memory reused for another must not inherit the mark. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u64); /* the socket's inode number */
-	__type(value, __u8);
+	__type(value, struct dns_peers);
 } dns_socks SEC(".maps");
 
 /* A receive on such a socket, from its entry to its return, by thread. */
 struct dns_call {
 	__u64 sk;
 	__u64 ino;
-	__u64 buf;	   /* the user buffer the datagram lands in */
-	__u64 addr;	   /* the user sockaddr the kernel writes the peer to, or 0 */
-	__u64 task_start;  /* the thread's start_time: a reused thread id is not it */
-	long nr;	   /* the syscall's number: its return must be the same call's */
-	__u32 tcp;	   /* a TCP socket (its bytes are a stream) */
-	__u32 addr_kernel; /* addr is kernel memory (the kernel-function programs') */
+	__u64 buf;		/* the user buffer the datagram lands in */
+	__u64 addr;		/* the user sockaddr the kernel writes the peer to, or 0 */
+	__u64 task_start;	/* the thread's start_time: a reused thread id is not it */
+	struct dns_peer queued; /* UDP, no address asked, not connected: queued_peer at entry */
+	long nr;		/* the syscall's number: its return must be the same call's */
+	__u32 tcp;		/* a TCP socket (its bytes are a stream) */
+	__u32 addr_kernel;	/* addr is kernel memory (the kernel-function programs') */
 };
 
 struct {
@@ -140,12 +157,165 @@ static __always_inline long read_sockaddr(void *dst, __u32 size, __u64 addr, boo
 	return bpf_probe_read_user(dst, size, (void *)addr);
 }
 
+/* Does a UDP datagram's start look like a DNS message of its direction: a
+ * header (RFC 1035 4.1.1) with one question, and QR set on an answer
+ * (received) and clear on a query (sent)? User space parses the rest. */
+static __always_inline bool dns_header_ok(const __u8 *data, __u64 n, __u8 direction)
+{
+	if (n < 12 || data[4] != 0 || data[5] != 1)
+		return false;
+	return !!(data[2] & 0x80) == (direction == NETTAP_DIR_INGRESS);
+}
+
+/* An IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4 address: a
+ * dual-stack socket may name its server either way. */
+static __always_inline void peer_unmap(struct dns_peer *p)
+{
+	if (p->addr[0] == 0 && (__u32)p->addr[1] == bpf_htonl(0xffff)) {
+		p->addr[0] = p->addr[1] >> 32;
+		p->addr[1] = 0;
+		p->v4 = 1;
+	}
+}
+
+/* The peer a socket address names (sendto's, or the one recvfrom wrote;
+ * in kernel memory when kernel); false when it names none. *p zeroed. */
+static __always_inline bool sockaddr_peer(struct dns_peer *p, __u64 addr, bool kernel)
+{
+	struct user_sockaddr sa = {};
+
+	if (!addr || read_sockaddr(&sa, 8, addr, kernel))
+		return false;
+	if (sa.family == AF_INET) {
+		p->addr[0] = sa.v4;
+		p->v4 = 1;
+	} else if (sa.family != AF_INET6 || read_sockaddr(p->addr, 16, addr + 8, kernel)) {
+		return false;
+	}
+	p->port = bpf_ntohs(sa.port);
+	peer_unmap(p);
+	return true;
+}
+
+/* The peer a socket is connected to (port 0: none). *p zeroed. */
+static __always_inline void sock_peer(struct dns_peer *p, struct sock *sk)
+{
+	if (BPF_CORE_READ(sk, __sk_common.skc_family) == AF_INET6) {
+		bpf_core_read(p->addr, 16, &sk->__sk_common.skc_v6_daddr);
+	} else {
+		p->addr[0] = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+		p->v4 = 1;
+	}
+	p->port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	peer_unmap(p);
+}
+
+/* The sender of the datagram a receive on a UDP socket would read now: the
+ * first one queued (reader_queue, else sk_receive_queue, as __skb_recv_udp
+ * takes them), from its IP and UDP headers. Port 0 when none is queued. For
+ * a receive that asks no sender's address on a socket not connected: read at
+ * its entry (a receive that finds nothing queued and waits is not taken). */
+static __always_inline void queued_peer(struct dns_peer *p, struct sock *sk)
+{
+	struct udp_sock *up = (struct udp_sock *)sk;
+	struct sk_buff *skb = BPF_CORE_READ(up, reader_queue.next);
+	unsigned char *head;
+	__u16 nh, th;
+	__be16 port = 0;
+	__u8 ver = 0;
+
+	if (!skb || (void *)skb == (void *)&up->reader_queue) {
+		skb = BPF_CORE_READ(sk, sk_receive_queue.next);
+		if (!skb || (void *)skb == (void *)&sk->sk_receive_queue)
+			return;
+	}
+	head = BPF_CORE_READ(skb, head);
+	nh = BPF_CORE_READ(skb, network_header);
+	th = BPF_CORE_READ(skb, transport_header);
+	if (bpf_probe_read_kernel(&ver, 1, head + nh) || bpf_probe_read_kernel(&port, 2, head + th))
+		return;
+	if (ver >> 4 == 4) { /* struct iphdr: saddr at 12 */
+		if (bpf_probe_read_kernel(p->addr, 4, head + nh + 12))
+			return;
+		p->v4 = 1;
+	} else if (ver >> 4 != 6 || bpf_probe_read_kernel(p->addr, 16, head + nh + 8)) {
+		return; /* struct ipv6hdr: saddr at 8 */
+	}
+	p->port = bpf_ntohs(port);
+	peer_unmap(p);
+}
+
+/* The peer of a UDP send or receive: the address the call names, else the
+ * socket's own. */
+static __always_inline void udp_peer(struct dns_peer *p, struct sock *sk, __u64 addr, bool kernel)
+{
+	if (!sockaddr_peer(p, addr, kernel))
+		sock_peer(p, sk);
+}
+
+static __always_inline bool peer_eq(const struct dns_peer *a, const struct dns_peer *b)
+{
+	return a->addr[0] == b->addr[0] && a->addr[1] == b->addr[1] && a->port == b->port;
+}
+
+/* Remember that socket ino sent a query to p. */
+static __always_inline void dns_remember(__u64 ino, const struct dns_peer *p)
+{
+	struct dns_peers *v = bpf_map_lookup_elem(&dns_socks, &ino);
+	struct dns_peers fresh = {};
+	__u32 i;
+
+	if (!v) {
+		fresh.p[0] = *p;
+		fresh.next = 1;
+		bpf_map_update_elem(&dns_socks, &ino, &fresh, BPF_ANY);
+		return;
+	}
+	for (i = 0; i < DNS_PEERS; i++)
+		if (peer_eq(&v->p[i], p))
+			return;
+	i = v->next;
+	v->p[i & (DNS_PEERS - 1)] = *p;
+	v->next = i + 1;
+}
+
+/* Did socket ino send a query to p? (Port 0: no peer known, as a free
+ * slot.) */
+static __always_inline bool dns_peer_known(__u64 ino, const struct dns_peer *p)
+{
+	struct dns_peers *v;
+
+	if (!p->port)
+		return false;
+	v = bpf_map_lookup_elem(&dns_socks, &ino);
+	if (!v)
+		return false;
+	for (__u32 i = 0; i < DNS_PEERS; i++)
+		if (peer_eq(&v->p[i], p))
+			return true;
+	return false;
+}
+
+/* The record's peer: a queued datagram's sender (queued_peer), as the
+ * kernel would tell it to the socket (IPv4-mapped on an IPv6 socket). */
+static __always_inline void record_peer(struct nettap_dns *r, const struct dns_peer *p)
+{
+	r->dport = p->port;
+	__builtin_memcpy(r->daddr, p->addr, sizeof(r->daddr));
+	if (p->v4 && r->family == AF_INET6) {
+		__builtin_memset(r->daddr, 0, 10);
+		r->daddr[10] = r->daddr[11] = 0xff;
+		__builtin_memcpy(&r->daddr[12], p->addr, 4);
+	}
+}
+
 /* Publish one message of size bytes at user address buf. peer: the
  * sockaddr naming the other end (sendto's, or what recvfrom wrote; in
- * kernel memory when peer_kernel), or 0 for the socket's own peer. */
+ * kernel memory when peer_kernel), or 0 for the socket's own peer, or
+ * queued's when it has a port. */
 static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, __u64 size,
 					__u64 peer, bool peer_kernel, __u8 direction, bool tcp,
-					const bool btf)
+					const struct dns_peer *queued, const bool btf)
 {
 	struct nettap_probe_counters *c = counters(NETTAP_PROBE_DNS);
 	__u64 id = bpf_get_current_pid_tgid();
@@ -153,12 +323,12 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 	struct nettap_dns *r;
 	__u64 n = size;
 
-	if (c) {
-		__sync_fetch_and_add(&c->calls, 1);
-		__sync_fetch_and_add(&c->bytes, size);
-	}
 	r = bpf_ringbuf_reserve(&dns, sizeof(*r), 0);
 	if (!r) {
+		if (c) {
+			__sync_fetch_and_add(&c->calls, 1);
+			__sync_fetch_and_add(&c->bytes, size);
+		}
 		count_drop(NETTAP_RING_DNS, 1);
 		return;
 	}
@@ -186,6 +356,8 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 			r->dport = bpf_ntohs(sa.port);
 		}
 	}
+	if (queued && queued->port)
+		record_peer(r, queued);
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	barrier_var(n);
 	if (n > NETTAP_DNS_DATA)
@@ -194,24 +366,24 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 	if (bpf_probe_read_user(r->data, n, (void *)buf)) {
 		__builtin_memset(r->data, 0, sizeof(r->data));
 		r->flags = NETTAP_CHUNK_F_READ_FAILED;
+	} else if (!tcp && !dns_header_ok(r->data, n, direction)) {
+		bpf_ringbuf_discard(r, BPF_RB_NO_WAKEUP); /* not DNS: never recorded */
+		return;
 	}
-	if (c)
+	if (c) {
+		__sync_fetch_and_add(&c->calls, 1);
+		__sync_fetch_and_add(&c->bytes, size);
 		__sync_fetch_and_add(&c->chunks, 1);
-	bpf_ringbuf_submit(r, 0);
+	}
+	/* The reader is woken once a quarter of the ring is pending, as for
+	 * the capture rings (conn.bpf.h), else drains on its poll timer. */
+	bpf_ringbuf_submit(r, wakeup_flags(&dns, NETTAP_RING_DNS,
+					   bpf_ringbuf_query(&dns, BPF_RB_RING_SIZE) / 4));
 }
 
-/* The peer's port of a send: the address it names (in kernel memory when
- * addr_kernel), else the socket's. */
-static __always_inline __u16 send_port(struct sock *sk, __u64 addr, const bool addr_kernel,
-				       const bool btf)
+/* The port of a socket's peer (0: not connected). */
+static __always_inline __u16 sock_port(struct sock *sk, const bool btf)
 {
-	struct user_sockaddr sa = {};
-
-	if (addr) {
-		if (read_sockaddr(&sa, 4, addr, addr_kernel))
-			return 0;
-		return (sa.family == AF_INET || sa.family == AF_INET6) ? bpf_ntohs(sa.port) : 0;
-	}
 	return bpf_ntohs(btf ? sk->__sk_common.skc_dport
 			     : BPF_CORE_READ(sk, __sk_common.skc_dport));
 }
@@ -223,15 +395,21 @@ static __always_inline int dns_send(unsigned long fd, __u64 buf, __u64 len, __u6
 	struct file *file = NULL;
 	bool tcp = false;
 	struct sock *sk = dns_fd_sock(fd, &file, &tcp, btf);
-	__u8 one = 1;
+	struct dns_peer peer = {};
 	__u64 ino;
 
-	if (!sk || send_port(sk, tcp ? 0 : addr, false, btf) != DNS_PORT)
+	if (!sk)
+		return 0;
+	if (tcp) /* a connected TCP socket's peer says where its answers come from */
+		peer.port = sock_port(sk, btf);
+	else
+		udp_peer(&peer, sk, addr, false);
+	if (peer.port != DNS_PORT)
 		return 0;
 	ino = file_ino(file);
-	if (!tcp) /* a connected TCP socket's peer says where its answers come from */
-		bpf_map_update_elem(&dns_socks, &ino, &one, BPF_ANY);
-	dns_publish(sk, ino, buf, len, tcp ? 0 : addr, false, NETTAP_DIR_EGRESS, tcp, btf);
+	if (!tcp)
+		dns_remember(ino, &peer);
+	dns_publish(sk, ino, buf, len, tcp ? 0 : addr, false, NETTAP_DIR_EGRESS, tcp, NULL, btf);
 	return 0;
 }
 
@@ -250,10 +428,11 @@ static __always_inline void msg_first(struct user_msghdr *m, __u64 *name, __u64 
 }
 
 /* Is a receive on this socket (inode ino) one of DNS: a UDP socket that
- * sent a query, or a TCP socket connected to port 53? */
-static __always_inline bool dns_recv_sock(struct sock *sk, __u64 ino, const bool btf)
+ * sent a query (its answer's sender is checked at the return), or a TCP
+ * socket connected to port 53? */
+static __always_inline bool dns_recv_sock(struct sock *sk, __u64 ino, bool tcp, const bool btf)
 {
-	return bpf_map_lookup_elem(&dns_socks, &ino) || send_port(sk, 0, false, btf) == DNS_PORT;
+	return tcp ? sock_port(sk, btf) == DNS_PORT : !!bpf_map_lookup_elem(&dns_socks, &ino);
 }
 
 /* Keep a DNS receive's entry until its return (dns_recv_return): nr names
@@ -276,6 +455,8 @@ static __always_inline int dns_keep(long nr, struct sock *sk, __u64 ino, __u64 b
 	call.nr = nr;
 	call.tcp = tcp;
 	call.addr_kernel = addr_kernel;
+	if (!tcp && !addr && !sock_port(sk, false))
+		queued_peer(&call.queued, sk);
 	/* An entry left by a call whose return was not seen (the programs
 	 * detached meanwhile) is this thread's: replaced, counted once. */
 	old = bpf_map_lookup_elem(&dns_calls, &id);
@@ -299,7 +480,7 @@ static __always_inline int dns_recv(long nr, unsigned long fd, __u64 buf, __u64 
 	if (!sk)
 		return 0;
 	ino = file_ino(file);
-	if (!dns_recv_sock(sk, ino, btf))
+	if (!dns_recv_sock(sk, ino, tcp, btf))
 		return 0;
 	return dns_keep(nr, sk, ino, buf, addr, false, tcp);
 }
@@ -323,8 +504,17 @@ static __always_inline int dns_recv_return(long nr, long ret, const bool btf)
 	counters_add_returns(NETTAP_PROBE_DNS);
 	if (ret <= 0)
 		return 0;
+	if (!c.tcp) { /* from a peer the socket sent a query to, or not taken */
+		struct dns_peer peer = {};
+
+		udp_peer(&peer, (struct sock *)c.sk, c.addr, c.addr_kernel);
+		if (!peer.port)
+			peer = c.queued;
+		if (!dns_peer_known(c.ino, &peer))
+			return 0;
+	}
 	dns_publish((struct sock *)c.sk, c.ino, c.buf, ret, c.tcp ? 0 : c.addr, c.addr_kernel,
-		    NETTAP_DIR_INGRESS, c.tcp, false);
+		    NETTAP_DIR_INGRESS, c.tcp, &c.queued, false);
 	return 0;
 }
 

@@ -106,30 +106,34 @@ static __always_inline int dns_sock_send(struct socket *sock, struct msghdr *msg
 {
 	struct nettap_capture_config *cfg = active_config();
 	struct msg_bufs bufs = {};
+	struct dns_peer peer = {};
 	__u64 name = 0, ino;
 	bool tcp = false;
 	struct sock *sk;
-	__u8 one = 1;
 
 	if (!cfg)
 		return 0;
 	sk = dns_socket_sock(sock, &tcp, fast);
 	if (!sk)
 		return 0;
-	if (!tcp)
+	if (tcp) {
+		peer.port = sock_port(sk, fast);
+	} else {
 		name = (__u64)BPF_CORE_READ(msg, msg_name);
-	if (send_port(sk, name, true, fast) != DNS_PORT || !dns_sock_taken(cfg, sk, fast))
+		udp_peer(&peer, sk, name, true);
+	}
+	if (peer.port != DNS_PORT || !dns_sock_taken(cfg, sk, fast))
 		return 0;
 	ino = socket_ino(sock, fast);
 	if (!tcp)
-		bpf_map_update_elem(&dns_socks, &ino, &one, BPF_ANY);
+		dns_remember(ino, &peer);
 	msg_iter_read(msg, &bufs);
 	for (__u32 i = 0; i < DNS_MMSG; i++) {
 		__u64 len = 0, buf = msg_buffer(&bufs, i, &len);
 
 		if (!buf)
 			break;
-		dns_publish(sk, ino, buf, len, name, true, NETTAP_DIR_EGRESS, tcp, fast);
+		dns_publish(sk, ino, buf, len, name, true, NETTAP_DIR_EGRESS, tcp, NULL, fast);
 		if (!tcp)
 			break;
 	}
@@ -151,11 +155,10 @@ static __always_inline int dns_sock_recv(long nr, struct socket *sock, struct ms
 		return 0;
 	sk = dns_socket_sock(sock, &tcp, fast);
 	/* a TCP socket's port first (cheap); a UDP socket's mark needs its inode */
-	if (!sk || (tcp && send_port(sk, 0, false, fast) != DNS_PORT) ||
-	    !dns_sock_taken(cfg, sk, fast))
+	if (!sk || (tcp && sock_port(sk, fast) != DNS_PORT) || !dns_sock_taken(cfg, sk, fast))
 		return 0;
 	ino = socket_ino(sock, fast);
-	if (!dns_recv_sock(sk, ino, fast))
+	if (!dns_recv_sock(sk, ino, tcp, fast))
 		return 0;
 	msg_iter_read(msg, &bufs);
 	buf = msg_buffer(&bufs, 0, &len);

@@ -458,7 +458,7 @@ struct NETTAP_RECORD("dlopen", "dlopen") nettap_dlopen {
 };
 
 /* ring dns: a DNS message a captured workload sent to UDP port 53, or received
- * on a socket it sent one from, or the bytes of one call on its TCP connection
+ * from a server it sent one to, or the bytes of one call on its TCP connection
  * to port 53 (messages there are framed by a 2-byte length: user space
  * reassembles them), at its syscall (bpf/dns.bpf.h); pid the caller's,
  * conn_id 0 (sock_ino names the socket). */

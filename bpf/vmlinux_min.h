@@ -105,8 +105,15 @@ typedef struct {
 	int owned; /* sock_owned_by_user() */
 } socket_lock_t;
 
+struct sk_buff;
+
+struct sk_buff_head {
+	struct sk_buff *next; /* the list's head itself when it is empty */
+};
+
 struct sock {
 	struct sock_common __sk_common;
+	struct sk_buff_head sk_receive_queue;
 	socket_lock_t sk_lock;
 	struct timer_list sk_timer; /* a TCP socket's keepalive timer */
 	__u16 sk_type;
@@ -145,6 +152,15 @@ struct tcp_sock {
 struct sk_buff {
 	unsigned int len;
 	unsigned char *data;
+	unsigned char *head;
+	__u16 transport_header; /* offsets from head */
+	__u16 network_header;
+};
+
+/* UDP's second receive queue (Linux 4.13): a receive takes from it first,
+ * and moves sk_receive_queue into it when it is empty (__skb_recv_udp). */
+struct udp_sock {
+	struct sk_buff_head reader_queue;
 };
 
 struct inet_sock {

@@ -20,7 +20,8 @@ ringbuf_drops map, bad records in ``lost['decode']``, failed writes in
 ``lost['sink']``.
 
 Each ring is drained when its producer wakes the reader (a quarter of the
-ring pending: exporter.capture.filter.wakeup_thresholds) or every
+ring pending: exporter.capture.filter.wakeup_thresholds; the segments and
+dns rings' programs take a quarter of their ring's size themselves) or every
 ``poll_interval`` (the latency of a quiet ring's records), whichever comes
 first.
 

@@ -66,7 +66,7 @@ class Nettap:
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
         self.target_watch: Optional[capture_filter.TargetWatch] = None
-        self.dns = DnsTracker()
+        self.dns = DnsTracker(drops=lambda: self._drops.sum(RINGS.index("dns"))[""])
         try:
             fds = self.probes.map_fds
             self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)

@@ -146,8 +146,8 @@ class DnsCollector(Collector):
 
     SPECS = [
         (CounterMetricFamily, "nettap_dns_queries",
-         "DNS queries captured workloads sent over UDP, by the answer's response code, or timeout when none "
-         "came within 5 s.", ["rcode"]),
+         "DNS queries captured workloads sent, by the answer's response code (other: one not named), or "
+         "timeout when none came within 5 s, or lost when the dns ring dropped records meanwhile.", ["rcode"]),
         (HistogramMetricFamily, "nettap_dns_latency_seconds",
          "Seconds from a captured DNS query to its answer (answered queries).", []),
         (CounterMetricFamily, "nettap_dns_malformed",
@@ -156,7 +156,7 @@ class DnsCollector(Collector):
          "DNS answers captured workloads received for no query seen on that socket (sent before capture, "
          "or answered after the timeout).", []),
     ]
-    RCODES = ("NOERROR", "NXDOMAIN", "SERVFAIL", "REFUSED", "timeout")
+    RCODES = ("NOERROR", "NXDOMAIN", "SERVFAIL", "REFUSED", "timeout", "lost")
 
     def __init__(self, read: Callable[[], "object"], buckets: tuple):
         self.read, self.buckets = read, buckets

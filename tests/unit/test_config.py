@@ -58,14 +58,14 @@ def test_full_config():
         max_payload_bytes=65736,
         output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640, "/var/log/nettap"),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20),
-               ("dlopen", 64 << 10), ("segments", 256 << 10), ("dns", 128 << 10)),
+               ("dlopen", 64 << 10), ("segments", 256 << 10), ("dns", 1 << 20)),
         bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug", dns=True)
 
 
 def test_full_config_accessors():
     cfg = config.loads(FULL)
     assert cfg.ring_bytes == {"capture_chunks": 1 << 30, "capture_eof": 4096, "logs": 8192, "obs_events": 1 << 20,
-                              "dlopen": 64 << 10, "segments": 256 << 10, "dns": 128 << 10}
+                              "dlopen": 64 << 10, "segments": 256 << 10, "dns": 1 << 20}
     assert [str(t) for t in cfg.captures] == [
         "pid=4242", "cgroup=/sys/fs/cgroup/system.slice/nginx.service", "netns=/var/run/netns/blue",
         "netns=4026531840", "port=443 (segments)"]
@@ -89,14 +89,14 @@ def test_default_values():
         (), 4096, False, "own", "info")
     assert d.output == Output("none", None, 100 << 20, 3, 4 << 20)
     assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
-                            "dlopen": 64 << 10, "segments": 256 << 10, "dns": 128 << 10}
+                            "dlopen": 64 << 10, "segments": 256 << 10, "dns": 1 << 20}
 
 
 def test_partial_sections_keep_defaults():
     cfg = config.loads("output: {type: stdout}\nrings: {logs: 4096}\ndiagnostics: {bpfStats: {enabled: true}}\n")
     assert cfg.output == Output("stdout", None, 100 << 20, 3, 4 << 20)
     assert cfg.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 4096, "obs_events": 1 << 20,
-                              "dlopen": 64 << 10, "segments": 256 << 10, "dns": 128 << 10}
+                              "dlopen": 64 << 10, "segments": 256 << 10, "dns": 1 << 20}
     assert (cfg.bpf_stats_enabled, cfg.bpf_stats_scope) == (True, "own")
 
 
