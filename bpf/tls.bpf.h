@@ -11,7 +11,12 @@
  * calls, so a TLS call is captured exactly when its TCP calls are (the same
  * targets, decided by the same filter). A read libssl serves from its own
  * buffer makes no TCP call: the socket learnt last time for that SSL object
- * of that process is kept in tls_socks.
+ * of that process is kept in tls_socks, with its connection's id. That
+ * association ends with the object (SSL_free), at its reset for another
+ * connection (SSL_clear, which SSL_new calls too: an object born at a freed
+ * one's address starts with none), and is used only while its connection is
+ * the one in capture_conns: it never outlives the connection, and a
+ * connection no target names never takes a captured one's identity.
  */
 #ifndef NETTAP_TLS_BPF_H
 #define NETTAP_TLS_BPF_H
@@ -51,13 +56,18 @@ struct tls_sock_key {
 	__u32 pad;
 };
 
+struct tls_sock {
+	__u64 sk;      /* the socket */
+	__u64 conn_id; /* its connection's id (struct conn) when learnt */
+};
+
 /* (process, SSL object) -> its socket, as its last TCP call inside a TLS
  * call told it; the least recently used go first. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, struct tls_sock_key);
-	__type(value, __u64);
+	__type(value, struct tls_sock);
 } tls_socks SEC(".maps");
 
 /* TLS calls in flight per slot of the thread id (inflight_slot's), so the
