@@ -13,12 +13,15 @@
 #include <bpf/bpf_tracing.h>
 #include "emit.bpf.h"
 
+#define EEXIST 17
+
 static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 outp, __u32 ex)
 {
 	struct nettap_capture_config *cfg = active_config();
 	__u64 id = bpf_get_current_pid_tgid();
 	struct tls_key key = { .pid_tgid = id, .probe = probe };
 	struct tls_call call = { .ssl = ssl, .buf = buf, .outp = outp, .ex = ex };
+	long err;
 
 	if (!cfg)
 		return 0;
@@ -27,10 +30,14 @@ static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 ou
 		return 0;
 	if (probe == NETTAP_PROBE_SSL_HANDSHAKE)
 		call.start_ns = bpf_ktime_get_ns();
-	if (!bpf_map_update_elem(&tls_calls, &key, &call, BPF_NOEXIST))
+	err = bpf_map_update_elem(&tls_calls, &key, &call, BPF_NOEXIST);
+	if (!err)
 		__sync_fetch_and_add(tls_slot(id), 1);
-	else /* left by a return that never ran, or TLS inside TLS: the inner call */
+	else if (err == -EEXIST) /* left by a return that never ran (longjmp), or TLS
+				  * inside TLS: the inner call */
 		bpf_map_update_elem(&tls_calls, &key, &call, BPF_EXIST);
+	else /* full, or no memory: this call is not followed */
+		count_insert_failure(NETTAP_MAP_TLS_CALLS);
 	return 0;
 }
 

@@ -41,7 +41,9 @@ struct tls_call {
 };
 
 /* Per thread and probe: the TLS call between its entry and its return. A
- * thread that dies inside a call leaves its entry until its id is reused. */
+ * thread that dies inside a call (its return never runs) has its entries
+ * removed as it ends (tls_thread_end); an insert refused is counted
+ * (map_insert_failures). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -100,6 +102,28 @@ static __always_inline void tls_learn(__u64 pid_tgid, __u64 sk)
 	f = bpf_map_lookup_elem(&tls_calls, &key);
 	if (f && !f->sk)
 		f->sk = sk;
+}
+
+/* A thread ends (inflight_exit, tcp.bpf.c): the TLS calls it was inside go
+ * with it, so no dead thread holds an entry of tls_calls (4,096 of them
+ * stopped TLS capture for everyone) or a count in its slot. One load when
+ * it had none. */
+static __always_inline void tls_thread_end(__u64 pid_tgid)
+{
+	struct tls_key key = { .pid_tgid = pid_tgid };
+	__u32 *slot = tls_slot(pid_tgid);
+
+	if (!*slot)
+		return;
+	key.probe = NETTAP_PROBE_SSL_WRITE;
+	if (!bpf_map_delete_elem(&tls_calls, &key))
+		__sync_fetch_and_add(slot, -1);
+	key.probe = NETTAP_PROBE_SSL_READ;
+	if (!bpf_map_delete_elem(&tls_calls, &key))
+		__sync_fetch_and_add(slot, -1);
+	key.probe = NETTAP_PROBE_SSL_HANDSHAKE;
+	if (!bpf_map_delete_elem(&tls_calls, &key))
+		__sync_fetch_and_add(slot, -1);
 }
 
 #endif /* NETTAP_TLS_BPF_H */

@@ -5,6 +5,7 @@ the peers sent."""
 import base64
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from collections import defaultdict
@@ -13,7 +14,7 @@ import pytest
 
 from conftest import emulated, streams
 from exporter.commands import cli
-from exporter.kernel import tls
+from exporter.kernel import maps, tls
 from procs import free_port, wait_for
 from traffic import payload
 
@@ -478,3 +479,102 @@ def test_an_ssl_objects_socket_is_forgotten_when_its_connection_ends(nettap_run,
     assert [l["len"] for l in client_in] == [10], client_in
     destroyed = {l["conn_id"] for l in lines if l["type"] == "destroy"}
     assert client_in[0]["conn_id"] and client_in[0]["conn_id"] in destroyed
+
+
+STALL_SERVER = r"""
+import socket, ssl, sys, threading
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+ctx.num_tickets = 0                # nothing sent after the handshake: the clients' reads block
+lsn = socket.create_server(("127.0.0.1", int(sys.argv[3])))
+held = []
+print("listening", flush=True)
+while True:
+    c, _ = lsn.accept()
+    held.append(ctx.wrap_socket(c, server_side=True))
+"""
+
+# n threads blocked in SSL_read (SSL_read_ex) on one connection of a server
+# that never answers.
+BLOCKED_READERS = r"""
+import socket, ssl, sys, threading
+threading.stack_size(256 << 10)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.load_verify_locations(sys.argv[2])
+ctx.check_hostname = False
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
+print("connected", flush=True)
+sys.stdin.readline()
+for _ in range(int(sys.argv[3])):
+    threading.Thread(target=s.recv, args=(1,), daemon=True).start()
+print("started", flush=True)
+sys.stdin.readline()
+"""
+
+
+def tls_calls_left(app) -> int:
+    return maps.count(app.probes.map_fds["tls_calls"], app.probes.map_info["tls_calls"][1])
+
+
+def tls_slots(app):
+    """The per-thread-slot count of TLS calls in flight (bpf/tls.bpf.h:
+    tls_slots, alone in its section .bss.tls)."""
+    name = next(n for n in app.probes.map_fds if n.endswith(".bss.tls"))
+    size = app.probes.map_info[name][2]
+    return struct.unpack(f"<{size // 4}I", maps.lookup(app.probes.map_fds[name], bytes(4), size))
+
+
+def test_threads_killed_inside_ssl_read_leave_no_tls_call_and_a_full_table_is_counted(nettap_run, mode, cert):
+    """Threads SIGKILLed while blocked in SSL_read on a server that never
+    answers, more of them than tls_calls holds (issue 45: such threads' entries
+    stayed, and 4,096 stopped TLS capture for everyone, uncounted): each call
+    that found the table full is counted, the entries end with their threads,
+    and TLS capture works after."""
+    stall, port = free_port(), free_port()
+    run = nettap_run({"captures": [], "capture": {"tls": True}})
+    app = run.app
+    cap = app.probes.map_info["tls_calls"][3]
+    nproc, per = 5, cap // 5 + 50
+    srv = subprocess.Popen([sys.executable, "-c", STALL_SERVER, *cert, str(stall)], stdout=subprocess.PIPE,
+                           text=True)
+    workers = []
+    try:
+        assert srv.stdout.readline().strip() == "listening"
+        for _ in range(nproc):
+            workers.append(subprocess.Popen([sys.executable, "-c", BLOCKED_READERS, str(stall), cert[0], str(per)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        assert [w.stdout.readline().strip() for w in workers] == ["connected"] * nproc
+        assert tls_calls_left(app) == 0 and sum(tls_slots(app)) == 0
+        before = app.map_insert_failures()["tls_calls"]
+        run.apply({"captures": [{"pid": w.pid} for w in workers], "capture": {"tls": True}})
+        for w in workers:
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        assert [w.stdout.readline().strip() for w in workers] == ["started"] * nproc
+        refused = lambda: app.map_insert_failures()["tls_calls"] - before        # noqa: E731
+        # every thread's call either in the table or counted (the kernel checks the
+        # count before it adds to it: two CPUs at once may both get in at the end)
+        wait_for(lambda: tls_calls_left(app) + refused() == nproc * per, 60,
+                 what="every thread inside SSL_read, the table full")
+        full = refused()
+        assert cap <= tls_calls_left(app) < cap + 4 and full > 0
+        for w in workers:
+            w.kill()
+        for w in workers:
+            w.wait(60)
+        wait_for(lambda: tls_calls_left(app) == 0, 30, what="the killed threads' TLS calls gone")
+        assert sum(tls_slots(app)) == 0
+        assert refused() == full
+        # TLS capture works, and a scrape says how many calls found the table full
+        run.apply({"captures": [{"port": port}], "capture": {"tls": True}})
+        _, sent = echo_pair(cert, port, sizes=(100,))
+        lines, _ = run.finish()
+    finally:
+        for p in (srv, *workers):
+            p.kill()
+            p.wait()
+            p.stdout.close()
+    assert sorted(streams(tls_lines(lines), "egress", tls=True).values()) == \
+        sorted([sent, sent.replace(b"small", bytes(range(100)))])
+    assert refused() == full
+    assert tls_calls_left(app) == 0
