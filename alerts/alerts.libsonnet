@@ -109,6 +109,21 @@
           },
         },
         {
+          // A map whose entries capture follows (tls_calls: a TLS call from its entry to its
+          // return) refused an insert: what that entry was for is not captured. A burst still
+          // fires, increase() staying above zero for the whole window.
+          alert: 'NettapBPFMapFull',
+          expr: |||
+            increase(nettap_bpf_map_insert_failures_total{%(nettapSelector)s}[%(rateInterval)s]) > 0
+          ||| % cfg,
+          'for': cfg.mapInsertFailuresFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'A nettap BPF map is full: what its entries follow is not captured.',
+            description: 'Map {{ $labels.map }} of nettap on {{ $labels.instance }} refused {{ printf "%%.0f" $value }} inserts over the last %(rateInterval)s.' % cfg,
+          },
+        },
+        {
           // A probe that no mechanism attached is reported as mechanism="none" (value 0 in
           // exporter/metrics/collectors.py). Match that series whatever its value, unless the same
           // probe is also attached by a real mechanism.

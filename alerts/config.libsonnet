@@ -57,6 +57,9 @@
     pipelineFallingBehindFor: '10m',
     // Records lost after the ring (queue, sink, decode) are data loss too.
     recordsLostFor: '2m',
+    // An insert a map of the capture refused (nettap_bpf_map_insert_failures_total: the map
+    // full) loses capture, as recordsLostFor.
+    mapInsertFailuresFor: '2m',
     // A probe that failed to attach (mechanism="none") captures nothing until fixed.
     probeAttachFailedFor: '5m',
 

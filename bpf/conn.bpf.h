@@ -231,6 +231,15 @@ static __always_inline void count_drop(__u32 ring, __u64 n)
 		__sync_fetch_and_add(d, n);
 }
 
+/* An insert into map (NETTAP_MAP_*) refused: full, or no memory. */
+static __always_inline void count_insert_failure(__u32 map)
+{
+	__u64 *n = bpf_map_lookup_elem(&map_insert_failures, &map);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
 static __always_inline struct nettap_probe_counters *counters(__u32 probe)
 {
 	return bpf_map_lookup_elem(&probe_counters, &probe);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * entry_tls.bpf.h: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read,
- * SSL_read_ex and SSL_do_handshake (OpenSSL 1.1.1 and 3.x), attached by user space to every
- * libssl file it finds (exporter/kernel/tls.py). The plaintext is published
+ * SSL_read_ex and SSL_do_handshake, and on SSL_free and SSL_clear (OpenSSL
+ * 1.1.1 and 3.x), attached by user space to every libssl file it finds (exporter/kernel/tls.py). The plaintext is published
  * at the return, as chunks flagged NETTAP_CHUNK_F_TLS of the socket's
  * connection (tls.bpf.h says how the socket is known), with offsets of
  * their own: a retried or partial write publishes what it wrote, once.
@@ -13,12 +13,15 @@
 #include <bpf/bpf_tracing.h>
 #include "emit.bpf.h"
 
+#define EEXIST 17
+
 static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 outp, __u32 ex)
 {
 	struct nettap_capture_config *cfg = active_config();
 	__u64 id = bpf_get_current_pid_tgid();
 	struct tls_key key = { .pid_tgid = id, .probe = probe };
 	struct tls_call call = { .ssl = ssl, .buf = buf, .outp = outp, .ex = ex };
+	long err;
 
 	if (!cfg)
 		return 0;
@@ -27,22 +30,28 @@ static __always_inline int tls_enter(__u32 probe, __u64 ssl, __u64 buf, __u64 ou
 		return 0;
 	if (probe == NETTAP_PROBE_SSL_HANDSHAKE)
 		call.start_ns = bpf_ktime_get_ns();
-	if (!bpf_map_update_elem(&tls_calls, &key, &call, BPF_NOEXIST))
+	err = bpf_map_update_elem(&tls_calls, &key, &call, BPF_NOEXIST);
+	if (!err)
 		__sync_fetch_and_add(tls_slot(id), 1);
-	else /* left by a return that never ran, or TLS inside TLS: the inner call */
+	else if (err == -EEXIST) /* left by a return that never ran (longjmp), or TLS
+				  * inside TLS: the inner call */
 		bpf_map_update_elem(&tls_calls, &key, &call, BPF_EXIST);
+	else /* full, or no memory: this call is not followed */
+		count_insert_failure(NETTAP_MAP_TLS_CALLS);
 	return 0;
 }
 
 /* The thread's call of probe returned: its state taken (and removed), its
- * socket known (learnt inside it, or earlier for its SSL object) and still
- * a target's; false otherwise. */
-static __always_inline bool tls_take(__u32 probe, struct tls_call *call,
+ * socket known (learnt inside it, or earlier for its SSL object while that
+ * socket's connection lasts) and still a target's, cn its connection (NULL
+ * when the table had no room for it); false otherwise. */
+static __always_inline bool tls_take(__u32 probe, struct tls_call *call, struct conn **cn,
 				     struct nettap_capture_config **cfg, const bool fast)
 {
-	__u64 id = bpf_get_current_pid_tgid(), *known;
+	__u64 id = bpf_get_current_pid_tgid();
 	struct tls_key key = { .pid_tgid = id, .probe = probe };
 	struct tls_sock_key skey = {};
+	struct tls_sock *known, learnt;
 	struct tls_call *f;
 	struct sock *sk;
 
@@ -57,13 +66,26 @@ static __always_inline bool tls_take(__u32 probe, struct tls_call *call,
 	skey.ssl = call->ssl;
 	skey.tgid = id >> 32;
 	if (call->sk) {
-		bpf_map_update_elem(&tls_socks, &skey, &call->sk, BPF_ANY);
+		*cn = bpf_map_lookup_elem(&capture_conns, &call->sk);
+		if (*cn) {
+			learnt.sk = call->sk;
+			learnt.conn_id = (*cn)->id;
+			bpf_map_update_elem(&tls_socks, &skey, &learnt, BPF_ANY);
+		} else { /* no connection to tie it to: nothing kept */
+			bpf_map_delete_elem(&tls_socks, &skey);
+		}
 	} else {
 		/* No TCP call inside: served from libssl's buffer, or not captured. */
 		known = bpf_map_lookup_elem(&tls_socks, &skey);
 		if (!known)
 			return false;
-		call->sk = *known;
+		call->sk = known->sk;
+		*cn = bpf_map_lookup_elem(&capture_conns, &call->sk);
+		if (!*cn || (*cn)->id != known->conn_id) {
+			/* its connection ended (or the address is another's now) */
+			bpf_map_delete_elem(&tls_socks, &skey);
+			return false;
+		}
 	}
 	*cfg = active_config();
 	if (!*cfg)
@@ -79,11 +101,11 @@ static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
 	struct nettap_capture_config *cfg = NULL;
 	struct nettap_probe_counters *c;
 	struct tls_call call = {};
+	struct conn *cn = NULL;
 	struct inflight *in;
-	struct conn *cn;
 	struct sock *sk;
 
-	if (!tls_take(probe, &call, &cfg, fast) || !cfg)
+	if (!tls_take(probe, &call, &cn, &cfg, fast) || !cfg)
 		return 0;
 	c = counters(probe);
 	if (!c)
@@ -99,7 +121,6 @@ static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
 	if (!bytes || bytes > 0x7fffffff)
 		return 0;
 	sk = fast ? KCAST(struct sock, call.sk) : (struct sock *)call.sk;
-	cn = bpf_map_lookup_elem(&capture_conns, &call.sk);
 	if (cn)
 		at = conn_advance(cn, probe, bytes, fast);
 	/* The thread's TCP call scratch: no TCP call is in flight in user space. */
@@ -123,11 +144,11 @@ static __always_inline int tls_handshake_exit(long ret, const bool fast)
 	struct nettap_probe_counters *c;
 	struct nettap_tls_handshake *r;
 	struct tls_call call = {};
-	struct conn *cn;
+	struct conn *cn = NULL;
 	struct sock *sk;
 	__u64 id;
 
-	if (!tls_take(NETTAP_PROBE_SSL_HANDSHAKE, &call, &cfg, fast))
+	if (!tls_take(NETTAP_PROBE_SSL_HANDSHAKE, &call, &cn, &cfg, fast))
 		return 0;
 	c = counters(NETTAP_PROBE_SSL_HANDSHAKE);
 	if (c) {
@@ -140,7 +161,6 @@ static __always_inline int tls_handshake_exit(long ret, const bool fast)
 		return 0;
 	}
 	id = bpf_get_current_pid_tgid();
-	cn = bpf_map_lookup_elem(&capture_conns, &call.sk);
 	r->h.ts_ns = bpf_ktime_get_ns();
 	r->h.conn_id = cn ? cn->id : 0;
 	r->h.kind = NETTAP_KIND_TLS_HANDSHAKE;
@@ -203,6 +223,20 @@ SEC("uretprobe")
 int BPF_KRETPROBE(ssl_handshake_exit_compat, int ret)
 {
 	return tls_handshake_exit(ret, COMPAT);
+}
+
+/* SSL_free, and SSL_clear (an object reset for another connection; SSL_new
+ * calls it too), in every process that maps libssl: the object's socket is
+ * forgotten (tls_socks), so an SSL object that the allocator puts at a freed
+ * one's address, or one reused, never takes the old connection's identity.
+ * Attached before the calls' probes (exporter/kernel/tls.py). */
+SEC("uprobe")
+int BPF_KPROBE(ssl_free, void *ssl)
+{
+	struct tls_sock_key skey = { .ssl = (__u64)ssl, .tgid = bpf_get_current_pid_tgid() >> 32 };
+
+	bpf_map_delete_elem(&tls_socks, &skey);
+	return 0;
 }
 
 /* ring dlopen: a libssl file mapped to run (mmap(2) with PROT_EXEC of a

@@ -93,6 +93,14 @@ struct {
 	__type(value, __u64);
 } ringbuf_drops SEC(".maps");
 
+/* Per CPU and map (NETTAP_MAP_*): inserts the kernel refused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NETTAP_MAP_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} map_insert_failures SEC(".maps");
+
 /* Captured sockets' state changes, resets and errors (struct nettap_obs_counters). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -287,12 +287,14 @@ int BPF_PROG(tcp_rst_recv, struct sock *sk)
  * inside no longer counts in its slot (inflight_slots: the return programs of
  * the threads sharing it would look their state up at every return), and the
  * compat programs' entry for it goes (kept between its calls: inflight_end).
- * The fast programs' task storage goes with the task. */
+ * The fast programs' task storage goes with the task. The TLS calls it was
+ * killed inside go too (tls_thread_end), in both variants. */
 static __always_inline int on_thread_exit(const bool fast)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	struct inflight *in;
 
+	tls_thread_end(id);
 	if (fast) {
 		in = bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
 		if (in)

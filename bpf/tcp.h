@@ -57,6 +57,12 @@
 #define NETTAP_RING_DNS		   6
 #define NETTAP_RING_COUNT	   7
 
+/* Map indexes: rows of the map_insert_failures map, and the `map` label of
+ * nettap_bpf_map_insert_failures_total: a map whose refused insert (full, or
+ * no memory) loses what its entry was for. */
+#define NETTAP_MAP_TLS_CALLS 0 /* a TLS call not followed: its plaintext not captured */
+#define NETTAP_MAP_COUNT     1
+
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
 #define NETTAP_OBS_STATES  0	/* + oldstate * 16 + newstate (TCP states are < 16) */

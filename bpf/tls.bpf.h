@@ -11,7 +11,12 @@
  * calls, so a TLS call is captured exactly when its TCP calls are (the same
  * targets, decided by the same filter). A read libssl serves from its own
  * buffer makes no TCP call: the socket learnt last time for that SSL object
- * of that process is kept in tls_socks.
+ * of that process is kept in tls_socks, with its connection's id. That
+ * association ends with the object (SSL_free), at its reset for another
+ * connection (SSL_clear, which SSL_new calls too: an object born at a freed
+ * one's address starts with none), and is used only while its connection is
+ * the one in capture_conns: it never outlives the connection, and a
+ * connection no target names never takes a captured one's identity.
  */
 #ifndef NETTAP_TLS_BPF_H
 #define NETTAP_TLS_BPF_H
@@ -36,7 +41,9 @@ struct tls_call {
 };
 
 /* Per thread and probe: the TLS call between its entry and its return. A
- * thread that dies inside a call leaves its entry until its id is reused. */
+ * thread that dies inside a call (its return never runs) has its entries
+ * removed as it ends (tls_thread_end); an insert refused is counted
+ * (map_insert_failures). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -51,13 +58,18 @@ struct tls_sock_key {
 	__u32 pad;
 };
 
+struct tls_sock {
+	__u64 sk;      /* the socket */
+	__u64 conn_id; /* its connection's id (struct conn) when learnt */
+};
+
 /* (process, SSL object) -> its socket, as its last TCP call inside a TLS
  * call told it; the least recently used go first. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, struct tls_sock_key);
-	__type(value, __u64);
+	__type(value, struct tls_sock);
 } tls_socks SEC(".maps");
 
 /* TLS calls in flight per slot of the thread id (inflight_slot's), so the
@@ -90,6 +102,28 @@ static __always_inline void tls_learn(__u64 pid_tgid, __u64 sk)
 	f = bpf_map_lookup_elem(&tls_calls, &key);
 	if (f && !f->sk)
 		f->sk = sk;
+}
+
+/* A thread ends (inflight_exit, tcp.bpf.c): the TLS calls it was inside go
+ * with it, so no dead thread holds an entry of tls_calls (4,096 of them
+ * stopped TLS capture for everyone) or a count in its slot. One load when
+ * it had none. */
+static __always_inline void tls_thread_end(__u64 pid_tgid)
+{
+	struct tls_key key = { .pid_tgid = pid_tgid };
+	__u32 *slot = tls_slot(pid_tgid);
+
+	if (!*slot)
+		return;
+	key.probe = NETTAP_PROBE_SSL_WRITE;
+	if (!bpf_map_delete_elem(&tls_calls, &key))
+		__sync_fetch_and_add(slot, -1);
+	key.probe = NETTAP_PROBE_SSL_READ;
+	if (!bpf_map_delete_elem(&tls_calls, &key))
+		__sync_fetch_and_add(slot, -1);
+	key.probe = NETTAP_PROBE_SSL_HANDSHAKE;
+	if (!bpf_map_delete_elem(&tls_calls, &key))
+		__sync_fetch_and_add(slot, -1);
 }
 
 #endif /* NETTAP_TLS_BPF_H */

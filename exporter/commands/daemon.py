@@ -72,6 +72,7 @@ class Nettap:
             self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)
             self._counters = PerCpuArray(fds["probe_counters"], len(PROBE_COUNTER_FIELDS), PROBE_COUNTER_FIELDS)
             self._drops = PerCpuArray(fds["ringbuf_drops"], 1)
+            self._insert_failures = PerCpuArray(fds["map_insert_failures"], 1)
             self._obs = PerCpuArray(fds["obs_counters"], tcp_h.OBS_ROWS)
             # Without a sink the capture rings are counted, not copied out.
             keep = config.output.type != "none"
@@ -94,6 +95,10 @@ class Nettap:
 
     def drops(self) -> Dict[str, int]:
         return {r: self._drops.sum(i)[""] for i, r in enumerate(RINGS)}
+
+    def map_insert_failures(self) -> Dict[str, int]:
+        """Inserts the kernel refused, per map that counts them (bpf/tcp.h NETTAP_MAP_*)."""
+        return {m: self._insert_failures.sum(i)[""] for i, m in enumerate(tcp_h.MAPS)}
 
     def obs_counts(self) -> list:
         """The obs_counters rows (NETTAP_OBS_*), summed over CPUs: OBS_ROWS ints."""
@@ -265,7 +270,7 @@ class Nettap:
                                               lambda: self.config.bpf_stats_scope,
                                               node_walk=self.node_walk.programs),
             "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
-                                 self.known_map_entries),
+                                 self.known_map_entries, self.map_insert_failures),
             "cgroup": CgroupCollector(),
             "targets": capture_filter.TargetsCollector(self.target_maps),
             "config": ReloadCollector(self.reloads),

@@ -36,6 +36,8 @@ RING_DLOPEN = 4
 RING_SEGMENTS = 5
 RING_DNS = 6
 RING_COUNT = 7
+MAP_TLS_CALLS = 0
+MAP_COUNT = 1
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
@@ -95,6 +97,7 @@ NAMES = {
     'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
     'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment', 16: 'dns'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
+    'MAP': {0: 'tls_calls'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake', 5: 'dns'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments', 6: 'dns'},
@@ -104,6 +107,7 @@ NAMES = {
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
+MAPS = ('tls_calls',)
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
 

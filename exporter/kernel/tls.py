@@ -39,6 +39,10 @@ SYMBOLS = {
 }
 # probe -> its return program (the fast variant's name; compat's ends in _compat)
 RETURNS = {"ssl_write": "ssl_write_exit", "ssl_read": "ssl_read_exit", "ssl_handshake": "ssl_handshake_exit"}
+# Where an SSL object's socket is forgotten (bpf/entry_tls.bpf.h ssl_free): its
+# end, and its reset for another connection (SSL_new calls SSL_clear). Attached
+# first, and a file without them is not attached: (symbol, program).
+FORGET = (("SSL_free", "ssl_free"), ("SSL_clear", "ssl_free"))
 # The linker's directories on Debian, Red Hat, Alpine and the like.
 SYSTEM_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib",
                "/lib/*-linux-gnu", "/usr/lib/*-linux-gnu")
@@ -59,7 +63,7 @@ def programs(variant: str) -> list:
     """Every TLS program of a variant (the entries have one variant only)."""
     entries = [prog for syms in SYMBOLS.values() for _sym, prog in syms]
     rets = [p if variant == "fast" else f"{p}_compat" for p in RETURNS.values()]
-    return rets + entries + [MMAP]
+    return rets + entries + list(dict.fromkeys(p for _s, p in FORGET)) + [MMAP]
 
 
 def is_libssl(path: str) -> bool:
@@ -166,6 +170,8 @@ class TlsProbes:
             return True
         made, counts, error = [], {p: 0 for p in PROBES}, ""
         try:
+            for sym, prog in FORGET:
+                made.append(self._link(prog, path, sym, False))
             for probe, syms in SYMBOLS.items():
                 ret = RETURNS[probe] if self.variant == "fast" else f"{RETURNS[probe]}_compat"
                 for sym, entry in syms:

@@ -170,7 +170,7 @@ def fixture_collectors():
                                           lambda: "node"),
         "maps": MapCollector(lambda: {n: m[0] for n, m in MAPS.items()},
                              lambda: {n: m[1] for n, m in MAPS.items()},
-                             lambda: dict(KNOWN_ENTRIES)),
+                             lambda: dict(KNOWN_ENTRIES), lambda: {"tls_calls": 7}),
         "cgroup": CgroupCollector(proc_root=str(cg / "proc"), cgroup_root=str(cg / "sys" / "fs" / "cgroup")),
         "config": ReloadCollector(ReloadState(last_ok=True, last_success=1764460800.0,
                                               successes=3, failures=1)),

@@ -36,4 +36,4 @@ def test_mapped_files_are_found_through_each_process_root(tmp_path):
 def test_programs_of_each_variant():
     assert tls.programs("fast")[:2] == ["ssl_write_exit", "ssl_read_exit"]
     assert tls.programs("compat")[:2] == ["ssl_write_exit_compat", "ssl_read_exit_compat"]
-    assert len(tls.programs("fast")) == 9
+    assert len(tls.programs("fast")) == 10
