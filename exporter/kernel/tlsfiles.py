@@ -238,8 +238,8 @@ class TlsProbes:
             uid = os.stat(os.path.join(self.proc, str(ln.pid))).st_uid
         except OSError:
             return
-        if not self._room(uid, ln.path, gen):
-            return
+        if not self._room(uid, ln.path, gen) or not self._wait_on(("file", ln.key), gen, ln.path):
+            return                      # (a sweep in _room waited on other things meanwhile)
         if libfiles.fs_type(self.proc, ln.pid, ln.dev).split(".")[0] in ("fuse", "fuseblk"):
             raise libfiles.Refused("fuse", f"{ln.path} (pid {ln.pid}): on a FUSE file system (its server "
                                    "could stall every uprobe attach of the node)")

@@ -130,6 +130,76 @@ def test_a_root_only_file_a_user_names_is_not_attached(nettap_run, mode, scratch
     run.finish()
 
 
+# One file, a copy of libssl, served by FUSE; while the stall file exists (up to
+# 10 s), every request waits: a server that never answers, as any user can
+# mount one in a user namespace.
+FUSE_SERVER = r"""
+import errno, os, stat, sys, time
+from fusepy import FUSE, FuseOSError, Operations
+src, mnt, stall = sys.argv[1:4]
+data = open(src, "rb").read()
+class One(Operations):
+    def _wait(self):              # 10 s at most: a test killed meanwhile stalls no one for ever
+        while os.path.exists(stall) and time.time() - os.stat(stall).st_mtime < 10:
+            time.sleep(0.05)
+    def getattr(self, path, fh=None):
+        self._wait()
+        if path == "/":
+            return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2}
+        if path == "/libssl.so.3":
+            return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": len(data)}
+        raise FuseOSError(errno.ENOENT)
+    def readdir(self, path, fh):
+        return [".", "..", "libssl.so.3"]
+    def open(self, path, flags):
+        self._wait()
+        return 0
+    def read(self, path, size, offset, fh):
+        self._wait()
+        return data[offset:offset + size]
+print("serving", flush=True)
+FUSE(One(), mnt, foreground=True, ro=True)
+"""
+HAS_FUSE = os.path.exists("/dev/fuse") and subprocess.run(["/usr/bin/python3", "-c", "import fusepy"],
+                                                          capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not HAS_FUSE, reason="no /dev/fuse, or no python3-fusepy (scripts/setup.sh test installs it)")
+def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scratch):
+    """A process maps a libssl served by FUSE, whose server then answers
+    nothing: nettap refuses the file by its mount's type (read from the
+    process's mountinfo, no request to the server), counts it, and a config
+    apply returns at once (before: stat() waited on the server, under the
+    config lock, for ever)."""
+    d, started = scratch
+    mnt, stall = os.path.join(d, "mnt"), os.path.join(d, "stall")
+    os.mkdir(mnt)
+    srv = subprocess.Popen(["/usr/bin/python3", "-c", FUSE_SERVER, SSL, mnt, stall], stdout=subprocess.PIPE,
+                           text=True)
+    started.append(srv)
+    try:
+        assert srv.stdout.readline().strip() == "serving"
+        wait_for(lambda: os.path.ismount(mnt), timeout=10, what="the FUSE mount")
+        p = mapper(started, [os.path.join(mnt, "libssl.so.3")])
+        (line,) = libfiles.map_lines(libfiles.read_maps("/proc", p.pid), p.pid, tls.is_libssl)
+        doc = {"captures": [{"port": free_port()}], "capture": {"tls": True}}
+        open(stall, "w").close()            # kept short: other nettaps on this machine may look too
+        t = time.monotonic()
+        run = nettap_run(doc)
+        run.apply(doc)
+        took = time.monotonic() - t
+        os.unlink(stall)
+        probes = run.app.probes
+        assert took < 3, took
+        assert probes.tls_counts()["refused"]["fuse"] >= 1
+        assert line.key not in probes.tls.files
+        run.finish()
+    finally:
+        if os.path.exists(stall):
+            os.unlink(stall)
+        subprocess.run(["umount", "-l", mnt], check=False)
+
+
 def count(n, name, **labels):
     return n.sample(name, **labels) or 0
 
