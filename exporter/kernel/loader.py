@@ -380,11 +380,12 @@ class Probes:
         self.prog_fds = {**self.prog_fds, **fds}        # a new dict: scrapes read the old one meanwhile
         log.info("probe dns: %d programs loaded", len(fds))
 
-    def rescan_tls(self, wait: float = tls.DEADLINE) -> None:
+    def rescan_tls(self, wait: float = tls.DEADLINE + 1) -> None:
         """Attach the TLS uprobes to libssl files not seen before (processes
         started since), detach those no process maps any more, and say per
         probe whether any file carries them; done by TLS's own thread, waited
-        for up to `wait` s (a file that does not answer holds no one else)."""
+        for up to `wait` s: a file that does not answer is skipped after
+        tls.DEADLINE, and holds no one else."""
         if self.tls is not None and not self.tls.scan(wait):
             log.warning("TLS: the look for libssl files goes on after %g s", wait)
 

@@ -282,7 +282,7 @@ class TlsProbes:
         and the kernel are given /proc/self/fd/N, the very file checked."""
         at = f"/proc/self/fd/{fd}"
         with self._obj_lock:
-            if self._closed:
+            if self._closed or gen != self._gen:      # (an abandoned worker back at last)
                 return
             made, counts, error = tls.attach_symbols(self._prog, self.variant, at)
         error = error.replace(at, path)

@@ -200,6 +200,46 @@ def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scrat
         subprocess.run(["umount", "-l", mnt], check=False)
 
 
+@pytest.mark.skipif(not HAS_FUSE, reason="no /dev/fuse, or no python3-fusepy (scripts/setup.sh test installs it)")
+def test_a_file_that_never_answers_is_skipped_after_the_deadline(nettap_run, scratch):
+    """An overlay whose lower layer is that stalling FUSE server: the mount is
+    an overlay, so the file is tried, and its fstat waits on the server.
+    The scan gives up on it after tls.DEADLINE (counted: timeout), a new
+    worker goes on, and a file mapped after it is attached."""
+    d, started = scratch
+    mnt, stall = os.path.join(d, "mnt"), os.path.join(d, "stall")
+    ov = os.path.join(d, "ov")
+    for p in (mnt, ov, os.path.join(d, "up"), os.path.join(d, "work")):
+        os.mkdir(p)
+    srv = subprocess.Popen(["/usr/bin/python3", "-c", FUSE_SERVER, SSL, mnt, stall], stdout=subprocess.PIPE,
+                           text=True)
+    started.append(srv)
+    try:
+        assert srv.stdout.readline().strip() == "serving"
+        wait_for(lambda: os.path.ismount(mnt), timeout=10, what="the FUSE mount")
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={mnt},upperdir={d}/up,workdir={d}/work", ov], check=True)
+        mapper(started, [os.path.join(ov, "libssl.so.3")])
+        open(stall, "w").close()
+        time.sleep(1.2)                     # past the server's attribute timeout (1 s): the next fstat asks
+        t = time.monotonic()
+        run = nettap_run({"captures": [{"port": free_port()}], "capture": {"tls": True}})
+        probes = run.app.probes
+        took = time.monotonic() - t
+        assert tls.DEADLINE <= took < tls.DEADLINE + 2, took
+        assert probes.tls_counts()["refused"]["timeout"] == 1
+        late = copy(os.path.join(d, "late", "libssl.so.3"))
+        mapper(started, [os.path.join(d, "late", "libssl.so.3")])
+        wait_for(lambda: late in probes.tls.files, timeout=10, what="a later file attached")
+        os.unlink(stall)
+        run.finish()
+    finally:
+        if os.path.exists(stall):
+            os.unlink(stall)
+        subprocess.run(["umount", "-l", ov], check=False)
+        subprocess.run(["umount", "-l", mnt], check=False)
+
+
 def count(n, name, **labels):
     return n.sample(name, **labels) or 0
 
