@@ -8,6 +8,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -289,7 +290,6 @@ def test_a_fifo_planted_before_start_stops_nothing(scratch, monkeypatch):
 
 
 def tmp_path(d):
-    from pathlib import Path
     p = Path(d) / "nettap"
     p.mkdir(exist_ok=True)
     return p
