@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import procs
+from conftest import emulated
 from exporter.kernel import libfiles, tls
 from procs import free_port, wait_for
 
@@ -33,7 +34,8 @@ if root != "-":
 print("ready", flush=True)
 sys.stdin.read()
 """
-SSL = os.path.realpath(tls.system_files()[0])
+SSL = os.path.realpath(tls.system_files()[0]) if tls.system_files() else ""
+WAIT = emulated(10, 120)            # s for what takes well under one here
 
 
 @pytest.fixture
@@ -114,7 +116,7 @@ def test_the_mapped_file_is_opened_never_the_path_a_user_planted(scratch):
         with pytest.raises(libfiles.Refused) as e:
             libfiles.open_mapped(line, map_files=False)
         assert e.value.reason == reason
-        assert time.monotonic() - t < 1
+        assert time.monotonic() - t < emulated(1, 10)
 
 
 def test_a_root_only_file_a_user_names_is_not_attached(nettap_run, mode, scratch):
@@ -126,7 +128,7 @@ def test_a_root_only_file_a_user_names_is_not_attached(nettap_run, mode, scratch
     _, key = chroot_attacker(d, started, lambda at: os.symlink(os.path.join(d, "secret", "libssl.so.3"), at))
     run = nettap_run({"captures": [{"port": free_port()}], "capture": {"tls": True}})
     files = run.app.probes.tls.files
-    wait_for(lambda: key in files, timeout=10, what="the process's own copy attached")
+    wait_for(lambda: key in files, timeout=WAIT, what="the process's own copy attached")
     assert secret not in files
     run.finish()
 
@@ -180,18 +182,18 @@ def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scrat
     started.append(srv)
     try:
         assert srv.stdout.readline().strip() == "serving"
-        wait_for(lambda: os.path.ismount(mnt), timeout=10, what="the FUSE mount")
+        wait_for(lambda: os.path.ismount(mnt), timeout=WAIT, what="the FUSE mount")
         p = mapper(started, [os.path.join(mnt, "libssl.so.3")])
         (line,) = libfiles.map_lines(libfiles.read_maps("/proc", p.pid), p.pid, tls.is_libssl)
-        doc = {"captures": [{"port": free_port()}], "capture": {"tls": True}}
+        doc = {"captures": [{"port": free_port()}]}
+        run = nettap_run(doc)
         open(stall, "w").close()            # kept short: other nettaps on this machine may look too
         t = time.monotonic()
-        run = nettap_run(doc)
-        run.apply(doc)
+        run.apply({**doc, "capture": {"tls": True}})
         took = time.monotonic() - t
         os.unlink(stall)
         probes = run.app.probes
-        assert took < 3, took
+        assert took < emulated(3, 30), took
         assert probes.tls_counts()["refused"]["fuse"] >= 1
         assert line.key not in probes.tls.files
         run.finish()
@@ -217,20 +219,28 @@ def test_a_file_that_never_answers_is_skipped_after_the_deadline(nettap_run, scr
     started.append(srv)
     try:
         assert srv.stdout.readline().strip() == "serving"
-        wait_for(lambda: os.path.ismount(mnt), timeout=10, what="the FUSE mount")
+        wait_for(lambda: os.path.ismount(mnt), timeout=WAIT, what="the FUSE mount")
         subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
                         f"lowerdir={mnt},upperdir={d}/up,workdir={d}/work", ov], check=True)
-        mapper(started, [os.path.join(ov, "libssl.so.3")])
+        p = mapper(started, [os.path.join(ov, "libssl.so.3")])
+        (line,) = libfiles.map_lines(libfiles.read_maps("/proc", p.pid), p.pid, tls.is_libssl)
+        # Before Linux 6.8 or so a maps line names an overlay file by its layer's inode: FUSE's here
+        on_fuse = libfiles.fs_type("/proc", p.pid, line.dev).startswith("fuse")
+        doc = {"captures": [{"port": free_port()}]}
+        run = nettap_run(doc)
+        probes = run.app.probes
         open(stall, "w").close()
         t = time.monotonic()
-        run = nettap_run({"captures": [{"port": free_port()}], "capture": {"tls": True}})
-        probes = run.app.probes
+        run.apply({**doc, "capture": {"tls": True}})
         took = time.monotonic() - t
-        assert tls.DEADLINE <= took < tls.DEADLINE + 2, took
-        assert probes.tls_counts()["refused"]["timeout"] == 1
+        if on_fuse:
+            assert took < emulated(3, 30) and probes.tls_counts()["refused"]["fuse"] == 1, took
+        else:
+            assert tls.DEADLINE <= took < tls.DEADLINE + emulated(2, 20), took
+            assert probes.tls_counts()["refused"]["timeout"] == 1
         late = copy(os.path.join(d, "late", "libssl.so.3"))
         mapper(started, [os.path.join(d, "late", "libssl.so.3")])
-        wait_for(lambda: late in probes.tls.files, timeout=10, what="a later file attached")
+        wait_for(lambda: late in probes.tls.files, timeout=WAIT, what="a later file attached")
         os.unlink(stall)
         run.finish()
     finally:
@@ -264,28 +274,28 @@ def test_a_fifo_planted_before_start_stops_nothing(scratch, monkeypatch):
     SIGTERM ends it at once."""
     d, started = scratch
     _, key = chroot_attacker(d, started, os.mkfifo)
-    monkeypatch.setattr(procs, "READY_TIMEOUT", 30)     # never, before: blocked in open() for ever
+    monkeypatch.setattr(procs, "READY_TIMEOUT", emulated(30, 180))   # never, before: blocked in open() for ever
     port = free_port()
     cfg = {"captures": [{"port": port}], "capture": {"tls": True},
            "output": {"type": "jsonl", "path": os.path.join(d, "out.jsonl")}}
     n = Started(tmp_path(d), cfg)
     try:
         system = len({os.stat(p).st_ino for p in tls.system_files() if not os.path.islink(p)})
-        wait_for(lambda: count(n, "nettap_tls_files") == system + 1, timeout=10, what="the copy attached")
+        wait_for(lambda: count(n, "nettap_tls_files") == system + 1, timeout=WAIT, what="the copy attached")
         n.write_config({**cfg, "captures": [{"port": free_port()}]})
         os.kill(n.p.pid, signal.SIGHUP)
-        wait_for(lambda: count(n, "nettap_config_reloads_total", result="success") == 2, timeout=10,
+        wait_for(lambda: count(n, "nettap_config_reloads_total", result="success") == 2, timeout=WAIT,
                  what="the reload applied")
         copy(os.path.join(d, "late", "libssl.so.3"))
         mapper(started, [os.path.join(d, "late", "libssl.so.3")])
-        wait_for(lambda: count(n, "nettap_tls_files") == system + 2, timeout=10, what="a later file attached")
+        wait_for(lambda: count(n, "nettap_tls_files") == system + 2, timeout=WAIT, what="a later file attached")
     finally:
         t = time.monotonic()
         n.p.send_signal(signal.SIGTERM)
         rc = n.p.wait(60)
         took = time.monotonic() - t
         n.log.close()
-    assert rc == 0 and took < 10, took
+    assert rc == 0 and took < emulated(10, 100), took
 
 
 def tmp_path(d):
@@ -306,11 +316,11 @@ def test_one_users_files_are_bounded_and_released(nettap_run, mode, scratch):
     run = nettap_run(doc)
     probes = run.app.probes
     files = probes.tls.files
-    wait_for(lambda: sum(k in files for k in keys) == tls.MAX_USER_FILES, timeout=10, what="nobody's files")
+    wait_for(lambda: sum(k in files for k in keys) == tls.MAX_USER_FILES, timeout=WAIT, what="nobody's files")
     assert probes.tls_counts()["refused"]["user_limit"] >= 2     # (no other test here reaches it)
     late = copy(os.path.join(d, "root", "libssl.so.3"))
     mapper(started, [os.path.join(d, "root", "libssl.so.3")])
-    wait_for(lambda: late in files, timeout=10, what="root's later copy attached")
+    wait_for(lambda: late in files, timeout=WAIT, what="root's later copy attached")
     fds = len(os.listdir("/proc/self/fd"))
     hog.kill()
     hog.wait()
@@ -334,13 +344,13 @@ def test_fds_are_kept_for_reloads(scratch):
            "output": {"type": "jsonl", "path": os.path.join(d, "out.jsonl")}}
     n = Started(tmp_path(d), cfg, wrap=["prlimit", "--nofile=600:600", "--"])
     try:
-        wait_for(lambda: count(n, "nettap_tls_files_refused_total", reason="fds") > 0, timeout=10,
+        wait_for(lambda: count(n, "nettap_tls_files_refused_total", reason="fds") > 0, timeout=WAIT,
                  what="refusals counted")
         # (less the few a scrape's connection holds meanwhile)
         assert 600 - len(os.listdir(f"/proc/{n.p.pid}/fd")) >= tls.FD_RESERVE - 8
         n.write_config({**cfg, "captures": [{"port": free_port()}]})
         os.kill(n.p.pid, signal.SIGHUP)
-        wait_for(lambda: count(n, "nettap_config_reloads_total", result="success") == 2, timeout=10,
+        wait_for(lambda: count(n, "nettap_config_reloads_total", result="success") == 2, timeout=WAIT,
                  what="the reload applied")
     finally:
         t = time.monotonic()
@@ -349,4 +359,4 @@ def test_fds_are_kept_for_reloads(scratch):
         took = time.monotonic() - t
         n.log.close()
     print(f"SIGTERM to exit: {took:.2f} s")
-    assert rc == 0 and took < 15, took
+    assert rc == 0 and took < emulated(15, 150), took
