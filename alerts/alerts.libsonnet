@@ -140,6 +140,20 @@
             description: 'Probe {{ $labels.probe }} of nettap on {{ $labels.instance }} failed to attach with fentry, kprobe and tracepoint.',
           },
         },
+        {
+          alert: 'NettapTlsFilesRefused',
+          expr: |||
+            sum without (reason) (
+              increase(nettap_tls_files_refused_total{%(nettapSelector)s, reason=~"limit|user_limit|fds"}[%(rateInterval)s])
+            ) > 0
+          ||| % cfg,
+          'for': cfg.tlsFilesRefusedFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'nettap leaves libssl files unattached: their TLS plaintext is not captured.',
+            description: 'nettap on {{ $labels.instance }} refused {{ printf "%%.0f" $value }} libssl files over the last %(rateInterval)s for a bound (files attached at once, files of one user, or fds kept for reloads): processes using them have no TLS capture.' % cfg,
+          },
+        },
       ]),
 
       // nettap ingest: the capture's files to NATS JetStream. Publish errors have no alert of

@@ -62,6 +62,8 @@
     mapInsertFailuresFor: '2m',
     // A probe that failed to attach (mechanism="none") captures nothing until fixed.
     probeAttachFailedFor: '5m',
+    // libssl files refused for a bound (capture.tls): processes whose TLS is not captured.
+    tlsFilesRefusedFor: '15m',
 
     // --- Ingest (nettap ingest -> NATS JetStream) ------------------------------------------
 

@@ -19,6 +19,8 @@ TEST_PKGS="$TEST_PKGS tshark"
 TEST_PKGS="$TEST_PKGS tmux"
 # curl, openssl: tests/kernel/test_tls.py (curl's plain SSL_write/SSL_read; the test certificate)
 TEST_PKGS="$TEST_PKGS curl openssl"
+# python3-fusepy: tests/kernel/test_tls_files.py serves a libssl from a FUSE server that stalls
+TEST_PKGS="$TEST_PKGS python3-fusepy"
 # nats-server: the JetStream cluster nettap ingest publishes to in tests/e2e/test_ingest.py
 TEST_PKGS="$TEST_PKGS nats-server"
 # nftables: the retransmission tests drop packets in a network namespace of their own.

@@ -18,6 +18,7 @@ from exporter.capture import filter as capture_filter, sinks, targets
 from exporter.kernel.bpfstats import STATE_PROBE, StatsSwitch, own_programs
 from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.programs import ProgramStatsCollector
+from exporter.metrics.tls import TlsFilesCollector
 from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector,
                                          MapCollector, PipelineCollector, ProbeCollector, ReloadCollector)
 from exporter.config import Config, ConfigError
@@ -211,9 +212,9 @@ class Nettap:
 
     def _libssl_mapped(self, recs) -> None:
         """dlopen records (the drain thread): the TLS uprobes on the libssl
-        files those processes map, where not attached yet."""
-        with self._lock:                # apply() switches TLS from another thread
-            self.probes.tls_mapped(sorted(set(recs["pid"].tolist())))
+        files those processes map, where not attached yet, by TLS's own
+        thread (the drain never opens a file nor waits on the config lock)."""
+        self.probes.tls_mapped(sorted(set(recs["pid"].tolist())))
 
     def _open_sink(self, output) -> Optional[sinks.Sink]:
         """The sink for output, opened: a path nettap cannot (or must not)
@@ -274,6 +275,7 @@ class Nettap:
             "cgroup": CgroupCollector(),
             "targets": capture_filter.TargetsCollector(self.target_maps),
             "config": ReloadCollector(self.reloads),
+            "tls": TlsFilesCollector(self.probes.tls_counts),
             "build": BuildInfoCollector(),
         }))
         return reg
@@ -283,7 +285,7 @@ class Nettap:
         # Detach first: once no program runs, the pipeline's last drain
         # reads every record that will ever be published, so each one is
         # written or counted lost (not left in a ring nobody reads). Under
-        # the lock: the drain thread attaches TLS uprobes (_libssl_mapped).
+        # the lock: a reload may be switching TLS on or off.
         with self._lock:
             self.probes.detach()
         if self.target_watch:

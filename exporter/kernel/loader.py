@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 
-from exporter.kernel import dns, libbpf, tcp_h, tls
+from exporter.kernel import dns, libbpf, tcp_h, tls, tlsfiles
 from exporter.kernel import privileges
 from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
 from exporter.kernel.mechanisms import (CALL_PROBES, DISABLED, TP_PLAN, UNSUPPORTED, Plan, ProbeState, ensure_tracefs,
@@ -139,6 +139,7 @@ class Probes:
         (set_dns), not with the object: on the syscall tracepoints they are
         half of what the kernel verifies at start (~70 ms of ~150 here)."""
         self.obj = 0
+        self._keep_obj = False
         self.dns_obj = 0           # the DNS programs' own object, when loaded after the start
         self.links: list = []
         self.prog_fds: dict = {}
@@ -160,7 +161,8 @@ class Probes:
         self.tls_ok = ok
         self.tls_states = {p: ProbeState(p, mechanism=DISABLED if ok else UNSUPPORTED, error=why or TLS_OFF)
                            for p in tls.PROBES}
-        self.tls: tls.TlsProbes | None = None
+        self.tls: tlsfiles.TlsProbes | None = None
+        self.tls_refused = dict.fromkeys(tls.REASONS, 0)     # libssl files refused, while TLS was ever on
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         self.dns.deferred = self.dns.loaded and not dns_now
         path = str(obj_path or os.path.join(BPF_DIR, object_for(self.plan.features)))
@@ -223,9 +225,9 @@ class Probes:
         if self.dns_obj:
             libbpf.lib().bpf_object__close(self.dns_obj)
             self.dns_obj = 0
-        if self.obj:
+        if self.obj and not self._keep_obj:     # (a TLS worker stuck in it: freed at exit)
             libbpf.lib().bpf_object__close(self.obj)
-            self.obj = 0
+        self.obj = 0
 
     # -- setup --
     def _programs(self):
@@ -325,14 +327,14 @@ class Probes:
             return
         if not on:
             if self.tls is not None:
-                destroy_links(self.tls.links)
+                destroy_links(self.tls.close())
                 self.tls = None
             for st in self.tls_states.values():
                 st.mechanism, st.attached, st.error = DISABLED, False, TLS_OFF
             return
         if self.tls is None:
             try:
-                self.tls = tls.TlsProbes(self.obj, self.variant)
+                self.tls = tlsfiles.TlsProbes(self.obj, self.variant, self.tls_states, self.tls_refused)
             except OSError as e:        # the dlopen ring's tracepoint: reported, TLS stays off
                 for st in self.tls_states.values():
                     st.mechanism, st.attached, st.error = "none", False, f"sys_enter_mmap: {e}"
@@ -378,19 +380,26 @@ class Probes:
         self.prog_fds = {**self.prog_fds, **fds}        # a new dict: scrapes read the old one meanwhile
         log.info("probe dns: %d programs loaded", len(fds))
 
-    def rescan_tls(self) -> None:
+    def rescan_tls(self, wait: float = tls.DEADLINE + 1) -> None:
         """Attach the TLS uprobes to libssl files not seen before (processes
-        started since), and say per probe whether any file carries them."""
-        if self.tls is None:
-            return
-        self.tls.scan()
-        self.tls.report(self.tls_states)
+        started since), detach those no process maps any more, and say per
+        probe whether any file carries them; done by TLS's own thread, waited
+        for up to `wait` s: a file that does not answer is skipped after
+        tls.DEADLINE, and holds no one else."""
+        if self.tls is not None and not self.tls.scan(wait):
+            log.warning("TLS: the look for libssl files goes on after %g s", wait)
 
     def tls_mapped(self, pids) -> None:
         """These processes mapped a libssl file (the dlopen ring): attach to
-        it if it is new."""
-        if self.tls is not None and self.tls.attach_mapped(pids):
-            self.tls.report(self.tls_states)
+        it if it is new. Returns at once (TLS's own thread attaches)."""
+        t = self.tls
+        if t is not None:
+            t.attach_mapped(pids)
+
+    def tls_counts(self) -> dict:
+        """nettap_tls_files*: the files attached now, refusals ever."""
+        t = self.tls
+        return t.counts() if t is not None else {"files": 0, "refused": dict(self.tls_refused)}
 
     def all_states(self) -> dict:
         """probe -> ProbeState, every probe: the call probes, the lifecycle
@@ -403,7 +412,8 @@ class Probes:
         """Destroy every link: no program runs, so nothing is published, after
         this; the maps stay until close(). Safe to call twice."""
         if self.tls is not None:            # and no more TLS attaches (tls_mapped) from now on
-            self.links += self.tls.links
+            self.links += self.tls.close()
+            self._keep_obj = self.tls.obj_in_use
             self.tls = None
         self.links += self.dns.links
         self.dns.links = []

@@ -6,9 +6,15 @@ attached with pid -1 to a libssl file, it runs in every process that maps
 that file, now or later. A Python that imports ``ssl`` after nettap started
 is covered with no further work; the programs decide per process and socket
 (bpf/tls.bpf.h). Files are found at start and whenever the targets change:
-the system's libssl (the linker's directories) and those that running
-processes map (``/proc/PID/maps``, opened through ``/proc/PID/root`` so a
-container's own copy is found), each attached once per (device, inode).
+the system's libssl (the linker's directories, symlinks not followed) and
+those that running processes map (``/proc/PID/maps``; each opened as the
+mapping's own file, libfiles.py, so a container's copy is found and no
+name a user plants is followed), each attached once per (device, inode).
+
+Any user can map files, so what they cost is bounded: MAX_FILES attached
+at once (MAX_USER_FILES of one user other than root), FD_RESERVE fds left
+free, a file no process maps any more detached; refusals are counted
+(nettap_tls_files_refused_total) and alerted.
 
 Only OpenSSL's shared library is seen (``libssl.so.3``, ``libssl.so.1.1``):
 TLS linked statically into a program (Go's crypto/tls, BoringSSL in Envoy,
@@ -22,6 +28,7 @@ import glob
 import logging
 import os
 import re
+import resource
 from ctypes import Structure, c_bool, c_char_p, c_int, c_size_t, c_uint64, c_void_p
 
 from exporter.kernel import libbpf
@@ -47,6 +54,23 @@ FORGET = (("SSL_free", "ssl_free"), ("SSL_clear", "ssl_free"))
 SYSTEM_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib",
                "/lib/*-linux-gnu", "/usr/lib/*-linux-gnu")
 _LIBSSL = re.compile(r"^libssl\.so(\.\d+)+$")     # OpenSSL's versioned file
+
+# The files attached at once, and of them those one user other than root
+# brought (its processes mapped them): each costs ~24 fds (a uprobe and its
+# link per symbol, return and forget probe) and ~1 s of the exit (the kernel detaches
+# uprobes one at a time, each waiting out RCU grace periods).
+MAX_FILES, MAX_USER_FILES = 16, 4
+FDS_PER_FILE = 24
+FD_RESERVE = 256            # fds never taken by attaches: reloads, scrapes, the sink
+DEADLINE = 5.0              # s one file (or one process's maps) may take before it is skipped
+MAX_ABANDONED = 8           # workers abandoned on such files before attaching stops
+SWEEP_INTERVAL = 10.0       # s between looks for files no process maps any more
+FAILED_KEPT = 8             # refused files named in the probes' state
+# nettap_tls_files_refused_total's reasons
+REASONS = ("limit", "user_limit", "fds", "not_regular", "not_mapped", "fuse", "timeout", "no_symbols", "error")
+LIMIT_WHY = {"limit": f"{MAX_FILES} libssl files attached already",
+             "user_limit": f"{MAX_USER_FILES} libssl files of this user attached already",
+             "fds": f"fewer than {FD_RESERVE} file descriptors would be left"}
 
 
 def supported() -> tuple:
@@ -83,38 +107,6 @@ def system_files() -> list:
     return found
 
 
-def mapped_files(proc: str = "/proc", pids=None) -> list:
-    """The libssl files that running processes (or those of pids) map, as
-    paths through each process's root (its container's file system)."""
-    found = []
-    for pid in (os.listdir(proc) if pids is None else map(str, pids)):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, pid, "maps"), "rb") as f:
-                data = f.read()
-        except OSError:                 # gone, or a kernel thread
-            continue
-        if b"libssl.so" not in data:
-            continue
-        for line in data.decode(errors="replace").splitlines():
-            # Any mapping of the file, not only its executable one: a dlopen
-            # record is made at the entry of the mmap that maps the code, and
-            # may be read before that mmap returns; the dynamic linker has
-            # mapped the whole file (read-only) just before.
-            parts = line.split(None, 5)
-            if len(parts) < 6 or not parts[5].startswith("/"):
-                continue
-            path = parts[5].removesuffix(" (deleted)")
-            if not is_libssl(path):
-                continue
-            if path != parts[5]:        # replaced on disk since (an upgrade): the mapped file itself
-                found.append(os.path.join(proc, pid, "map_files", parts[0]))
-            else:
-                found.append(os.path.join(proc, pid, "root") + path)
-    return list(dict.fromkeys(found))           # a file has several mappings
-
-
 class bpf_uprobe_opts(Structure):
     """``struct bpf_uprobe_opts`` of libbpf 1.1 (bpf/libbpf.h), to func_name."""
 
@@ -137,94 +129,49 @@ def attach_uprobe(prog: int, path: str, sym: str, retprobe: bool) -> int:
     return libbpf.check_ptr(f"{_ATTACH}({sym})", fn(prog, -1, path.encode(), 0, ctypes.byref(opts)))
 
 
-class TlsProbes:
-    """The TLS uprobes of one loaded object: which files carry them, and
-    their links (the loader destroys them)."""
-
-    def __init__(self, obj: int, variant: str):
-        self.obj, self.variant = obj, variant
-        self.links: list = []
-        # libssl files mapped from now on are told on the dlopen ring
-        self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", self._prog(MMAP),
-                                          b"syscalls", b"sys_enter_mmap"))
-        self.files: dict = {}       # (dev, ino) -> path attached
-        self.failed: dict = {}      # path -> why not
-        self.symbols: dict = {p: 0 for p in PROBES}   # probe -> symbols attached, all files
-
-    def _prog(self, name: str) -> int:
-        return libbpf.call_ptr("bpf_object__find_program_by_name", self.obj, name.encode())
-
-    def _link(self, prog: str, path: str, sym: str, retprobe: bool) -> int:
-        return attach_uprobe(self._prog(prog), path, sym, retprobe)
-
-    def attach_file(self, path: str) -> bool:
-        """Attach every TLS symbol the file has; False (and why, in failed)
-        when it has none or the kernel refuses."""
-        try:
-            st = os.stat(path)
-        except OSError as e:
-            self.failed[path] = e.strerror
-            return False
-        key = (st.st_dev, st.st_ino)
-        if key in self.files:
-            return True
-        made, counts, error = [], {p: 0 for p in PROBES}, ""
-        try:
-            for sym, prog in FORGET:
-                made.append(self._link(prog, path, sym, False))
-            for probe, syms in SYMBOLS.items():
-                ret = RETURNS[probe] if self.variant == "fast" else f"{RETURNS[probe]}_compat"
-                for sym, entry in syms:
+def attach_symbols(prog, variant: str, path: str) -> tuple:
+    """Attach every TLS symbol the file at path has: (links, symbols per
+    probe, the error that stopped it or ""). prog(name): a bpf_program *."""
+    made, counts = [], {p: 0 for p in PROBES}
+    try:
+        for sym, name in FORGET:
+            made.append(attach_uprobe(prog(name), path, sym, False))
+        for probe, syms in SYMBOLS.items():
+            ret = RETURNS.get(probe)
+            if ret and variant != "fast":
+                ret = f"{ret}_compat"
+            for sym, entry in syms:
+                if ret:
                     try:
                         # the return first: no entry is kept without its return
-                        made.append(self._link(ret, path, sym, True))
+                        made.append(attach_uprobe(prog(ret), path, sym, True))
                     except OSError as e:
                         if e.errno != errno.ENOENT:     # not the symbol missing (1.1.0 has no _ex)
                             raise
                         continue
-                    made.append(self._link(entry, path, sym, False))
-                    counts[probe] += 1
-        except OSError as e:
-            error = str(e)
-        if error or not any(counts.values()):
-            for link in made:
-                libbpf.lib().bpf_link__destroy(link)
-            self.failed[path] = error or "no SSL_read/SSL_write symbol"
-            log.warning("TLS probes not attached to %s: %s", path, self.failed[path])
-            return False
-        self.links += made
-        self.files[key] = path
-        for p in PROBES:
-            self.symbols[p] += counts[p]
-        log.info("TLS probes attached to %s", path)
-        return True
+                made.append(attach_uprobe(prog(entry), path, sym, False))
+                counts[probe] += 1
+    except OSError as e:
+        return made, counts, str(e)
+    return made, counts, ""
 
-    def attach_mapped(self, pids, proc: str = "/proc") -> int:
-        """Attach to the libssl files these processes map (a dlopen record's);
-        returns how many files were newly attached. A process gone already
-        (a short command) is not found: its file, if new, waits for the next
-        process that maps it, or the next rescan."""
-        before = len(self.files)
-        for path in mapped_files(proc, pids):
-            self.attach_file(path)
-        return len(self.files) - before
 
-    def report(self, states: dict) -> None:
-        """Each TLS probe's state (mechanisms.ProbeState): attached where some
-        file carries its symbols; a node without libssl is not a failure."""
-        for p, st in states.items():
-            st.mechanism, st.attached = "uprobe", self.symbols[p] > 0
-            if st.attached:
-                st.error = ""
-            elif self.failed:
-                st.error = "; ".join(f"{f}: {why}" for f, why in self.failed.items())
-            else:
-                st.mechanism, st.error = UNSUPPORTED, "no libssl.so file on this node"
+def report(states: dict, symbols: dict, failed: dict) -> None:
+    """Each TLS probe's state (mechanisms.ProbeState): attached where some
+    file carries its symbols; a node without libssl is not a failure."""
+    for p, st in states.items():
+        st.mechanism, st.attached = "uprobe", symbols[p] > 0
+        if st.attached:
+            st.error = ""
+        elif failed:
+            st.error = "; ".join(f"{f}: {why}" for f, why in failed.items())
+        else:
+            st.mechanism, st.error = UNSUPPORTED, "no libssl.so file on this node"
 
-    def scan(self, proc: str = "/proc") -> int:
-        """Attach to every libssl file not yet attached: the system's and the
-        running processes'. Returns how many files were newly attached."""
-        before = len(self.files)
-        for path in system_files() + mapped_files(proc):
-            self.attach_file(path)
-        return len(self.files) - before
+
+def free_fds() -> int:
+    """File descriptors this process may still open (its soft limit)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return soft - len(os.listdir("/proc/self/fd"))

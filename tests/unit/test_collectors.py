@@ -24,6 +24,7 @@ from exporter.capture.records import ERRNO_NAMES, TCP_STATES
 from exporter.kernel import bpfstats, fdinfo, tcp_h
 from exporter.metrics import collectors
 from exporter.commands.daemon import ReloadState
+from exporter.metrics.tls import TlsFilesCollector
 from exporter.metrics.programs import ProgramStatsCollector
 from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector, MapCollector,
@@ -176,6 +177,7 @@ def fixture_collectors():
                                               successes=3, failures=1)),
         "build": BuildInfoCollector(revision=lambda: REVISION),
         "targets": TargetsCollector(SimpleNamespace(gone_total={"pid": 2, "cgroup": 1})),
+        "tls": TlsFilesCollector(lambda: {"files": 3, "refused": {"user_limit": 12, "not_mapped": 1}}),
     }
 
 

@@ -1,5 +1,7 @@
 """Finding libssl files (exporter/kernel/tls.py) in a fake /proc."""
-from exporter.kernel import tls
+import os
+
+from exporter.kernel import libfiles, tls
 
 
 def test_only_openssls_versioned_libssl_is_taken():
@@ -10,27 +12,22 @@ def test_only_openssls_versioned_libssl_is_taken():
     assert not tls.is_libssl("libssl.so.3.bak")
 
 
-def test_mapped_files_are_found_through_each_process_root(tmp_path):
-    proc = tmp_path
-    (proc / "self").mkdir()
-    for pid, maps in {
-        "100": "7f00-7f01 r-xp 0001f000 08:01 339900 /usr/lib/x86_64-linux-gnu/libssl.so.3\n"
-               "7f01-7f02 r--p 00000000 08:01 339900 /usr/lib/x86_64-linux-gnu/libssl.so.3\n",
-        "200": "7f00-7f01 r-xp 00000000 00:2a 77 /opt/app/lib/libssl.so.1.1 (deleted)\n",
-        "300": "7f00-7f01 r-xp 00000000 08:01 5 /usr/lib/libssl3.so\n"
-               "7f00-7f01 r-xp 00000000 00:00 0 [vdso]\n",
-        # the dynamic linker mapped the file read-only, its code not yet (a
-        # dlopen record is made at the entry of the code's mmap)
-        "500": "7f00-7f09 r--p 00000000 08:01 99 /srv/venv/lib/libssl.so.3\n",
-    }.items():
-        (proc / pid).mkdir()
-        (proc / pid / "maps").write_text(maps)
-    (proc / "400").mkdir()                          # gone, or a kernel thread: no maps
-    assert sorted(tls.mapped_files(str(proc))) == [
-        f"{proc}/100/root/usr/lib/x86_64-linux-gnu/libssl.so.3",
-        f"{proc}/200/map_files/7f00-7f01",             # deleted: the mapping itself
-        f"{proc}/500/root/srv/venv/lib/libssl.so.3",
+def test_map_lines_name_each_mapped_file_once_by_its_device_and_inode():
+    maps = ("7f00-7f01 r-xp 0001f000 08:01 339900 /usr/lib/x86_64-linux-gnu/libssl.so.3\n"
+            "7f01-7f02 r--p 00000000 08:01 339900 /usr/lib/x86_64-linux-gnu/libssl.so.3\n"
+            "7f03-7f04 r-xp 00000000 00:2a 77 /opt/app/lib/libssl.so.1.1 (deleted)\n"
+            "7f05-7f06 r-xp 00000000 08:01 5 /usr/lib/libssl3.so\n"
+            "7f07-7f08 r-xp 00000000 00:00 0 [vdso]\n"
+            # the dynamic linker mapped the file read-only, its code not yet (a
+            # dlopen record is made at the entry of the code's mmap)
+            "7f09-7f0a r--p 00000000 fd:1b 99 /srv/venv lib/libssl.so.3\n").encode()
+    lines = libfiles.map_lines(maps, 100, tls.is_libssl)
+    assert [(ln.range, ln.key, ln.path) for ln in lines] == [
+        ("7f00-7f01", (os.makedev(8, 1), 339900), "/usr/lib/x86_64-linux-gnu/libssl.so.3"),
+        ("7f03-7f04", (os.makedev(0, 0x2a), 77), "/opt/app/lib/libssl.so.1.1"),   # deleted: by map_files
+        ("7f09-7f0a", (os.makedev(0xfd, 0x1b), 99), "/srv/venv lib/libssl.so.3"),
     ]
+    assert {ln.pid for ln in lines} == {100}
 
 
 def test_programs_of_each_variant():

@@ -1,0 +1,342 @@
+"""The libssl files the TLS uprobes are on (tls.py): found, opened
+(libfiles.py), attached and released by a thread of their own, within
+bounds any user's processes cannot push.
+
+Every file is opened, parsed and attached by nettap-tls, never by the drain
+thread or a reload: a file that does not answer (a FUSE server that never
+replies, a process whose maps stay locked) costs that thread, abandoned
+after tls.DEADLINE, and nothing else. Bounds: tls.MAX_FILES attached at
+once, tls.MAX_USER_FILES of them brought by one user other than root,
+tls.FD_RESERVE fds left free; a file no process maps any more is detached
+(its fds closed) within tls.SWEEP_INTERVAL. Each refusal is counted by
+reason (nettap_tls_files_refused_total) and logged once a minute.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from exporter.kernel import libbpf, libfiles, tls
+from exporter.kernel.objects import destroy_links
+from exporter.kernel.tls import (DEADLINE, FAILED_KEPT, FD_RESERVE, FDS_PER_FILE, LIMIT_WHY, MAX_ABANDONED,
+                                 MAX_FILES, MAX_USER_FILES, MMAP, PROBES, REASONS, SWEEP_INTERVAL,
+                                 free_fds, is_libssl, report, system_files)
+
+log = logging.getLogger(__name__)
+
+
+class _File:
+    """An attached libssl file: its links, the symbols per probe, whose
+    process brought it (uid; None: the linker's directories, kept while TLS
+    is on), and the (device, inode) map lines name it by."""
+
+    def __init__(self, path: str, links: list, counts: dict, uid, aliases=()):
+        self.path, self.links, self.counts, self.uid = path, links, counts, uid
+        self.aliases = set(aliases)
+
+
+class TlsProbes:
+    """The TLS uprobes of one loaded object: which files carry them, and
+    their links. Every file is opened, parsed and attached by a thread of
+    its own (nettap-tls), never by the drain thread or a reload: a file that
+    does not answer (a FUSE server that never replies) costs that thread,
+    abandoned after DEADLINE, and nothing else. close() hands back every
+    link to destroy."""
+
+    def __init__(self, obj: int, variant: str, states: dict | None = None, refused: dict | None = None,
+                 proc: str = "/proc"):
+        """states: the TLS probes' ProbeStates, kept told; refused: reason ->
+        count, counted on (the caller's, so counts outlive this object)."""
+        self.obj, self.variant, self.states, self.proc = obj, variant, states, proc
+        # libssl files mapped from now on are told on the dlopen ring
+        self.links: list = [libbpf.call_ptr("bpf_program__attach_tracepoint", self._prog(MMAP),
+                                            b"syscalls", b"sys_enter_mmap")]
+        self.files: dict = {}       # (dev, ino) -> path attached
+        self._held: dict = {}       # (dev, ino) -> _File
+        self._seen: dict = {}       # a map line's (dev, ino) -> the file's key, or None: refused for good
+        self.failed: dict = {}      # path -> why not (the last FAILED_KEPT)
+        self.refused = refused if refused is not None else dict.fromkeys(REASONS, 0)
+        self.symbols: dict = {p: 0 for p in PROBES}   # probe -> symbols attached, all files
+        self._cv = threading.Condition()
+        self._obj_lock = threading.Lock()   # held while a worker uses obj (close() then waits)
+        self.obj_in_use = False             # close() found a worker stuck in it: obj must stay
+        self._pids: set = set()
+        self._asked = self._done = 0        # scans asked for and done
+        self._closed = False
+        self._gen = 0                       # the worker in charge; an abandoned one's work is undone
+        self._busy = None                   # (what it waits on, since) of the worker in charge
+        self._stuck: set = set()            # pids and files a worker was abandoned on
+        self._last_sweep = 0.0
+        self._log_at: dict = {}
+        self._worker()
+
+    def _prog(self, name: str) -> int:
+        return libbpf.call_ptr("bpf_object__find_program_by_name", self.obj, name.encode())
+
+    # -- asked by others (never waiting on a file) --
+    def scan(self, wait: float = 0.0) -> bool:
+        """Attach to every libssl file not yet attached, the system's and the
+        running processes', and release those no process maps any more;
+        wait up to `wait` s for it. True when done."""
+        with self._cv:
+            self._asked += 1
+            want = self._asked
+            self._cv.notify_all()
+            end = time.monotonic() + wait
+            while self._done < want and not self._closed:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+                self._check_stuck()
+            return True
+
+    def attach_mapped(self, pids) -> None:
+        """These processes mapped a libssl file (dlopen records): attach to
+        it if it is new. A process gone already (a short command) is not
+        found: its file, if new, waits for the next process that maps it,
+        or the next scan."""
+        with self._cv:
+            self._pids.update(pids)
+            self._cv.notify_all()
+            self._check_stuck()
+
+    def counts(self) -> dict:
+        """For the metrics: files attached, the limit, refusals by reason."""
+        with self._cv:
+            self._check_stuck()
+            return {"files": len(self._held), "refused": dict(self.refused)}
+
+    def close(self) -> list:
+        """Stop; every link (the caller destroys them). Waits up to DEADLINE
+        for a worker attaching (obj_in_use if it is still there)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            links = self.links + [ln for f in self._held.values() for ln in f.links]
+            self.links, self._held, self.files = [], {}, {}
+        # a worker takes the lock, then looks at _closed: none uses obj after this
+        self.obj_in_use = not self._obj_lock.acquire(timeout=DEADLINE)
+        if not self.obj_in_use:
+            self._obj_lock.release()
+        return links
+
+    # -- the worker --
+    def _worker(self) -> None:
+        threading.Thread(target=self._run, args=(self._gen,), name="nettap-tls", daemon=True).start()
+
+    def _check_stuck(self) -> None:
+        """(Under the lock.) A worker waiting on one pid's maps or one file
+        past DEADLINE is abandoned: the pid or file is skipped from now on,
+        counted (timeout) and logged, and a new worker takes over, up to
+        MAX_ABANDONED of them; the abandoned one undoes whatever it made."""
+        if self._busy is None or self._closed or time.monotonic() - self._busy[1] < DEADLINE:
+            return
+        what, _since, label = self._busy
+        self._stuck.add(what)
+        self._busy = None
+        self._gen += 1
+        self._refuse("timeout", label, f"no answer within {DEADLINE:g} s; skipped from now on")
+        if len(self._stuck) <= MAX_ABANDONED:
+            self._worker()
+        else:
+            log.error("TLS: %d files or processes never answered; no more libssl files are attached", MAX_ABANDONED)
+
+    def _run(self, gen: int) -> None:
+        while True:
+            with self._cv:
+                while (gen == self._gen and not self._closed and not self._pids and self._asked == self._done
+                       and time.monotonic() - self._last_sweep < SWEEP_INTERVAL):
+                    self._cv.wait(SWEEP_INTERVAL)
+                if gen != self._gen or self._closed:
+                    return
+                pids, self._pids, want = self._pids, set(), self._asked
+            try:
+                if want != self._done:
+                    self._scan_all(gen)
+                elif pids:
+                    self._take([ln for pid in sorted(pids) for ln in self._lines(pid, gen)], gen)
+                else:
+                    self._sweep(gen)
+            except Exception:                   # a bug: said, and the next request tries again
+                log.exception("TLS: looking for libssl files failed")
+            with self._cv:
+                if gen == self._gen and want != self._done:
+                    self._done = want
+                    self._cv.notify_all()
+
+    def _wait_on(self, what, gen: int, label: str = "") -> bool:
+        """Say what this worker now waits on (label: its name for a log);
+        False if the worker was abandoned, or what was skipped for good."""
+        with self._cv:
+            if gen != self._gen or self._closed:
+                return False
+            self._busy = (what, time.monotonic(), label) if what else None
+            return what not in self._stuck
+
+    def _lines(self, pid, gen: int) -> list:
+        pid = int(pid)
+        if not self._wait_on(("pid", pid), gen, f"/proc/{pid}/maps"):
+            return []
+        data = libfiles.read_maps(self.proc, pid)
+        self._wait_on(None, gen)
+        return libfiles.map_lines(data, pid, is_libssl) if b"libssl.so" in data else []
+
+    def _all_lines(self, gen: int) -> list:
+        return [ln for pid in os.listdir(self.proc) if pid.isdigit() for ln in self._lines(pid, gen)]
+
+    def _scan_all(self, gen: int) -> None:
+        for path in system_files():
+            self._take_system(path, gen)
+        lines = self._all_lines(gen)
+        self._take(lines, gen)
+        self._release({ln.key for ln in lines}, gen)
+
+    def _sweep(self, gen: int) -> None:
+        """Release the files no process maps any more (when some could be)."""
+        self._last_sweep = time.monotonic()
+        if any(f.uid is not None for f in list(self._held.values())):
+            self._release({ln.key for ln in self._all_lines(gen)}, gen)
+
+    # -- one file --
+    def _take_system(self, path: str, gen: int) -> None:
+        if not self._wait_on(("file", path), gen, path):
+            return
+        try:
+            fd, st = libfiles.open_system(os.path.dirname(path), os.path.basename(path))
+        except (OSError, libfiles.Refused):     # a symlink, gone: its file is found where it is
+            self._wait_on(None, gen)
+            return
+        try:
+            if (st.st_dev, st.st_ino) not in self._held:
+                self._attach(fd, (st.st_dev, st.st_ino), path, None, (), gen)
+        finally:
+            os.close(fd)
+            self._wait_on(None, gen)
+
+    def _take(self, lines: list, gen: int) -> None:
+        for ln in lines:
+            with self._cv:
+                if ln.key in self._seen:
+                    continue
+            if not self._wait_on(("file", ln.key), gen, f"{ln.path} (pid {ln.pid})"):
+                continue
+            try:
+                self._take_line(ln, gen)
+            except libfiles.Refused as e:
+                if e.reason != "gone":
+                    with self._cv:
+                        self._seen[ln.key] = None       # refused for good, until no process maps it
+                        self._refuse(e.reason, ln.path, str(e))
+            finally:
+                self._wait_on(None, gen)
+
+    def _take_line(self, ln, gen: int) -> None:
+        try:
+            uid = os.stat(os.path.join(self.proc, str(ln.pid))).st_uid
+        except OSError:
+            return
+        if not self._room(uid, ln.path, gen) or not self._wait_on(("file", ln.key), gen, ln.path):
+            return                      # (a sweep in _room waited on other things meanwhile)
+        if libfiles.fs_type(self.proc, ln.pid, ln.dev).split(".")[0] in ("fuse", "fuseblk"):
+            raise libfiles.Refused("fuse", f"{ln.path} (pid {ln.pid}): on a FUSE file system (its server "
+                                   "could stall every uprobe attach of the node)")
+        fd, st = libfiles.open_mapped(ln, self.proc)
+        try:
+            key = (st.st_dev, st.st_ino)
+            with self._cv:
+                if key in self._held:
+                    self._held[key].aliases.add(ln.key)
+                    self._seen[ln.key] = key
+                    return
+            self._attach(fd, key, ln.path, uid, (ln.key,), gen)
+        finally:
+            os.close(fd)
+
+    def _room(self, uid: int, path: str, gen: int) -> bool:
+        """Whether one more file may be attached: MAX_FILES in all,
+        MAX_USER_FILES brought by one user other than root, and FD_RESERVE
+        fds left after it (reloads, scrapes, the sink). Refused and counted
+        if not (after releasing what no process maps, at most once a second)."""
+        for attempt in (0, 1):
+            with self._cv:
+                mine = sum(1 for f in self._held.values() if f.uid == uid)
+                if len(self._held) >= MAX_FILES:
+                    reason = "limit"
+                elif uid != 0 and mine >= MAX_USER_FILES:
+                    reason = "user_limit"
+                elif free_fds() < FD_RESERVE + FDS_PER_FILE:
+                    reason = "fds"
+                else:
+                    return True
+                if attempt or time.monotonic() - self._last_sweep < 1:
+                    self._refuse(reason, path, f"not attached: {LIMIT_WHY[reason]}")
+                    return False
+            self._sweep(gen)
+        return False
+
+    def _attach(self, fd: int, key: tuple, path: str, uid, aliases, gen: int) -> None:
+        """Attach every TLS symbol of the file open at fd (O_PATH): libbpf
+        and the kernel are given /proc/self/fd/N, the very file checked."""
+        at = f"/proc/self/fd/{fd}"
+        with self._obj_lock:
+            if self._closed or gen != self._gen:      # (an abandoned worker back at last)
+                return
+            made, counts, error = tls.attach_symbols(self._prog, self.variant, at)
+        error = error.replace(at, path)
+        with self._cv:
+            if not error and any(counts.values()) and gen == self._gen and not self._closed:
+                self._held[key] = _File(path, made, counts, uid, aliases)
+                self.files[key] = path
+                self._seen.update(dict.fromkeys(aliases, key))
+                for p in PROBES:
+                    self.symbols[p] += counts[p]
+                self._report()
+                log.info("TLS probes attached to %s", path)
+                return
+            if gen == self._gen and not self._closed:
+                self._seen.update(dict.fromkeys(aliases))
+                self._refuse("no_symbols" if not error else "error", path,
+                             error or "no SSL_read/SSL_write symbol")
+        destroy_links(made)
+
+    def _release(self, live: set, gen: int) -> None:
+        """Detach the files (not the system's) whose every map line is gone;
+        forget refusals of files no process maps (tried again if mapped again)."""
+        with self._cv:
+            if gen != self._gen or self._closed:
+                return
+            gone = [k for k, f in self._held.items() if f.uid is not None and not f.aliases & live]
+            files = [self._held.pop(k) for k in gone]
+            for k in gone:
+                del self.files[k]
+            self._seen = {m: k for m, k in self._seen.items() if m in live or k in self._held}
+            for f in files:
+                for p in PROBES:
+                    self.symbols[p] -= f.counts[p]
+            if files:
+                self._report()
+        for f in files:
+            log.info("TLS probes detached from %s: no process maps it any more", f.path)
+        destroy_links([ln for f in files for ln in f.links])
+
+    def _refuse(self, reason: str, path: str, why: str) -> None:
+        """(Under the lock.) Count a refusal; keep why for the probes' state;
+        log it, once a minute per reason."""
+        self.refused[reason] += 1
+        self.failed.pop(path, None)
+        self.failed[path] = why
+        while len(self.failed) > FAILED_KEPT:
+            del self.failed[next(iter(self.failed))]
+        now = time.monotonic()
+        if now - self._log_at.get(reason, -60.0) >= 60:
+            self._log_at[reason] = now
+            log.warning("TLS probes not attached to %s: %s (nettap_tls_files_refused_total{reason=\"%s\"})",
+                        path, why, reason)
+        self._report()
+
+    def _report(self) -> None:
+        if self.states is not None:
+            report(self.states, self.symbols, self.failed)
