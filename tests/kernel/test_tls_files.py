@@ -277,7 +277,7 @@ def test_a_fifo_planted_before_start_stops_nothing(scratch, monkeypatch):
     monkeypatch.setattr(procs, "READY_TIMEOUT", emulated(30, 180))   # never, before: blocked in open() for ever
     port = free_port()
     cfg = {"captures": [{"port": port}], "capture": {"tls": True},
-           "output": {"type": "jsonl", "path": os.path.join(d, "out.jsonl")}}
+           "output": {"type": "jsonl", "root": d, "path": os.path.join(d, "out.jsonl")}}
     n = Started(tmp_path(d), cfg)
     try:
         system = len({os.stat(p).st_ino for p in tls.system_files() if not os.path.islink(p)})
@@ -341,7 +341,7 @@ def test_fds_are_kept_for_reloads(scratch):
         copy(p)
     mapper(started, paths)
     cfg = {"captures": [{"port": free_port()}], "capture": {"tls": True},
-           "output": {"type": "jsonl", "path": os.path.join(d, "out.jsonl")}}
+           "output": {"type": "jsonl", "root": d, "path": os.path.join(d, "out.jsonl")}}
     n = Started(tmp_path(d), cfg, wrap=["prlimit", "--nofile=600:600", "--"])
     try:
         wait_for(lambda: count(n, "nettap_tls_files_refused_total", reason="fds") > 0, timeout=WAIT,
