@@ -368,13 +368,16 @@ def test_fds_are_kept_for_reloads(scratch):
 
 
 
-def sigterm_to_exit(d, cfg, env=None) -> tuple:
+def sigterm_to_exit(d, cfg, mech, env=None) -> tuple:
     """(s from SIGTERM to the exit of the CLI once it attached every copy
-    mapped, the files it had attached: the copies and the system's)."""
+    mapped with mech, the files it had attached: the copies and the system's)."""
     n = Started(tmp_path(d), cfg, env=env)
     try:
         wait_for(lambda: count(n, "nettap_tls_files") >= EXIT_FILES + 1, timeout=WAIT, what="the files attached")
         files = count(n, "nettap_tls_files")
+        assert count(n, "nettap_probe_attached", probe="ssl_read", mechanism=mech) == 1
+        assert count(n, "nettap_kernel_feature_present", feature="uprobe_multi", since="6.6") == \
+            (MECH == "uprobe_multi")
     finally:
         t = time.monotonic()
         n.p.send_signal(signal.SIGTERM)
@@ -404,10 +407,10 @@ def test_sigterm_exits_fast_with_files_attached(scratch):
         copy(p)
     mapper(started, paths)
     cfg = {"captures": [{"port": free_port()}], "capture": {"tls": True}, "output": {"type": "none"}}
-    perf, files = sigterm_to_exit(d, cfg, env={**os.environ, tls.FORCE_ENV: "uprobe"})
+    perf, files = sigterm_to_exit(d, cfg, "uprobe", env={**os.environ, tls.FORCE_ENV: "uprobe"})
     print(f"SIGTERM to exit, {files} files, perf-event uprobes: {perf:.2f} s")
     assert perf < PERF_BOUND * files
     if MECH == "uprobe_multi":
-        multi, files = sigterm_to_exit(d, cfg)
+        multi, files = sigterm_to_exit(d, cfg, "uprobe_multi")
         print(f"SIGTERM to exit, {files} files, uprobe_multi links: {multi:.2f} s")
         assert multi < EXIT_BOUND < perf
