@@ -2,7 +2,8 @@
 """What libssl files mapped by any user cost nettap (capture.tls): N copies
 of the system's libssl, mapped by real processes (ctypes.CDLL), then the
 real CLI started on them: the files attached, nettap's fds, and the time
-from SIGTERM to its exit (the kernel detaches uprobes one at a time).
+from SIGTERM to its exit (before Linux 6.6 the kernel detaches uprobes one at
+a time; NETTAP_TLS_UPROBE=uprobe forces that path on a later kernel).
 
   .venv/bin/python bench/tls_files.py 100     # as root
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from exporter.kernel import libbpf
+from exporter.kernel import libbpf, uprobe_multi
 
 # uapi/linux/bpf.h
 BPF_PROG_TYPE_SOCKET_FILTER = 1
@@ -128,6 +128,8 @@ def probe(btf: int) -> list:
         ("bpf_rdonly_cast", "6.2", lambda: _kfunc(btf, "bpf_rdonly_cast")),
         # a tracepoint a lifecycle program needs (loader.SEPARATE)
         ("sock:inet_sk_error_report", "5.14", lambda: _tracepoint(btf, "inet_sk_error_report")),
+        # the TLS uprobes, one link per program and file: detached in one wait (uprobe_multi.py)
+        ("uprobe_multi", "6.6", uprobe_multi.supported),
     )
     return [Feature(name, since, *check()) for name, since, check in checks]
 

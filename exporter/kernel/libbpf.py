@@ -79,6 +79,7 @@ _SIGNATURES = {
     "bpf_program__set_autoload": (c_int, [c_void_p, c_bool]),
     "bpf_program__autoload": (c_bool, [c_void_p]),
     "bpf_program__fd": (c_int, [c_void_p]),
+    "bpf_program__set_expected_attach_type": (c_int, [c_void_p, c_uint32]),
     "bpf_program__attach": (c_void_p, [c_void_p]),
     "bpf_program__attach_tracepoint": (c_void_p, [c_void_p, c_char_p, c_char_p]),
     "bpf_program__attach_kprobe": (c_void_p, [c_void_p, c_bool, c_char_p]),

@@ -159,6 +159,7 @@ class Probes:
                                               error=f"this kernel has no {needs} (Linux {since}+)")
         ok, why = tls.supported()
         self.tls_ok = ok
+        self.tls_mech = tls.mechanism(self.plan.features)     # uprobe_multi (6.6+) or uprobe
         self.tls_states = {p: ProbeState(p, mechanism=DISABLED if ok else UNSUPPORTED, error=why or TLS_OFF)
                            for p in tls.PROBES}
         self.tls: tlsfiles.TlsProbes | None = None
@@ -181,6 +182,7 @@ class Probes:
         self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
         configure(self.obj, self.plan.features, self.variant,
                   self._wanted_programs() if want is None else want, ring_sizes)
+        tls.prepare(self.obj, self.tls_mech)
 
     def _load(self, path: str, ring_sizes: dict) -> None:
         """Open, configure and load the object. Where the kernel refuses it,
@@ -334,7 +336,8 @@ class Probes:
             return
         if self.tls is None:
             try:
-                self.tls = tlsfiles.TlsProbes(self.obj, self.variant, self.tls_states, self.tls_refused)
+                self.tls = tlsfiles.TlsProbes(self.obj, self.variant, self.tls_states, self.tls_refused,
+                                              mech=self.tls_mech)
             except OSError as e:        # the dlopen ring's tracepoint: reported, TLS stays off
                 for st in self.tls_states.values():
                     st.mechanism, st.attached, st.error = "none", False, f"sys_enter_mmap: {e}"

@@ -77,8 +77,14 @@ def destroy_links(links) -> None:
     0.6 s here (~10x that in an emulated guest); destroyed from a thread
     each, the waits overlap: 0.065 s. ctypes releases the interpreter lock
     around each call, and each link is its own (libbpf shares no state
-    between them)."""
-    destroy = libbpf.lib().bpf_link__destroy
+    between them). links: bpf_link * (ints), or uprobe_multi.Link."""
+    lib = libbpf.lib()
+
+    def destroy(link) -> None:
+        if isinstance(link, int):
+            lib.bpf_link__destroy(link)
+        else:
+            link.close()
     if len(links) < 2:
         for link in links:
             destroy(link)

@@ -31,7 +31,7 @@ import re
 import resource
 from ctypes import Structure, c_bool, c_char_p, c_int, c_size_t, c_uint64, c_void_p
 
-from exporter.kernel import libbpf
+from exporter.kernel import libbpf, uprobe_multi
 from exporter.kernel.mechanisms import UNSUPPORTED
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,16 @@ SYSTEM_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib",
 _LIBSSL = re.compile(r"^libssl\.so(\.\d+)+$")     # OpenSSL's versioned file
 
 # The files attached at once, and of them those one user other than root
-# brought (its processes mapped them): each costs ~24 fds (a uprobe and its
-# link per symbol, return and forget probe) and ~1 s of the exit (the kernel detaches
-# uprobes one at a time, each waiting out RCU grace periods).
+# brought (its processes mapped them). Each costs, with perf-event uprobes
+# (before Linux 6.6), ~24 fds (a uprobe and its link per symbol, return and
+# forget probe) and ~1 s of the exit (the kernel detaches them one at a
+# time, each waiting out RCU grace periods); with uprobe_multi links, 9 fds
+# (a link per program) and a few ms (links detach side by side: uprobe_multi.py).
 MAX_FILES, MAX_USER_FILES = 16, 4
-FDS_PER_FILE = 24
+FDS_PER_FILE = {"uprobe": 24, "uprobe_multi": 9}
+# NETTAP_TLS_UPROBE=uprobe: perf-event uprobes even where uprobe_multi links
+# exist (the tests run both ways on one kernel)
+FORCE_ENV = "NETTAP_TLS_UPROBE"
 FD_RESERVE = 256            # fds never taken by attaches: reloads, scrapes, the sink
 DEADLINE = 5.0              # s one file (or one process's maps) may take before it is skipped
 MAX_ABANDONED = 8           # workers abandoned on such files before attaching stops
@@ -129,17 +134,42 @@ def attach_uprobe(prog: int, path: str, sym: str, retprobe: bool) -> int:
     return libbpf.check_ptr(f"{_ATTACH}({sym})", fn(prog, -1, path.encode(), 0, ctypes.byref(opts)))
 
 
-def attach_symbols(prog, variant: str, path: str) -> tuple:
+def mechanism(features: list) -> str:
+    """How files are attached: "uprobe_multi" where the kernel has the
+    links (6.6+) and NETTAP_TLS_UPROBE does not ask otherwise, "uprobe"."""
+    have = any(f.name == "uprobe_multi" and f.present for f in features)
+    return "uprobe_multi" if have and os.environ.get(FORCE_ENV) != "uprobe" else "uprobe"
+
+
+def prepare(obj: int, mech: str) -> None:
+    """Before load: the uprobe programs of both variants loaded for
+    uprobe_multi links where that is the mechanism (the kernel refuses a
+    multi link to a program not loaded for it)."""
+    if mech != "uprobe_multi":
+        return
+    find = libbpf.lib().bpf_object__find_program_by_name
+    for name in dict.fromkeys(programs("fast") + programs("compat")):
+        prog = find(obj, name.encode())
+        if name != MMAP and prog:
+            libbpf.call("bpf_program__set_expected_attach_type", prog, uprobe_multi.BPF_TRACE_UPROBE_MULTI)
+
+
+def _return(probe: str, variant: str):
+    ret = RETURNS.get(probe)
+    return f"{ret}_compat" if ret and variant != "fast" else ret
+
+
+def attach_symbols(prog, variant: str, path: str, mech: str = "uprobe") -> tuple:
     """Attach every TLS symbol the file at path has: (links, symbols per
     probe, the error that stopped it or ""). prog(name): a bpf_program *."""
+    if mech == "uprobe_multi":
+        return attach_multi(prog, variant, path)
     made, counts = [], {p: 0 for p in PROBES}
     try:
         for sym, name in FORGET:
             made.append(attach_uprobe(prog(name), path, sym, False))
         for probe, syms in SYMBOLS.items():
-            ret = RETURNS.get(probe)
-            if ret and variant != "fast":
-                ret = f"{ret}_compat"
+            ret = _return(probe, variant)
             for sym, entry in syms:
                 if ret:
                     try:
@@ -156,11 +186,43 @@ def attach_symbols(prog, variant: str, path: str) -> tuple:
     return made, counts, ""
 
 
-def report(states: dict, symbols: dict, failed: dict) -> None:
+def attach_multi(prog, variant: str, path: str) -> tuple:
+    """attach_symbols with a uprobe_multi link per program: its symbols'
+    offsets read from the file (.dynsym, .symtab); the forget probes first,
+    a probe's return before its entries."""
+    made, counts = [], {p: 0 for p in PROBES}
+    names = [s for s, _p in FORGET] + [s for syms in SYMBOLS.values() for s, _p in syms]
+    try:
+        offs = uprobe_multi.symbol_offsets(path, names)
+    except Exception as e:          # OSError, elftools' ELFError and its parse errors
+        return made, counts, f"{path}: not an ELF file nettap can read ({e})"
+    missing = [s for s, _p in FORGET if s not in offs]
+    if missing:
+        return made, counts, f"{path}: no symbol {missing[0]}"
+
+    def link(name: str, syms: list, ret: bool) -> None:
+        fd = uprobe_multi.prog_fd(prog(name))
+        made.append(uprobe_multi.link(fd, path, [offs[s] for s in syms], ret))
+    try:
+        for name in dict.fromkeys(p for _s, p in FORGET):
+            link(name, [s for s, p in FORGET if p == name], False)
+        for probe, syms in SYMBOLS.items():
+            have = [(s, e) for s, e in syms if s in offs]
+            if have and _return(probe, variant):
+                link(_return(probe, variant), [s for s, _e in have], True)
+            for sym, entry in have:
+                link(entry, [sym], False)
+                counts[probe] += 1
+    except OSError as e:
+        return made, counts, str(e)
+    return made, counts, ""
+
+
+def report(states: dict, symbols: dict, failed: dict, mech: str = "uprobe") -> None:
     """Each TLS probe's state (mechanisms.ProbeState): attached where some
     file carries its symbols; a node without libssl is not a failure."""
     for p, st in states.items():
-        st.mechanism, st.attached = "uprobe", symbols[p] > 0
+        st.mechanism, st.attached = mech, symbols[p] > 0
         if st.attached:
             st.error = ""
         elif failed:

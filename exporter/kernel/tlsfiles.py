@@ -46,10 +46,12 @@ class TlsProbes:
     link to destroy."""
 
     def __init__(self, obj: int, variant: str, states: dict | None = None, refused: dict | None = None,
-                 proc: str = "/proc"):
+                 proc: str = "/proc", mech: str = "uprobe"):
         """states: the TLS probes' ProbeStates, kept told; refused: reason ->
-        count, counted on (the caller's, so counts outlive this object)."""
+        count, counted on (the caller's, so counts outlive this object);
+        mech: "uprobe_multi" where obj was loaded for it (tls.prepare)."""
         self.obj, self.variant, self.states, self.proc = obj, variant, states, proc
+        self.mech = mech
         # libssl files mapped from now on are told on the dlopen ring
         self.links: list = [libbpf.call_ptr("bpf_program__attach_tracepoint", self._prog(MMAP),
                                             b"syscalls", b"sys_enter_mmap")]
@@ -267,7 +269,7 @@ class TlsProbes:
                     reason = "limit"
                 elif uid != 0 and mine >= MAX_USER_FILES:
                     reason = "user_limit"
-                elif free_fds() < FD_RESERVE + FDS_PER_FILE:
+                elif free_fds() < FD_RESERVE + FDS_PER_FILE[self.mech]:
                     reason = "fds"
                 else:
                     return True
@@ -284,7 +286,7 @@ class TlsProbes:
         with self._obj_lock:
             if self._closed or gen != self._gen:      # (an abandoned worker back at last)
                 return
-            made, counts, error = tls.attach_symbols(self._prog, self.variant, at)
+            made, counts, error = tls.attach_symbols(self._prog, self.variant, at, self.mech)
         error = error.replace(at, path)
         with self._cv:
             if not error and any(counts.values()) and gen == self._gen and not self._closed:
@@ -339,4 +341,4 @@ class TlsProbes:
 
     def _report(self) -> None:
         if self.states is not None:
-            report(self.states, self.symbols, self.failed)
+            report(self.states, self.symbols, self.failed, self.mech)

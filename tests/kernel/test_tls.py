@@ -14,12 +14,30 @@ import pytest
 
 from conftest import emulated, streams
 from exporter.commands import cli
-from exporter.kernel import maps, tls
+from exporter.kernel import maps, tls, uprobe_multi
 from procs import free_port, wait_for
 from traffic import payload
 
 pytestmark = pytest.mark.skipif(not tls.supported()[0] or not tls.system_files(),
                                 reason="no uprobes, or no libssl.so on this machine")
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tls_mech(mode):
+    """The TLS uprobes' mechanism in this module x mode: uprobe_multi links
+    where the kernel has them (6.6+), but perf-event uprobes forced
+    (NETTAP_TLS_UPROBE) in the compat variant's run, so that both paths run
+    on one kernel; perf-event uprobes alone before 6.6."""
+    multi = os.geteuid() == 0 and uprobe_multi.supported()[0]
+    with pytest.MonkeyPatch.context() as mp:
+        if mode[1] == "compat" or not multi:
+            mp.setenv(tls.FORCE_ENV, "uprobe")
+            yield "uprobe"
+        else:
+            mp.delenv(tls.FORCE_ENV, raising=False)
+            yield "uprobe_multi"
+
 
 # Sizes around the chunk's 396 bytes, two TLS records (16 KiB each), and more.
 SIZES = (1, 395, 396, 397, 16385, 40000)
@@ -257,7 +275,7 @@ def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
         assert sum(len(dpkt.ip.IP(p).data.data) for p in pkts) == len(req) + len(resp)
 
 
-def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert):
+def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert, tls_mech):
     """capture.tls false (the default): no uprobe on libssl (every TLS call
     of the node would pay its trap), the TLS probes reported disabled (not a
     failure); switched on by a reload, no restart."""
@@ -270,7 +288,7 @@ def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert):
     echo_pair(cert, port, sizes=(100,))
     run.apply({"captures": [{"port": port}], "capture": {"tls": True}})
     assert {p: (st.reported, st.attached) for p, st in states.items()} == \
-        dict.fromkeys(tls.PROBES, ("uprobe", True))
+        dict.fromkeys(tls.PROBES, (tls_mech, True))
     _, sent = echo_pair(cert, port, sizes=(100,))
     lines, _ = run.finish()
     assert sorted(streams(tls_lines(lines), "egress", tls=True).values()) == \
