@@ -349,17 +349,13 @@ def test_dns_over_tcp_is_reassembled_from_the_calls(nettap_run, mode, ns):
             ("big.example.", "A", "NOERROR", "60")} <= rows, out.getvalue()
 
 
-def test_500_queries_a_second_are_recorded_whole(nettap_run, mode, ns):
-    """A client sending 500 queries a second (in bursts of 10 every 20 ms)
-    to a resolver answering each: the dns ring wakes the drain once a
-    quarter of it is pending, as the capture rings do (before, a record
-    published while the drain was busy woke nobody, and the ring waited for
-    the 0.2 s poll: ~8 % dropped here, each dropped answer a timeout). Every
-    query and answer is recorded, every query counted NOERROR, none a timeout."""
-    seconds = emulated(2, 1)
+def _load(nettap_run, mode, ns, ask: list) -> tuple:
+    """tests/dnsload.py's resolver and a client asking as ask says, the
+    client captured by pid: (its dns records, the client's figures, both
+    with the ring's drops, the tracker's _delta once every query expired)."""
     server = dnsload.start(ns, ["serve"])
     try:
-        client = dnsload.start(ns, ["ask", "--rate", "500", "--seconds", str(seconds), "--tick", "0.02"])
+        client = dnsload.start(ns, ["ask", *ask])
         run = nettap_run({"captures": [{"pid": client.pid}], "capture": {"dns": True}})
         _dns_probe(run, mode)
         before = run.app.dns.snapshot()
@@ -368,9 +364,22 @@ def test_500_queries_a_second_are_recorded_whole(nettap_run, mode, ns):
     finally:
         dnsload.finish(server)
     run.app.dns.expire(time.monotonic_ns() + 10 ** 10)
-    queries, answered, _s, malformed, unmatched = _delta(before, run.app.dns.snapshot())
+    delta = _delta(before, run.app.dns.snapshot())
     recs = [l for l in lines if l["type"] == "dns"]
-    figures = dict(load, recorded=len(recs), dropped=run.drops()["dns"], counted=queries)
+    figures = dict(load, recorded=len(recs), dropped=run.drops()["dns"], counted=delta[0], unmatched=delta[4])
+    return recs, load, figures, delta
+
+
+def test_500_queries_a_second_are_recorded_whole(nettap_run, mode, ns):
+    """A client sending 500 queries a second (in bursts of 10 every 20 ms)
+    to a resolver answering each: the dns ring wakes the drain once a
+    quarter of it is pending, as the capture rings do (before, a record
+    published while the drain was busy woke nobody, and the ring waited for
+    the 0.2 s poll: ~8 % dropped here, each dropped answer a timeout). Every
+    query and answer is recorded, every query counted NOERROR, none a timeout."""
+    seconds = emulated(2, 1)
+    recs, load, figures, (queries, answered, _s, malformed, unmatched) = _load(
+        nettap_run, mode, ns, ["--rate", "500", "--seconds", str(seconds), "--tick", "0.02"])
     print("500 queries/s:", figures)
     n = 500 * seconds
     assert load["sent"] == load["answered"] == n, figures
@@ -454,21 +463,9 @@ def test_at_10k_queries_a_second_drops_are_counted_and_no_answer_is_a_false_time
     dropped, and a query counts as a timeout only if the client got no
     answer: one whose answer the ring may have dropped is lost (before,
     each dropped answer was a timeout: 1,349 of 30,000 here)."""
-    server = dnsload.start(ns, ["serve"])
-    try:
-        # the emulated guests' client sends fewer: the kernel's part is the same
-        client = dnsload.start(ns, ["ask", "--rate", str(emulated(10000, 2000)), "--seconds", "1"])
-        run = nettap_run({"captures": [{"pid": client.pid}], "capture": {"dns": True}})
-        _dns_probe(run, mode)
-        before = run.app.dns.snapshot()
-        load = dnsload.finish(client)
-        lines, _ = run.finish()
-    finally:
-        dnsload.finish(server)
-    run.app.dns.expire(time.monotonic_ns() + 10 ** 10)
-    queries, answered, _s, malformed, unmatched = _delta(before, run.app.dns.snapshot())
-    recs = [l for l in lines if l["type"] == "dns"]
-    figures = dict(load, recorded=len(recs), dropped=run.drops()["dns"], counted=queries, unmatched=unmatched)
+    # the emulated guests' client sends fewer: the kernel's part is the same
+    recs, load, figures, (queries, answered, _s, malformed, unmatched) = _load(
+        nettap_run, mode, ns, ["--rate", str(emulated(10000, 2000)), "--seconds", "1"])
     print("10k queries/s:", figures)
     assert len(recs) + figures["dropped"] == load["sent"] + load["answered"], figures
     assert queries.get("timeout", 0) <= load["sent"] - load["answered"], figures

@@ -2,6 +2,7 @@
 users (exporter/kernel/libfiles.py, tlsfiles.py): real processes as nobody,
 real user and mount namespaces, real copies of the system's libssl mapped
 by real processes."""
+import contextlib
 import os
 import shutil
 import signal
@@ -177,14 +178,10 @@ HAS_FUSE = os.path.exists("/dev/fuse") and subprocess.run(["/usr/bin/python3", "
                                                           capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not HAS_FUSE, reason="no /dev/fuse, or no python3-fusepy (scripts/setup.sh test installs it)")
-def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scratch):
-    """A process maps a libssl served by FUSE, whose server then answers
-    nothing: nettap refuses the file by its mount's type (read from the
-    process's mountinfo, no request to the server), counts it, and a config
-    apply returns at once (before: stat() waited on the server, under the
-    config lock, for ever)."""
-    d, started = scratch
+@contextlib.contextmanager
+def stalling_fuse(d, started):
+    """FUSE_SERVER mounted at d/mnt, serving a copy of libssl until d/stall
+    exists: (the mount, the stall file); unstalled and unmounted after."""
     mnt, stall = os.path.join(d, "mnt"), os.path.join(d, "stall")
     os.mkdir(mnt)
     srv = subprocess.Popen(["/usr/bin/python3", "-c", FUSE_SERVER, SSL, mnt, stall], stdout=subprocess.PIPE,
@@ -193,6 +190,22 @@ def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scrat
     try:
         assert srv.stdout.readline().strip() == "serving"
         wait_for(lambda: os.path.ismount(mnt), timeout=WAIT, what="the FUSE mount")
+        yield mnt, stall
+    finally:
+        if os.path.exists(stall):
+            os.unlink(stall)
+        subprocess.run(["umount", "-l", mnt], check=False)
+
+
+@pytest.mark.skipif(not HAS_FUSE, reason="no /dev/fuse, or no python3-fusepy (scripts/setup.sh test installs it)")
+def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scratch):
+    """A process maps a libssl served by FUSE, whose server then answers
+    nothing: nettap refuses the file by its mount's type (read from the
+    process's mountinfo, no request to the server), counts it, and a config
+    apply returns at once (before: stat() waited on the server, under the
+    config lock, for ever)."""
+    d, started = scratch
+    with stalling_fuse(d, started) as (mnt, stall):
         p = mapper(started, [os.path.join(mnt, "libssl.so.3")])
         (line,) = libfiles.map_lines(libfiles.read_maps("/proc", p.pid), p.pid, tls.is_libssl)
         doc = {"captures": [{"port": free_port()}]}
@@ -207,10 +220,6 @@ def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scrat
         assert probes.tls_counts()["refused"]["fuse"] >= 1
         assert line.key not in probes.tls.files
         run.finish()
-    finally:
-        if os.path.exists(stall):
-            os.unlink(stall)
-        subprocess.run(["umount", "-l", mnt], check=False)
 
 
 @pytest.mark.skipif(not HAS_FUSE, reason="no /dev/fuse, or no python3-fusepy (scripts/setup.sh test installs it)")
@@ -220,44 +229,36 @@ def test_a_file_that_never_answers_is_skipped_after_the_deadline(nettap_run, scr
     The scan gives up on it after tls.DEADLINE (counted: timeout), a new
     worker goes on, and a file mapped after it is attached."""
     d, started = scratch
-    mnt, stall = os.path.join(d, "mnt"), os.path.join(d, "stall")
     ov = os.path.join(d, "ov")
-    for p in (mnt, ov, os.path.join(d, "up"), os.path.join(d, "work")):
+    for p in (ov, os.path.join(d, "up"), os.path.join(d, "work")):
         os.mkdir(p)
-    srv = subprocess.Popen(["/usr/bin/python3", "-c", FUSE_SERVER, SSL, mnt, stall], stdout=subprocess.PIPE,
-                           text=True)
-    started.append(srv)
-    try:
-        assert srv.stdout.readline().strip() == "serving"
-        wait_for(lambda: os.path.ismount(mnt), timeout=WAIT, what="the FUSE mount")
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={mnt},upperdir={d}/up,workdir={d}/work", ov], check=True)
-        p = mapper(started, [os.path.join(ov, "libssl.so.3")])
-        (line,) = libfiles.map_lines(libfiles.read_maps("/proc", p.pid), p.pid, tls.is_libssl)
-        # Before Linux 6.8 or so a maps line names an overlay file by its layer's inode: FUSE's here
-        on_fuse = libfiles.fs_type("/proc", p.pid, line.dev).startswith("fuse")
-        doc = {"captures": [{"port": free_port()}]}
-        run = nettap_run(doc)
-        probes = run.app.probes
-        open(stall, "w").close()
-        t = time.monotonic()
-        run.apply({**doc, "capture": {"tls": True}})
-        took = time.monotonic() - t
-        if on_fuse:
-            assert took < emulated(3, 30) and probes.tls_counts()["refused"]["fuse"] == 1, took
-        else:
-            assert tls.DEADLINE <= took < tls.DEADLINE + emulated(2, 20), took
-            assert probes.tls_counts()["refused"]["timeout"] == 1
-        late = copy(os.path.join(d, "late", "libssl.so.3"))
-        mapper(started, [os.path.join(d, "late", "libssl.so.3")])
-        wait_for(lambda: late in probes.tls.files, timeout=WAIT, what="a later file attached")
-        os.unlink(stall)
-        run.finish()
-    finally:
-        if os.path.exists(stall):
+    with stalling_fuse(d, started) as (mnt, stall):
+        try:
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={mnt},upperdir={d}/up,workdir={d}/work", ov], check=True)
+            p = mapper(started, [os.path.join(ov, "libssl.so.3")])
+            (line,) = libfiles.map_lines(libfiles.read_maps("/proc", p.pid), p.pid, tls.is_libssl)
+            # Before Linux 6.8 or so a maps line names an overlay file by its layer's inode: FUSE's here
+            on_fuse = libfiles.fs_type("/proc", p.pid, line.dev).startswith("fuse")
+            doc = {"captures": [{"port": free_port()}]}
+            run = nettap_run(doc)
+            probes = run.app.probes
+            open(stall, "w").close()
+            t = time.monotonic()
+            run.apply({**doc, "capture": {"tls": True}})
+            took = time.monotonic() - t
+            if on_fuse:
+                assert took < emulated(3, 30) and probes.tls_counts()["refused"]["fuse"] == 1, took
+            else:
+                assert tls.DEADLINE <= took < tls.DEADLINE + emulated(2, 20), took
+                assert probes.tls_counts()["refused"]["timeout"] == 1
+            late = copy(os.path.join(d, "late", "libssl.so.3"))
+            mapper(started, [os.path.join(d, "late", "libssl.so.3")])
+            wait_for(lambda: late in probes.tls.files, timeout=WAIT, what="a later file attached")
             os.unlink(stall)
-        subprocess.run(["umount", "-l", ov], check=False)
-        subprocess.run(["umount", "-l", mnt], check=False)
+            run.finish()
+        finally:
+            subprocess.run(["umount", "-l", ov], check=False)
 
 
 def count(n, name, **labels):
@@ -292,20 +293,31 @@ def test_a_fifo_planted_before_start_stops_nothing(scratch, monkeypatch):
     try:
         system = len({os.stat(p).st_ino for p in tls.system_files() if not os.path.islink(p)})
         wait_for(lambda: count(n, "nettap_tls_files") == system + 1, timeout=WAIT, what="the copy attached")
-        n.write_config({**cfg, "captures": [{"port": free_port()}]})
-        os.kill(n.p.pid, signal.SIGHUP)
-        wait_for(lambda: count(n, "nettap_config_reloads_total", result="success") == 2, timeout=WAIT,
-                 what="the reload applied")
+        reload_applies(n, cfg)
         copy(os.path.join(d, "late", "libssl.so.3"))
         mapper(started, [os.path.join(d, "late", "libssl.so.3")])
         wait_for(lambda: count(n, "nettap_tls_files") == system + 2, timeout=WAIT, what="a later file attached")
     finally:
-        t = time.monotonic()
-        n.p.send_signal(signal.SIGTERM)
-        rc = n.p.wait(60)
-        took = time.monotonic() - t
-        n.log.close()
+        rc, took = stop(n)
     assert rc == 0 and took < emulated(10, 100), took
+
+
+def reload_applies(n, cfg) -> None:
+    """A SIGHUP with a new port applies (the second successful reload)."""
+    n.write_config({**cfg, "captures": [{"port": free_port()}]})
+    os.kill(n.p.pid, signal.SIGHUP)
+    wait_for(lambda: count(n, "nettap_config_reloads_total", result="success") == 2, timeout=WAIT,
+             what="the reload applied")
+
+
+def stop(n) -> tuple:
+    """SIGTERM: (the exit status, s to the exit)."""
+    t = time.monotonic()
+    n.p.send_signal(signal.SIGTERM)
+    rc = n.p.wait(emulated(60, 300))
+    took = time.monotonic() - t
+    n.log.close()
+    return rc, took
 
 
 def tmp_path(d):
@@ -363,16 +375,9 @@ def test_fds_are_kept_for_reloads(scratch):
         assert count(n, "nettap_tls_files") > 0
         # (less the few a scrape's connection holds meanwhile)
         assert nofile - len(os.listdir(f"/proc/{n.p.pid}/fd")) >= tls.FD_RESERVE - 8
-        n.write_config({**cfg, "captures": [{"port": free_port()}]})
-        os.kill(n.p.pid, signal.SIGHUP)
-        wait_for(lambda: count(n, "nettap_config_reloads_total", result="success") == 2, timeout=WAIT,
-                 what="the reload applied")
+        reload_applies(n, cfg)
     finally:
-        t = time.monotonic()
-        n.p.send_signal(signal.SIGTERM)
-        rc = n.p.wait(120)
-        took = time.monotonic() - t
-        n.log.close()
+        rc, took = stop(n)
     print(f"SIGTERM to exit: {took:.2f} s")
     assert rc == 0 and took < emulated(15, 150), took
 
@@ -389,11 +394,7 @@ def sigterm_to_exit(d, cfg, mech, env=None) -> tuple:
         assert count(n, "nettap_kernel_feature_present", feature="uprobe_multi", since="6.6") == \
             (MECH == "uprobe_multi")
     finally:
-        t = time.monotonic()
-        n.p.send_signal(signal.SIGTERM)
-        rc = n.p.wait(120)
-        took = time.monotonic() - t
-        n.log.close()
+        rc, took = stop(n)
     assert rc == 0
     return took, files
 
