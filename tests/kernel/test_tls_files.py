@@ -251,7 +251,8 @@ def test_a_file_that_never_answers_is_skipped_after_the_deadline(nettap_run, scr
                 assert took < emulated(3, 30) and probes.tls_counts()["refused"]["fuse"] == 1, took
             else:
                 assert tls.DEADLINE <= took < tls.DEADLINE + emulated(2, 20), took
-                assert probes.tls_counts()["refused"]["timeout"] == 1
+                # counted by the worker's watchdog, which may tick just after the apply gave up waiting
+                wait_for(lambda: probes.tls_counts()["refused"]["timeout"] == 1, timeout=WAIT, what="timeout counted")
             late = copy(os.path.join(d, "late", "libssl.so.3"))
             mapper(started, [os.path.join(d, "late", "libssl.so.3")])
             wait_for(lambda: late in probes.tls.files, timeout=WAIT, what="a later file attached")
@@ -339,7 +340,8 @@ def test_one_users_files_are_bounded_and_released(nettap_run, mode, scratch):
     probes = run.app.probes
     files = probes.tls.files
     wait_for(lambda: sum(k in files for k in keys) == tls.MAX_USER_FILES, timeout=WAIT, what="nobody's files")
-    assert probes.tls_counts()["refused"]["user_limit"] >= 2     # (no other test here reaches it)
+    # (no other test here reaches it; counted just after the fourth attach, which an emulated guest shows)
+    wait_for(lambda: probes.tls_counts()["refused"]["user_limit"] >= 2, timeout=WAIT, what="user_limit counted")
     late = copy(os.path.join(d, "root", "libssl.so.3"))
     mapper(started, [os.path.join(d, "root", "libssl.so.3")])
     wait_for(lambda: late in files, timeout=WAIT, what="root's later copy attached")
@@ -424,4 +426,6 @@ def test_sigterm_exits_fast_with_files_attached(scratch):
     if MECH == "uprobe_multi":
         multi, files = sigterm_to_exit(d, cfg, "uprobe_multi")
         print(f"SIGTERM to exit, {files} files, uprobe_multi links: {multi:.2f} s")
-        assert multi < EXIT_BOUND < perf
+        assert multi < EXIT_BOUND and multi < perf, (multi, perf)
+        if not emulated(False, True):       # a guest's bound is 10x: no room for the perf figure below it
+            assert EXIT_BOUND < perf, (multi, perf)
