@@ -25,6 +25,7 @@ from exporter.kernel.tls import (DEADLINE, FAILED_KEPT, FD_RESERVE, FDS_PER_FILE
                                  free_fds, is_libssl, report, system_files)
 
 log = logging.getLogger(__name__)
+GONE_RETRIES = 4        # a mapped range not found: its maps read again after 10, 20, 40, 80 ms
 
 
 class _File:
@@ -220,20 +221,39 @@ class TlsProbes:
 
     def _take(self, lines: list, gen: int) -> None:
         for ln in lines:
-            with self._cv:
-                if ln.key in self._seen:
-                    continue
-            if not self._wait_on(("file", ln.key), gen, f"{ln.path} (pid {ln.pid})"):
-                continue
-            try:
-                self._take_line(ln, gen)
-            except libfiles.Refused as e:
-                if e.reason != "gone":
+            for attempt in range(GONE_RETRIES + 1):
+                with self._cv:
+                    if ln.key in self._seen:
+                        break
+                if not self._wait_on(("file", ln.key), gen, f"{ln.path} (pid {ln.pid})"):
+                    break
+                try:
+                    self._take_line(ln, gen)
+                    break
+                except libfiles.Refused as e:
+                    if e.reason == "gone":
+                        ln = self._again(ln, attempt)
+                        if ln is None:
+                            break
+                        continue
                     with self._cv:
                         self._seen[ln.key] = None       # refused for good, until no process maps it
                         self._refuse(e.reason, ln.path, str(e))
-            finally:
-                self._wait_on(None, gen)
+                    break
+                finally:
+                    self._wait_on(None, gen)
+
+    def _again(self, ln, attempt: int):
+        """ln's file, read again from its process's maps after its range was
+        not found: None if the process no longer maps it. A dlopen record is
+        told at mmap(2)'s entry, while ld.so's first mapping of the whole
+        file still stands; the mmap it tells then splits that range, so a
+        range read in between is gone by the time it is opened."""
+        if attempt == GONE_RETRIES:
+            return None
+        time.sleep(0.01 * 2 ** attempt)
+        data = libfiles.read_maps(self.proc, ln.pid)
+        return next((m for m in libfiles.map_lines(data, ln.pid, is_libssl) if m.key == ln.key), None)
 
     def _take_line(self, ln, gen: int) -> None:
         try:

@@ -96,10 +96,21 @@ def pytest_generate_tests(metafunc):
         modes = kernel_modes()
         if not modes and os.geteuid() == 0:
             raise RuntimeError("the loader found no mechanism this kernel accepts")
+        if metafunc.definition.get_closest_marker("per_variant"):
+            modes = per_variant(modes)
         # module scope: a module's tests are grouped by mode, so one shared
         # nettap per module x mode serves them (shared_nettap)
         metafunc.parametrize("mode", modes or [("unprobed", "not root")], scope="module",
                              ids=[f"{m}-{v}" for m, v in modes] or ["not-root"])
+
+
+def per_variant(modes) -> tuple:
+    """The last mechanism of each variant (the host's own, tracepoint): a test
+    of what no mechanism changes (the TLS files, uprobes and the dlopen ring;
+    a thread's exit) runs once per variant, not once per mechanism, and in
+    the kernel matrix's lighter 6.1-rt shard."""
+    last = {v: (m, v) for m, v in modes}
+    return tuple(mv for mv in modes if mv in last.values())
 
 
 class Run:

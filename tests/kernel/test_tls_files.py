@@ -130,6 +130,7 @@ def test_the_mapped_file_is_opened_never_the_path_a_user_planted(scratch):
         assert time.monotonic() - t < emulated(1, 10)
 
 
+@pytest.mark.per_variant
 def test_a_root_only_file_a_user_names_is_not_attached(nettap_run, mode, scratch):
     """A chrooted nobody whose maps line resolves, through /proc/PID/root, to
     a symlink to a root-only libssl: nettap attaches the file the process
@@ -198,6 +199,7 @@ def stalling_fuse(d, started):
 
 
 @pytest.mark.skipif(not HAS_FUSE, reason="no /dev/fuse, or no python3-fusepy (scripts/setup.sh test installs it)")
+@pytest.mark.per_variant
 def test_a_libssl_on_fuse_is_refused_and_never_waited_on(nettap_run, mode, scratch):
     """A process maps a libssl served by FUSE, whose server then answers
     nothing: nettap refuses the file by its mount's type (read from the
@@ -327,6 +329,7 @@ def tmp_path(d):
     return p
 
 
+@pytest.mark.per_variant
 def test_one_users_files_are_bounded_and_released(nettap_run, mode, scratch):
     """nobody maps MAX_USER_FILES + 2 copies: MAX_USER_FILES attached, the rest
     refused and counted; a root process's copy mapped after is attached;
