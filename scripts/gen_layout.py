@@ -212,9 +212,15 @@ def python(consts: dict, lay: dict) -> str:
         if sorted(names) != list(range(consts[g + "_COUNT"])):
             raise SystemExit(f"gen_layout: NETTAP_{g}_* are not 0..NETTAP_{g}_COUNT-1")
         out.append(f"{g}S = {tuple(names.values())!r}")
+    for g in sorted(k[:-len("_ROWS")] for k in consts if k.endswith("_ROWS")):
+        starts = sorted((v, k[len(g) + 1:].lower()) for k, v in consts.items()
+                        if k.startswith(g + "_") and k != g + "_ROWS")
+        ends = [v for v, _ in starts[1:]] + [consts[g + "_ROWS"]]
+        out += [f"{g}_BLOCKS = " + repr({n: (v, e) for (v, n), e in zip(starts, ends)})
+                + f"    # rows NETTAP_{g}_*: name -> (first, end)"]
     out += ["", "# Every struct of bpf/tcp.h: name -> (size, fields); a field is",
-            "# (name, offset, C type, elements, bytes, JSON form, comment). A record's",
-            "# nested parts (its socket's ports, addresses) are flattened into it.", "STRUCTS = {"]
+            "# (name, offset, C type, elements, bytes, JSON form, comment); nested parts flattened.",
+            "STRUCTS = {"]
     for name, (size, fields) in structs.items():
         out.append(f"    {name!r}: ({size}, (")
         out += [f"        {f!r}," for f in fields]

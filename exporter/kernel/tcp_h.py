@@ -110,10 +110,10 @@ NAMES = {
 MAPS = ('tls_calls',)
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
+OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'retrans': (520, 528), 'timers': (528, 576), 'wakeups': (576, 1024)}    # rows NETTAP_OBS_*: name -> (first, end)
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
-# (name, offset, C type, elements, bytes, JSON form, comment). A record's
-# nested parts (its socket's ports, addresses) are flattened into it.
+# (name, offset, C type, elements, bytes, JSON form, comment); nested parts flattened.
 STRUCTS = {
     'nettap_capture_config': (28, (
         ('flags', 0, '__u32', 1, 4, '', 'NETTAP_TARGET_* present'),

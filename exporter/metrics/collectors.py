@@ -67,9 +67,9 @@ class ProbeCollector(Collector):
         return [calls, returns, nbytes, chunks, drops]
 
 
-def _nonzero(rows, start: int, n: int) -> list:
-    """The indexes i < n of the non-zero rows[start + i]."""
-    return [i for i, v in enumerate(rows[start:start + n]) if v]
+def _nonzero(rows) -> list:
+    """The indexes of the non-zero rows."""
+    return [i for i, v in enumerate(rows) if v]
 
 
 class LifecycleCollector(Collector):
@@ -101,10 +101,6 @@ class LifecycleCollector(Collector):
     ]
     # bpf/timer.bpf.h's buckets of behind_jiffies: 0, then below 2^b for b of 1..8
     BEHIND_LE = ("0", "1", "3", "7", "15", "31", "63", "127", "255", "+Inf")
-    TIMERS = (("retransmit", "TIMER_RETRANSMIT"), ("keepalive", "TIMER_KEEPALIVE"))
-    PROBES = (("window", "WAKEUP_WINDOW"), ("keepalive", "WAKEUP_KEEPALIVE"))
-    RETRANS = (("rto", "RETRANS_RTO"), ("tlp", "RETRANS_TLP"), ("fast", "RETRANS_FAST"),
-               ("synack", "RETRANS_SYNACK"))
 
     def __init__(self, read: Callable[[], "object"], state_names: tuple, errno_names: dict):
         """state_names: the kernel's TCP state names by number; errno_names:
@@ -117,22 +113,24 @@ class LifecycleCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         states, resets, errors, retrans, behind, probes = _families(self.SPECS)
         rows = self.read()
-        for i in _nonzero(rows, tcp_h.OBS_STATES, 256):
+        # bpf/tcp.h's blocks of rows and names of values (NETTAP_OBS_*, NETTAP_RETRANS_*, ...), generated
+        block = {name: rows[first:end] for name, (first, end) in tcp_h.OBS_BLOCKS.items()}
+        for i in _nonzero(block["states"]):
             old, new = divmod(i, 16)
-            states.add_metric([self._state(old), self._state(new)], int(rows[tcp_h.OBS_STATES + i]))
+            states.add_metric([self._state(old), self._state(new)], int(block["states"][i]))
         for d, name in ((tcp_h.DIR_EGRESS, "sent"), (tcp_h.DIR_INGRESS, "received")):
-            resets.add_metric([name], int(rows[tcp_h.OBS_RESETS + d]))
-        for e in _nonzero(rows, tcp_h.OBS_ERRORS, 256):
+            resets.add_metric([name], int(block["resets"][d]))
+        for e in _nonzero(block["errors"]):
             name = "other" if e >= 255 else self.errno_names.get(e, str(e))
-            errors.add_metric([name], int(rows[tcp_h.OBS_ERRORS + e]))
-        for name, const in self.RETRANS:
-            retrans.add_metric([name], int(rows[tcp_h.OBS_RETRANS + getattr(tcp_h, const)]))
-        for name, const in self.TIMERS:
-            at = tcp_h.OBS_TIMERS + getattr(tcp_h, const) * 16
-            counts = list(itertools.accumulate(int(n) for n in rows[at:at + 10]))
-            behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(rows[at + 15]))
-        for name, const in self.PROBES:
-            probes.add_metric([name], int(rows[tcp_h.OBS_WAKEUPS + getattr(tcp_h, const)]))
+            errors.add_metric([name], int(block["errors"][e]))
+        for cause, name in tcp_h.NAMES["RETRANS"].items():
+            retrans.add_metric([name], int(block["retrans"][cause]))
+        for timer, name in tcp_h.NAMES["TIMER"].items():
+            own = block["timers"][timer * 16:timer * 16 + 16]       # timer.bpf.h: 10 buckets, row 15 the sum
+            counts = list(itertools.accumulate(int(n) for n in own[:10]))
+            behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(own[15]))
+        for probe, name in tcp_h.NAMES["WAKEUP"].items():
+            probes.add_metric([name], int(block["wakeups"][probe]))
         return [states, resets, errors, retrans, behind, probes]
 
     def _state(self, n: int) -> str:

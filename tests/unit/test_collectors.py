@@ -384,3 +384,18 @@ def test_map_entries_rules(monkeypatch):
     assert entries == {"capture_config": 1, "capture_conns": 7, "capture_pids": 1, "probe_counters": 2}
     cap = {s.labels["map"]: s.value for s in fams["nettap_bpf_map_max_entries"].samples}
     assert cap["capture_chunks"] == 16 << 20
+
+
+def test_every_named_row_fits_its_block_of_obs_counters():
+    """The lifecycle collector reads obs_counters by bpf/tcp.h's generated
+    blocks (NETTAP_OBS_*) and names (NETTAP_RETRANS_*, _TIMER_*, _WAKEUP_*):
+    the blocks tile the table, and each value named lands in its own block."""
+    blocks = sorted(tcp_h.OBS_BLOCKS.values())
+    assert blocks[0][0] == 0 and blocks[-1][1] == tcp_h.OBS_ROWS
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    need = {"states": 16 * 16, "resets": max(tcp_h.NAMES["DIR"]) + 1, "errors": 256,
+            "retrans": max(tcp_h.NAMES["RETRANS"]) + 1, "timers": (max(tcp_h.NAMES["TIMER"]) + 1) * 16,
+            "wakeups": max(tcp_h.NAMES["WAKEUP"]) + 1}
+    for name, rows in need.items():
+        first, end = tcp_h.OBS_BLOCKS[name]
+        assert end - first >= rows, name
