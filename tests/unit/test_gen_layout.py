@@ -21,9 +21,10 @@ spec.loader.exec_module(gen)
 
 
 def test_generated_files_are_fresh(tmp_path):
-    assert gen.main([str(ROOT / "bpf" / "tcp.bpf.o"), str(ROOT / "bpf" / "tcp.h"),
-                     str(tmp_path / "tcp_h.py"), str(tmp_path / "records.md")]) == 0
-    for made, committed in (("tcp_h.py", "exporter/kernel/tcp_h.py"), ("records.md", "docs/records.md")):
+    assert gen.main([str(ROOT / "bpf" / "tcp.bpf.o"), str(ROOT / "bpf" / "tcp.h"), str(tmp_path / "tcp_h.py"),
+                     str(tmp_path / "records.md"), str(tmp_path / "records.schema.json")]) == 0
+    for made, committed in (("tcp_h.py", "exporter/kernel/tcp_h.py"), ("records.md", "docs/records.md"),
+                            ("records.schema.json", "docs/records.schema.json")):
         assert (tmp_path / made).read_text() == (ROOT / committed).read_text(), \
             f"{committed} is stale: run make -C bpf and commit it"
 
