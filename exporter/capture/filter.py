@@ -311,25 +311,3 @@ class TargetWatch:
                 log.exception("captures: watching the targets")
                 self._stop.wait(self.interval)
 
-
-class TargetsCollector:
-    """``nettap_targets_gone_total{kind}``: pid and cgroup targets dropped
-    because their process exited or their cgroup was removed."""
-
-    def __init__(self, target_maps: TargetMaps):
-        self.tm = target_maps
-
-    def _family(self):
-        from prometheus_client.core import CounterMetricFamily
-        return CounterMetricFamily("nettap_targets_gone",
-                                   "Capture targets dropped from the kernel's filter because their process exited "
-                                   "(kind pid) or their cgroup was removed (kind cgroup).", labels=["kind"])
-
-    def describe(self):
-        return [self._family()]
-
-    def collect(self):
-        fam = self._family()
-        for kind, n in sorted(self.tm.gone_total.items()):
-            fam.add_metric([kind], n)
-        return [fam]

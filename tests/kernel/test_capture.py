@@ -360,7 +360,7 @@ def _check_lifecycle_metrics(run):
     the window wrote: every state pair, reset, error and retransmission
     counted once."""
     from prometheus_client import CollectorRegistry, generate_latest
-    from exporter.metrics.collectors import LifecycleCollector
+    from exporter.metrics.lifecycle import LifecycleCollector
     reg = CollectorRegistry(auto_describe=False)
     reg.register(LifecycleCollector(run.obs_counts, R.TCP_STATES, R.ERRNO_NAMES))
     got = Counter()
