@@ -1,4 +1,4 @@
-"""The compiled JSON-lines writer (exporter/capture/_jsonl.c) writes exactly the bytes
+"""The compiled JSON-lines writer (exporter/capture/writer.c) writes exactly the bytes
 of the pure-Python reference (exporter/capture/records.py): on the committed
 fixtures, on every UTF-8 case a task name can hold, on IPv6 zero runs and
 mapped forms, and on tens of thousands of random records with every field
