@@ -36,11 +36,11 @@ static int add_ops(PyObject *m)
 {
     PyObject *ops = PyDict_New();
     int ok = ops != NULL;
-#define JSONL_OP_ITEM(op, form)                                                   \
-    if (ok) {                                                                     \
-        PyObject *v = PyLong_FromLong(op);                                        \
-        ok = v != NULL && PyDict_SetItemString(ops, form, v) == 0;                \
-        Py_XDECREF(v);                                                            \
+#define JSONL_OP_ITEM(op, form)                                    \
+    if (ok) {                                                      \
+        PyObject *v = PyLong_FromLong(op);                         \
+        ok = v != NULL && PyDict_SetItemString(ops, form, v) == 0; \
+        Py_XDECREF(v);                                             \
     }
     JSONL_FORM_OPS(JSONL_OP_ITEM)
 #undef JSONL_OP_ITEM

@@ -18,14 +18,14 @@
 
 /* ---- the line format ---------------------------------------------------- */
 
-#define KINDS_MAX 32     /* kind numbers 0-31: the writer's kinds, the scan's mask bits and counts */
+#define KINDS_MAX     32 /* kind numbers 0-31: the writer's kinds, the scan's mask bits and counts */
 #define KIND_NAME_MAX 32 /* bytes of a kind's name, the value of a line's "type" ([A-Za-z0-9_-]) */
 
 /* ---- the writer's rows ---------------------------------------------------
  * How a row's value is written, by its field's JSON form (docs/records.md, "JSON forms"; ""
  * a number): init() takes rows of these numbers, which records.py reads from the module
  * (_jsonl.OPS: form -> op, and _jsonl.OP_LIT, a row of text only). */
-#define JSONL_FORM_OPS(X)      \
+#define JSONL_FORM_OPS(X)  \
     X(OP_UINT, "")         \
     X(OP_TEXT, "text")     \
     X(OP_ADDR, "addr")     \
@@ -59,10 +59,10 @@ struct scratch {
 JSONL_INTERNAL struct scratch *scratch_take(size_t need);
 JSONL_INTERNAL void scratch_give(struct scratch *s);
 
-JSONL_INTERNAL int kind_ready(int kind);        /* 0 with an exception set: not a kind */
-JSONL_INTERNAL size_t kind_size(int kind);      /* bytes of a record of that kind */
-JSONL_INTERNAL size_t line_max(int kind);       /* bytes of its longest line, slack included */
-JSONL_INTERNAL void kind_field(unsigned *off, unsigned *width); /* the header's kind number */
+JSONL_INTERNAL int kind_ready(int kind);                             /* 0 with an exception set: not a kind */
+JSONL_INTERNAL size_t kind_size(int kind);                           /* bytes of a record of that kind */
+JSONL_INTERNAL size_t line_max(int kind);                            /* bytes of its longest line, slack included */
+JSONL_INTERNAL void kind_field(unsigned *off, unsigned *width);      /* the header's kind number */
 JSONL_INTERNAL char *format_one(int kind, char *p, const char *rec); /* one record's line at p */
 
 /* The module's calls (_jsonl.c's method table). */
@@ -91,8 +91,7 @@ static inline uint64_t get_uint(const char *rec, unsigned off, unsigned width)
         memcpy(&v, rec + off, 2);
         return v;
     }
-    default:
-        return (uint8_t)rec[off];
+    default: return (uint8_t)rec[off];
     }
 }
 

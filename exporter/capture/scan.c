@@ -25,23 +25,23 @@
 
 #include "jsonl.h"
 
-#define RB_BUSY_ (1u << 31)
+#define RB_BUSY_    (1u << 31)
 #define RB_DISCARD_ (1u << 30)
-#define RB_HDR_ 8
-#define RECORD_MAX 4096
+#define RB_HDR_     8
+#define RECORD_MAX  4096
 
 /* One pass: what it is asked (the area, where to start, the kinds), what it gave. */
 struct walk {
     const char *data;
-    size_t size;                  /* of the area: a power of two */
+    size_t size; /* of the area: a power of two */
     Py_ssize_t start, avail, max_records;
-    int mode;                     /* SCAN_* */
-    unsigned long long mask;      /* the kinds the ring carries */
-    size_t sizes[KINDS_MAX];      /* by kind number: its records' bytes */
+    int mode;                /* SCAN_* */
+    unsigned long long mask; /* the kinds the ring carries */
+    size_t sizes[KINDS_MAX]; /* by kind number: its records' bytes */
     size_t step_min, each_max, rsize_max;
     unsigned kind_off, kind_width;
-    uint64_t *counts;             /* kept records by kind, or NULL */
-    char *p;                      /* where the next kept record's output goes */
+    uint64_t *counts; /* kept records by kind, or NULL */
+    char *p;          /* where the next kept record's output goes */
     Py_ssize_t consumed, kept, bad;
     int stop;
 };
@@ -87,7 +87,7 @@ static void walk(struct walk *w)
     const int mode = w->mode;
     const size_t rsize_max = w->rsize_max;
     uint64_t *const counts = w->counts;
-    size_t sizes[KINDS_MAX];                    /* copies: the stores below cannot change them */
+    size_t sizes[KINDS_MAX]; /* copies: the stores below cannot change them */
     memcpy(sizes, w->sizes, sizeof(sizes));
     Py_ssize_t consumed = 0, kept = 0, bad = 0, seen = 0;
     int stop = 0;
@@ -111,26 +111,26 @@ static void walk(struct walk *w)
         size_t len = hdr & ~(RB_BUSY_ | RB_DISCARD_);
         Py_ssize_t step = (Py_ssize_t)((RB_HDR_ + len + 7) & ~(size_t)7);
         seen++;
-        if (consumed + step > avail) {                  /* longer than what was committed */
+        if (consumed + step > avail) { /* longer than what was committed */
             bad++;
             consumed = avail;
             stop = 3;
             break;
         }
         consumed += step;
-        if (len == 0) {                                 /* no record is empty: garbage, discarded or not */
+        if (len == 0) { /* no record is empty: garbage, discarded or not */
             bad++;
             continue;
         }
         if (hdr & RB_DISCARD_)
             continue;
-        if (len > rsize_max || len < kind_off + kind_width) {   /* no kind of this ring is that long */
+        if (len > rsize_max || len < kind_off + kind_width) { /* no kind of this ring is that long */
             bad++;
             continue;
         }
         size_t body = (off + RB_HDR_) & mask_area;
         const char *rec = data + body;
-        if (body + len > size) {                        /* crosses the end: copy it whole */
+        if (body + len > size) { /* crosses the end: copy it whole */
             size_t first = size - body;
             memcpy(whole, data + body, first);
             memcpy(whole + first, data, len - first);
@@ -177,11 +177,11 @@ static int walk_counts(struct walk *w, PyObject *counts_obj, Py_buffer *view)
 static int walk_geometry(struct walk *w)
 {
     Py_ssize_t size = (Py_ssize_t)w->size;
-    if (size < (Py_ssize_t)w->step_min || (size & (size - 1)) || w->start < 0 || w->start >= size ||
-        w->start % 8 || w->avail < 0 || w->max_records < 0 || w->mode < SCAN_COUNT || w->mode > SCAN_COPY ||
+    if (size < (Py_ssize_t)w->step_min || (size & (size - 1)) || w->start < 0 || w->start >= size || w->start % 8 ||
+        w->avail < 0 || w->max_records < 0 || w->mode < SCAN_COUNT || w->mode > SCAN_COPY ||
         w->rsize_max > RECORD_MAX) {
-        PyErr_Format(PyExc_ValueError, "scan: bad geometry (size %zd, start %zd, avail %zd, max %zd, mode %d)",
-                     size, w->start, w->avail, w->max_records, w->mode);
+        PyErr_Format(PyExc_ValueError, "scan: bad geometry (size %zd, start %zd, avail %zd, max %zd, mode %d)", size,
+                     w->start, w->avail, w->max_records, w->mode);
         return 0;
     }
     if (w->avail > size)

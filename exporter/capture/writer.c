@@ -19,7 +19,7 @@
 
 #include "jsonl.h"
 
-#define AF_INET_ 2
+#define AF_INET_  2
 #define AF_INET6_ 10
 
 /* ---- the tables init() is given -----------------------------------------
@@ -29,36 +29,47 @@
  * where the field is, how it is written), and the name tables. No record
  * layout is written here. */
 
-#define TABLE_MAX 256            /* larger values are printed as numbers */
-#define NAME_MAX_ 64             /* bytes of one quoted name */
+#define TABLE_MAX  256 /* larger values are printed as numbers */
+#define NAME_MAX_  64  /* bytes of one quoted name */
 #define TABLES_MAX 16
 #define NFLAGS_MAX 32
-#define ROWS_MAX 48              /* an OP_END row included */
-#define PREFIX_MAX 32            /* a row's text before its value: ,"key": (and a literal) */
-#define TEXT_BYTES 16            /* a task name's array, and an address's */
+#define ROWS_MAX   48 /* an OP_END row included */
+#define PREFIX_MAX 32 /* a row's text before its value: ,"key": (and a literal) */
+#define TEXT_BYTES 16 /* a task name's array, and an address's */
 
-typedef struct { uint8_t n; char s[NAME_MAX_]; } name_t;   /* n == 0: no name */
+typedef struct {
+    uint8_t n;
+    char s[NAME_MAX_];
+} name_t; /* n == 0: no name */
 static name_t enums[TABLES_MAX][TABLE_MAX];
-static size_t enum_max[TABLES_MAX];                       /* longest name */
+static size_t enum_max[TABLES_MAX]; /* longest name */
 static int nenums;
 
-static struct { uint64_t bit; uint8_t n; char s[NAME_MAX_]; } flag_names[TABLES_MAX][NFLAGS_MAX];
+static struct {
+    uint64_t bit;
+    uint8_t n;
+    char s[NAME_MAX_];
+} flag_names[TABLES_MAX][NFLAGS_MAX];
 static int nflags[TABLES_MAX];
 static uint64_t known_flags[TABLES_MAX];
-static size_t flags_max[TABLES_MAX];                      /* bytes of all names, commas, unknown bits */
+static size_t flags_max[TABLES_MAX]; /* bytes of all names, commas, unknown bits */
 static int nflagtables;
 
 struct row {
-    char prefix[PREFIX_MAX];     /* {"key": or ,"key": (OP_LIT: ,"type":"kind") */
-    uint8_t op, plen;            /* plen: bytes of prefix */
-    uint16_t off, width;         /* the field: offset, bytes */
-    uint16_t arg, arg_width;     /* ADDR: the family field; BASE64: the length field (offset, bytes);
+    char prefix[PREFIX_MAX]; /* {"key": or ,"key": (OP_LIT: ,"type":"kind") */
+    uint8_t op, plen;        /* plen: bytes of prefix */
+    uint16_t off, width;     /* the field: offset, bytes */
+    uint16_t arg, arg_width; /* ADDR: the family field; BASE64: the length field (offset, bytes);
                                   * ENUM, FLAGS: the table */
 } __attribute__((aligned(16)));
-struct kind { size_t size, line_max; int nrows; struct row rows[ROWS_MAX]; };   /* size 0: no such kind */
-static struct kind kinds[KINDS_MAX];          /* by kind number (NETTAP_KIND_*) */
+struct kind {
+    size_t size, line_max;
+    int nrows;
+    struct row rows[ROWS_MAX];
+};                                   /* size 0: no such kind */
+static struct kind kinds[KINDS_MAX]; /* by kind number (NETTAP_KIND_*) */
 static int nkinds;
-static unsigned kind_off, kind_width;         /* where a record's header holds its kind number */
+static unsigned kind_off, kind_width; /* where a record's header holds its kind number */
 
 static int initialised;
 
@@ -70,23 +81,25 @@ static const char DIGITS2[201] =
     "8081828384858687888990919293949596979899";
 static const char HEX[] = "0123456789abcdef";
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-static char B64_12[4096][2];       /* 12 bits -> 2 base64 characters */
-static char DEC8[256][4];          /* 0..255 in decimal, length in [3] */
+static char B64_12[4096][2]; /* 12 bits -> 2 base64 characters */
+static char DEC8[256][4];    /* 0..255 in decimal, length in [3] */
 
 #define LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) + sizeof(s) - 1)
 
+/* clang-format off */
 static const uint64_t POW10[20] = {
     1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull, 100000000ull,
     1000000000ull, 10000000000ull, 100000000000ull, 1000000000000ull, 10000000000000ull,
     100000000000000ull, 1000000000000000ull, 10000000000000000ull, 100000000000000000ull,
     1000000000000000000ull, 10000000000000000000ull,
 };
+/* clang-format on */
 
 /* Decimal digits of v (1..20). */
 static inline int ndigits(uint64_t v)
 {
-    int t = (64 - __builtin_clzll(v | 1)) * 1233 >> 12;     /* floor(log10(2^bits)) */
-    return t + ((v | 1) >= POW10[t]);                         /* v | 1: 0 has one digit */
+    int t = (64 - __builtin_clzll(v | 1)) * 1233 >> 12; /* floor(log10(2^bits)) */
+    return t + ((v | 1) >= POW10[t]);                   /* v | 1: 0 has one digit */
 }
 
 /* v in decimal, written backwards from its last digit: no length-dependent copy. */
@@ -131,19 +144,18 @@ static inline char *put_u64(char *p, uint64_t v)
     if (hi <= UINT32_MAX) {
         p = put_u32(p, (uint32_t)hi);
     } else {
-        uint64_t top = hi / 100000000;                     /* < 1845 */
+        uint64_t top = hi / 100000000; /* < 1845 */
         p = put_u32(p, (uint32_t)top);
         p = put_8digits(p, (uint32_t)(hi - top * 100000000));
     }
     return put_8digits(p, lo);
 }
 
-
 /* A name from a table ("name", quoted), or the value as a quoted number. */
 static inline char *put_enum(char *p, int t, uint64_t v)
 {
     if (v < TABLE_MAX && enums[t][v].n) {
-        memcpy(p, enums[t][v].s, NAME_MAX_);               /* fixed size: inlined; slack after */
+        memcpy(p, enums[t][v].s, NAME_MAX_); /* fixed size: inlined; slack after */
         return p + enums[t][v].n;
     }
     *p++ = '"';
@@ -195,13 +207,17 @@ static char *put_text_slow(char *p, const uint8_t *s, size_t n)
             need = 1;
         } else if (c >= 0xE0 && c <= 0xEF) {
             need = 2;
-            if (c == 0xE0) lo = 0xA0;          /* no overlongs */
-            else if (c == 0xED) hi = 0x9F;     /* no surrogates */
+            if (c == 0xE0)
+                lo = 0xA0; /* no overlongs */
+            else if (c == 0xED)
+                hi = 0x9F; /* no surrogates */
         } else if (c >= 0xF0 && c <= 0xF4) {
             need = 3;
-            if (c == 0xF0) lo = 0x90;          /* no overlongs */
-            else if (c == 0xF4) hi = 0x8F;     /* nothing above U+10FFFF */
-        } else {                               /* 80..C1, F5..FF: never a start */
+            if (c == 0xF0)
+                lo = 0x90; /* no overlongs */
+            else if (c == 0xF4)
+                hi = 0x8F; /* nothing above U+10FFFF */
+        } else {           /* 80..C1, F5..FF: never a start */
             p = LIT(p, "\xef\xbf\xbd");
             i++;
             continue;
@@ -212,10 +228,10 @@ static char *put_text_slow(char *p, const uint8_t *s, size_t n)
             while (j < n && j <= i + need && s[j] >= 0x80 && s[j] <= 0xBF)
                 j++;
         }
-        if (j == i + need + 1) {               /* a whole, valid sequence */
+        if (j == i + need + 1) { /* a whole, valid sequence */
             memcpy(p, s + i, need + 1);
             p += need + 1;
-        } else {                               /* its longest valid prefix: one U+FFFD */
+        } else { /* its longest valid prefix: one U+FFFD */
             p = LIT(p, "\xef\xbf\xbd");
         }
         i = j;
@@ -224,9 +240,11 @@ static char *put_text_slow(char *p, const uint8_t *s, size_t n)
 }
 
 /* A task name (char comm[16]): to its first NUL, quoted. */
+/* clang-format off */
 #define ONES 0x0101010101010101ull
 #define HIGHS 0x8080808080808080ull
 #define ZERO_BYTE(v) (((v) - ONES) & ~(v) & HIGHS)
+/* clang-format on */
 
 /* Index of the first byte of s[0..16) that ends plain ASCII text (a NUL,
  * another control character, '"', '\\' or a byte >= 0x80), or 16: eight
@@ -237,8 +255,8 @@ static inline int first_special(const uint8_t *s)
     for (int h = 0; h < 16; h += 8) {
         uint64_t w;
         memcpy(&w, s + h, 8);
-        uint64_t m = ((w - ONES * 0x20) & ~w & HIGHS) | (w & HIGHS) | ZERO_BYTE(w ^ (ONES * '"')) |
-                     ZERO_BYTE(w ^ (ONES * '\\'));
+        uint64_t m =
+            ((w - ONES * 0x20) & ~w & HIGHS) | (w & HIGHS) | ZERO_BYTE(w ^ (ONES * '"')) | ZERO_BYTE(w ^ (ONES * '\\'));
         if (m)
             return h + (__builtin_ctzll(m) >> 3);
     }
@@ -249,9 +267,9 @@ static inline char *put_text(char *p, const uint8_t *s)
 {
     int i = first_special(s);
     *p++ = '"';
-    memcpy(p, s, 16);                      /* the plain-ASCII start; the buffer has room */
+    memcpy(p, s, 16); /* the plain-ASCII start; the buffer has room */
     p += i;
-    if (i < 16 && s[i]) {                  /* not the NUL ending it: escapes, UTF-8 */
+    if (i < 16 && s[i]) { /* not the NUL ending it: escapes, UTF-8 */
         size_t n = (size_t)i;
         while (n < 16 && s[n])
             n++;
@@ -274,9 +292,12 @@ static inline char *put_ip4(char *p, const uint8_t *a)
 
 static inline char *put_hex16(char *p, unsigned w)
 {
-    if (w >= 0x1000) *p++ = HEX[w >> 12];
-    if (w >= 0x100) *p++ = HEX[(w >> 8) & 15];
-    if (w >= 0x10) *p++ = HEX[(w >> 4) & 15];
+    if (w >= 0x1000)
+        *p++ = HEX[w >> 12];
+    if (w >= 0x100)
+        *p++ = HEX[(w >> 8) & 15];
+    if (w >= 0x10)
+        *p++ = HEX[(w >> 4) & 15];
     *p++ = HEX[w & 15];
     return p;
 }
@@ -367,7 +388,7 @@ static inline char *put_flags(char *p, int t, uint64_t v)
         }
     }
     uint64_t rest = v & ~known_flags[t];
-    if (rest) {                                /* unknown bits: "0x.." as Python's {:#x} */
+    if (rest) { /* unknown bits: "0x.." as Python's {:#x} */
         if (!first)
             *p++ = ',';
         p = LIT(p, "\"0x");
@@ -418,22 +439,23 @@ static inline char *put_base64(char *p, const uint8_t *s, size_t n)
 char *format_one(int kind, char *p, const char *rec)
 {
     static const void *const code[] = {
-        [OP_END] = &&end, [OP_LIT] = &&lit, [OP_TEXT] = &&text, [OP_ADDR] = &&addr, [OP_FAMILY] = &&family,
-        [OP_ENUM] = &&enumerated, [OP_FLAGS] = &&flags, [OP_BASE64] = &&base64,
-        [OP_U64] = &&u64, [OP_U32] = &&u32, [OP_U16] = &&u16, [OP_U8] = &&u8,
+        [OP_END] = &&end,       [OP_LIT] = &&lit,         [OP_TEXT] = &&text,   [OP_ADDR] = &&addr,
+        [OP_FAMILY] = &&family, [OP_ENUM] = &&enumerated, [OP_FLAGS] = &&flags, [OP_BASE64] = &&base64,
+        [OP_U64] = &&u64,       [OP_U32] = &&u32,         [OP_U16] = &&u16,     [OP_U8] = &&u8,
     };
-    const struct row *r = kinds[kind].rows;      /* ends with an OP_END row: its text ends the line */
+    const struct row *r = kinds[kind].rows; /* ends with an OP_END row: its text ends the line */
     const uint8_t *f;
-#define NEXT()                                                                   \
-    do {                                                                         \
-        memcpy(p, r->prefix, 16);           /* fixed size: one move; slack after */ \
-        if (__builtin_expect(r->plen > 16, 0))                                   \
-            memcpy(p + 16, r->prefix + 16, PREFIX_MAX - 16);                     \
-        p += r->plen;                                                            \
-        f = (const uint8_t *)rec + r->off;                                       \
-        goto *code[r->op];                                                       \
+#define NEXT()                                                            \
+    do {                                                                  \
+        memcpy(p, r->prefix, 16); /* fixed size: one move; slack after */ \
+        if (__builtin_expect(r->plen > 16, 0))                            \
+            memcpy(p + 16, r->prefix + 16, PREFIX_MAX - 16);              \
+        p += r->plen;                                                     \
+        f = (const uint8_t *)rec + r->off;                                \
+        goto *code[r->op];                                                \
     } while (0)
     NEXT();
+/* clang-format off */
 u64: {
         uint64_t v;
         memcpy(&v, f, 8);
@@ -487,6 +509,7 @@ base64: {
         r++;
         NEXT();
     }
+/* clang-format on */
 lit:
     r++;
     NEXT();
@@ -501,7 +524,11 @@ end:
 static size_t value_max(const struct row *r)
 {
     switch (r->op) {
-    case OP_UINT: case OP_U64: case OP_U32: case OP_U16: case OP_U8: return r->width == 8 ? 20 : 10;
+    case OP_UINT:
+    case OP_U64:
+    case OP_U32:
+    case OP_U16:
+    case OP_U8: return r->width == 8 ? 20 : 10;
     case OP_TEXT: return 2 + TEXT_BYTES * 6 + TEXT_BYTES;
     case OP_ADDR: return 2 + 45;
     case OP_FAMILY: return 2 + 10;
@@ -537,7 +564,7 @@ void kind_field(unsigned *off, unsigned *width)
  * and only up to SCRATCH_KEEP bytes of address space: enough for the worst
  * case of a whole default chunk ring (16,384 records); only the pages a batch
  * wrote are resident (~13 MiB for 16,384 full chunks). */
-#define SLACK 256           /* fixed-size copies (names, a task name) may write past a line's end */
+#define SLACK        256 /* fixed-size copies (names, a task name) may write past a line's end */
 #define SCRATCH_KEEP (32u << 20)
 static struct scratch *_Atomic spare;
 
@@ -673,7 +700,7 @@ static int load_flags(PyObject *seq, int t)
     }
     nflags[t] = 0;
     known_flags[t] = 0;
-    flags_max[t] = 2 + 4 + 16 + 2;                      /* [ ] and ,"0x" + 16 hex digits + " */
+    flags_max[t] = 2 + 4 + 16 + 2; /* [ ] and ,"0x" + 16 hex digits + " */
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned long long bit;
         const char *s;
@@ -698,7 +725,10 @@ static int load_flags(PyObject *seq, int t)
     return 0;
 }
 
-static int valid_width(unsigned w) { return w == 1 || w == 2 || w == 4 || w == 8; }
+static int valid_width(unsigned w)
+{
+    return w == 1 || w == 2 || w == 4 || w == 8;
+}
 
 /* One kind: (record size, rows); a row is (prefix, op, offset, width, arg, arg_width). */
 static int load_kind(PyObject *spec, struct kind *k)
@@ -718,21 +748,22 @@ static int load_kind(PyObject *spec, struct kind *k)
     }
     k->size = (size_t)size;
     k->nrows = 0;
-    k->line_max = NAME_MAX_;                           /* slack for a fixed-size copy */
+    k->line_max = NAME_MAX_; /* slack for a fixed-size copy */
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *prefix;
         Py_ssize_t plen;
         int op;
         unsigned off, width, arg, arg_width;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "y#iIIII", &prefix, &plen, &op, &off, &width,
-                              &arg, &arg_width)) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "y#iIIII", &prefix, &plen, &op, &off, &width, &arg,
+                              &arg_width)) {
             Py_DECREF(fast);
             return -1;
         }
         int fits = off + width <= (size_t)size;
         int ok = plen > 0 && plen < PREFIX_MAX && op >= 0 && op < NOPS;
         switch (op) {
-        case OP_UINT: case OP_FAMILY: ok = ok && fits && valid_width(width); break;
+        case OP_UINT:
+        case OP_FAMILY: ok = ok && fits && valid_width(width); break;
         case OP_TEXT: ok = ok && fits && width == TEXT_BYTES; break;
         case OP_ADDR:
             ok = ok && fits && width == TEXT_BYTES && valid_width(arg_width) && arg + arg_width <= (size_t)size;
@@ -743,8 +774,8 @@ static int load_kind(PyObject *spec, struct kind *k)
         default: break;
         }
         if (!ok) {
-            PyErr_Format(PyExc_ValueError, "row %zd of a %zd-byte kind: op %d at %u+%u (arg %u+%u) is not valid",
-                         i, size, op, off, width, arg, arg_width);
+            PyErr_Format(PyExc_ValueError, "row %zd of a %zd-byte kind: op %d at %u+%u (arg %u+%u) is not valid", i,
+                         size, op, off, width, arg, arg_width);
             Py_DECREF(fast);
             return -1;
         }
@@ -803,7 +834,7 @@ PyObject *jsonl_init(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(k); i++, nkinds++) {
         PyObject *spec = PySequence_Fast_GET_ITEM(k, i);
         if (spec == Py_None)
-            continue;                                   /* no kind has this number */
+            continue; /* no kind has this number */
         ok = load_kind(spec, &kinds[i]) == 0;
         if (ok && kinds[i].size < koff + kwidth) {
             PyErr_Format(PyExc_ValueError, "kind %zd: %zu bytes do not hold the header", i, kinds[i].size);

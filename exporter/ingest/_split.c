@@ -51,7 +51,7 @@ static Py_ssize_t line_kind(const unsigned char *s, const unsigned char *e, Py_s
 struct kind_acc {
     const unsigned char *k; /* the kind's name, in the region */
     Py_ssize_t len, bytes, lines;
-    char *w;                /* where its next lines go, in its payload */
+    char *w; /* where its next lines go, in its payload */
 };
 
 static int kind_index(struct kind_acc *acc, int n, int last, const unsigned char *k, Py_ssize_t len)
