@@ -63,8 +63,8 @@ def _imports(path: Path, mod: str | None = None) -> set:
             if target.split(".")[0] != "exporter":
                 continue
             for a in node.names:            # `from exporter.kernel import loader`: the module
-                sub = f"{target}.{a.name}"
-                is_module = (PKG.parent / (sub.replace(".", "/") + ".py")).exists() or \
+                sub = f"{target}.{a.name}"  # (or a compiled one, by its C source: _native.c)
+                is_module = any((PKG.parent / (sub.replace(".", "/") + ext)).exists() for ext in (".py", ".c")) or \
                     (PKG.parent / sub.replace(".", "/")).is_dir()
                 out.add(sub if is_module else target)
     return out
@@ -115,6 +115,16 @@ def test_no_import_cycles():
             visit(m)
 
 
+def test_private_modules_stay_in_their_layer():
+    """A module named _x (the compiled ones: capture's _jsonl, ingest's _split,
+    kernel's _native) is its layer's own: another layer that needs what it does
+    asks a public module of that layer, or has its own (ingest's line split once
+    lived in capture's _jsonl)."""
+    wrong = sorted(f"{m} imports {t}" for m, ts in GRAPH.items() for t in ts
+                   if t.rsplit(".", 1)[-1].startswith("_") and _layer(t) is not None and _layer(t) != _layer(m))
+    assert not wrong, wrong
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The walk above finds what it must: a kernel module importing capture,
     lazily, and relatively."""
@@ -122,6 +132,8 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     bad.write_text("def f():\n    from exporter.capture import sinks\n    from ..web import server\n")
     found = _imports(bad, "exporter.kernel.probe")
     assert {"exporter.capture.sinks", "exporter.web.server"} <= found
+    bad.write_text("from exporter.capture import _jsonl\n")       # a compiled module, by its source
+    assert _imports(bad, "exporter.ingest.probe") == {"exporter.capture._jsonl"}
     assert not {_layer(t) for t in found} & ALLOWED["kernel"]
 
 
