@@ -48,6 +48,18 @@ def test_compiled_writer_is_built_and_used():
     assert R.compiled.__name__ == "exporter.capture._jsonl"
 
 
+def test_the_writer_has_an_op_for_every_json_form():
+    """The writer's op numbers (exporter/capture/jsonl.h, which records.py reads from
+    the module) cover the JSON forms scripts/gen_layout.py gives a field, and no
+    other: a new form fails here until the writer writes it."""
+    spec = importlib.util.spec_from_file_location("gen_layout", FIX.parents[3] / "scripts" / "gen_layout.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    forms = {f.split(":")[0] for f in gen.FORMS} - {"-", "kind"}     # left out; the "type" literal
+    assert set(R.compiled.OPS) == forms | {""}                         # "": a number
+    assert len(set(R.compiled.OPS.values()) | {R.compiled.OP_LIT}) == len(R.compiled.OPS) + 1
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_fixtures(kind):
     recs, _, _ = walk((FIX / f"{mf.FILES[kind]}.bin").read_bytes(), R.DTYPES[kind])
