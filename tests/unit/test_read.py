@@ -115,7 +115,8 @@ def test_clock_lines_that_lost_records_are_reported_with_their_window(tmp_path, 
     f.write_bytes(b"".join([
         clock.format(d=0, q=0, r=1_764_000_000_000_000_000, m=5).encode(),
         good[0],
-        b'{"conn_id":1,"newstate":"FIN_WAIT1","oldstate":"ESTABLISHED","ts_ns":6,"type":"state"}\n',
+        b'{"conn_id":1,"daddr":"198.51.100.2","dport":80,"family":"ipv4","netns":1,"newstate":"FIN_WAIT1",'
+        b'"oldstate":"ESTABLISHED","pid":1000,"saddr":"192.0.2.1","sport":40000,"ts_ns":6,"type":"state"}\n',
         clock.format(d=7, q=2, r=1_764_000_001_000_000_000, m=1_000_000_005).encode(),
         clock.format(d=0, q=0, r=1_764_000_002_000_000_000, m=2_000_000_005).encode(),
     ]))
@@ -475,3 +476,20 @@ def test_hostile_field_values_never_a_traceback_in_any_mode(tmp_path, capsys):
         for args in (["--dns"], [], ["--conn", "1", "--conn", "2"], ["--pcap", str(tmp_path / "o.pcap"), "--conn", "1"],
                      ["--conn", "2", "--hex"]):
             run(capsys, *args, str(f))
+
+
+def test_the_readers_schemas_are_the_record_table():
+    """The reader checks every field of a record kind as bpf/tcp.h's table
+    says (exporter/kernel/tcp_h.py, generated): each kind's plain fixture
+    line passes, the same line without a field or with a number its C type
+    cannot hold does not."""
+    for kind in streams.tcp_h.RECORDS:
+        rec = json.loads((RECORD_FIX / f"{kind}.jsonl").read_bytes().splitlines()[0])
+        assert set(streams.SCHEMAS[kind]) == set(rec) - {"type"}, kind
+        assert streams._check(dict(rec), "x", streams.Problems()) is not None, kind
+    state = json.loads((RECORD_FIX / "state.jsonl").read_bytes().splitlines()[0])
+    for bad, reason in (({"sport": 1 << 16}, "bad sport"), ({"netns": 1 << 32}, "bad netns"),
+                        ({"netns": None}, "bad netns"), ({"family": 2}, "bad family")):
+        problems = streams.Problems()
+        assert streams._check({**state, **bad}, "x", problems) is None
+        assert list(problems.counts) == [f"state record(s) with a missing or {reason}"]
