@@ -850,6 +850,36 @@ print(json.dumps(ports), flush=True)
 STORM_N, STORM_PROCS, STORM_THREADS = 2000, 2, 2
 
 
+def _wait_for_eofs(run, n: int) -> None:
+    """Until n eof records are drained or dropped, or none comes for 30 s. A
+    connection's last eof can come late: in the emulated guests the loopback
+    backlog overflows now and then, and a FIN is retransmitted after a
+    backed-off RTO. Every one is waited for (at once here)."""
+    eof_ring = run.app.rings["capture_eof"]
+    end, seen, still = time.monotonic() + 90, -1, 0
+    while eof_ring.drained + run.drops()["capture_eof"] < n and time.monotonic() < end:
+        time.sleep(0.05)
+        still = still + 1 if eof_ring.drained == seen else 0
+        seen = eof_ring.drained
+        if still >= 600:                 # nothing new for 30 s
+            break
+
+
+def _kretprobe_storm(eofs: list, lost_returns: int, rate: str) -> None:
+    """A kretprobe misses returns beyond its maxactive concurrent calls (the
+    number of CPUs on kernels without CONFIG_PREEMPTION; docs/limits.md):
+    such a call is counted at entry and publishes nothing, and a socket whose
+    only call lost its return never got an entry, so no eof. What is lost is
+    counted (calls - returns); nothing else may be. And data read after a
+    peer's reset is a connection of its own (docs/capture.md), its eof at
+    destruction (oldstate CLOSE) beside the first one's: seen once in an
+    emulated 5.10 guest."""
+    ends = Counter((e["sport"], e["dport"]) for e in eofs)
+    split = [e for e in eofs if e["oldstate"] == "CLOSE" and ends[e["sport"], e["dport"]] > 1]
+    assert 2 * STORM_N - lost_returns <= len(eofs) - len(split) <= 2 * STORM_N, (rate, split)
+    assert len({e["conn_id"] for e in eofs}) == len(eofs)
+
+
 def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     """Short connections in a tight loop (2 client processes x 2 threads,
     each connection sends one byte and closes; both ends captured by port):
@@ -884,17 +914,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
         assert srv.stdout.readline().strip() == "done"
         took = time.monotonic() - t0
         assert len(ports) == STORM_N         # a port may recur: TIME_WAIT reuse on loopback (tcp_tw_reuse)
-        eof_ring = run.app.rings["capture_eof"]
-        # A connection's last eof can come late: in the emulated guests the
-        # loopback backlog overflows now and then, and a FIN is retransmitted
-        # after a backed-off RTO. Wait for every one (at once here).
-        end, seen, still = time.monotonic() + 90, -1, 0
-        while eof_ring.drained + run.drops()["capture_eof"] < 2 * STORM_N and time.monotonic() < end:
-            time.sleep(0.05)
-            still = still + 1 if eof_ring.drained == seen else 0
-            seen = eof_ring.drained
-            if still >= 600:                 # nothing new for 30 s
-                break
+        _wait_for_eofs(run, 2 * STORM_N)
         drops = run.drops()
         misses = {k: m for k, (_, _, m) in own_programs(run.app.probes.prog_fds).items() if m}
         counters = run.counters()
@@ -911,18 +931,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     assert len(eofs) == drained["capture_eof"], rate          # every record drained was written
     lost_returns = sum(c["calls"] - c["returns"] for c in counters.values())
     if mode[0] == "kprobe" and lost_returns:
-        # A kretprobe misses returns beyond its maxactive concurrent calls (the
-        # number of CPUs on kernels without CONFIG_PREEMPTION; docs/limits.md):
-        # such a call is counted at entry and publishes nothing, and
-        # a socket whose only call lost its return never got an entry, so no
-        # eof. What is lost is counted (calls - returns); nothing else may be.
-        # And data read after a peer's reset is a connection of its own
-        # (docs/capture.md), its eof at destruction (oldstate CLOSE) beside
-        # the first one's: seen once in an emulated 5.10 guest.
-        ends = Counter((e["sport"], e["dport"]) for e in eofs)
-        split = [e for e in eofs if e["oldstate"] == "CLOSE" and ends[e["sport"], e["dport"]] > 1]
-        assert 2 * STORM_N - lost_returns <= len(eofs) - len(split) <= 2 * STORM_N, (rate, split)
-        assert len({e["conn_id"] for e in eofs}) == len(eofs)
+        _kretprobe_storm(eofs, lost_returns, rate)
         return
     assert len({e["conn_id"] for e in eofs}) == len(eofs)     # no socket twice
     # The clients' by their own port (tcp_set_state has released it from
