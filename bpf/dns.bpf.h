@@ -520,18 +520,18 @@ static __always_inline int dns_recv_return(long nr, long ret, const bool btf)
 
 // clang-format off
 /* sendto(2): fd, buf, len, flags, addr, addrlen */
-NETTAP_TP("tracepoint/syscalls/sys_enter_sendto", dns_sendto, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_sendto", dns_sendto, struct trace_event_raw_sys_enter, "probe=dns", {
 	return dns_send(ctx->args[0], ctx->args[1], ctx->args[2], ctx->args[4], fast);
 })
 
 /* write(2): fd, buf, len (a connected socket: Go's resolver) */
-NETTAP_TP("tracepoint/syscalls/sys_enter_write", dns_write, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_write", dns_write, struct trace_event_raw_sys_enter, "probe=dns", {
 	return dns_send(ctx->args[0], ctx->args[1], ctx->args[2], 0, fast);
 })
 
 /* writev(2): fd, iov, iovcnt: a record an iovec, the first DNS_MMSG (glibc
  * writes a TCP query's length and message as two) */
-NETTAP_TP("tracepoint/syscalls/sys_enter_writev", dns_writev, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_writev", dns_writev, struct trace_event_raw_sys_enter, "probe=dns", {
 	__u32 n = ctx->args[2];
 
 	for (int i = 0; i < DNS_MMSG && i < n; i++) {
@@ -545,7 +545,7 @@ NETTAP_TP("tracepoint/syscalls/sys_enter_writev", dns_writev, struct trace_event
 })
 
 /* sendmsg(2): fd, msghdr, flags */
-NETTAP_TP("tracepoint/syscalls/sys_enter_sendmsg", dns_sendmsg, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_sendmsg", dns_sendmsg, struct trace_event_raw_sys_enter, "probe=dns", {
 	__u64 name = 0, buf = 0, len = 0;
 
 	msg_first((void *)ctx->args[1], &name, &buf, &len);
@@ -553,7 +553,7 @@ NETTAP_TP("tracepoint/syscalls/sys_enter_sendmsg", dns_sendmsg, struct trace_eve
 })
 
 /* sendmmsg(2): fd, mmsghdr array, vlen, flags: its first DNS_MMSG messages */
-NETTAP_TP("tracepoint/syscalls/sys_enter_sendmmsg", dns_sendmmsg, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_sendmmsg", dns_sendmmsg, struct trace_event_raw_sys_enter, "probe=dns", {
 	__u32 vlen = ctx->args[2];
 
 	for (int i = 0; i < DNS_MMSG && i < vlen; i++) {
@@ -566,17 +566,17 @@ NETTAP_TP("tracepoint/syscalls/sys_enter_sendmmsg", dns_sendmmsg, struct trace_e
 })
 
 /* recvfrom(2): fd, buf, len, flags, addr, addrlen */
-NETTAP_TP("tracepoint/syscalls/sys_enter_recvfrom", dns_recvfrom, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_recvfrom", dns_recvfrom, struct trace_event_raw_sys_enter, "probe=dns", {
 	return dns_recv(ctx->id, ctx->args[0], ctx->args[1], ctx->args[4], fast);
 })
 
 /* read(2): fd, buf, len */
-NETTAP_TP("tracepoint/syscalls/sys_enter_read", dns_read, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_read", dns_read, struct trace_event_raw_sys_enter, "probe=dns", {
 	return dns_recv(ctx->id, ctx->args[0], ctx->args[1], 0, fast);
 })
 
 /* recvmsg(2): fd, msghdr, flags */
-NETTAP_TP("tracepoint/syscalls/sys_enter_recvmsg", dns_recvmsg, struct trace_event_raw_sys_enter, {
+NETTAP_TP("tracepoint/syscalls/sys_enter_recvmsg", dns_recvmsg, struct trace_event_raw_sys_enter, "probe=dns", {
 	__u64 name = 0, buf = 0, len = 0;
 
 	msg_first((void *)ctx->args[1], &name, &buf, &len);
@@ -584,7 +584,7 @@ NETTAP_TP("tracepoint/syscalls/sys_enter_recvmsg", dns_recvmsg, struct trace_eve
 })
 
 /* Attached by user space to sys_exit_recvfrom, _read and _recvmsg. */
-NETTAP_TP("tracepoint/syscalls/sys_exit_recvfrom", dns_recv_exit, struct trace_event_raw_sys_exit, {
+NETTAP_TP("tracepoint/syscalls/sys_exit_recvfrom", dns_recv_exit, struct trace_event_raw_sys_exit, "probe=dns attach=sys_exit_recvfrom,sys_exit_read,sys_exit_recvmsg", {
 	return dns_recv_return(ctx->id, ctx->ret, fast);
 })
 // clang-format on

@@ -170,42 +170,54 @@ static __always_inline int dns_sock_recv(long nr, struct socket *sock, struct ms
 // clang-format off
 /* A send function's programs, fentry and kprobe, in both variants. */
 #define NETTAP_DNS_SEND(func)								\
+	NETTAP_PROG("probe=dns mech=fentry variant=fast")				\
 	SEC("fentry/" #func)								\
 	int BPF_PROG(dns_##func##_fentry, struct socket *sock, struct msghdr *msg)	\
 	{ return dns_sock_send(sock, msg, FAST); }					\
+	NETTAP_PROG("probe=dns mech=fentry variant=compat")				\
 	SEC("fentry/" #func)								\
 	int BPF_PROG(dns_##func##_fentry_compat, struct socket *sock, struct msghdr *msg) \
 	{ return dns_sock_send(sock, msg, COMPAT); }					\
+	NETTAP_PROG("probe=dns mech=kprobe variant=fast")				\
 	SEC("kprobe/" #func)								\
 	int BPF_KPROBE(dns_##func##_kprobe, struct socket *sock, struct msghdr *msg)	\
 	{ return dns_sock_send(sock, msg, FAST); }					\
+	NETTAP_PROG("probe=dns mech=kprobe variant=compat")				\
 	SEC("kprobe/" #func)								\
 	int BPF_KPROBE(dns_##func##_kprobe_compat, struct socket *sock, struct msghdr *msg) \
 	{ return dns_sock_send(sock, msg, COMPAT); }
 
 /* A receive function's: entry and return, fentry/fexit and kprobe/kretprobe. */
 #define NETTAP_DNS_RECV(func, nr)							\
+	NETTAP_PROG("probe=dns mech=fentry variant=fast")				\
 	SEC("fentry/" #func)								\
 	int BPF_PROG(dns_##func##_fentry, struct socket *sock, struct msghdr *msg)	\
 	{ return dns_sock_recv(nr, sock, msg, FAST); }					\
+	NETTAP_PROG("probe=dns mech=fentry variant=compat")				\
 	SEC("fentry/" #func)								\
 	int BPF_PROG(dns_##func##_fentry_compat, struct socket *sock, struct msghdr *msg) \
 	{ return dns_sock_recv(nr, sock, msg, COMPAT); }				\
+	NETTAP_PROG("probe=dns mech=fentry variant=fast")				\
 	SEC("fexit/" #func)								\
 	int dns_##func##_fexit(void *ctx)						\
 	{ return dns_recv_return(nr, func_ret(ctx), FAST); }				\
+	NETTAP_PROG("probe=dns mech=fentry variant=compat")				\
 	SEC("fexit/" #func)								\
 	int dns_##func##_fexit_compat(void *ctx)					\
 	{ return dns_recv_return(nr, func_ret(ctx), COMPAT); }				\
+	NETTAP_PROG("probe=dns mech=kprobe variant=fast")				\
 	SEC("kprobe/" #func)								\
 	int BPF_KPROBE(dns_##func##_kprobe, struct socket *sock, struct msghdr *msg)	\
 	{ return dns_sock_recv(nr, sock, msg, FAST); }					\
+	NETTAP_PROG("probe=dns mech=kprobe variant=compat")				\
 	SEC("kprobe/" #func)								\
 	int BPF_KPROBE(dns_##func##_kprobe_compat, struct socket *sock, struct msghdr *msg) \
 	{ return dns_sock_recv(nr, sock, msg, COMPAT); }				\
+	NETTAP_PROG("probe=dns mech=kprobe variant=fast")				\
 	SEC("kretprobe/" #func)								\
 	int BPF_KRETPROBE(dns_##func##_kretprobe, int ret)				\
 	{ return dns_recv_return(nr, ret, FAST); }					\
+	NETTAP_PROG("probe=dns mech=kprobe variant=compat")				\
 	SEC("kretprobe/" #func)								\
 	int BPF_KRETPROBE(dns_##func##_kretprobe_compat, int ret)			\
 	{ return dns_recv_return(nr, ret, COMPAT); }

@@ -54,6 +54,7 @@ static __always_inline __u8 retrans_cause(const struct inet_connection_sock *ics
 /* ring obs_events: a captured socket sent a segment again. Its fields are
  * read with bpf_probe_read_kernel: a BTF pointer to struct sock does not
  * reach the tcp_sock members past it. */
+NETTAP_PROG("probe=tcp_retransmit mech=tp_btf")
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(tcp_retransmit, const struct sock *sk)
 {
@@ -90,6 +91,7 @@ int BPF_PROG(tcp_retransmit, const struct sock *sk)
  * open's rule, state_decide in tcp.bpf.c), on the request's own ports and
  * namespace; the header's conn_id and pid are 0. A request starts with the
  * same struct sock_common as a socket, so the socket readers read it. */
+NETTAP_PROG("probe=tcp_synack_retransmit mech=tp_btf")
 SEC("tp_btf/tcp_retransmit_synack")
 int BPF_PROG(tcp_synack_retransmit, const struct sock *sk, const struct request_sock *req)
 {

@@ -37,6 +37,7 @@ static __always_inline void segment_submit(struct nettap_segment *r)
 /* Every segment an established socket of the node receives passes here: one
  * array read says no while no target has segments on, the connection
  * table's front door for the sockets not captured. */
+NETTAP_PROG("probe=tcp_segment mech=tp_btf")
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(tcp_segment, struct sock *sk, struct sk_buff *skb)
 {

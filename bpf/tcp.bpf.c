@@ -188,6 +188,7 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
  * program: it is skipped only when a softirq interrupts this very program,
  * and the kernel counts that (the program's misses). tcp_destroy below
  * catches what such a skipped run leaves. Needs vmlinux BTF, nettap's floor. */
+NETTAP_PROG("probe=tcp_state variant=fast mech=tp_btf")
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 {
@@ -196,6 +197,7 @@ int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
 
 /* The same, with the connection ids of the compat programs (no fetching
  * add before Linux 5.12: conn_get). */
+NETTAP_PROG("probe=tcp_state variant=compat mech=tp_btf")
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(tcp_state_compat, const struct sock *sk, int oldstate, int newstate)
 {
@@ -229,6 +231,7 @@ static __always_inline void publish_destroy(const struct sock *sk, struct conn *
  * TCP_CLOSE (a peer reset) was read, a connection of its own (conn_get).
  * That eof carries oldstate TCP_CLOSE: the state before close is not known
  * here. */
+NETTAP_PROG("probe=tcp_state mech=tp_btf")
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(tcp_destroy, struct sock *sk)
 {
@@ -271,12 +274,14 @@ static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
 /* A reset sent: (sk, skb) on every kernel; Linux 6.10 added a reason, not
  * read here, and lets sk be NULL (a reset for no socket) or a timewait or
  * request socket. */
+NETTAP_PROG("probe=tcp_state mech=tp_btf")
 SEC("tp_btf/tcp_send_reset")
 int BPF_PROG(tcp_rst_sent, const struct sock *sk)
 {
 	return publish_reset(sk, NETTAP_DIR_EGRESS);
 }
 
+NETTAP_PROG("probe=tcp_state mech=tp_btf")
 SEC("tp_btf/tcp_receive_reset")
 int BPF_PROG(tcp_rst_recv, struct sock *sk)
 {
@@ -309,12 +314,14 @@ static __always_inline int on_thread_exit(const bool fast)
 	return 0;
 }
 
+NETTAP_PROG("probe=tcp_state variant=fast mech=tp_btf")
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(inflight_exit)
 {
 	return on_thread_exit(FAST);
 }
 
+NETTAP_PROG("probe=tcp_state variant=compat mech=tp_btf")
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(inflight_exit_compat)
 {
@@ -352,7 +359,8 @@ static __always_inline int on_accept(long fd, const bool fast)
 
 /* Attached by user space to sys_exit_accept4 and sys_exit_accept. */
 // clang-format off
-NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event_raw_sys_exit, {
+NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event_raw_sys_exit,
+	  "probe=tcp_accept attach=sys_exit_accept4,sys_exit_accept", {
 	return on_accept(ctx->ret, fast);
 })
 // clang-format on
@@ -360,6 +368,7 @@ NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event
 /* A captured socket reported an error (sk_err: a refused or timed-out
  * connect, a reset, an ICMP error). The tracepoint is Linux 5.14's: the
  * loader loads this program only where the kernel has it (features.py). */
+NETTAP_PROG("probe=tcp_sk_error needs=sock:inet_sk_error_report mech=tp_btf")
 SEC("tp_btf/inet_sk_error_report")
 int BPF_PROG(tcp_sk_error, const struct sock *sk)
 {

@@ -18,6 +18,15 @@
  * line. NETTAP_RECORD names a ring record's kind (its JSON "type") and ring. */
 #define NETTAP_JSON(form)	  __attribute__((btf_decl_tag("json:" form)))
 #define NETTAP_RECORD(kind, ring) __attribute__((btf_decl_tag("record:" kind ":" ring)))
+/* On a program: what user space needs to load and attach it, read from the
+ * object's BTF by scripts/gen_layout.py into exporter/kernel/programs_h.py
+ * (docs/architecture.md#adding-a-probe). Space-separated key=value:
+ * probe=NAME[,NAME] the probe(s) it serves (nettap_probe_attached's label),
+ * mech=MECHANISM the attach mechanism it belongs to, variant=fast|compat
+ * (none: both variants load it), needs=FEATURE (exporter/kernel/features.py)
+ * where the kernel must have one, attach=A[,B] what it is attached to where
+ * its SEC does not say (tracepoints of the SEC's category; uprobe symbols). */
+#define NETTAP_PROG(spec)	  __attribute__((btf_decl_tag("prog:" spec)))
 
 /* Record kinds: nettap_hdr.kind, and the line's "type" (the kind's name in
  * NETTAP_RECORD). 0 is no kind: zeroed memory is never a record. */

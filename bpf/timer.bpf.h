@@ -78,6 +78,7 @@ static __always_inline __u32 behind_bucket(__u64 n)
  * every other timer before any hash lookup). No address but a socket's own timer's gives a
  * captured socket. The keepalive timer is sk_timer or, on kernels that have
  * it (Debian's 6.1 and 6.12), icsk_keepalive_timer: keepalive_timer_offset(). */
+NETTAP_PROG("probe=tcp_timer mech=tp_btf")
 SEC("tp_btf/timer_expire_entry")
 int BPF_PROG(tcp_timer, struct timer_list *timer, unsigned long baseclk)
 {
@@ -134,6 +135,7 @@ int BPF_PROG(tcp_timer, struct timer_list *timer, unsigned long baseclk)
  * icsk_probes_out grew: tcp_send_probe0 and tcp_keepalive_timer count each
  * probe tcp_write_wakeup sends there). The socket is alive: a socket
  * destroyed while its timer ran emptied the slot (tcp_destroy). */
+NETTAP_PROG("probe=tcp_timer_exit mech=tp_btf")
 SEC("tp_btf/timer_expire_exit")
 int BPF_PROG(tcp_timer_exit, struct timer_list *timer)
 {
