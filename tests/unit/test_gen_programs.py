@@ -60,3 +60,21 @@ def _broken(tag_of: str, text: str | None):
 def test_a_wrong_tag_fails_the_build(text, why):
     with pytest.raises(SystemExit, match=why):
         gen_programs.programs(OBJ, _consts(), _broken("tcp_rst_sent", text))
+
+
+def test_the_routes_follow_from_the_mechanisms():
+    """What exporter/kernel/programs.py derives from the table: which probes
+    are planned, fixed or TLS's, and the returns attached first."""
+    from exporter.kernel import programs, tcp_h
+    assert programs.planned() == ["tcp_sendmsg", "tcp_recvmsg", "dns"]
+    assert programs.uprobe() == ["ssl_write", "ssl_read", "ssl_handshake"]
+    assert "tcp_state" in programs.fixed() and "tcp_accept" in programs.fixed()
+    assert set(tcp_h.PROBES) <= set(programs.probes())        # every counted probe has programs
+    for probe in programs.probes():
+        for mech in programs.mechanisms(probe):
+            for variant in ("fast", "compat"):
+                names = programs.names(probe, mech, variant)
+                rets = [programs.is_return(n) for n in names]
+                assert names and rets == sorted(rets, reverse=True), (probe, mech, variant)
+    assert programs.functions("dns") == ["inet_sendmsg", "inet6_sendmsg", "inet_recvmsg", "inet6_recvmsg"]
+    assert programs.returns_on("dns") == "inet_recvmsg"
