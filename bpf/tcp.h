@@ -27,6 +27,10 @@
  * where the kernel must have one, attach=A[,B] what it is attached to where
  * its SEC does not say (tracepoints of the SEC's category; uprobe symbols). */
 #define NETTAP_PROG(spec)	  __attribute__((btf_decl_tag("prog:" spec)))
+/* On a map: variant=fast|compat (created for that variant only),
+ * prealloc=always (preallocated on every kernel), prealloc_max=N (its
+ * max_entries where it must be preallocated: before Linux 6.1). */
+#define NETTAP_MAP(spec)	  __attribute__((btf_decl_tag("map:" spec)))
 
 /* Record kinds: nettap_hdr.kind, and the line's "type" (the kind's name in
  * NETTAP_RECORD). 0 is no kind: zeroed memory is never a record. */

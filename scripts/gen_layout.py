@@ -274,10 +274,12 @@ def main(argv) -> int:
     outs = [(py_out, python(consts, lay)), (docs_out, docs(consts, lay, header))]
     if len(argv) == 6:
         import gen_programs         # scripts/, beside this file
-        table = gen_programs.programs(obj, consts, btf_types(obj))
+        types = btf_types(obj)
+        table = gen_programs.programs(obj, consts, types)
         with open(CAPTURE_DOC) as f:
             capture = f.read()
-        outs += [(argv[4], gen_programs.python(table)), (argv[5], gen_programs.probe_table(table, capture))]
+        outs += [(argv[4], gen_programs.python(table, gen_programs.maps(types))),
+                 (argv[5], gen_programs.probe_table(table, capture))]
     for path, text in outs:
         with open(path, "w") as f:
             f.write(text)

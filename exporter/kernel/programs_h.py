@@ -109,3 +109,13 @@ PROGRAMS = {
     'tcp_accept_compat': (('tcp_accept',), 'tracepoint', 'compat', '', 'tracepoint/syscalls/sys_exit_accept4', (('syscalls', 'sys_exit_accept4'), ('syscalls', 'sys_exit_accept')), True),
     'tcp_sk_error': (('tcp_sk_error',), 'tp_btf', '', 'sock:inet_sk_error_report', 'tp_btf/inet_sk_error_report', ('inet_sk_error_report',), False),
 }
+
+# map -> (variant ('' both), preallocated on every kernel, max_entries where preallocated
+#         (0: its own)), the maps with a NETTAP_MAP tag.
+MAPS = {
+    'capture_conns': ('', True, 0),
+    'conn_id_seq': ('compat', False, 0),
+    'inflight_calls': ('fast', False, 0),
+    'inflight_compat': ('compat', False, 4096),
+    'inflight_zero': ('compat', False, 0),
+}

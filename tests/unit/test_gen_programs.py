@@ -78,3 +78,13 @@ def test_the_routes_follow_from_the_mechanisms():
                 assert names and rets == sorted(rets, reverse=True), (probe, mech, variant)
     assert programs.functions("dns") == ["inet_sendmsg", "inet6_sendmsg", "inet_recvmsg", "inet6_recvmsg"]
     assert programs.returns_on("dns") == "inet_recvmsg"
+
+
+@pytest.mark.parametrize("text", ["map:variant=slow", "map:prealloc=never", "map:prealloc_max=lots", "map:size=1"])
+def test_a_wrong_map_tag_fails_the_build(text):
+    types = gen.btf_types(OBJ)
+    tag = next(i for i, t in types.items() if t["kind"] == "DECL_TAG" and t["name"].startswith("map:"))
+    assert gen_programs.maps(types)
+    types[tag] = dict(types[tag], name=text)
+    with pytest.raises(SystemExit, match="gen_layout: map "):
+        gen_programs.maps(types)
