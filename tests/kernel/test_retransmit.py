@@ -17,6 +17,9 @@ from conftest import live_conn_ids
 from procs import wait_for
 from traffic import in_netns, listener
 
+# Their programs are tp_btf whatever the call probes' mechanism (loader.SEPARATE):
+# once per BPF variant, not once per mechanism.
+pytestmark = pytest.mark.per_variant
 PORT = 9000
 DATA = b"r" * 200                 # one segment, told from handshake packets and ACKs by its length
 

@@ -12,6 +12,9 @@ from conftest import live_conn_ids
 from procs import wait_for
 from traffic import in_netns, listener
 
+# Their programs are tp_btf whatever the call probes' mechanism (loader.SEPARATE):
+# once per BPF variant, not once per mechanism.
+pytestmark = pytest.mark.per_variant
 SEG, PLAIN = 9100, 9101          # a port whose segments are recorded, and one whose are not
 SENDS, SIZE = 20, 300            # the client's sends, a segment each (TCP_NODELAY, in turn)
 ANSWERS = 1 + SENDS + 2          # the bytes the server sends: its greeting, an answer a send, "ok"
