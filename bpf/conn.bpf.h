@@ -37,7 +37,7 @@ struct conn {
 	__u16 closed;  /* reached TCP_CLOSE, its eof published: kept until the socket is
 		       * destroyed (a reset it sends follows its CLOSE), then removed */
 	__u8 owned;    /* its owner record is published (obs.bpf.h) */
-	__u8 segments; /* the segments it receives are recorded (segment.bpf.h) */
+	__u8 segments; /* the segments it receives are recorded (retransmit.bpf.c) */
 };
 
 /* Preallocated on every kernel (the loader clears BPF_F_NO_PREALLOC): the

@@ -112,9 +112,4 @@ static __always_inline long func_ret(void *ctx)
 		return exit_call(probe, ret, COMPAT);                              \
 	}
 
-NETTAP_FENTRY(tcp_sendmsg, NETTAP_PROBE_TCP_SENDMSG)
-NETTAP_FENTRY(tcp_recvmsg, NETTAP_PROBE_TCP_RECVMSG)
-NETTAP_KPROBE(tcp_sendmsg, NETTAP_PROBE_TCP_SENDMSG)
-NETTAP_KPROBE(tcp_recvmsg, NETTAP_PROBE_TCP_RECVMSG)
-
 #endif /* NETTAP_ENTRY_FUNC_BPF_H */

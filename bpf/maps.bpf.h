@@ -202,7 +202,7 @@ struct {
 /* Linux 5.8+: the same state keyed by pid_tgid, for the "compat" programs:
  * kept between a thread's calls where the hash allocates at run time (6.1),
  * else removed at the call's return (inflight_end); removed when the thread
- * ends (inflight_exit, tcp.bpf.c). One whose removal was missed is told
+ * ends (inflight_exit, lifecycle.bpf.c). One whose removal was missed is told
  * apart by its thread's start time when the id is reused (inflight_find).
  * Where it must be preallocated (before 6.1: features.py's bpf_mem_alloc), it
  * is paid in full: 4096 threads inside a captured call at once, x ~650 B. */

@@ -1,9 +1,9 @@
-"""capture.dns: the DNS programs (bpf/dns.bpf.h, bpf/dns_func.bpf.h) and their links.
+"""capture.dns: the DNS programs (bpf/dns.bpf.c) and their links.
 
 The probe ``dns`` has its own mechanism, chosen as the TCP probes' are, in
 the design card's order (mechanisms.plan): fentry/fexit, else
 kprobe/kretprobe, on the inet sockets' send and receive functions
-(their tags in bpf/dns_func.bpf.h), which only UDP and TCP socket calls run; else
+(their tags in bpf/dns.bpf.c), which only UDP and TCP socket calls run; else
 syscall tracepoints, which every kernel of nettap's range has, and which
 every sendto, sendmsg, sendmmsg, write, writev, recvfrom, recvmsg and read of
 the node runs. The programs of that mechanism are attached only while

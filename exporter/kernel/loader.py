@@ -52,9 +52,9 @@ TRACEFS = "/sys/kernel/tracing"
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 
 
-# The lifecycle programs (bpf/tcp.bpf.c, retrans.bpf.h, timer.bpf.h,
-# segment.bpf.h): the probes of one fixed mechanism, a BTF raw tracepoint
-# (tp_btf: bpf/tcp.bpf.c says why not the classic tracepoints) or syscall
+# The lifecycle programs (bpf/lifecycle.bpf.c, retransmit.bpf.c): the
+# probes of one fixed mechanism, a BTF raw tracepoint
+# (tp_btf: bpf/lifecycle.bpf.c says why not the classic tracepoints) or syscall
 # tracepoints user space attaches them to (tcp_accept), each program tagged
 # with its probe. Those of LIFECYCLE decide capture at a socket's first state
 # and publish its life (states, eof, resets, destruction); reported as one

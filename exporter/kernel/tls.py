@@ -1,5 +1,5 @@
 """TLS plaintext: the libssl files on this node, and the TLS uprobes on them
-(bpf/entry_tls.bpf.h).
+(bpf/tls.bpf.c).
 
 A uprobe belongs to a file (its inode and an offset), not to a process:
 attached with pid -1 to a libssl file, it runs in every process that maps
@@ -38,7 +38,7 @@ from exporter.kernel.mechanisms import UNSUPPORTED
 log = logging.getLogger(__name__)
 
 UPROBE_PMU = "/sys/bus/event_source/devices/uprobe/type"
-# The TLS probes and their programs, from the programs' tags (bpf/entry_tls.bpf.h).
+# The TLS probes and their programs, from the programs' tags (bpf/tls.bpf.c).
 PROBES = tuple(table.uprobe())
 # probe -> the symbols it covers: (symbol, its entry program)
 SYMBOLS = {p: tuple((sym, n) for n in table.names(p, table.UPROBE, only=True) if not table.is_return(n)

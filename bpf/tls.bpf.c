@@ -1,17 +1,14 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * entry_tls.bpf.h: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read,
+ * tls.bpf.c: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read,
  * SSL_read_ex and SSL_do_handshake, and on SSL_free and SSL_clear (OpenSSL
  * 1.1.1 and 3.x), attached by user space to every libssl file it finds (exporter/kernel/tls.py). The plaintext is published
  * at the return, as chunks flagged NETTAP_CHUNK_F_TLS of the socket's
  * connection (tls.bpf.h says how the socket is known), with offsets of
  * their own: a retried or partial write publishes what it wrote, once.
  */
-#ifndef NETTAP_ENTRY_TLS_BPF_H
-#define NETTAP_ENTRY_TLS_BPF_H
-
-#include <bpf/bpf_tracing.h>
 #include "emit.bpf.h"
+#include <bpf/bpf_tracing.h>
 
 #define EEXIST 17
 
@@ -303,5 +300,3 @@ int tls_mmap(struct trace_event_raw_sys_enter *ctx)
 	bpf_ringbuf_submit(r, 0);
 	return 0;
 }
-
-#endif /* NETTAP_ENTRY_TLS_BPF_H */
