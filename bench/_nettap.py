@@ -17,6 +17,9 @@ OUT = os.path.join(BENCH, "out")
 TICK = os.sysconf("SC_CLK_TCK")
 RINGS = ("capture_chunks", "capture_eof", "logs")
 
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from helpers import stop  # noqa: E402,F401  (the benchmarks' _nettap.stop: SIGTERM, SIGKILL after 30 s)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -75,16 +78,6 @@ def start_ingest(cfg: str, mport: int, extra=()) -> subprocess.Popen:
         time.sleep(0.05)
     stop(p)
     raise SystemExit("nettap ingest did not connect to its engine in 30 s")
-
-
-def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 _LINE = re.compile(r'^(nettap_\w+)(\{[^}]*\})? (\S+)$')

@@ -691,6 +691,24 @@ def print_lifecycle(n: int, results: list) -> None:
     print("\n(goal: a socket not captured costs <= 2x the empty program on the same tracepoint)")
 
 
+def print_sends(results) -> None:
+    """The send cases' table: per mechanism and variant, the empty program's
+    and nettap's ns per run, and nettap's cost over the empty one."""
+    for mech, variant, rows in results:
+        title = f"{mech}, {variant} variant"
+        if len(title) > 24:                     # a compat path: its own line
+            print(f"\n{title}")
+            title = ""
+        print(f"{chr(10) if title else ''}{title:24s} {'empty program':>15s} {'nettap tcp_sendmsg':>19s}"
+              f" {'nettap':>10s} {'over empty':>9s}")
+        print(f"{'':24s} {'enter':>7s} {'exit':>7s} {'enter':>9s} {'exit':>9s} {'enter+exit':>10s}"
+              f" {'per run':>9s}")
+        for case, r in rows.items():
+            e_in, e_out, n_in, n_out = (r["empty enter"], r["empty exit"], r["nettap enter"], r["nettap exit"])
+            over = (n_in - e_in + n_out - e_out) / 2
+            print(f"{case:24s} {e_in:7.0f} {e_out:7.0f} {n_in:9.0f} {n_out:9.0f} {n_in + n_out:10.0f} {over:+9.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sends", type=int, default=200000)
@@ -776,19 +794,7 @@ def main() -> None:
     print("\nnettap probe cost (ns per run, kernel BPF statistics; "
           + (f"{a.sends:,} sends per case, " if "send" in sections else "")
           + f"kernel {os.uname().release}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
-    for mech, variant, rows in results:
-        title = f"{mech}, {variant} variant"
-        if len(title) > 24:                     # a compat path: its own line
-            print(f"\n{title}")
-            title = ""
-        print(f"{chr(10) if title else ''}{title:24s} {'empty program':>15s} {'nettap tcp_sendmsg':>19s}"
-              f" {'nettap':>10s} {'over empty':>9s}")
-        print(f"{'':24s} {'enter':>7s} {'exit':>7s} {'enter':>9s} {'exit':>9s} {'enter+exit':>10s}"
-              f" {'per run':>9s}")
-        for case, r in rows.items():
-            e_in, e_out, n_in, n_out = (r["empty enter"], r["empty exit"], r["nettap enter"], r["nettap exit"])
-            over = (n_in - e_in + n_out - e_out) / 2
-            print(f"{case:24s} {e_in:7.0f} {e_out:7.0f} {n_in:9.0f} {n_out:9.0f} {n_in + n_out:10.0f} {over:+9.0f}")
+    print_sends(results)
     if "lifecycle" in sections:
         print_lifecycle(a.connections, lifecycle)
     if "tls" in sections:

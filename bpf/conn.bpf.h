@@ -377,36 +377,37 @@ static __always_inline void read_addrs_compat(struct sock *sk, __u16 *family, __
 	}
 }
 
-/* Addresses and ports of a socket, as both record kinds carry them. With
+/* A record's socket (tcp.h's nettap_ports and nettap_addrs: every record
+ * about a socket has both), filled from sk: the one place that does. With
  * btf, sk is a BTF pointer read by direct loads; otherwise any kernel
  * address, read by bpf_probe_read_kernel (CO-RE relocated either way). */
-static __always_inline void read_addrs(struct sock *sk, const bool btf, __u16 *family, __u16 *sport,
-				       __u16 *dport, __u8 *saddr, __u8 *daddr)
+static __always_inline void read_addrs(struct sock *sk, const bool btf, struct nettap_ports *p,
+				       struct nettap_addrs *a)
 {
-	__builtin_memset(saddr, 0, 16);
-	__builtin_memset(daddr, 0, 16);
+	__builtin_memset(a->saddr, 0, 16);
+	__builtin_memset(a->daddr, 0, 16);
 	if (btf) {
 		struct sock_common *c = &sk->__sk_common;
 
-		*family = c->skc_family;
-		*sport = c->skc_num;
-		*dport = bpf_ntohs(c->skc_dport);
-		if (*family == AF_INET6) {
-			__builtin_memcpy(saddr, &c->skc_v6_rcv_saddr, 16);
-			__builtin_memcpy(daddr, &c->skc_v6_daddr, 16);
+		p->family = c->skc_family;
+		p->sport = c->skc_num;
+		p->dport = bpf_ntohs(c->skc_dport);
+		if (p->family == AF_INET6) {
+			__builtin_memcpy(a->saddr, &c->skc_v6_rcv_saddr, 16);
+			__builtin_memcpy(a->daddr, &c->skc_v6_daddr, 16);
 		} else {
-			*(__u32 *)saddr = c->skc_rcv_saddr;
-			*(__u32 *)daddr = c->skc_daddr;
+			*(__u32 *)a->saddr = c->skc_rcv_saddr;
+			*(__u32 *)a->daddr = c->skc_daddr;
 		}
 	} else {
-		read_addrs_compat(sk, family, sport, dport, saddr, daddr);
+		read_addrs_compat(sk, &p->family, &p->sport, &p->dport, a->saddr, a->daddr);
 	}
 	/* tcp_set_state() releases the local port (inet_put_port zeroes
 	 * skc_num) before it stores TCP_CLOSE: at close, and for data read
 	 * after it (a peer reset), the socket's own inet_sport still holds it.
 	 * Read past struct sock, so by bpf_probe_read_kernel in both cases. */
-	if (!*sport)
-		*sport = bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport));
+	if (!p->sport)
+		p->sport = bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport));
 }
 
 /* The connection of a socket, created at its first captured call. */

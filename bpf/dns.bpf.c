@@ -298,12 +298,12 @@ static __always_inline bool dns_peer_known(__u64 ino, const struct dns_peer *p)
  * kernel would tell it to the socket (IPv4-mapped on an IPv6 socket). */
 static __always_inline void record_peer(struct nettap_dns *r, const struct dns_peer *p)
 {
-	r->dport = p->port;
-	__builtin_memcpy(r->daddr, p->addr, sizeof(r->daddr));
-	if (p->v4 && r->family == AF_INET6) {
-		__builtin_memset(r->daddr, 0, 10);
-		r->daddr[10] = r->daddr[11] = 0xff;
-		__builtin_memcpy(&r->daddr[12], p->addr, 4);
+	r->ports.dport = p->port;
+	__builtin_memcpy(r->addrs.daddr, p->addr, sizeof(r->addrs.daddr));
+	if (p->v4 && r->ports.family == AF_INET6) {
+		__builtin_memset(r->addrs.daddr, 0, 10);
+		r->addrs.daddr[10] = r->addrs.daddr[11] = 0xff;
+		__builtin_memcpy(&r->addrs.daddr[12], p->addr, 4);
 	}
 }
 
@@ -341,17 +341,17 @@ static __always_inline void dns_publish(struct sock *sk, __u64 ino, __u64 buf, _
 	r->flags = 0;
 	r->transport = tcp ? NETTAP_TRANSPORT_TCP : NETTAP_TRANSPORT_UDP;
 	__builtin_memset(r->pad0, 0, sizeof(r->pad0));
-	OBS_SOCK(r, sk, btf);
+	obs_sock(sk, btf, &r->ports, &r->addrs, &r->netns);
 	/* sockaddr_in's 8 bytes first: the user's struct may end there */
 	if (peer && !read_sockaddr(&sa, 8, peer, peer_kernel)) {
 		if (sa.family == AF_INET) {
-			__builtin_memset(r->daddr, 0, sizeof(r->daddr));
-			*(__u32 *)r->daddr = sa.v4;
-			r->dport = bpf_ntohs(sa.port);
+			__builtin_memset(r->addrs.daddr, 0, sizeof(r->addrs.daddr));
+			*(__u32 *)r->addrs.daddr = sa.v4;
+			r->ports.dport = bpf_ntohs(sa.port);
 		} else if (sa.family == AF_INET6 &&
 			   !read_sockaddr(sa.v6, sizeof(sa.v6), peer + 8, peer_kernel)) {
-			__builtin_memcpy(r->daddr, sa.v6, sizeof(r->daddr));
-			r->dport = bpf_ntohs(sa.port);
+			__builtin_memcpy(r->addrs.daddr, sa.v6, sizeof(r->addrs.daddr));
+			r->ports.dport = bpf_ntohs(sa.port);
 		}
 	}
 	if (queued && queued->port)

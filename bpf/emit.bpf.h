@@ -315,7 +315,7 @@ static __always_inline void emit_call(struct inflight *in, struct nettap_probe_c
 	hdr->direction = (probe == NETTAP_PROBE_TCP_SENDMSG || probe == NETTAP_PROBE_SSL_WRITE)
 				 ? NETTAP_DIR_EGRESS
 				 : NETTAP_DIR_INGRESS;
-	read_addrs(sk, fast, &hdr->family, &hdr->sport, &hdr->dport, hdr->saddr, hdr->daddr);
+	read_addrs(sk, fast, &hdr->ports, &hdr->addrs);
 	bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
 
 	if (in->unreadable) {

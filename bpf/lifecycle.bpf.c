@@ -37,8 +37,7 @@ static __always_inline void publish_eof(const struct sock *sk, struct conn *cn, 
 		e->oldstate = oldstate;
 		e->pad0 = 0;
 		__builtin_memset(e->pad1, 0, sizeof(e->pad1));
-		read_addrs((struct sock *)sk, false, &e->family, &e->sport, &e->dport, e->saddr,
-			   e->daddr);
+		read_addrs((struct sock *)sk, false, &e->ports, &e->addrs);
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
 		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, NETTAP_RING_CAPTURE_EOF,
 							 cfg->eof_wakeup_bytes)
@@ -93,7 +92,7 @@ static __always_inline void publish_state(const struct sock *sk, struct conn *cn
 	r->oldstate = oldstate;
 	r->newstate = newstate;
 	r->pad0 = 0;
-	OBS_SOCK(r, sk, false);
+	obs_sock(sk, false, &r->ports, &r->addrs, &r->netns);
 	obs_submit(r);
 }
 
@@ -169,7 +168,8 @@ static __always_inline void publish_destroy(const struct sock *sk, struct conn *
 	r->segs_out = BPF_CORE_READ(tp, segs_out);
 	r->segs_in = BPF_CORE_READ(tp, segs_in);
 	r->total_retrans = BPF_CORE_READ(tp, total_retrans);
-	OBS_SOCK_STATE(r, sk);
+	OBS_STATE(r, sk);
+	OBS_SOCK(r, sk, false);
 	obs_submit(r);
 }
 
@@ -216,7 +216,8 @@ static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
 	if (!r)
 		return 0;
 	r->direction = direction;
-	OBS_SOCK_STATE(r, sk);
+	OBS_STATE(r, sk);
+	obs_sock(sk, false, &r->ports, &r->addrs, &r->netns);
 	obs_submit(r);
 	return 0;
 }
@@ -341,7 +342,8 @@ int BPF_PROG(tcp_sk_error, const struct sock *sk)
 		return 0;
 	r->errno = err;
 	r->errno_name = err;
-	OBS_SOCK_STATE(r, sk);
+	OBS_STATE(r, sk);
+	OBS_SOCK(r, sk, false);
 	obs_submit(r);
 	return 0;
 }

@@ -39,21 +39,24 @@ static __always_inline void obs_submit(void *r)
 }
 
 /* A record's socket: family, ports, addresses and network namespace (every
- * obs_events kind has these fields). btf: sk is a BTF pointer (read_addrs). */
-#define OBS_SOCK(r, sk, btf)                                                                       \
-	do {                                                                                       \
-		read_addrs((struct sock *)(sk), btf, &(r)->family, &(r)->sport, &(r)->dport,       \
-			   (r)->saddr, (r)->daddr);                                                \
-		(r)->netns = BPF_CORE_READ((struct sock *)(sk), __sk_common.skc_net.net, ns.inum); \
-	} while (0)
+ * obs_events kind has these fields: tcp.h's nettap_ports, nettap_addrs and
+ * netns, or nettap_netns_addrs). btf: sk is a BTF pointer (read_addrs). */
+static __always_inline void obs_sock(const void *sk, const bool btf, struct nettap_ports *p,
+				     struct nettap_addrs *a, __u32 *netns)
+{
+	read_addrs((struct sock *)sk, btf, p, a);
+	*netns = BPF_CORE_READ((struct sock *)sk, __sk_common.skc_net.net, ns.inum);
+}
 
-/* The same, and the socket's state then with the padding after it (the
- * kinds recorded outside a state change: reset, error, destroy). */
-#define OBS_SOCK_STATE(r, sk)                                                           \
+/* obs_sock for a record with a nettap_netns_addrs (most kinds). */
+#define OBS_SOCK(r, sk, btf) obs_sock(sk, btf, &(r)->ports, &(r)->at.addrs, &(r)->at.netns)
+
+/* The socket's state then, and the padding after it (the kinds recorded
+ * outside a state change: reset, error, destroy). */
+#define OBS_STATE(r, sk)                                                                \
 	do {                                                                            \
 		(r)->state = BPF_CORE_READ((struct sock *)(sk), __sk_common.skc_state); \
 		(r)->pad0 = 0;                                                          \
-		OBS_SOCK(r, sk, false);                                                 \
 	} while (0)
 
 /* The captured connection of a socket, NULL when it has none. */

@@ -213,23 +213,46 @@ struct nettap_hdr {
 	__u32 pid;			/* tgid of the process the record is about */
 };
 
+/* A socket's family and ports (host order), nested in every record about a
+ * socket: its fields are the record's, in its line as the header's are. Where
+ * one means more for a record, the record's member says so in its comment
+ * ("sport: local port (0 before it is bound)"), and docs/records.md shows
+ * that. Filled by read_addrs (conn.bpf.h). */
+struct nettap_ports {
+	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
+	__u16 sport;			    /* local port */
+	__u16 dport;			    /* remote port */
+};
+
+/* A socket's addresses (4 bytes for AF_INET, the rest 0), nested as
+ * nettap_ports is. 4-aligned, as every record has it, so that an IPv4
+ * address is one store (read_addrs). */
+struct nettap_addrs {
+	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
+	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+} __attribute__((aligned(4)));
+
+/* A socket's network namespace and addresses, nested as nettap_ports is,
+ * where a record has them in this order. */
+struct nettap_netns_addrs {
+	__u32 netns; /* inode of the socket's network namespace */
+	struct nettap_addrs addrs;
+};
+
 /* ring capture_chunks: one slice (<= NETTAP_CHUNK_DATA bytes) of one call;
  * ts_ns at the call's return, pid the caller's. */
 struct NETTAP_RECORD("chunk", "capture_chunks") nettap_chunk {
 	struct nettap_hdr h;
-	__u64 offset;			    /* stream offset of data[0] in this direction */
-	__u64 call_offset;		    /* stream offset of the call's first byte */
-	__u32 call_len;			    /* bytes the call moved (its return value) */
-	__u32 len;			    /* bytes of data[] that hold payload */
-	__u32 tid;			    /* the thread that made the call */
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port, host order */
-	__u16 dport;			    /* remote port, host order */
+	__u64 offset;		   /* stream offset of data[0] in this direction */
+	__u64 call_offset;	   /* stream offset of the call's first byte */
+	__u32 call_len;		   /* bytes the call moved (its return value) */
+	__u32 len;		   /* bytes of data[] that hold payload */
+	__u32 tid;		   /* the thread that made the call */
+	struct nettap_ports ports; /* sport: local port, host order; dport: remote port, host order */
 	__u8 direction NETTAP_JSON("enum:NETTAP_DIR");	/* sent or received by the local socket */
 	__u8 flags NETTAP_JSON("flags:NETTAP_CHUNK_F"); /* what the chunk lacks, and why */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address: 4 bytes for AF_INET, rest 0 */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
-	char comm[16] NETTAP_JSON("text");  /* the calling thread's task name */
+	struct nettap_addrs addrs;	   /* saddr: local address: 4 bytes for AF_INET, rest 0 */
+	char comm[16] NETTAP_JSON("text"); /* the calling thread's task name */
 	__u8 data[NETTAP_CHUNK_DATA] NETTAP_JSON("base64:len"); /* len bytes of payload */
 };
 
@@ -237,20 +260,17 @@ struct NETTAP_RECORD("chunk", "capture_chunks") nettap_chunk {
  * at the socket's destruction), pid the connection's (as its state records'). */
 struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
 	struct nettap_hdr h;
-	__u64 start_ns;			    /* capture began: first state or first call */
-	__u64 tx_bytes;			    /* bytes sent through captured calls */
-	__u64 rx_bytes;			    /* bytes received through captured calls */
-	__u64 tx_calls;			    /* captured send calls that moved bytes */
-	__u64 rx_calls;			    /* captured receive calls that moved bytes */
-	__u32 tid;			    /* thread that moved the socket to TCP_CLOSE */
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port (0 once the kernel released it) */
-	__u16 dport;			    /* remote port */
+	__u64 start_ns;		   /* capture began: first state or first call */
+	__u64 tx_bytes;		   /* bytes sent through captured calls */
+	__u64 rx_bytes;		   /* bytes received through captured calls */
+	__u64 tx_calls;		   /* captured send calls that moved bytes */
+	__u64 rx_calls;		   /* captured receive calls that moved bytes */
+	__u32 tid;		   /* thread that moved the socket to TCP_CLOSE */
+	struct nettap_ports ports; /* sport: local port (0 once the kernel released it) */
 	__u8 oldstate NETTAP_JSON("enum:tcp_state"); /* TCP state before TCP_CLOSE */
 	__u8 pad0 NETTAP_JSON("-");
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
-	char comm[16] NETTAP_JSON("text");  /* task that moved the socket to TCP_CLOSE */
+	struct nettap_addrs addrs;
+	char comm[16] NETTAP_JSON("text"); /* task that moved the socket to TCP_CLOSE */
 	__u8 pad1[4] NETTAP_JSON("-");
 };
 
@@ -259,14 +279,11 @@ struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
  * unknown: a passive socket is decided in softirq, by a socket target). */
 struct NETTAP_RECORD("state", "obs_events") nettap_state {
 	struct nettap_hdr h;
-	__u16 family NETTAP_JSON("family");	     /* AF_INET or AF_INET6 */
-	__u16 sport;				     /* local port (0 before it is bound) */
-	__u16 dport;				     /* remote port */
+	struct nettap_ports ports;		     /* sport: local port (0 before it is bound) */
 	__u8 oldstate NETTAP_JSON("enum:tcp_state"); /* the state it left */
 	__u8 newstate NETTAP_JSON("enum:tcp_state"); /* the state it entered */
-	__u8 saddr[16] NETTAP_JSON("addr");	     /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr");	     /* remote address */
-	__u32 netns;				     /* inode of the socket's network namespace */
+	struct nettap_addrs addrs;
+	__u32 netns; /* inode of the socket's network namespace */
 	__u32 pad0 NETTAP_JSON("-");
 };
 
@@ -275,14 +292,11 @@ struct NETTAP_RECORD("state", "obs_events") nettap_state {
  * (tcp:tcp_receive_reset); pid the connection's. */
 struct NETTAP_RECORD("reset", "obs_events") nettap_reset {
 	struct nettap_hdr h;
-	__u16 family NETTAP_JSON("family");	       /* AF_INET or AF_INET6 */
-	__u16 sport;				       /* local port */
-	__u16 dport;				       /* remote port */
+	struct nettap_ports ports;
 	__u8 direction NETTAP_JSON("enum:NETTAP_DIR"); /* egress: sent; ingress: received */
 	__u8 state NETTAP_JSON("enum:tcp_state");      /* the socket's state then */
-	__u8 saddr[16] NETTAP_JSON("addr");	       /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr");	       /* remote address */
-	__u32 netns;				       /* inode of the socket's network namespace */
+	struct nettap_addrs addrs;
+	__u32 netns; /* inode of the socket's network namespace */
 	__u32 pad0 NETTAP_JSON("-");
 };
 
@@ -291,17 +305,13 @@ struct NETTAP_RECORD("reset", "obs_events") nettap_reset {
  * captured call; pid (the header's) is the owner's tgid. */
 struct NETTAP_RECORD("owner", "obs_events") nettap_owner {
 	struct nettap_hdr h;
-	__u64 cgroup_id;		    /* the owner's cgroup v2 id (its directory's inode) */
-	__u32 tid;			    /* the owner's thread that made the call */
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port */
-	__u16 dport;			    /* remote port */
+	__u64 cgroup_id; /* the owner's cgroup v2 id (its directory's inode) */
+	__u32 tid;	 /* the owner's thread that made the call */
+	struct nettap_ports ports;
 	__u8 via NETTAP_JSON("enum:NETTAP_VIA"); /* how nettap learnt the owner */
 	__u8 pad0 NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
-	char comm[16] NETTAP_JSON("text");  /* the owner's thread's task name */
+	struct nettap_netns_addrs at;
+	char comm[16] NETTAP_JSON("text"); /* the owner's thread's task name */
 };
 
 /* ring obs_events: a captured socket reported an error
@@ -311,14 +321,10 @@ struct NETTAP_RECORD("error", "obs_events") nettap_error {
 	struct nettap_hdr h;
 	__u32 errno;				    /* the socket's error (sk_err), its number */
 	__u32 errno_name NETTAP_JSON("enum:errno"); /* the same, by its name */
-	__u16 family NETTAP_JSON("family");	    /* AF_INET or AF_INET6 */
-	__u16 sport;				    /* local port */
-	__u16 dport;				    /* remote port */
-	__u8 state NETTAP_JSON("enum:tcp_state");   /* the socket's state then */
+	struct nettap_ports ports;
+	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
 	__u8 pad0 NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	struct nettap_netns_addrs at;
 };
 
 /* ring obs_events: a captured socket was destroyed (tcp:tcp_destroy_sock),
@@ -328,19 +334,15 @@ struct NETTAP_RECORD("error", "obs_events") nettap_error {
  * connection's. */
 struct NETTAP_RECORD("destroy", "obs_events") nettap_destroy {
 	struct nettap_hdr h;
-	__u64 bytes_acked;			  /* sent and acknowledged by the peer */
-	__u64 bytes_received;			  /* received in sequence */
-	__u32 segs_out;				  /* segments sent, retransmissions included */
-	__u32 segs_in;				  /* segments received */
-	__u32 total_retrans;			  /* segments retransmitted */
-	__u16 family NETTAP_JSON("family");	  /* AF_INET or AF_INET6 */
-	__u16 sport;				  /* local port */
-	__u16 dport;				  /* remote port */
+	__u64 bytes_acked;    /* sent and acknowledged by the peer */
+	__u64 bytes_received; /* received in sequence */
+	__u32 segs_out;	      /* segments sent, retransmissions included */
+	__u32 segs_in;	      /* segments received */
+	__u32 total_retrans;  /* segments retransmitted */
+	struct nettap_ports ports;
 	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
 	__u8 pad0 NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	struct nettap_netns_addrs at;
 };
 
 /* ring obs_events: a captured socket sent a segment again
@@ -349,18 +351,14 @@ struct NETTAP_RECORD("destroy", "obs_events") nettap_destroy {
  * and from loss recovery on ACKs; pid the connection's. */
 struct NETTAP_RECORD("retransmit", "obs_events") nettap_retransmit {
 	struct nettap_hdr h;
-	__u32 rto_jiffies;		    /* the retransmission timeout then (icsk_rto) */
-	__u32 srtt_us;			    /* the smoothed round-trip time then */
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port */
-	__u16 dport;			    /* remote port */
+	__u32 rto_jiffies; /* the retransmission timeout then (icsk_rto) */
+	__u32 srtt_us;	   /* the smoothed round-trip time then */
+	struct nettap_ports ports;
 	__u8 cause NETTAP_JSON("enum:NETTAP_RETRANS"); /* which recovery sent it */
 	__u8 state NETTAP_JSON("enum:tcp_state");      /* the socket's state then */
 	__u8 retransmits; /* timer retransmissions in a row before it (icsk_retransmits) */
 	__u8 pad0[3] NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	struct nettap_netns_addrs at;
 };
 
 /* ring obs_events: a listener sent a SYN-ACK again
@@ -369,14 +367,11 @@ struct NETTAP_RECORD("retransmit", "obs_events") nettap_retransmit {
  * netns) as a passive open is. */
 struct NETTAP_RECORD("synack_retransmit", "obs_events") nettap_synack_retransmit {
 	struct nettap_hdr h;
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port: the listener's */
-	__u16 dport;			    /* remote port: the connecting peer's */
-	__u8 retransmits;		    /* SYN-ACKs sent again before it (num_retrans) */
+	struct nettap_ports
+		ports; /* sport: local port: the listener's; dport: remote port: the connecting peer's */
+	__u8 retransmits; /* SYN-ACKs sent again before it (num_retrans) */
 	__u8 pad0 NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the listener's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	struct nettap_netns_addrs at; /* netns: inode of the listener's network namespace */
 	__u8 pad1[4] NETTAP_JSON("-");
 };
 
@@ -388,17 +383,13 @@ struct NETTAP_RECORD("timer", "obs_events") nettap_timer {
 	struct nettap_hdr h;
 	__u32 behind_jiffies; /* from its slot on the wheel to when its CPU fired it */
 	__u32 late_jiffies;   /* from the expiry its owner set to its slot: the wheel's rounding */
-	__u16 family NETTAP_JSON("family");	     /* AF_INET or AF_INET6 */
-	__u16 sport;				     /* local port */
-	__u16 dport;				     /* remote port */
+	struct nettap_ports ports;
 	__u8 timer NETTAP_JSON("enum:NETTAP_TIMER"); /* which timer */
 	__u8 event NETTAP_JSON("enum:NETTAP_EVENT"); /* what the retransmit timer was armed for */
 	__u8 owned;				     /* 1: its owner held the socket */
 	__u8 state NETTAP_JSON("enum:tcp_state");    /* the socket's state then */
 	__u8 pad0[2] NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	struct nettap_netns_addrs at;
 };
 
 /* ring obs_events: a captured socket's timer sent a probe
@@ -409,18 +400,14 @@ struct NETTAP_RECORD("timer", "obs_events") nettap_timer {
  * is not seen. pid the connection's. */
 struct NETTAP_RECORD("probe", "obs_events") nettap_probe {
 	struct nettap_hdr h;
-	__u32 snd_wnd;			    /* the window the peer last advertised */
-	__u32 rto_jiffies;		    /* the retransmission timeout then (icsk_rto) */
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port */
-	__u16 dport;			    /* remote port */
+	__u32 snd_wnd;	   /* the window the peer last advertised */
+	__u32 rto_jiffies; /* the retransmission timeout then (icsk_rto) */
+	struct nettap_ports ports;
 	__u8 probe NETTAP_JSON("enum:NETTAP_WAKEUP"); /* which probe */
 	__u8 probes_out; /* probes sent with no answer, this one included */
 	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
 	__u8 pad0[3] NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	struct nettap_netns_addrs at;
 };
 
 /* ring segments: a segment an established captured socket received
@@ -428,20 +415,16 @@ struct NETTAP_RECORD("probe", "obs_events") nettap_probe {
  * state then; only for sockets of a target with segments on. */
 struct NETTAP_RECORD("segment", "segments") nettap_segment {
 	struct nettap_hdr h;
-	__u32 seq;			    /* the segment's sequence number */
-	__u32 length;			    /* its payload bytes */
-	__u32 snd_cwnd;			    /* the congestion window, in segments */
-	__u32 ssthresh;			    /* the slow-start threshold, in segments */
-	__u32 srtt_us;			    /* the smoothed round-trip time */
-	__u32 snd_wnd;			    /* the window the peer advertised */
-	__u32 rcv_wnd;			    /* the window this socket advertised */
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port */
-	__u16 dport;			    /* remote port */
+	__u32 seq;	/* the segment's sequence number */
+	__u32 length;	/* its payload bytes */
+	__u32 snd_cwnd; /* the congestion window, in segments */
+	__u32 ssthresh; /* the slow-start threshold, in segments */
+	__u32 srtt_us;	/* the smoothed round-trip time */
+	__u32 snd_wnd;	/* the window the peer advertised */
+	__u32 rcv_wnd;	/* the window this socket advertised */
+	struct nettap_ports ports;
 	__u8 pad0[2] NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
+	struct nettap_netns_addrs at;
 };
 
 /* ring obs_events: a TLS handshake on a captured socket (libssl's
@@ -450,17 +433,13 @@ struct NETTAP_RECORD("segment", "segments") nettap_segment {
  * makes inside a first SSL_read or SSL_write is not seen. */
 struct NETTAP_RECORD("tls_handshake", "obs_events") nettap_tls_handshake {
 	struct nettap_hdr h;
-	__u64 duration_ns;				/* from the call to its return */
-	__u32 tid;					/* the calling thread */
-	__u16 family NETTAP_JSON("family");		/* AF_INET or AF_INET6 */
-	__u16 sport;					/* local port */
-	__u16 dport;					/* remote port */
+	__u64 duration_ns; /* from the call to its return */
+	__u32 tid;	   /* the calling thread */
+	struct nettap_ports ports;
 	__u8 outcome NETTAP_JSON("enum:NETTAP_TLS_HS"); /* what SSL_do_handshake returned */
 	__u8 pad0 NETTAP_JSON("-");
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u8 saddr[16] NETTAP_JSON("addr"); /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr"); /* remote address */
-	char comm[16] NETTAP_JSON("text");  /* the calling thread's task name */
+	struct nettap_netns_addrs at;
+	char comm[16] NETTAP_JSON("text"); /* the calling thread's task name */
 };
 
 /* ring dlopen: a process mapped a libssl file to run it (mmap with
@@ -483,20 +462,17 @@ struct NETTAP_RECORD("dlopen", "dlopen") nettap_dlopen {
  * conn_id 0 (sock_ino names the socket). */
 struct NETTAP_RECORD("dns", "dns") nettap_dns {
 	struct nettap_hdr h;
-	__u64 sock_ino;			    /* the socket's inode: socket:[N] in /proc/PID/fd */
-	__u32 size;			    /* bytes the call moved (asked to send, or received) */
-	__u32 len;			    /* bytes of data[] that hold its first bytes */
-	__u32 tid;			    /* the calling thread */
-	__u32 netns;			    /* inode of the socket's network namespace */
-	__u16 family NETTAP_JSON("family"); /* AF_INET or AF_INET6 */
-	__u16 sport;			    /* local port */
-	__u16 dport;			    /* the peer's port (53) */
+	__u64 sock_ino;		   /* the socket's inode: socket:[N] in /proc/PID/fd */
+	__u32 size;		   /* bytes the call moved (asked to send, or received) */
+	__u32 len;		   /* bytes of data[] that hold its first bytes */
+	__u32 tid;		   /* the calling thread */
+	__u32 netns;		   /* inode of the socket's network namespace */
+	struct nettap_ports ports; /* dport: the peer's port (53) */
 	__u8 direction NETTAP_JSON("enum:NETTAP_DIR");	     /* egress: sent; ingress: received */
 	__u8 flags NETTAP_JSON("flags:NETTAP_CHUNK_F");	     /* read_failed: data zeroed */
 	__u8 transport NETTAP_JSON("enum:NETTAP_TRANSPORT"); /* udp: a message; tcp: stream bytes */
 	__u8 pad0[7] NETTAP_JSON("-");
-	__u8 saddr[16] NETTAP_JSON("addr");		      /* local address */
-	__u8 daddr[16] NETTAP_JSON("addr");		      /* the peer's address */
+	struct nettap_addrs addrs;			      /* daddr: the peer's address */
 	char comm[16] NETTAP_JSON("text");		      /* the calling thread's task name */
 	__u8 data[NETTAP_DNS_DATA] NETTAP_JSON("base64:len"); /* the call's first len bytes */
 };

@@ -12,12 +12,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import reprlib
 from collections import namedtuple
 
 import yaml
 
 from exporter.util import outpath
+from exporter.util.schema import (MAX_QUOTED, Bool, Check, Choice, ConfigError, Int, Key, Section, Str,
+                                  as_written, key_name, quote)
 from exporter.kernel.tcp_h import CHUNK_DATA, MAX_CHUNKS_PER_CALL, RINGS, STRIDES
 
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
@@ -69,37 +70,73 @@ DEFAULT_OUTPUT_ROOT = "/var/lib/nettap"
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 32             # nettap's own keys nest 3 deep
 MAX_NODES = 100_000        # YAML nodes (scalars, lists, mappings): 33,000 `- port: N` items
-MAX_QUOTED = 80            # characters of a refused value quoted in a message
 PARSE_TIMEOUT = 60.0       # seconds a live reload's parse may take, the interpreter's start included
                            # (MAX_NODES take ~1 s here; an emulated guest starts Python in ~10-20 s)
 PARSE_MEMORY = 512 << 20   # address space of the parsing child
-
-
-class ConfigError(ValueError):
-    """A config that nettap refuses; str() names the key and the reason."""
 
 
 class Cancelled(ConfigError):
     """A parse given up because nettap is stopping (not the file's fault)."""
 
 
-_repr = reprlib.Repr()
-_repr.maxlevel, _repr.maxstring, _repr.maxother = 2, MAX_QUOTED, MAX_QUOTED
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
+def _ring_size(v, key: str) -> int:
+    n = Int(4096, 1 << 30)(v, key)
+    if n & (n - 1):
+        raise ConfigError(f"{key}: must be a power of two (the kernel's ring rule), got {n}")
+    return n
 
 
-def quote(v) -> str:
-    """repr(v), bounded: a refused value is quoted, not copied, into messages
-    (whatever its size or depth; repr escapes newlines)."""
-    r = _repr.repr(v)
-    return r if len(r) <= MAX_QUOTED else r[:MAX_QUOTED - 3] + "..."
+def _mode(v, key: str = "output.mode") -> int:
+    """output.mode: octal, as YAML 1.1 reads 0600, or a string '0600'/'0o600'.
+    The owner reads and writes; nobody else writes (nettap refuses such a
+    file when it exists, so it must not create one) and nothing executes."""
+    n = v
+    if isinstance(v, str) and v.strip():
+        try:
+            n = int(v.strip().lower().removeprefix("0o"), 8)
+        except ValueError:
+            n = None
+    if isinstance(n, bool) or not isinstance(n, int) or n & ~0o644 or n & 0o600 != 0o600:
+        raise ConfigError(f"{key}: must be an octal file mode with read-write for the owner and no "
+                          f"write or execute for others, e.g. 0600 or 0640, got {v!r}"
+                          + (f" (octal {v:o})" if isinstance(v, int) and not isinstance(v, bool) else ""))
+    return n
 
 
-def _name(k) -> str:
-    """A key as written, when it is a plain name; quoted otherwise."""
-    if isinstance(k, str) and k.isprintable() and 0 < len(k) <= MAX_QUOTED and k.strip() == k:
-        return k
-    return quote(k)
+RING_DOCS = {"capture_chunks": "16,384 chunk records", "capture_eof": "15,420 connection ends: a burst of "
+             "100,000/s for 154 ms", "logs": "nettap's programs' log lines", "obs_events": "13,107 state changes "
+             "of captured sockets (about five a connection)", "dlopen": "819 libssl files mapped by processes "
+             "while capture.tls is on", "segments": "2,520 segment records, for the targets with segments on",
+             "dns": "1,659 DNS messages, while capture.dns is on"}
+# Each key once: its check, default and doc (exporter/util/schema.py); docs/configuration.md's table is
+# rendered from these (scripts/gen_config_doc.py).
+CAPTURE = Section("capture",
+    Key("max_payload_bytes", Int(0, MAX_PAYLOAD_BYTES), 4096,
+        "payload captured per call; the call's length is always recorded"),
+    Key("tls", Bool(), False, "TLS plaintext of captured sockets from libssl (capture.md#tls)"),
+    Key("dns", Bool(), False, "captured workloads' DNS over UDP (capture.md#dns)"))
+OUTPUT = Section("output",
+    Key("type", Choice(*OUTPUT_TYPES), "none", "where captured records go"),
+    Key("path", Str(), None, "the jsonl file: inside root (a relative path is taken from it)"),
+    Key("root", Str(), DEFAULT_OUTPUT_ROOT, "the only directory nettap writes in (not /)"),
+    Key("max_bytes", Int(4096, 1 << 40), 100 << 20, "no file grows past this size (whole lines)"),
+    Key("backups", Int(0, 1000), 3, "rotated files kept (capture.jsonl.1 ...)"),
+    Key("queue_bytes", Int(64 << 10, 1 << 40), DEFAULT_QUEUE_BYTES, "JSON lines waiting for the sink, in bytes"),
+    Key("queue_records", Int(1024, 1 << 26), None, "deprecated: read as that many chunk records' bytes"),
+    Key("mode", Check(_mode, "octal file mode, owner rw, no write for others"), DEFAULT_FILE_MODE,
+        "files are created with this mode", "0600"))
+RINGS_SECTION = Section("rings", *(Key(r, Check(_ring_size, "bytes, a power of two, 4096 .. 2^30"),
+                                       DEFAULT_RING_BYTES[r], RING_DOCS.get(r, "")) for r in RINGS))
+BPF_STATS = Section("diagnostics.bpfStats",
+    Key("enabled", Bool(), False, "kernel BPF run-time statistics (nettap_bpf_program_*)"),
+    Key("scope", Choice(*STATS_SCOPES), "own", "node: also every other BPF program on the node"))
+TOP = Section("",
+    Key("captures", as_written("list of port, pid, cgroup or netns items"), None,
+        "a call is captured if it matches any item (segments: true on an item: also its segments)"),
+    Key("capture", CAPTURE, None), Key("output", OUTPUT, None), Key("rings", RINGS_SECTION, None),
+    Key("diagnostics", Section("diagnostics", Key("bpfStats", BPF_STATS, None)), None),
+    Key("log_level", Choice(*LOG_LEVELS), "info", "overridden by --log.level"),
+    Key("ingest", as_written("mapping"), None, "nettap ingest's section (below); the capture keeps it as written"))
 
 
 # namedtuples, not dataclasses: this module is on the path to the probes
@@ -116,8 +153,8 @@ class Target(namedtuple("Target", "kind value segments", defaults=(False,))):
 
 
 class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode root",
-                        defaults=("none", None, 100 << 20, 3, DEFAULT_QUEUE_BYTES, DEFAULT_FILE_MODE,
-                                  DEFAULT_OUTPUT_ROOT))):
+                        defaults=OUTPUT.defaults(("type", "path", "max_bytes", "backups", "queue_bytes", "mode",
+                                                  "root")))):
     """type: jsonl | stdout | none; the jsonl file (path: absolute, inside
     root) rotates at max_bytes keeping `backups` old files, each created
     with mode; at most queue_bytes of records wait between the drain and
@@ -128,8 +165,10 @@ class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode 
 
 class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
                                   "bpf_stats_scope log_level tls ingest dns",
-                        defaults=((), 4096, Output(), tuple(DEFAULT_RING_BYTES.items()), False, "own", "info",
-                                  False, None, False))):
+                        defaults=((), CAPTURE.default("max_payload_bytes"), Output(),
+                                  tuple(DEFAULT_RING_BYTES.items()), BPF_STATS.default("enabled"),
+                                  BPF_STATS.default("scope"), TOP.default("log_level"), CAPTURE.default("tls"),
+                                  None, CAPTURE.default("dns")))):
     __slots__ = ()
 
     @property
@@ -140,36 +179,6 @@ class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_s
 DEFAULT = Config()
 
 
-def _int(v, key: str, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ConfigError(f"{key}: must be an integer from {lo} to {hi}, got {quote(v)}")
-    return v
-
-
-def _str(v, key: str) -> str:
-    if not isinstance(v, str) or not v:
-        raise ConfigError(f"{key}: must be a non-empty string, got {quote(v)}")
-    return v
-
-
-def _choice(v, key: str, choices: tuple) -> str:
-    if v not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {quote(v)}")
-    return v
-
-
-def _map(v, key: str, allowed: tuple) -> dict:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ConfigError(f"{key or 'config'}: must be a mapping, got {type(v).__name__}")
-    for k in v:
-        if k not in allowed:
-            where = f"{key}.{_name(k)}" if key else _name(k)
-            raise ConfigError(f"{where}: unknown key (expected one of {', '.join(allowed)})")
-    return v
-
-
 def _target(item, key: str) -> Target:
     """One of TARGET_KINDS, and segments: true|false (default false)."""
     kinds = [k for k in item if k != "segments"] if isinstance(item, dict) else ()
@@ -178,27 +187,20 @@ def _target(item, key: str) -> Target:
                           f"(and optionally segments), got {quote(item)}")
     kind, v, seg = kinds[0], item[kinds[0]], item.get("segments", False)
     if kind not in TARGET_KINDS:
-        raise ConfigError(f"{key}.{_name(kind)}: unknown capture kind (expected one of {', '.join(TARGET_KINDS)})")
+        raise ConfigError(f"{key}.{key_name(kind)}: unknown capture kind (expected one of {', '.join(TARGET_KINDS)})")
     if not isinstance(seg, bool):
         raise ConfigError(f"{key}.segments: must be true or false, got {quote(seg)}")
     k = f"{key}.{kind}"
     if kind == "port":
-        return Target(kind, _int(v, k, 1, 65535), seg)
+        return Target(kind, Int(1, 65535)(v, k), seg)
     if kind == "pid":
-        return Target(kind, _int(v, k, 1, 2**22 - 1), seg)     # PID_MAX_LIMIT - 1
+        return Target(kind, Int(1, 2**22 - 1)(v, k), seg)     # PID_MAX_LIMIT - 1
     if kind == "netns" and isinstance(v, int) and not isinstance(v, bool):
-        return Target(kind, _int(v, k, 1, 2**32 - 1), seg)
-    path = _str(v, k)
+        return Target(kind, Int(1, 2**32 - 1)(v, k), seg)
+    path = Str()(v, k)
     if not path.startswith("/"):
         raise ConfigError(f"{k}: must be an absolute path, got {quote(path)}")
     return Target(kind, path, seg)
-
-
-def _ring_size(v, key: str) -> int:
-    n = _int(v, key, 4096, 1 << 30)
-    if n & (n - 1):
-        raise ConfigError(f"{key}: must be a power of two (the kernel's ring rule), got {n}")
-    return n
 
 
 def _queue_bytes(out: dict) -> int:
@@ -208,88 +210,60 @@ def _queue_bytes(out: dict) -> int:
         # bound it used to put on memory.
         if "queue_bytes" in out:
             raise ConfigError("output.queue_records: deprecated alias of output.queue_bytes; give only queue_bytes")
-        n = _int(out["queue_records"], "output.queue_records", 1024, 1 << 26)
+        n = OUTPUT.get(out, "queue_records")
         logging.getLogger(__name__).warning(
             "output.queue_records is deprecated: read as output.queue_bytes: %d (%d chunk records of %d bytes)",
             n * STRIDES["chunk"], n, STRIDES["chunk"])
         return n * STRIDES["chunk"]
-    return _int(out.get("queue_bytes", DEFAULT_QUEUE_BYTES), "output.queue_bytes", 64 << 10, 1 << 40)
-
-
-def _mode(v) -> int:
-    """output.mode: octal, as YAML 1.1 reads 0600, or a string '0600'/'0o600'.
-    The owner reads and writes; nobody else writes (nettap refuses such a
-    file when it exists, so it must not create one) and nothing executes."""
-    n = v
-    if isinstance(v, str) and v.strip():
-        try:
-            n = int(v.strip().lower().removeprefix("0o"), 8)
-        except ValueError:
-            n = None
-    if isinstance(n, bool) or not isinstance(n, int) or n & ~0o644 or n & 0o600 != 0o600:
-        raise ConfigError(f"output.mode: must be an octal file mode with read-write for the owner and no "
-                          f"write or execute for others, e.g. 0600 or 0640, got {v!r}"
-                          + (f" (octal {v:o})" if isinstance(v, int) and not isinstance(v, bool) else ""))
-    return n
+    return OUTPUT.get(out, "queue_bytes")
 
 
 def parse(doc) -> Config:
     """Validate a loaded YAML document into a Config."""
-    top = _map(doc, "", ("captures", "capture", "output", "rings", "diagnostics", "log_level", "ingest"))
+    top = TOP.mapping(doc)
     caps = top.get("captures")
     caps = [] if caps is None else caps
     if not isinstance(caps, list):
         raise ConfigError(f"captures: must be a list, got {type(caps).__name__}")
     captures = tuple(_target(item, f"captures[{i}]") for i, item in enumerate(caps))
 
-    cap = _map(top.get("capture"), "capture", ("max_payload_bytes", "tls", "dns"))
-    max_payload = _int(cap.get("max_payload_bytes", DEFAULT.max_payload_bytes),
-                       "capture.max_payload_bytes", 0, MAX_PAYLOAD_BYTES)
-    tls = cap.get("tls", DEFAULT.tls)
-    if not isinstance(tls, bool):
-        raise ConfigError(f"capture.tls: must be true or false, got {quote(tls)}")
-    dns = cap.get("dns", DEFAULT.dns)
-    if not isinstance(dns, bool):
-        raise ConfigError(f"capture.dns: must be true or false, got {quote(dns)}")
+    cap = CAPTURE.mapping(top.get("capture"))
+    max_payload, tls, dns = (CAPTURE.get(cap, k) for k in ("max_payload_bytes", "tls", "dns"))
 
-    out = _map(top.get("output"), "output", ("type", "path", "root", "max_bytes", "backups", "queue_bytes",
-                                              "queue_records", "mode"))
-    otype = _choice(out.get("type", "none"), "output.type", OUTPUT_TYPES)
+    out = OUTPUT.mapping(top.get("output"))
+    otype = OUTPUT.get(out, "type")
     for k in ("path", "mode", "root"):
         if out.get(k) is not None and otype != "jsonl":
             raise ConfigError(f"output.{k}: only used with type jsonl (type is {otype})")
-    root = os.path.normpath(_str(out.get("root", DEFAULT_OUTPUT_ROOT), "output.root"))
+    root = os.path.normpath(OUTPUT.get(out, "root"))
     if not root.startswith("/") or root == "/":
         raise ConfigError(f"output.root: must be an absolute path to nettap's own directory (not /), got "
                           f"{quote(out['root'])}")
-    path = _str(out.get("path"), "output.path") if otype == "jsonl" else None
+    path = OUTPUT.get(out, "path") if otype == "jsonl" else None
     if path is not None:
         try:
             path = outpath.under_root(root, path)
         except ValueError:
             raise ConfigError(f"output.path: must name a file inside output.root ({root}; relative paths are "
                               f"taken from it), got {quote(path)}: nettap writes only there") from None
-    output = Output(otype, path,
-                    _int(out.get("max_bytes", DEFAULT.output.max_bytes), "output.max_bytes", 4096, 1 << 40),
-                    _int(out.get("backups", DEFAULT.output.backups), "output.backups", 0, 1000),
-                    _queue_bytes(out), _mode(out.get("mode", DEFAULT_FILE_MODE)), root)
+    output = Output(otype, path, OUTPUT.get(out, "max_bytes"), OUTPUT.get(out, "backups"), _queue_bytes(out),
+                    OUTPUT.get(out, "mode"), root)
 
-    rings = _map(top.get("rings"), "rings", RINGS)
+    rings = RINGS_SECTION.mapping(top.get("rings"))
     ring_bytes = dict(DEFAULT_RING_BYTES)
-    for r, v in rings.items():
-        ring_bytes[r] = _ring_size(v, f"rings.{r}")
+    for r in rings:
+        ring_bytes[r] = RINGS_SECTION.get(rings, r)
 
-    diag = _map(top.get("diagnostics"), "diagnostics", ("bpfStats",))
-    stats = _map(diag.get("bpfStats"), "diagnostics.bpfStats", ("enabled", "scope"))
-    enabled = stats.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"diagnostics.bpfStats.enabled: must be true or false, got {quote(enabled)}")
-    scope = _choice(stats.get("scope", "own"), "diagnostics.bpfStats.scope", STATS_SCOPES)
+    diag = TOP.keys["diagnostics"].check.mapping(top.get("diagnostics"))
+    stats = BPF_STATS.mapping(diag.get("bpfStats"))
+    enabled, scope = BPF_STATS.get(stats, "enabled"), BPF_STATS.get(stats, "scope")
 
-    level = _choice(top.get("log_level", "info"), "log_level", LOG_LEVELS)
+    level = TOP.get(top, "log_level")
     # nettap ingest's section, kept as written: checked by ingest (exporter/ingest/settings.py), which
     # holds its secrets' files; the capture does not use it
-    ingest = None if top.get("ingest") is None else _map(top["ingest"], "ingest", tuple(top["ingest"] or ()))
+    ingest = top.get("ingest")
+    if ingest is not None and not isinstance(ingest, dict):
+        raise ConfigError(f"ingest: must be a mapping, got {type(ingest).__name__}")
     return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls, ingest,
                   dns)
 
@@ -307,7 +281,7 @@ def _check_events(text: str, source: str, loader=_Loader) -> None:
             # Refused, not expanded: a few bytes of aliases make an
             # exponential document (and merge keys copy it).
             m = ev.start_mark
-            raise ConfigError(f"{source}: YAML aliases are not supported (*{_name(ev.anchor)} at line "
+            raise ConfigError(f"{source}: YAML aliases are not supported (*{key_name(ev.anchor)} at line "
                               f"{m.line + 1}, column {m.column + 1}): write the value out")
         if isinstance(ev, yaml.NodeEvent):
             nodes += 1

@@ -69,7 +69,7 @@ def define_notes(header: str) -> dict:
 def comments(header: str) -> dict:
     """(struct, field) -> the field's trailing comment, joined over its lines."""
     out = {}
-    for struct, body in re.findall(r"struct\s+(?:NETTAP_RECORD\([^)]*\)\s+)?(nettap_\w+)\s*\{(.*?)\n\};",
+    for struct, body in re.findall(r"struct\s+(?:NETTAP_RECORD\([^)]*\)\s+)?(nettap_\w+)\s*\{(.*?)\n\}[^;\n]*;",
                                    header, flags=re.S):
         for field, text in re.findall(r"\s(\w+)(?:\[\w+\])?(?:\s+NETTAP_JSON\([^)]*\))?;[ \t]*/\*(.*?)\*/",
                                       body, flags=re.S):
@@ -104,18 +104,26 @@ def layout(obj: str, header: str) -> dict:
         if t["kind"] == "DECL_TAG":
             tags.setdefault(t["type_id"], {})[t["component_idx"]] = t["name"]
     notes = comments(header)
-    structs, records = {}, {}
+    structs, records, parts = {}, {}, set()
 
     def members(t, base: int):
         """A struct's fields; a member that is itself a struct (the record
-        header) gives its own fields, at their place in the outer one."""
+        header, a socket's ports and addresses) gives its own fields, at
+        their place in the outer one, each with its own comment unless the
+        member's comment says what it means here ("sport: ...; dport: ...")."""
         own = tags.get(t["id"], {})
         for i, m in enumerate(t["members"]):
             if m["bits_offset"] % 8:
                 raise SystemExit(f"gen_layout: {t['name']}.{m['name']} is a bitfield")
             inner = types[m["type_id"]]
             if inner["kind"] == "STRUCT":
-                yield from members(inner, base + m["bits_offset"] // 8)
+                parts.add(inner["name"])
+                said = dict(p.split(": ", 1) for p in notes.get((t["name"], m["name"]), "").split("; ") if ": " in p)
+                fields = list(members(inner, base + m["bits_offset"] // 8))
+                if set(said) - {f[0] for f in fields}:
+                    raise SystemExit(f"gen_layout: {t['name']}.{m['name']}'s comment names no field of it: "
+                                     f"{sorted(set(said) - {f[0] for f in fields})}")
+                yield from (f[:6] + (said.get(f[0], f[6]),) for f in fields)
                 continue
             ctype, count, size = _named(types, m["type_id"])
             form = own.get(i, "json:")[len("json:"):]
@@ -137,7 +145,22 @@ def layout(obj: str, header: str) -> dict:
     missing = set(declared) - set(structs)
     if missing:
         raise SystemExit(f"gen_layout: not in the object's BTF (unused by every program?): {sorted(missing)}")
+    for name in parts - {HEADER}:       # a record's part (its socket): in the records, flattened
+        del structs[name]
+    for name, (_size, fields) in structs.items():
+        hole(name, fields)
     return {"structs": structs, "records": records}
+
+
+def hole(name: str, fields) -> None:
+    """Refuse padding the compiler put between two fields (a nested part
+    misplaced, an alignment): padding is written out, so that a program
+    zeroes it and the layout says where it is."""
+    at = 0
+    for f in fields:
+        if f[1] != at:
+            raise SystemExit(f"gen_layout: {name}: {f[1] - at} bytes of padding before {f[0]}: write them out")
+        at = f[1] + f[4]
 
 
 def _groups(consts: dict, structs: dict) -> dict:
@@ -200,7 +223,8 @@ def python(consts: dict, lay: dict) -> str:
             raise SystemExit(f"gen_layout: NETTAP_{g}_* are not 0..NETTAP_{g}_COUNT-1")
         out.append(f"{g}S = {tuple(names.values())!r}")
     out += ["", "# Every struct of bpf/tcp.h: name -> (size, fields); a field is",
-            "# (name, offset, C type, elements, bytes, JSON form, comment).", "STRUCTS = {"]
+            "# (name, offset, C type, elements, bytes, JSON form, comment). A record's",
+            "# nested parts (its socket's ports, addresses) are flattened into it.", "STRUCTS = {"]
     for name, (size, fields) in structs.items():
         out.append(f"    {name!r}: ({size}, (")
         out += [f"        {f!r}," for f in fields]

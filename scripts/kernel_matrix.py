@@ -495,22 +495,7 @@ def main():
         for t in threads:
             t.join()
         for name, release, _k in jobs:
-            counts, note = verdict(name, release, out)
-            up = read(f"{out}/{name}.boot")
-            t = f"{took[name]:.0f} s" + (f" (boot {float(up):.0f} s)" if up else "")
-            rows[name] = (release, counts, note, t)
-            with open(f"{out}/guests.tsv", "a") as f:   # scripts/stages.py's table
-                f.write(f"{name}\t{float(up) if up else ''}\t{took[name]:.1f}\t{began.get(name, '')}\n")
-            if note and os.path.exists(f"{out}/{name}.log"):    # a failure: all it said
-                print(f"--- {name} ({release}): pytest in the guest\n{read(f'{out}/{name}.log')}")
-            if os.path.exists(f"{out}/{name}.xml"):
-                try:
-                    top = slowest(f"{out}/{name}.xml")
-                except ET.ParseError:
-                    top = []
-                print(f"--- {name} ({release}): the {len(top)} slowest tests (setup + call + teardown)")
-                for sec, test in top:
-                    print(f"{sec:8.1f} s  {test}")
+            rows[name] = report_guest(name, release, out, took[name], began.get(name, ""))
     finally:
         for p in GUESTS:               # interrupted: stop the guests before their modules go
             kill(p)
@@ -519,9 +504,36 @@ def main():
         if not had_modules_dir and os.path.isdir("/lib/modules") and not os.listdir("/lib/modules"):
             os.rmdir("/lib/modules")
 
+    sys.exit(1 if write_table(rows, a.host_junit, table) else 0)
+
+
+def report_guest(name: str, release: str, out: str, took: float, began) -> tuple:
+    """A guest's row (release, counts, note, time); its line in guests.tsv, and
+    what it printed when it failed, and its slowest tests, on stdout."""
+    counts, note = verdict(name, release, out)
+    up = read(f"{out}/{name}.boot")
+    t = f"{took:.0f} s" + (f" (boot {float(up):.0f} s)" if up else "")
+    with open(f"{out}/guests.tsv", "a") as f:   # scripts/stages.py's table
+        f.write(f"{name}\t{float(up) if up else ''}\t{took:.1f}\t{began}\n")
+    if note and os.path.exists(f"{out}/{name}.log"):    # a failure: all it said
+        print(f"--- {name} ({release}): pytest in the guest\n{read(f'{out}/{name}.log')}")
+    if os.path.exists(f"{out}/{name}.xml"):
+        try:
+            top = slowest(f"{out}/{name}.xml")
+        except ET.ParseError:
+            top = []
+        print(f"--- {name} ({release}): the {len(top)} slowest tests (setup + call + teardown)")
+        for sec, test in top:
+            print(f"{sec:8.1f} s  {test}")
+    return release, counts, note, t
+
+
+def write_table(rows: dict, host_junit, table: str) -> bool:
+    """The matrix's table (printed, and written to table), the guests in
+    KERNELS' order, the host's run first; True when a guest failed."""
     rows = [rows[g] for n, _, _ in KERNELS for g, _k in SHARDS.get(n, [(n, None)]) if g in rows]
-    if a.host_junit:
-        counts = count(a.host_junit) if os.path.exists(a.host_junit) else {}
+    if host_junit:
+        counts = count(host_junit) if os.path.exists(host_junit) else {}
         rows.insert(0, (f"{os.uname().release} (host)", counts,
                         "" if counts else "no kernel tests in the host run", ""))
     lines = ["| kernel | mechanism (variant) | passed | failed | skipped | time | note |",
@@ -538,7 +550,7 @@ def main():
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines) + f"\n(table written to {table})")
     print(f"matrix: {total[0]} passed, {total[1]} failed, {total[2]} skipped")   # the closing line
-    sys.exit(1 if failed else 0)
+    return failed
 
 
 if __name__ == "__main__":

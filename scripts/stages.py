@@ -3,7 +3,8 @@
 
 Reads what scripts/test.sh and scripts/kernel_matrix.py left in OUT: stages.tsv (a
 stage's name and the wall clock when it ended, from `mark` in test.sh), host.xml
-(the host's pytest; its time split by tier: tests/unit, tests/kernel, tests/e2e;
+and host-e2e.xml (the host's pytest; its time split by tier: tests/unit, tests/kernel,
+tests/e2e; the e2e tests, when they ran beside the guests (mark e2e), a row of their own;
 the unit tests, when they ran on their own two at a time, are the stage
 host-unit's wall clock)
 and guests.tsv (per guest: seconds to boot, seconds in all, and the wall clock
@@ -23,6 +24,17 @@ def tiers(junit):
         tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
         out[tier] = out.get(tier, 0.0) + float(case.get("time") or 0)
     return out
+
+
+def _host_tiers(out, beside):
+    """{tier: seconds} of the host's pytest runs before the guests: host.xml,
+    and host-e2e.xml unless the e2e tests ran beside the guests."""
+    split = {}
+    for name in ("host.xml",) + (() if beside else ("host-e2e.xml",)):
+        junit = os.path.join(out, name)
+        for tier, sec in (tiers(junit) if os.path.exists(junit) else {}).items():
+            split[tier] = split.get(tier, 0.0) + sec
+    return split
 
 
 def _covered(spans):
@@ -59,12 +71,16 @@ def rows(out):
         elif name == "host-unit":          # pytest-xdist's two workers: the wall clock, not the tests' sum
             table.append(("host: unit tests, two at a time", took))
         elif name == "host":
-            junit = os.path.join(out, "host.xml")
-            split = tiers(junit) if os.path.exists(junit) else {}
+            split = _host_tiers(out, beside=any(n == "e2e" for n, _ in marks))
             for tier in ("unit", "kernel", "e2e"):
                 if tier in split:
                     table.append((f"host: {tier} tests", split[tier]))
             table.append(("host: pytest start, collection, the rest", took - sum(split.values())))
+        elif name == "e2e":                 # they ran beside the guests: inside the matrix's time
+            junit = os.path.join(out, "host-e2e.xml")
+            table.append(("host: e2e tests, beside the guests", tiers(junit).get("e2e", 0.0)
+                          if os.path.exists(junit) else 0.0))
+            table.append(("host: e2e tests, waited for after the guests", took))
         elif name == "matrix":
             spans = []
             for g, boot, total, *began in guests:

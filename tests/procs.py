@@ -51,7 +51,31 @@ def _join(cgroups) -> None:
 READY_TIMEOUT = 180
 
 
-class Nettap:
+class Child:
+    """A process a test started (p) and its log file (log)."""
+    p: subprocess.Popen
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Send sig if it still runs, close its log; its exit status
+        (TimeoutExpired after 30 s: a hang fails the test, it is not killed)."""
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        rc = self.p.wait(30)
+        self.log.close()
+        return rc
+
+    def _serve(self, d: Path, binary: str, config_name: str, cfg: dict, *flags: str) -> None:
+        """Start a Prometheus-style binary (--config.file, --web.listen-address
+        on self.port) with cfg written to d/config_name; its log is d/log."""
+        d.mkdir()
+        (d / config_name).write_text(yaml.safe_dump(cfg))
+        self.log = open(d / "log", "ab")
+        self.p = subprocess.Popen([binary, f"--config.file={d}/{config_name}",
+                                   f"--web.listen-address=127.0.0.1:{self.port}", *flags],
+                                  stdout=self.log, stderr=subprocess.STDOUT)
+
+
+class Nettap(Child):
     def __init__(self, tmp: Path, cfg: Optional[dict], config_path: Optional[Path] = None,
                  cgroups: List[str] = (), wrap: List[str] = (), env: Optional[dict] = None,
                  args: List[str] = ()):
@@ -100,15 +124,8 @@ class Nettap:
                 return float(line.split()[-1])
         return None
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.p.poll() is None:
-            self.p.send_signal(sig)
-        rc = self.p.wait(30)
-        self.log.close()
-        return rc
 
-
-class Ingest:
+class Ingest(Child):
     """`nettap ingest` as a child process, with its metrics."""
 
     def __init__(self, tmp: Path, cfg: dict, name: str = "ingest"):
@@ -144,31 +161,20 @@ class Ingest:
                 out[name] = float(value)
         return out
 
-    def stop(self, sig=signal.SIGTERM) -> int:
-        if self.p.poll() is None:
-            self.p.send_signal(sig)
-        rc = self.p.wait(30)
-        self.log.close()
-        return rc
 
-
-class Prometheus:
+class Prometheus(Child):
     def __init__(self, tmp: Path, scrape: Dict[str, str], rule_files: List[str] = (),
                  alertmanager: Optional[str] = None, interval: str = "1s", eval_interval: str = "1s"):
         self.port = free_port()
         d = tmp / f"prom-{self.port}"
-        d.mkdir()
         cfg = {"global": {"scrape_interval": interval, "evaluation_interval": eval_interval},
                "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
                                   for job, target in scrape.items()],
                "rule_files": [str(f) for f in rule_files]}
         if alertmanager:
             cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
-        (d / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        self.log = open(d / "log", "ab")
-        self.p = subprocess.Popen(["/usr/bin/prometheus", f"--config.file={d}/prometheus.yml",
-                                   f"--storage.tsdb.path={d}/data", f"--web.listen-address=127.0.0.1:{self.port}",
-                                   "--web.enable-lifecycle"], stdout=self.log, stderr=subprocess.STDOUT)
+        self._serve(d, "/usr/bin/prometheus", "prometheus.yml", cfg, f"--storage.tsdb.path={d}/data",
+                    "--web.enable-lifecycle")
         self.url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: requests.get(self.url + "/-/ready", timeout=1).status_code == 200, what="prometheus ready")
         # The scrape manager applies new targets on a 5 s tick: wait for the first scrapes.
@@ -180,32 +186,18 @@ class Prometheus:
             raise AssertionError(f"query {expr!r} failed: {r}")
         return r["data"]["result"]
 
-    def stop(self) -> None:
-        self.p.terminate()
-        self.p.wait(30)
-        self.log.close()
 
-
-class Alertmanager:
+class Alertmanager(Child):
     def __init__(self, tmp: Path, webhook: str):
         self.port = free_port()
         d = tmp / f"am-{self.port}"
-        d.mkdir()
         cfg = {"route": {"receiver": "test", "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
                "receivers": [{"name": "test", "webhook_configs": [{"url": webhook, "send_resolved": False}]}]}
-        (d / "am.yml").write_text(yaml.safe_dump(cfg))
-        self.log = open(d / "log", "ab")
-        self.p = subprocess.Popen(["/usr/bin/prometheus-alertmanager", f"--config.file={d}/am.yml",
-                                   f"--storage.path={d}/data", f"--web.listen-address=127.0.0.1:{self.port}",
-                                   "--cluster.listen-address="], stdout=self.log, stderr=subprocess.STDOUT)
+        self._serve(d, "/usr/bin/prometheus-alertmanager", "am.yml", cfg, f"--storage.path={d}/data",
+                    "--cluster.listen-address=")
         self.addr = f"127.0.0.1:{self.port}"
         wait_for(lambda: requests.get(f"http://{self.addr}/-/ready", timeout=1).status_code == 200,
                  what="alertmanager ready")
-
-    def stop(self) -> None:
-        self.p.terminate()
-        self.p.wait(30)
-        self.log.close()
 
 
 def held_programs(pid: int) -> set:

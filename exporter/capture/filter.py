@@ -20,6 +20,7 @@ import threading
 from exporter.capture.targets import TARGET_MAPS, Resolved, start_time
 from exporter.config import ConfigError
 from exporter.kernel import maps, tcp_h
+from exporter.util.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class TargetMaps:
         self._config = bytes(24)             # capture_config as last written (an array map starts zeroed)
         self._settings = None                # (max_payload_bytes, wakeup_bytes) of the last apply
         self.gone_total = {"pid": 0, "cgroup": 0}
-        self.on_change = None                # called after each apply (TargetWatch.wake)
+        self.on_change = None                # called after each apply (TargetWatch's Wakeup.wake)
 
     def check(self, new: Resolved) -> None:
         """Refuse targets the maps cannot hold (ConfigError), before any write."""
@@ -227,31 +228,26 @@ class TargetWatch:
     def __init__(self, target_maps: TargetMaps, lock, interval: float = 1.0):
         self.tm, self.lock, self.interval = target_maps, lock, interval
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = Wakeup()
         self._pidfds: dict = {}              # pid -> pidfd
         self._unwatched: set = set()          # pids without a pidfd (fd limit): checked each interval
         self._thread = threading.Thread(target=self._run, name="nettap-targets", daemon=True)
-        target_maps.on_change = self.wake
+        target_maps.on_change = self._wakeup.wake
 
     def start(self) -> "TargetWatch":
         self._thread.start()
         return self
 
-    def wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass
-
     def stop(self) -> None:
         self._stop.set()
-        self.wake()
+        self._wakeup.wake()
         if self._thread.is_alive():
             self._thread.join(5)
         self.tm.on_change = None
-        for fd in (*self._pidfds.values(), self._wake_r, self._wake_w):
+        for fd in self._pidfds.values():
             os.close(fd)
         self._pidfds.clear()
+        self._wakeup.close()
 
     def _open(self, pid: int) -> int | None:
         """A pidfd for pid, or None: exited already, or no fd left (then
@@ -291,17 +287,9 @@ class TargetWatch:
                 poller.register(fd, select.POLLIN)
         return new
 
-    def _drain_wake(self) -> None:
-        while True:
-            try:
-                if not os.read(self._wake_r, 4096):
-                    return
-            except BlockingIOError:
-                return
-
     def _run(self) -> None:
         poller = select.poll()
-        poller.register(self._wake_r, select.POLLIN)
+        poller.register(self._wakeup.fileno(), select.POLLIN)
         while not self._stop.is_set():
             try:
                 new = self._sync(poller)
@@ -311,8 +299,8 @@ class TargetWatch:
                 by_fd = {fd: pid for pid, fd in self._pidfds.items()}
                 exited = set()
                 for fd, _ in poller.poll(self.interval * 1000):
-                    if fd == self._wake_r:
-                        self._drain_wake()
+                    if fd == self._wakeup.fileno():
+                        self._wakeup.drain()
                     elif fd in by_fd:
                         exited.add(by_fd[fd])
                 if self._stop.is_set():
@@ -323,25 +311,3 @@ class TargetWatch:
                 log.exception("captures: watching the targets")
                 self._stop.wait(self.interval)
 
-
-class TargetsCollector:
-    """``nettap_targets_gone_total{kind}``: pid and cgroup targets dropped
-    because their process exited or their cgroup was removed."""
-
-    def __init__(self, target_maps: TargetMaps):
-        self.tm = target_maps
-
-    def _family(self):
-        from prometheus_client.core import CounterMetricFamily
-        return CounterMetricFamily("nettap_targets_gone",
-                                   "Capture targets dropped from the kernel's filter because their process exited "
-                                   "(kind pid) or their cgroup was removed (kind cgroup).", labels=["kind"])
-
-    def describe(self):
-        return [self._family()]
-
-    def collect(self):
-        fam = self._family()
-        for kind, n in sorted(self.tm.gone_total.items()):
-            fam.add_metric([kind], n)
-        return [fam]

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import array
 import mmap
-import os
 import platform
 import select
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from exporter.capture import records
 from exporter.capture.records import KIND_NAMES, MASKS
+from exporter.util.wakeup import Wakeup
 
 _COUNT, _LINES, _COPY = 0, 1, 2                 # _jsonl.scan's modes
 _FULL = 2                                       # its stop: max_records reached
@@ -175,8 +175,8 @@ class RingPoller:
     def __init__(self, rings: Iterable[RingMemory]):
         self.rings: Dict[int, RingMemory] = {r.fd: r for r in rings}
         self._ep = select.epoll()
-        self._wake_r, self._wake_w = os.pipe()
-        self._ep.register(self._wake_r, select.EPOLLIN)
+        self._wakeup = Wakeup()
+        self._ep.register(self._wakeup.fileno(), select.EPOLLIN)
         # Edge-triggered: a ring polls readable for as long as it holds any
         # data (kernel/bpf/ringbuf.c, ringbuf_map_poll_user), so level-
         # triggered epoll would spin on a busy ring and drain it in crumbs.
@@ -200,13 +200,9 @@ class RingPoller:
 
     def close(self) -> None:
         self.closed = True
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        self._wakeup.wake()
 
     def release(self) -> None:
-        """Free the epoll and pipe fds (after the waiting thread has left)."""
+        """Free the epoll and wake-up fds (after the waiting thread has left)."""
         self._ep.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._wakeup.close()

@@ -19,8 +19,15 @@ from exporter.kernel.bpfstats import STATE_PROBE, StatsSwitch, own_programs
 from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.programs import ProgramStatsCollector
 from exporter.metrics.tls import TlsFilesCollector
-from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector,
-                                         MapCollector, PipelineCollector, ProbeCollector, ReloadCollector)
+from exporter.metrics.buildinfo import BuildInfoCollector
+from exporter.metrics.dns import DnsCollector
+from exporter.metrics.guarded import Guarded
+from exporter.metrics.lifecycle import LifecycleCollector
+from exporter.metrics.maps import MapCollector
+from exporter.metrics.pipeline import PipelineCollector
+from exporter.metrics.probes import ProbeCollector
+from exporter.metrics.reload import ReloadCollector
+from exporter.metrics.targets import TargetsCollector
 from exporter.config import Config, ConfigError
 from exporter.kernel import tcp_h
 from exporter.kernel.loader import Probes, dns_at_start
@@ -143,7 +150,7 @@ class Nettap:
                        "successes": r.successes, "failures": r.failures},
             "captures": [{"kind": t.kind, "value": t.value, "gone": (t.kind, t.value) in cur.gone}
                          for t in self.config.captures],
-            # As nettap_probe_attached reports them (collectors.PipelineCollector).
+            # As nettap_probe_attached reports them (metrics.pipeline.PipelineCollector).
             "probes": [{"probe": p, "mechanism": st.reported,
                         "attached": st.attached, "error": st.error}
                        for p, st in probes.all_states().items()],
@@ -273,7 +280,7 @@ class Nettap:
             "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
                                  self.known_map_entries, self.map_insert_failures),
             "cgroup": CgroupCollector(),
-            "targets": capture_filter.TargetsCollector(self.target_maps),
+            "targets": TargetsCollector(self.target_maps),
             "config": ReloadCollector(self.reloads),
             "tls": TlsFilesCollector(self.probes.tls_counts),
             "build": BuildInfoCollector(),

@@ -109,7 +109,8 @@ def _registry(stats):
     from prometheus_client import CollectorRegistry, gc_collector, platform_collector, process_collector
     from exporter.ingest.stats import StatsCollector
     from exporter.metrics.cgroup import CgroupCollector
-    from exporter.metrics.collectors import BuildInfoCollector, Guarded
+    from exporter.metrics.buildinfo import BuildInfoCollector
+    from exporter.metrics.guarded import Guarded
     reg = CollectorRegistry(auto_describe=False)
     process_collector.ProcessCollector(registry=reg)
     platform_collector.PlatformCollector(registry=reg)

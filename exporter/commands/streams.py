@@ -19,44 +19,35 @@ import re
 from bisect import bisect_right
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from exporter.kernel import tcp_h
 from exporter.util.logsafe import escape
 
 DIRECTIONS = ("egress", "ingress")          # records.DIRECTIONS, without importing numpy
 _ROTATED = re.compile(r"^(.*)\.(\d+)$")
-# Fields a record must have, with their JSON types, for this reader to use it.
-_INT, _STR = int, str
-_CHUNK = {"conn_id": _INT, "ts_ns": _INT, "offset": _INT, "call_offset": _INT, "call_len": _INT,
-          "len": _INT, "pid": _INT, "sport": _INT, "dport": _INT, "family": _STR, "saddr": _STR,
-          "daddr": _STR, "comm": _STR, "data": _STR, "direction": _STR, "flags": list}
-_EOF = {"conn_id": _INT, "ts_ns": _INT, "start_ns": _INT, "tx_bytes": _INT, "rx_bytes": _INT,
-        "pid": _INT, "sport": _INT, "dport": _INT, "family": _STR, "saddr": _STR, "daddr": _STR,
-        "comm": _STR, "oldstate": _STR}
-_LOG = {"code": _STR}
-_STATE = {"conn_id": _INT, "ts_ns": _INT, "oldstate": _STR, "newstate": _STR}
-_RESET = {"conn_id": _INT, "ts_ns": _INT, "direction": _STR, "state": _STR}
-_OWNER = {"conn_id": _INT, "ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "cgroup_id": _INT, "via": _STR}
-_ERROR = {"conn_id": _INT, "ts_ns": _INT, "errno": _INT, "errno_name": _STR, "state": _STR}
-_DESTROY = {"conn_id": _INT, "ts_ns": _INT, "bytes_acked": _INT, "bytes_received": _INT, "segs_out": _INT,
-            "segs_in": _INT, "total_retrans": _INT, "state": _STR}
-_HANDSHAKE = {"conn_id": _INT, "ts_ns": _INT, "duration_ns": _INT, "outcome": _STR, "pid": _INT}
-_RETRANSMIT = {"conn_id": _INT, "ts_ns": _INT, "cause": _STR, "state": _STR, "retransmits": _INT,
-               "rto_jiffies": _INT, "srtt_us": _INT}
-_SYNACK = {"conn_id": _INT, "ts_ns": _INT, "sport": _INT, "dport": _INT, "daddr": _STR, "retransmits": _INT}
-_TIMER = {"conn_id": _INT, "ts_ns": _INT, "timer": _STR, "event": _STR, "behind_jiffies": _INT,
-          "late_jiffies": _INT, "owned": _INT, "state": _STR}
-_PROBE = {"conn_id": _INT, "ts_ns": _INT, "probe": _STR, "probes_out": _INT, "snd_wnd": _INT,
-          "rto_jiffies": _INT, "state": _STR}
-_SEGMENT = {"conn_id": _INT, "ts_ns": _INT, "seq": _INT, "length": _INT, "snd_cwnd": _INT, "ssthresh": _INT,
-            "srtt_us": _INT, "snd_wnd": _INT, "rcv_wnd": _INT}
-_DNS = {"ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "sock_ino": _INT, "direction": _STR, "family": _STR,
-        "daddr": _STR, "dport": _INT, "data": _STR, "len": _INT, "size": _INT, "flags": list, "transport": _STR}
-_DLOPEN = {"ts_ns": _INT, "pid": _INT, "tid": _INT, "comm": _STR, "name": _STR, "dev": _INT, "ino": _INT}
-_CLOCK = {"ts_ns": _INT, "real_ns": _INT, "drops": dict, "lost": dict}     # pipeline.py's clock track
-_MARK = {"ts_ns": _INT, "time": _STR, "pid": _INT}     # a run's start and stop (sinks.mark_line)
-SCHEMAS = {"chunk": _CHUNK, "eof": _EOF, "log": _LOG, "state": _STATE, "reset": _RESET, "owner": _OWNER,
-           "error": _ERROR, "destroy": _DESTROY, "tls_handshake": _HANDSHAKE, "retransmit": _RETRANSMIT,
-           "synack_retransmit": _SYNACK, "timer": _TIMER, "probe": _PROBE, "segment": _SEGMENT,
-           "dns": _DNS, "dlopen": _DLOPEN, "clock": _CLOCK, "start": _MARK, "stop": _MARK}
+
+
+def _schema(kind: str) -> dict:
+    """A record kind's fields as its lines carry them (docs/records.md: the
+    table generated from bpf/tcp.h): key -> (JSON type, largest value of a
+    number, what its C type holds)."""
+    out = {}
+    for name, _off, _ctype, count, nbytes, form, _ in tcp_h.STRUCTS[tcp_h.RECORDS[kind][1]][1]:
+        if form in ("-", "kind"):               # padding, left out; the kind, the line's "type"
+            continue
+        if not form and count > 1:
+            raise TypeError(f"{kind}.{name}: an array without a JSON form")
+        out[name] = (int, (1 << 8 * nbytes) - 1) if not form else (list if form.startswith("flags:") else str, None)
+    return {"conn_id": out.pop("conn_id"), **out}     # first: what a line is filed under, said first if bad
+
+
+# Fields a line must have, with their JSON types, for this reader to use it:
+# every field of a record kind, and the lines nettap writes beside them.
+_U64 = (1 << 64) - 1
+SCHEMAS = {kind: _schema(kind) for kind in tcp_h.RECORDS}
+SCHEMAS["clock"] = {"ts_ns": (int, _U64), "real_ns": (int, _U64),          # pipeline.py's clock track
+                    "drops": (dict, None), "lost": (dict, None)}
+SCHEMAS["start"] = SCHEMAS["stop"] = {"ts_ns": (int, _U64), "time": (str, None),   # a run's start and stop
+                                      "pid": (int, _U64)}                          # (sinks.mark_line)
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
@@ -86,10 +77,6 @@ LIFECYCLE = {
     "synack_retransmit": lambda r: (f"SYN-ACK sent again from port {r['sport']} to {r['daddr']}:{r['dport']} "
                                     f"({r['retransmits']} before)"),
 }
-# The largest value each integer field can hold in the kernel's record
-# (bpf/tcp.h); a larger one is not nettap's and would break the pcap.
-_U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
-_MAX = {"sport": _U16, "dport": _U16, "pid": _U32, "len": _U32, "call_len": _U64}
 # A line longer than this is no record (a chunk's is ~1 KiB): skipped, and
 # never read into memory whole.
 MAX_LINE = 1 << 20
@@ -137,9 +124,9 @@ def _check(rec, where: str, problems: Problems) -> Optional[dict]:
     if schema is None:
         problems.add(f"of unknown type {json.dumps(kind)}", where)
         return None
-    for f, t in schema.items():
+    for f, (t, top) in schema.items():         # a number past what its C type holds is not nettap's
         v = rec.get(f)
-        if not isinstance(v, t) or isinstance(v, bool) or (t is int and not 0 <= v <= _MAX.get(f, _U64)):
+        if not isinstance(v, t) or isinstance(v, bool) or (t is int and not 0 <= v <= top):
             problems.add(f"{kind} record(s) with a missing or bad {f}", where)
             return None
     if kind in ("chunk", "dns"):

@@ -112,7 +112,8 @@ PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake'
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
-# (name, offset, C type, elements, bytes, JSON form, comment).
+# (name, offset, C type, elements, bytes, JSON form, comment). A record's
+# nested parts (its socket's ports, addresses) are flattened into it.
 STRUCTS = {
     'nettap_capture_config': (28, (
         ('flags', 0, '__u32', 1, 4, '', 'NETTAP_TARGET_* present'),

@@ -14,6 +14,8 @@ import select
 import threading
 from typing import Callable, Iterable, Optional, Tuple
 
+from .wakeup import Wakeup
+
 log = logging.getLogger(__name__)
 
 
@@ -46,15 +48,13 @@ class ConfigWatcher:
         self.interval = interval
         self.also = also
         self._last = self._look()
-        # A pipe, not a threading.Event: trigger() runs in a signal handler,
+        # A Wakeup, not a threading.Event: trigger() runs in a signal handler,
         # which Python may enter again between any two bytecodes of the
         # first; Event.set() takes a lock, so a burst of SIGHUPs nested the
         # handler until RecursionError (or could deadlock on that lock).
-        # os.write to a non-blocking pipe takes none.
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        # Wakeup.wake() takes none.
+        self._wakeup = Wakeup()
         self._stop = False
-        self._closed = False
         self._t = threading.Thread(target=self._run, name="nettap-config", daemon=True)
 
     def start(self) -> "ConfigWatcher":
@@ -64,20 +64,12 @@ class ConfigWatcher:
     def trigger(self) -> None:
         """Reload now (safe from a signal handler, also nested in itself)."""
         self._last = _UNSEEN                    # differs even from a missing file's None
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._closed:                        # a signal after stop(): the fds may be reused
-            return
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:                         # full (a burst of SIGHUPs): it is awake anyway
-            pass
+        self._wakeup.wake()
 
     def _run(self) -> None:
         while not self._stop:
-            if select.select([self._wake_r], [], [], self.interval)[0]:
-                os.read(self._wake_r, 4096)     # every wake-up so far: one look at the file
+            if select.select([self._wakeup], [], [], self.interval)[0]:
+                self._wakeup.drain()            # every wake-up so far: one look at the file
             if self._stop:
                 return
             fp = self._look()
@@ -99,9 +91,7 @@ class ConfigWatcher:
 
     def stop(self) -> None:
         self._stop = True
-        self._wake()
+        self._wakeup.wake()
         if self._t.is_alive():
             self._t.join()
-        self._closed = True                     # before the close: handlers run in this thread
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
+        self._wakeup.close()                    # a signal after it wakes nothing

@@ -26,6 +26,7 @@ from typing import Dict, Iterable, Optional
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter.util.wakeup import Wakeup
 from exporter.web.listen import BACKLOG
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,8 @@ class Server(TCPServer):
         self._ready: "queue.Queue" = queue.Queue()
         self._closing = False
         self._sweep_at = 0.0                        # the next parked connection's deadline
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._wakeup = Wakeup()
+        self._sel.register(self._wakeup, selectors.EVENT_READ, None)
         self._threads: list = []
         super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
         self.socket.close()                         # the one TCPServer made, never bound
@@ -158,24 +157,14 @@ class Server(TCPServer):
 
     def _park(self, c: _Conn) -> None:
         self._incoming.put(c)
-        self._wake()
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:                      # full (already woken) or closed
-            pass
+        self._wakeup.wake()
 
     # -- the parking thread: connections waiting for a whole request
     def _park_loop(self) -> None:
         while not self._closing:
             for key, _ in self._sel.select(max(0.0, min(1.0, self._sweep_at - time.monotonic()))):
                 if key.data is None:
-                    try:
-                        while self._wake_r.recv(4096):
-                            pass
-                    except OSError:
-                        pass
+                    self._wakeup.drain()
                 elif key.data.out is not None:
                     self._flush(key.data)
                 else:
@@ -371,15 +360,14 @@ class Server(TCPServer):
     def server_close(self) -> None:
         super().server_close()
         self._closing = True
-        self._wake()
+        self._wakeup.wake()
         for _ in range(self.limits.workers):
             self._ready.put(None)
         for t in self._threads:
             if t.ident is not None:
                 t.join(5)
         self._sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._wakeup.close()
 
 
 def _gone(sock) -> bool:

@@ -44,6 +44,7 @@ from typing import Optional, Tuple
 from exporter import config
 from exporter.util import outpath
 from exporter.config import ConfigError, quote
+from exporter.util.schema import ANY, Bool, Choice, Key, Section, as_written
 from exporter.web.throttle import Throttle
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,6 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
                "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")
 TLS_UNSUPPORTED = {
     "cert": "inline PEM: use cert_file", "key": "inline PEM: use key_file",
     "client_ca": "inline PEM: use client_ca_file",
@@ -69,6 +69,25 @@ TLS_UNSUPPORTED = {
 FAKE_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
 _BCRYPT = re.compile(r"^\$2[abxy]?\$[0-9]{2}\$[./A-Za-z0-9]{53}$")
 CACHE_ENTRIES = 1024
+FILE = as_written("file name (relative: to the web config's directory)")
+VERSION = Choice(*TLS_VERSIONS)
+TLS = Section("tls_server_config",
+    Key("cert_file", FILE, None, "the server's certificate (PEM); with key_file, turns TLS on"),
+    Key("key_file", FILE, None, "its key (PEM)"),
+    Key("client_auth_type", Choice(*CLIENT_AUTH), "NoClientCert", "RequireAndVerifyClientCert: mutual TLS"),
+    Key("client_ca_file", FILE, None, "CA client certificates are verified against"),
+    Key("min_version", VERSION, "TLS12", "the oldest TLS version accepted"),
+    Key("max_version", VERSION, "TLS13", "the newest TLS version accepted"),
+    unsupported=TLS_UNSUPPORTED)
+HTTP = Section("http_server_config",
+    Key("http2", Bool(), True, "accepted, no effect (HTTP/1.1 only)"),
+    Key("headers", as_written("mapping of header: value"), None, "added to every response: " + ", ".join(HEADERS)))
+WEB = Section("",
+    Key("tls_server_config", TLS, None), Key("http_server_config", HTTP, None),
+    Key("basic_auth_users", as_written("mapping of user: bcrypt hash"), None,
+        "every path needs one of these users"),
+    where="web config", unsupported={"rate_limit": "put a proxy in front for rate limits"})
+TLS_KEYS = TLS.names
 OK, DENIED, THROTTLED = "ok", "denied", "throttled"
 
 
@@ -99,20 +118,6 @@ class WebConfig(namedtuple("WebConfig", "tls users headers files", defaults=(Non
 
 
 PLAIN = WebConfig()
-
-
-def _mapping(v, key: str, allowed: tuple, unsupported: Optional[dict] = None) -> dict:
-    unsupported = unsupported or {}
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ConfigError(f"{key}: must be a mapping, got {type(v).__name__}")
-    for k in v:
-        if k in unsupported:
-            raise ConfigError(f"{key}.{k}: not supported by nettap ({unsupported[k]})")
-        if k not in allowed:
-            raise ConfigError(f"{key}.{config._name(k)}: unknown key (expected one of {', '.join(allowed)})")
-    return v
 
 
 def _path(v, key: str, directory: str) -> str:
@@ -169,12 +174,7 @@ def _tls(t: dict, directory: str) -> Tuple[Optional[ssl.SSLContext], Tuple[str, 
                           "(set client_auth_type: RequireAndVerifyClientCert)")
     if not ca and auth != "NoClientCert":
         raise ConfigError(f"{key}.client_ca_file: required with client_auth_type {auth}")
-    versions = []
-    for k, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
-        v = t.get(k, default)
-        if v not in TLS_VERSIONS:
-            raise ConfigError(f"{key}.{k}: must be one of {', '.join(TLS_VERSIONS)}, got {quote(v)}")
-        versions.append(TLS_VERSIONS[v])
+    versions = [TLS_VERSIONS[TLS.get(t, k)] for k in ("min_version", "max_version")]
     if versions[0] > versions[1]:
         raise ConfigError(f"{key}: min_version is above max_version")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -208,14 +208,13 @@ def _tls(t: dict, directory: str) -> Tuple[Optional[ssl.SSLContext], Tuple[str, 
 def parse(doc, directory: str = ".") -> WebConfig:
     """Validate a loaded web config document; relative paths are taken
     from directory (the file's, as the toolkit does)."""
-    top = _mapping(doc, "web config", ("tls_server_config", "http_server_config", "basic_auth_users"),
-                   {"rate_limit": "put a proxy in front for rate limits"})
-    tls, files = _tls(_mapping(top.get("tls_server_config"), "tls_server_config", TLS_KEYS, TLS_UNSUPPORTED), directory)
-    http = _mapping(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
-    if not isinstance(http.get("http2", True), bool):
-        raise ConfigError(f"http_server_config.http2: must be true or false, got {quote(http['http2'])}")
+    top = WEB.mapping(doc)
+    tls, files = _tls(TLS.mapping(top.get("tls_server_config")), directory)
+    http = HTTP.mapping(top.get("http_server_config"))
+    HTTP.get(http, "http2")
     headers = []
-    for name, value in _mapping(http.get("headers"), "http_server_config.headers", tuple(HEADERS)).items():
+    for name, value in Section("http_server_config.headers", *(Key(h, ANY) for h in HEADERS)).mapping(
+            http.get("headers")).items():
         allowed = HEADERS[name]
         if not isinstance(value, str) or "\r" in value or "\n" in value:
             raise ConfigError(f"http_server_config.headers.{name}: must be a one-line string, got {quote(value)}")
@@ -234,7 +233,7 @@ def parse(doc, directory: str = ".") -> WebConfig:
             raise ConfigError(f"basic_auth_users: user names are non-empty strings without ':', got {quote(name)}")
         if not isinstance(h, str) or not _BCRYPT.match(h):
             # The value is a secret: named, never quoted.
-            raise ConfigError(f"basic_auth_users.{config._name(name)}: not a bcrypt hash "
+            raise ConfigError(f"basic_auth_users.{config.key_name(name)}: not a bcrypt hash "
                               "(e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n')")
     return WebConfig(tls, tuple((n, h.encode()) for n, h in users.items()), tuple(headers), files)
 

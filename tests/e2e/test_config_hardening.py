@@ -13,6 +13,7 @@ import time
 import pytest
 import requests
 
+from helpers import stop
 from procs import ROOT, Nettap, free_port, wait_for
 from traffic import Server, send_messages
 
@@ -204,10 +205,7 @@ def test_sighup_from_the_first_moment(tmp_path):
             p.send_signal(signal.SIGTERM)
             assert p.wait(30) == 0
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
+            stop(p, log, signal.SIGKILL)
 
 
 def test_values_cannot_forge_log_lines(tmp_path):

@@ -9,6 +9,7 @@ is named; the first test and the credentials test run the real capture."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -62,6 +63,16 @@ class Writer(threading.Thread):
             self.join(10)
         self.sink.close()
         return self.n
+
+
+@contextlib.contextmanager
+def writing(w: Writer, ing: Ingest):
+    """ing, and w halted and ing stopped after (w started by the test)."""
+    try:
+        yield ing
+    finally:
+        w.halt.set()
+        ing.stop()
 
 
 def config(out: Path, cluster: NatsCluster, max_bytes: int = 1 << 20, backups: int = 3, **ingest) -> dict:
@@ -171,8 +182,7 @@ def test_a_node_killed_mid_stream_loses_nothing(tmp_path, cluster):
     # then the killed leader's). With 4 MiB the first election alone once
     # outlasted them (CI47: "no stream answered", then a file rotated away)
     w = Writer(out, 1 << 20, 20)
-    ing = Ingest(tmp_path, config(out, cluster, backups=20))
-    try:
+    with writing(w, Ingest(tmp_path, config(out, cluster, backups=20))) as ing:
         w.start()
         wait_for(lambda: ing.metrics()["nettap_ingest_records_acked_total"] > 5000, timeout=30, what="flowing")
         cluster.kill(cluster.stream_leader("NETTAP"))
@@ -194,9 +204,6 @@ def test_a_node_killed_mid_stream_loses_nothing(tmp_path, cluster):
         acked = m["nettap_ingest_records_acked_total"]
         dups = m['nettap_ingest_messages_acked_total{result="duplicate"}']
         assert acked == written or (acked < written and dups > 0), (acked, written, dups)
-    finally:
-        w.halt.set()
-        ing.stop()
 
 
 def test_all_nodes_down_for_a_while_then_back_drains_the_backlog(tmp_path, cluster):
@@ -204,8 +211,7 @@ def test_all_nodes_down_for_a_while_then_back_drains_the_backlog(tmp_path, clust
     # 21 MiB of files at ~370 KB/s: a minute of outage before the capture deletes one unforwarded
     # (restarting the three nodes with their state took 5-21 s here)
     w = Writer(out, 1 << 20, 20, rate=5_000)
-    ing = Ingest(tmp_path, config(out, cluster, backups=20))
-    try:
+    with writing(w, Ingest(tmp_path, config(out, cluster, backups=20))) as ing:
         w.start()
         wait_for(lambda: ing.metrics()["nettap_ingest_records_acked_total"] > 2000, timeout=30, what="flowing")
         for i in range(3):
@@ -219,9 +225,6 @@ def test_all_nodes_down_for_a_while_then_back_drains_the_backlog(tmp_path, clust
         wait_for(lambda: caught_up(ing, written), timeout=120, what=f"the backlog of {written} drained")
         exactly_once(cluster, written)
         assert ing.metrics()["nettap_ingest_backlog_seconds"] == 0
-    finally:
-        w.halt.set()
-        ing.stop()
 
 
 def test_kill_9_of_ingest_mid_batch_then_restart_loses_and_doubles_nothing(tmp_path, cluster):
@@ -229,8 +232,7 @@ def test_kill_9_of_ingest_mid_batch_then_restart_loses_and_doubles_nothing(tmp_p
     # backups enough that no file rotates away unforwarded on a loaded machine (where three restarts of
     # ingest may take seconds while the writer goes on): what is lost that way is counted, and another test's
     w = Writer(out, 256 << 10, 200, rate=20_000)
-    ing = Ingest(tmp_path, config(out, cluster, max_bytes=256 << 10, backups=200, batch_bytes=16384))
-    try:
+    with writing(w, Ingest(tmp_path, config(out, cluster, max_bytes=256 << 10, backups=200, batch_bytes=16384))) as ing:
         w.start()
         for _ in range(3):
             wait_for(lambda: ing.metrics()["nettap_ingest_records_published_total"] > 3000, timeout=30,
@@ -244,9 +246,6 @@ def test_kill_9_of_ingest_mid_batch_then_restart_loses_and_doubles_nothing(tmp_p
         got = exactly_once(cluster, written)
         assert sum(got.values()) == written
         assert "resuming" in ing.text()
-    finally:
-        w.halt.set()
-        ing.stop()
 
 
 def test_a_file_rotated_away_unforwarded_is_counted_lost_exactly(tmp_path):
@@ -347,8 +346,8 @@ def test_with_the_checkpoint_disk_full_nothing_leaves_and_a_kill_9_stores_nothin
     out = tmp_path / "capture.jsonl"
     with NatsCluster(tmp_path / "nats", n=1) as c:
         w = Writer(out, 1 << 20, 3)
-        ing = Ingest(tmp_path, config(out, c, batch_bytes=4096, checkpoint=str(full_disk.path / "cp")))
-        try:
+        cfg = config(out, c, batch_bytes=4096, checkpoint=str(full_disk.path / "cp"))
+        with writing(w, Ingest(tmp_path, cfg)) as ing:
             w.write(200)
             wait_for(lambda: caught_up(ing, 200), timeout=30, what="the first 200 acknowledged")
             full_disk.fill()
@@ -366,9 +365,6 @@ def test_with_the_checkpoint_disk_full_nothing_leaves_and_a_kill_9_stores_nothin
             written = w.stop()
             wait_for(lambda: caught_up(ing, 0), timeout=30, what="caught up")
             exactly_once(c, written)
-        finally:
-            w.halt.set()
-            ing.stop()
 
 
 def test_a_failed_tls_handshake_is_retried_logged_and_not_ready_until_the_server_is_fixed(tmp_path):
@@ -382,8 +378,8 @@ def test_a_failed_tls_handshake_is_retried_logged_and_not_ready_until_the_server
     with NatsCluster(tmp_path / "nats", n=1, tls=other.server()) as c:
         w = Writer(out, 1 << 20, 3)
         w.write(100)
-        ing = Ingest(tmp_path, config(out, c, tls={"ca_file": str(good.ca_file)}, connect_timeout="1s"))
-        try:
+        cfg = config(out, c, tls={"ca_file": str(good.ca_file)}, connect_timeout="1s")
+        with writing(w, Ingest(tmp_path, cfg)) as ing:
             wait_for(lambda: ing.metrics()['nettap_ingest_connect_errors_total{reason="tls"}'] >= 2, timeout=10,
                      what="a second failed handshake counted")
             ready = requests.get(f"http://127.0.0.1:{ing.port}/readyz", timeout=2)
@@ -395,9 +391,6 @@ def test_a_failed_tls_handshake_is_retried_logged_and_not_ready_until_the_server
             wait_for(lambda: caught_up(ing, 100), timeout=20, what="connected and forwarded")
             assert requests.get(f"http://127.0.0.1:{ing.port}/readyz", timeout=2).status_code == 200
             exactly_once(c, w.stop(), tls=good.client_context(cert=False))
-        finally:
-            w.halt.set()
-            ing.stop()
 
 
 def test_a_listener_that_closes_in_the_handshake_then_the_real_server_on_its_port(tmp_path):
@@ -466,16 +459,12 @@ def test_regions_journalled_larger_than_the_servers_max_payload_are_sent_in_part
     journalled = fw.take()                      # in the checkpoint, never acknowledged: as at a kill -9
     assert max(r.end - r.start for r in journalled) > 200_000
     with NatsCluster(tmp_path / "nats", n=1, extra="max_payload: 32768") as c:
-        ing = Ingest(tmp_path, config(out, c))
-        try:
+        with writing(w, Ingest(tmp_path, config(out, c))) as ing:
             w.write(500)
             wait_for(lambda: caught_up(ing, 6500), timeout=20, what="every line acknowledged")
             exactly_once(c, w.stop())
             assert ing.metrics()['nettap_ingest_records_lost_total{reason="too_large"}'] == 0
             assert "sent as" in ing.text()
-        finally:
-            w.halt.set()
-            ing.stop()
 
 
 def test_a_stream_whose_max_msg_size_is_below_batch_bytes_takes_every_line(tmp_path):
@@ -499,8 +488,7 @@ def test_a_stream_whose_max_msg_size_is_below_batch_bytes_takes_every_line(tmp_p
         cfg = config(out, c)
         w = Writer(out, 4 << 20, 3)
         w.write(3000)
-        ing = Ingest(tmp_path, cfg)
-        try:
+        with writing(w, Ingest(tmp_path, cfg)) as ing:
             chk = subprocess.run([sys.executable, "-m", "exporter", "ingest", "--config", str(ing.cfg_path),
                                   "--check-config"], cwd=ROOT, capture_output=True, text=True, timeout=60)
             assert chk.returncode == 0 and "messages are cut to fit" in chk.stdout \
@@ -516,9 +504,6 @@ def test_a_stream_whose_max_msg_size_is_below_batch_bytes_takes_every_line(tmp_p
             chk = subprocess.run([sys.executable, "-m", "exporter", "ingest", "--config", str(ing.cfg_path),
                                   "--check-config"], cwd=ROOT, capture_output=True, text=True, timeout=60)
             assert chk.returncode == 2 and "too small for the capture's lines" in chk.stderr, chk
-        finally:
-            w.halt.set()
-            ing.stop()
 
 
 @pytest.mark.parametrize("bad", ["nested", "fifo", "past_end"])

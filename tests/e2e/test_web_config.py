@@ -11,6 +11,7 @@ import bcrypt
 import pytest
 import requests
 
+from helpers import stop
 from procs import ROOT, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -67,10 +68,7 @@ def test_web_config_live(tmp_path):
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        log.close()
+        stop(p, log, signal.SIGKILL)
 
 
 # ---- floods beside a scraper: its p50/p99 alone, then beside the flood (same run) ----------
@@ -177,13 +175,7 @@ def nettap(tmp_path):
         return p, f"http://127.0.0.1:{port}"
     yield start
     for p, log in procs:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
+        stop(p, log)
 
 
 def test_abandoned_requests_are_not_rendered(nettap):

@@ -19,6 +19,7 @@ from exporter.capture import records as R, targets
 from exporter.kernel import maps
 from exporter.kernel.mechanisms import preempt_rt
 from exporter.kernel.bpfstats import own_programs
+from helpers import move_to_cgroup, scratch_cgroup
 from procs import wait_for
 from traffic import ClientProcess, Server, in_netns, payload, send_messages
 
@@ -360,7 +361,7 @@ def _check_lifecycle_metrics(run):
     the window wrote: every state pair, reset, error and retransmission
     counted once."""
     from prometheus_client import CollectorRegistry, generate_latest
-    from exporter.metrics.collectors import LifecycleCollector
+    from exporter.metrics.lifecycle import LifecycleCollector
     reg = CollectorRegistry(auto_describe=False)
     reg.register(LifecycleCollector(run.obs_counts, R.TCP_STATES, R.ERRNO_NAMES))
     got = Counter()
@@ -510,23 +511,12 @@ def test_pid_target(nettap_run, mode):
     assert {l["pid"] for l in lines if l["type"] == "chunk"} == {cl.pid}
 
 
-def _v2_root():
-    for line in open("/proc/self/mountinfo"):
-        pre, _, post = line.partition(" - ")
-        if post.startswith("cgroup2 "):
-            return pre.split()[4]
-    pytest.fail("no cgroup v2 hierarchy mounted")
-
-
 def _cgroup_capture(run_for):
-    cg = os.path.join(_v2_root(), f"nettap-test-{uuid.uuid4().hex[:8]}")
-    os.mkdir(cg)
-    try:
+    with scratch_cgroup() as cg:
         srv = Server()
         run = run_for({"captures": [{"cgroup": cg}]})
         cl = ClientProcess(srv.port, N, S)
-        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-            f.write(str(cl.pid))
+        move_to_cgroup(cg, cl.pid)
         cl.go()
         srv.wait_received(1)
         send_messages(srv.port, N, S)                 # outside the cgroup
@@ -536,8 +526,6 @@ def _cgroup_capture(run_for):
         assert c["tcp_recvmsg"]["calls"] == 0
         lines, _ = run.finish()
         assert list(streams(lines, "egress").values()) == [payload(N * S)]
-    finally:
-        os.rmdir(cg)
 
 
 def test_cgroup_target(nettap_run, mode):

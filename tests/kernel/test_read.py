@@ -4,13 +4,13 @@ lists it and writes a pcap, and tshark's "Follow TCP stream" of that pcap
 gives back exactly the bytes each side sent."""
 import glob
 import socket
-import subprocess
 import threading
 
 import pytest
 
 from conftest import emulated
 from exporter.commands import cli
+from helpers import tshark_follow
 from traffic import payload
 
 
@@ -85,7 +85,7 @@ def follow(pcap, stream):
     reassembled from the pcap with dpkt (what the pcap holds does not
     depend on the kernel: the capture it is made from does)."""
     if emulated(True, False):
-        return _follow_tshark(pcap, stream)
+        return dict(tshark_follow(pcap, stream, timeout=120).values())
     return _follow_dpkt(pcap)
 
 
@@ -110,20 +110,6 @@ def _follow_dpkt(pcap):
             buf += data
         out[src] = buf
     return out
-
-
-def _follow_tshark(pcap, stream):
-    p = subprocess.run(["tshark", "-r", str(pcap), "-q", "-z", f"follow,tcp,raw,{stream}"],
-                       capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    nodes, data = {}, {0: b"", 1: b""}
-    for line in p.stdout.decode().splitlines():
-        if line.startswith("Node "):
-            n, addr = line[5:].split(": ", 1)
-            nodes[int(n)] = addr
-        elif nodes and line and not line.startswith("="):
-            data[1 if line.startswith("\t") else 0] += bytes.fromhex(line.strip())
-    return {addr: data[n] for n, addr in nodes.items()}
 
 
 @pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")],

@@ -6,7 +6,6 @@ bind mount."""
 import ctypes
 import os
 import re
-import threading
 import uuid
 
 import numpy as np
@@ -18,6 +17,7 @@ from exporter.config import ConfigError, Target
 from exporter.capture.records import PROBE_COUNTER_FIELDS, PROBE_COUNTERS
 from exporter.capture.targets import resolve
 from conftest import emulated
+from helpers import together
 from procs import Nettap, wait_for
 from traffic import Server, send_messages
 
@@ -46,20 +46,15 @@ def test_sixteen_concurrent_scrapes_agree(tmp_path):
         want = counters(n.metrics_text())
         assert want['nettap_probe_calls_total{probe="tcp_sendmsg"}'] == N
         assert want['nettap_probe_bytes_processed_total{probe="tcp_sendmsg"}'] == N * 64
-        wrong, start = [], threading.Barrier(16)
 
-        def scrape():
-            s = requests.Session()
-            start.wait()
+        def scrape(_):
+            s, wrong = requests.Session(), []
             for _ in range(ROUNDS):
                 got = counters(s.get(n.url + "/metrics", timeout=30).text)
                 if got != want:
                     wrong.append({k: (want.get(k), v) for k, v in got.items() if want.get(k) != v})
-        threads = [threading.Thread(target=scrape) for _ in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+            return wrong
+        wrong = together(16, scrape)
         assert wrong == [], f"{len(wrong)} of {16 * ROUNDS} answers wrong, e.g. {wrong[:3]}"
     finally:
         n.stop()
@@ -83,19 +78,11 @@ def test_percpu_array_read_by_sixteen_threads():
             for f in dt.names:
                 rows["v"][f] = i + 1
             maps.update(fd, i.to_bytes(4, "little"), rows.tobytes())
-        wrong, start = [], threading.Barrier(16)
 
         def read(i):
-            start.wait()
-            for _ in range(READS):
-                got = a.sum(i)
-                if got != {f: (i + 1) * a.ncpus for f in dt.names}:
-                    wrong.append((i, got))
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+            want = {f: (i + 1) * a.ncpus for f in dt.names}
+            return [(i, got) for got in (a.sum(i) for _ in range(READS)) if got != want]
+        wrong = together(16, read)
         assert wrong == [], wrong[:3]
     finally:
         os.close(fd)

@@ -13,6 +13,7 @@ import pytest
 from conftest import streams
 from exporter.kernel import maps
 from exporter.config import ConfigError
+from helpers import cgroup_v2_root, move_to_cgroup, scratch_cgroup
 from traffic import ClientProcess, Server, payload, send_messages
 
 
@@ -74,27 +75,16 @@ def test_exited_pid_target_dropped_and_its_reused_pid_not_captured(nettap_run):
     assert list(streams(lines, "egress").values()) == [payload(N * S)]
 
 
-def _v2_root():
-    for line in open("/proc/self/mountinfo"):
-        pre, _, post = line.partition(" - ")
-        if post.startswith("cgroup2 "):
-            return pre.split()[4]
-    pytest.fail("no cgroup v2 hierarchy mounted")
-
-
 # With the mechanism nettap picks (what is tested here is user space and the
 # filter every mechanism shares; test_capture runs each mechanism).
 def test_removed_cgroup_target_dropped_and_later_edits_accepted(nettap_run):
-    cg = os.path.join(_v2_root(), f"nettap-test-{uuid.uuid4().hex[:8]}")
-    os.mkdir(cg)
-    try:
+    with scratch_cgroup() as cg:
         srv = Server()
         run = nettap_run({"captures": [{"cgroup": cg}]})
         cid = os.stat(cg).st_ino
         assert kernel_cgroups(run) == {cid}
         cl = ClientProcess(srv.port, N, S)
-        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-            f.write(str(cl.pid))
+        move_to_cgroup(cg, cl.pid)
         cl.go()
         srv.wait_received(1)
         os.rmdir(cg)
@@ -104,9 +94,6 @@ def test_removed_cgroup_target_dropped_and_later_edits_accepted(nettap_run):
         send_messages(srv.port, N, S)
         srv.wait_received(2)
         assert run.counters()["tcp_sendmsg"]["calls"] == 2 * N
-    finally:
-        if os.path.isdir(cg):
-            os.rmdir(cg)
 
 
 # Forks n children that wait, prints their pids, waits too: a shell's
@@ -156,7 +143,7 @@ def test_cgroup_target_from_inside_a_private_cgroup_namespace(tmp_path):
     a cgroup namespace rooted there: the v2 mount's root shows as "/..". A
     cgroup target (level 1 of the whole hierarchy) must still be matched."""
     from procs import Nettap
-    root = _v2_root()
+    root = cgroup_v2_root()
     tag = uuid.uuid4().hex[:8]
     home, target = os.path.join(root, f"nettap-ns-{tag}"), os.path.join(root, f"nettap-target-{tag}")
     os.mkdir(home)
@@ -168,8 +155,7 @@ def test_cgroup_target_from_inside_a_private_cgroup_namespace(tmp_path):
                    cgroups=[home], wrap=["unshare", "--cgroup", "--"])
         assert os.stat(f"/proc/{n.p.pid}/ns/cgroup").st_ino != os.stat("/proc/self/ns/cgroup").st_ino
         cl = ClientProcess(srv.port, N, S)
-        with open(os.path.join(target, "cgroup.procs"), "w") as f:
-            f.write(str(cl.pid))
+        move_to_cgroup(target, cl.pid)
         cl.go()
         send_messages(srv.port, N, S)                # outside the target cgroup
         srv.wait_received(2)

@@ -24,6 +24,11 @@ def stats(tree: Path) -> Dict[str, float]:
     return read_cgroup_stats(*roots(tree))
 
 
+def expect(**values) -> Dict[str, float]:
+    """The stats a tree should read: nettap_cgroup_<name> for each name given."""
+    return {P + name: v for name, v in values.items()}
+
+
 @pytest.fixture
 def copy(tmp_path: Path):
     """Copies a fixture tree into tmp_path so a test can break it."""
@@ -41,15 +46,10 @@ def scrape(tree: Path) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
 
 
 def test_pure_v2():
-    assert stats(FIXTURES / "cgroup_v2") == {
-        P + "cpu_periods_total": 1200,
-        P + "cpu_throttled_periods_total": 34,
-        P + "cpu_throttled_seconds_total": 1.5,
-        P + "memory_usage_bytes": 52428800,
-        P + "memory_limit_bytes": 268435456,
-        P + "memory_oom_events_total": 3,
-        P + "memory_oom_kills_total": 2,
-    }
+    assert stats(FIXTURES / "cgroup_v2") == expect(
+        cpu_periods_total=1200, cpu_throttled_periods_total=34, cpu_throttled_seconds_total=1.5,
+        memory_usage_bytes=52428800, memory_limit_bytes=268435456, memory_oom_events_total=3,
+        memory_oom_kills_total=2)
     loc = locate_cgroup(*roots(FIXTURES / "cgroup_v2"))
     assert loc.cpu == loc.memory
     assert loc.cpu is not None and loc.cpu.version == "2"
@@ -58,13 +58,10 @@ def test_pure_v2():
 
 def test_hybrid_uses_v1_when_unified_has_no_controllers():
     # The unified cgroup has a cpu.stat, but only usage fields: no cpu controller there.
-    assert stats(FIXTURES / "cgroup_hybrid") == {
-        P + "cpu_periods_total": 500,
-        P + "cpu_throttled_periods_total": 7,
-        P + "cpu_throttled_seconds_total": 2.5,
-        P + "memory_usage_bytes": 3145728,
-        P + "memory_oom_kills_total": 1,
-    }  # limit: v1 "unlimited" value -> absent; oom events: no v1 counter -> absent
+    # limit: v1 "unlimited" value -> absent; oom events: no v1 counter -> absent
+    assert stats(FIXTURES / "cgroup_hybrid") == expect(
+        cpu_periods_total=500, cpu_throttled_periods_total=7, cpu_throttled_seconds_total=2.5,
+        memory_usage_bytes=3145728, memory_oom_kills_total=1)
     loc = locate_cgroup(*roots(FIXTURES / "cgroup_hybrid"))
     assert loc.cpu is not None and loc.memory is not None
     assert loc.cpu.directory.endswith("/cpu/system.slice/nettap.service")
@@ -73,13 +70,10 @@ def test_hybrid_uses_v1_when_unified_has_no_controllers():
 
 def test_pure_v1_combined_cpu_cpuacct_in_container():
     # Mount root /docker/<id> is the container's cgroup: its files are at the mount point.
-    assert stats(FIXTURES / "cgroup_v1") == {
-        P + "cpu_periods_total": 100,
-        P + "cpu_throttled_periods_total": 10,
-        P + "cpu_throttled_seconds_total": 0.123456789,
-        P + "memory_usage_bytes": 104857600,
-        P + "memory_limit_bytes": 536870912,
-    }  # oom_control without oom_kill (kernel < 4.13) -> oom kills absent
+    # oom_control without oom_kill (kernel < 4.13) -> oom kills absent
+    assert stats(FIXTURES / "cgroup_v1") == expect(
+        cpu_periods_total=100, cpu_throttled_periods_total=10, cpu_throttled_seconds_total=0.123456789,
+        memory_usage_bytes=104857600, memory_limit_bytes=536870912)
 
 
 def test_throttled_time_converted_exactly(copy):

@@ -1,4 +1,4 @@
-"""exporter.metrics.collectors (and the program-stats and cgroup collectors) rendered
+"""The collectors of exporter.metrics (and the web server's) rendered
 as /metrics for a fixed fixture state, compared byte for byte with
 tests/unit/fixtures/metrics/golden.prom. No root, no BPF: every kernel read
 is a fake or a monkeypatch.
@@ -22,17 +22,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.capture.dns import LATENCY_BUCKETS, Counts
 from exporter.capture.records import ERRNO_NAMES, TCP_STATES
 from exporter.kernel import bpfstats, fdinfo, tcp_h
-from exporter.metrics import collectors
+from exporter.metrics import buildinfo
 from exporter.commands.daemon import ReloadState
 from exporter.metrics.tls import TlsFilesCollector
 from exporter.metrics.programs import ProgramStatsCollector
 from exporter.metrics.cgroup import CgroupCollector
-from exporter.metrics.collectors import (BuildInfoCollector, DnsCollector, Guarded, LifecycleCollector, MapCollector,
-                                         PipelineCollector, ProbeCollector, ReloadCollector)
+from exporter.metrics.buildinfo import BuildInfoCollector
+from exporter.metrics.dns import DnsCollector
+from exporter.metrics.guarded import Guarded
+from exporter.metrics.lifecycle import LifecycleCollector
+from exporter.metrics.maps import MapCollector
+from exporter.metrics.pipeline import PipelineCollector
+from exporter.metrics.probes import ProbeCollector
+from exporter.metrics.reload import ReloadCollector
+from exporter.metrics.targets import TargetsCollector
 from exporter.kernel.features import Feature
 from exporter.kernel.mechanisms import ProbeState
 from exporter.web.server import HttpCollector
-from exporter.capture.filter import TargetsCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -154,10 +160,10 @@ def fixture_kernel(monkeypatch):
     monkeypatch.setattr(fdinfo, "scan_bpf_holders", lambda proc_root="/proc": dict(HOLDERS))
     memlock = {fd: mem for fd, _, mem in MAPS.values()}
     monkeypatch.setattr(MapCollector, "_memlock", lambda self, fd, mtype: memlock[fd])
-    monkeypatch.setattr(collectors, "__version__", "0.0.0-test")
-    monkeypatch.setattr(collectors.platform, "release", lambda: "6.1.0-test")
-    monkeypatch.setattr(collectors.platform, "python_version", lambda: "3.11.2")
-    monkeypatch.setattr(collectors.libbpf, "version", lambda: "v1.1")
+    monkeypatch.setattr(buildinfo, "__version__", "0.0.0-test")
+    monkeypatch.setattr(buildinfo.platform, "release", lambda: "6.1.0-test")
+    monkeypatch.setattr(buildinfo.platform, "python_version", lambda: "3.11.2")
+    monkeypatch.setattr(buildinfo.libbpf, "version", lambda: "v1.1")
 
 
 def fixture_collectors():

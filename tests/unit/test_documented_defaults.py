@@ -1,11 +1,13 @@
 """Defaults written in the docs, the example configs and the manifests are
-the code's (exporter/config.py), and the sizing the runbook gives is the
+the code's (exporter/config.py; the tables of every key are generated from its
+declarations, and checked fresh here), and the sizing the runbook gives is the
 DaemonSet's: they drifted apart once (a runbook ring default of 16 MiB
 against the code's 8 MiB, 512Mi/1Gi against the DaemonSet's 128Mi/256Mi).
 Measured figures are not compared here: each is stated once, in
 docs/benchmarks.md, and linked from elsewhere."""
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import yaml
 
 from exporter import config as C
 from exporter.ingest import settings as ingest_settings
+from exporter.util import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -158,3 +161,62 @@ def test_runbook_sizing_matches_the_daemonset():
     assert [x.strip() for x in first_row.groups()] == [res["requests"]["cpu"], res["limits"]["cpu"],
                                                        res["requests"]["memory"], res["limits"]["memory"]]
     assert "128Mi" in text and re.search(r"request (\d+)Mi against", text).group(1) + "Mi" == res["requests"]["memory"]
+
+
+# ---- the key tables, generated from the parsers' declarations ---------------------------------
+
+_spec = importlib.util.spec_from_file_location("gen_config_doc", ROOT / "scripts" / "gen_config_doc.py")
+gen_config_doc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen_config_doc)
+
+
+def _declared(section, out=None) -> dict:
+    """{dotted key: Key} of every leaf key below section."""
+    out = {} if out is None else out
+    for k in section.keys.values():
+        if isinstance(k.check, schema.Section):
+            _declared(k.check, out)
+        else:
+            out[section.key(k.name)] = k
+    return out
+
+
+def test_key_tables_are_fresh():
+    """docs/configuration.md's tables are what scripts/gen_config_doc.py renders now."""
+    text = CONFIG_DOC.read_text()
+    assert gen_config_doc.with_tables(text) == text, "run scripts/gen_config_doc.py"
+
+
+def test_a_stale_key_table_is_caught(monkeypatch):
+    """The freshness check fails on a table edited by hand, and on a default changed in code only."""
+    text = CONFIG_DOC.read_text()
+    row = "| `capture.max_payload_bytes` | integer, 0 .. 65736 | `4096` |"
+    assert row in text
+    edited = text.replace(row, row.replace("`4096`", "`8192`"))
+    assert gen_config_doc.with_tables(edited) != edited
+    key = C.CAPTURE.keys["max_payload_bytes"]
+    monkeypatch.setitem(C.CAPTURE.keys, "max_payload_bytes", key._replace(default=8192))
+    assert gen_config_doc.with_tables(text) != text
+
+
+def test_declared_defaults_are_the_parsers_and_the_references():
+    """Every key's declared default is what the parser gives for an empty file, and what the
+    reference block above the tables says, where it gives the key."""
+    cfg = C.parse({"output": {"type": "jsonl", "path": "x"}})
+    keys = _declared(C.TOP)
+    assert keys["capture.max_payload_bytes"].default == cfg.max_payload_bytes
+    assert keys["capture.tls"].default is cfg.tls is False
+    for name in ("root", "max_bytes", "backups", "queue_bytes", "mode"):
+        assert keys[f"output.{name}"].default == getattr(cfg.output, name)
+    assert {k: keys[f"rings.{k}"].default for k in C.DEFAULT_RING_BYTES} == cfg.ring_bytes
+    assert (keys["diagnostics.bpfStats.enabled"].default, keys["diagnostics.bpfStats.scope"].default,
+            keys["log_level"].default) == (cfg.bpf_stats_enabled, cfg.bpf_stats_scope, cfg.log_level)
+    reference = {".".join(k): v for k, v in _leaves(_reference_config())}
+    for key, k in keys.items():
+        if key in reference and key not in ("output.type", "output.path", "captures"):
+            assert reference[key] == k.default, key
+    s = ingest_settings.parse({}, cfg.output)
+    ingest = _declared(ingest_settings.INGEST)
+    assert ingest["ingest.stream.max_age"].default == s.stream.max_age
+    assert ingest["ingest.batch_bytes"].default == s.batch_bytes
+    assert ingest["ingest.ack_timeout"].default == s.ack_timeout

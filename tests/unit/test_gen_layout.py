@@ -68,6 +68,27 @@ def test_kinds_without_a_number_or_a_header_are_refused(header, lay, why):
         gen.kinds(gen.defines(header), lay)
 
 
+def test_a_nested_members_comment_says_what_its_fields_mean_there():
+    """struct nettap_ports ports; /* sport: ... */ gives that record's sport
+    its own meaning in docs/records.md; a name that is no field of the
+    nested struct is refused, not silently dropped."""
+    header = (ROOT / "bpf" / "tcp.h").read_text()
+    obj = str(ROOT / "bpf" / "tcp.bpf.o")
+    state = dict((f[0], f[6]) for f in gen.layout(obj, header)["structs"]["nettap_state"][1])
+    assert state["sport"] == "local port (0 before it is bound)" and state["dport"] == "remote port"
+    assert "/* sport: local port (0 before it is bound) */" in header
+    with pytest.raises(SystemExit, match=r"nettap_state.ports's comment names no field of it: \['sprot'\]"):
+        gen.layout(obj, header.replace("/* sport: local port (0 before it is bound) */", "/* sprot: x */"))
+
+
+def test_padding_the_compiler_adds_between_fields_is_refused():
+    fields = tcp_h.STRUCTS["nettap_state"][1]
+    gen.hole("nettap_state", fields)
+    moved = [f if f[0] != "saddr" else f[:1] + (f[1] + 4,) + f[2:] for f in fields]
+    with pytest.raises(SystemExit, match="nettap_state: 4 bytes of padding before saddr"):
+        gen.hole("nettap_state", moved)
+
+
 def test_every_json_form_is_known():
     used = {f[5] for _, fields in tcp_h.STRUCTS.values() for f in fields if f[5]}
     generic = {re.sub(r":NETTAP_\w+$", ":GROUP", re.sub(r"^base64:\w+$", "base64:FIELD", u)) for u in used}

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 IDLE_PATH = ("exporter.commands.cli", "exporter.commands.start", "exporter.commands.daemon",
-             "exporter.capture.pipeline", "exporter.capture.ringbuf", "exporter.metrics.collectors",
+             "exporter.capture.pipeline", "exporter.capture.ringbuf", "exporter.metrics.pipeline",
+             "exporter.metrics.lifecycle", "exporter.metrics.maps",
              "exporter.web.server", "exporter.kernel.maps", "exporter.kernel._native")
 
 

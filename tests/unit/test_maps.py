@@ -5,7 +5,6 @@ real call does when ctypes releases the GIL around the syscall."""
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 
 from exporter.kernel import libbpf, maps
 from exporter.capture.records import PROBE_COUNTER_FIELDS, PROBE_COUNTERS
+from helpers import together
 
 NCPUS = 4
 
@@ -48,20 +48,11 @@ def test_sixteen_concurrent_readers_each_get_their_row(monkeypatch):
     # Was one shared buffer: a reader got another reader's row.
     fake_lookup(monkeypatch)
     a = maps.PerCpuArray(3, 4, PROBE_COUNTER_FIELDS, ncpus=NCPUS)
-    wrong, start = [], threading.Barrier(16)
 
     def scrape(index):
-        start.wait()
-        for _ in range(50):
-            got = a.sum(index)["calls"]
-            if got != NCPUS * index * 1000 + 6:
-                wrong.append((index, got))
-    threads = [threading.Thread(target=scrape, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert wrong == []
+        return [(index, got) for got in (a.sum(index)["calls"] for _ in range(50))
+                if got != NCPUS * index * 1000 + 6]
+    assert together(16, scrape) == []
 
 
 def test_compiled_sum_matches_numpy_and_wraps():

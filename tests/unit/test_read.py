@@ -14,6 +14,7 @@ import dpkt
 import pytest
 
 from exporter.commands import cli, pcap, streams
+from helpers import tshark_follow
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = Path(__file__).resolve().parent / "fixtures" / "read"
@@ -115,7 +116,8 @@ def test_clock_lines_that_lost_records_are_reported_with_their_window(tmp_path, 
     f.write_bytes(b"".join([
         clock.format(d=0, q=0, r=1_764_000_000_000_000_000, m=5).encode(),
         good[0],
-        b'{"conn_id":1,"newstate":"FIN_WAIT1","oldstate":"ESTABLISHED","ts_ns":6,"type":"state"}\n',
+        b'{"conn_id":1,"daddr":"198.51.100.2","dport":80,"family":"ipv4","netns":1,"newstate":"FIN_WAIT1",'
+        b'"oldstate":"ESTABLISHED","pid":1000,"saddr":"192.0.2.1","sport":40000,"ts_ns":6,"type":"state"}\n',
         clock.format(d=7, q=2, r=1_764_000_001_000_000_000, m=1_000_000_005).encode(),
         clock.format(d=0, q=0, r=1_764_000_002_000_000_000, m=2_000_000_005).encode(),
     ]))
@@ -261,21 +263,6 @@ def test_pcap_ipv6_segments_carry_stream_offsets(tmp_path, capsys):
     assert ts == sorted(ts) and ts[3] == pytest.approx(5.001, abs=1e-9)   # ts_ns, in seconds
 
 
-def _follow(pcap, stream):
-    """tshark's "Follow TCP stream" (raw) of one stream: {"node0": (addr, bytes), "node1": ...}."""
-    p = subprocess.run(["tshark", "-r", str(pcap), "-q", "-z", f"follow,tcp,raw,{stream}"],
-                       capture_output=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    nodes, data = {}, {0: b"", 1: b""}
-    for line in p.stdout.decode().splitlines():
-        if line.startswith("Node "):
-            n, addr = line[5:].split(": ", 1)
-            nodes[int(n)] = addr
-        elif nodes and line and not line.startswith("="):
-            data[1 if line.startswith("\t") else 0] += bytes.fromhex(line.strip())
-    return {n: (nodes[n], data[n]) for n in nodes}
-
-
 MISSING = "[{} bytes missing in capture file]\0".format
 
 
@@ -287,14 +274,14 @@ def test_tshark_follows_every_connection_with_the_gaps_it_is_told(tmp_path, caps
     p = subprocess.run(["tshark", "-r", str(out), "-o", "tcp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE",
                         "-T", "fields", "-e", "tcp.checksum.status"], capture_output=True, timeout=60)
     assert p.stdout.split() == [b"1"] * 38              # every checksum good
-    assert _follow(out, 0) == {0: ("192.0.2.1:40000", make.REQUEST), 1: ("198.51.100.2:80", make.RESPONSE)}
-    assert _follow(out, 1) == {
+    assert tshark_follow(out, 0) == {0: ("192.0.2.1:40000", make.REQUEST), 1: ("198.51.100.2:80", make.RESPONSE)}
+    assert tshark_follow(out, 1) == {
         0: ("[2001:db8::1]:50000", b"A" * 100 + make.BIG[:1000] + MISSING(4000).encode() + b"bye\n"),
         1: ("[2001:db8::2]:443", b"R" * 300 + MISSING(300).encode() + b"tail\n")}
     # conn 3's local port 8080 is the lower: the remote end connected, and sends first
-    assert _follow(out, 2) == {0: ("127.0.0.1:41000", MISSING(200).encode() + b"PING\r\n"),
+    assert tshark_follow(out, 2) == {0: ("127.0.0.1:41000", MISSING(200).encode() + b"PING\r\n"),
                                1: ("127.0.0.1:8080", b"+PONG\r\n")}
-    assert _follow(out, 3) == {0: ("192.0.2.1:40001", b"hello"), 1: ("198.51.100.2:80", b"")}
+    assert tshark_follow(out, 3) == {0: ("192.0.2.1:40001", b"hello"), 1: ("198.51.100.2:80", b"")}
 
 
 def test_pcap_fins_follow_who_closed_first(tmp_path, capsys):
@@ -316,7 +303,7 @@ def test_pcap_keeps_one_end_of_a_connection_captured_at_both(tmp_path, capsys):
     assert err.splitlines() == [
         "nettap read: conn 6 is the other end of conn 5 (the same TCP connection): left out of the pcap",
         f"nettap read: wrote 7 packets of 1 connection(s) to {tmp_path / 'loop.pcap'}"]
-    assert _follow(tmp_path / "loop.pcap", 0) == {0: ("127.0.0.1:41000", b"ping"), 1: ("127.0.0.1:6000", b"pong")}
+    assert tshark_follow(tmp_path / "loop.pcap", 0) == {0: ("127.0.0.1:41000", b"ping"), 1: ("127.0.0.1:6000", b"pong")}
 
 
 def _chunk(**kw):
@@ -475,3 +462,20 @@ def test_hostile_field_values_never_a_traceback_in_any_mode(tmp_path, capsys):
         for args in (["--dns"], [], ["--conn", "1", "--conn", "2"], ["--pcap", str(tmp_path / "o.pcap"), "--conn", "1"],
                      ["--conn", "2", "--hex"]):
             run(capsys, *args, str(f))
+
+
+def test_the_readers_schemas_are_the_record_table():
+    """The reader checks every field of a record kind as bpf/tcp.h's table
+    says (exporter/kernel/tcp_h.py, generated): each kind's plain fixture
+    line passes, the same line without a field or with a number its C type
+    cannot hold does not."""
+    for kind in streams.tcp_h.RECORDS:
+        rec = json.loads((RECORD_FIX / f"{kind}.jsonl").read_bytes().splitlines()[0])
+        assert set(streams.SCHEMAS[kind]) == set(rec) - {"type"}, kind
+        assert streams._check(dict(rec), "x", streams.Problems()) is not None, kind
+    state = json.loads((RECORD_FIX / "state.jsonl").read_bytes().splitlines()[0])
+    for bad, reason in (({"sport": 1 << 16}, "bad sport"), ({"netns": 1 << 32}, "bad netns"),
+                        ({"netns": None}, "bad netns"), ({"family": 2}, "bad family")):
+        problems = streams.Problems()
+        assert streams._check({**state, **bad}, "x", problems) is None
+        assert list(problems.counts) == [f"state record(s) with a missing or {reason}"]

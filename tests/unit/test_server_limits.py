@@ -4,6 +4,7 @@ their timeouts; many scrapers at once are all answered; keep-alive is
 limited; a full queue is answered 503 and counted."""
 from __future__ import annotations
 
+import contextlib
 import resource
 import selectors
 import socket
@@ -54,6 +55,17 @@ def connect(srv) -> socket.socket:
     return socket.create_connection(srv.server_address, timeout=10)
 
 
+@contextlib.contextmanager
+def connections(srv, n: int):
+    """n connections to srv, a list (what is appended to it is closed too), closed after."""
+    conns = [connect(srv) for _ in range(n)]
+    try:
+        yield conns
+    finally:
+        for s in conns:
+            s.close()
+
+
 def request(path: str = "/healthz") -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode()
 
@@ -96,8 +108,7 @@ def scrape(srv, timeout: float = 5.0) -> requests.Response:
 
 def test_idle_connections_do_not_hold_scrapes_and_are_closed(start):
     srv, _ = start(header_timeout=3.0)
-    idle = [connect(srv) for _ in range(2000)]
-    try:
+    with connections(srv, 2000) as idle:
         t = time.monotonic()
         r = scrape(srv)
         assert r.status_code == 200 and "nettap_test_events_total 3.0" in r.text
@@ -115,9 +126,6 @@ def test_idle_connections_do_not_hold_scrapes_and_are_closed(start):
         assert left == 0, f"{left} of 2000 idle connections still open"
         assert srv.rejected["header_timeout"] == 2000
         assert 'nettap_http_connections_rejected_total{reason="header_timeout"} 2000.0' in scrape(srv).text
-    finally:
-        for s in idle:
-            s.close()
 
 
 def test_half_sent_request_is_closed_after_the_header_timeout(start):
@@ -271,17 +279,13 @@ def test_requests_whose_client_has_gone_are_not_rendered(start):
 
 def test_past_max_connections_the_oldest_idle_one_is_closed(start):
     srv, _ = start(max_connections=10)
-    conns = [connect(srv) for _ in range(10)]
-    try:
+    with connections(srv, 10) as conns:
         time.sleep(0.3)                              # all parked
         conns.append(connect(srv))
         assert closed_within(conns[0], 5) == b""
         conns[-1].sendall(request())
         assert response(conns[-1]).startswith(b"HTTP/1.1 200 ")
         assert srv.rejected["overload"] == 1
-    finally:
-        for s in conns:
-            s.close()
 
 
 def test_headers_past_the_limit_are_answered_431(start):

@@ -25,16 +25,22 @@ def read_lines(p: Path):
     return [int(x[5:8]) for x in data.decode().splitlines()]
 
 
+def write_numbered(path: Path, n: int, **rotation) -> JsonlFileSink:
+    """Lines 0 .. n - 1 written one at a time to a JsonlFileSink at path; the sink, closed."""
+    s = JsonlFileSink(str(path), **rotation)
+    for i in range(n):
+        s.write([line(i)])
+    s.close()
+    return s
+
+
 def files(d: Path):
     return sorted(p.name for p in d.iterdir())
 
 
 def test_rotation_keeps_n_backups(tmp_path):
     path = tmp_path / "out.jsonl"
-    s = JsonlFileSink(str(path), max_bytes=25, backups=2)
-    for i in range(10):
-        s.write([line(i)])
-    s.close()
+    s = write_numbered(path, 10, max_bytes=25, backups=2)
     # 25 bytes hold two 10-byte lines: the third starts a new file
     assert files(tmp_path) == ["out.jsonl", "out.jsonl.1", "out.jsonl.2"]
     assert read_lines(path) == [8, 9]
@@ -88,10 +94,7 @@ def test_a_line_longer_than_max_bytes_goes_alone_into_a_file(tmp_path):
 
 def test_backups_zero(tmp_path):
     path = tmp_path / "out.jsonl"
-    s = JsonlFileSink(str(path), max_bytes=25, backups=0)
-    for i in range(5):
-        s.write([line(i)])
-    s.close()
+    s = write_numbered(path, 5, max_bytes=25, backups=0)
     assert files(tmp_path) == ["out.jsonl"]
     assert read_lines(path) == [4]
     assert s.written == 5

@@ -18,6 +18,7 @@ from exporter.capture.filter import TargetMaps, wakeup_check_bytes
 from exporter.capture.targets import (MAX_CGROUP_LEVEL, TARGET_CGROUP, TARGET_NETNS, TARGET_PID, TARGET_PORT,
                                       Resolved, cgroup2_mounts, cgroup_id_level, netns_inode, resolve)
 from exporter.config import ConfigError, Target
+from exporter.metrics.targets import TargetsCollector
 
 MISSING_PID = 2**22 - 1          # the largest pid config accepts; no process has it here
 
@@ -762,7 +763,7 @@ def test_drop_gone_removes_from_the_maps_and_counts(tmp_path, cg, monkeypatch):
     assert tm.drop_gone() == [("cgroup", str(cg / "a" / "b"))]
     assert k.m["capture_cgroups"] == {} and decode_config(k.m["capture_config"][u32(0)])["flags"] == 0
     assert tm.gone_total == {"pid": 2, "cgroup": 1}
-    fam = capture_filter.TargetsCollector(tm).collect()[0]
+    fam = TargetsCollector(tm).collect()[0]
     assert fam.name == "nettap_targets_gone" and fam.type == "counter"
     assert {s.labels["kind"]: s.value for s in fam.samples if s.name.endswith("_total")} == {"pid": 2, "cgroup": 1}
 

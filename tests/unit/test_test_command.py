@@ -86,6 +86,24 @@ def test_stage_table_splits_the_host_run_by_tier_and_each_guest_into_boot_and_te
         ("host: unit tests, two at a time", 17.5), ("host: kernel tests", 30.0), ("host: e2e tests", 33.0),
         ("host: pytest start, collection, the rest", 7.0)]
     assert total == 500.0
+    # CI's run: the e2e tests beside the guests (host-e2e.xml, mark e2e): a row of their own, not the host's
+    (tmp_path / "stages.tsv").write_text("start\t1000.0\nset-up\t1010.0\nchecks\t1012.5\nhost-unit\t1030.0\n"
+                                         "host\t1065.0\nmatrix\t1500.0\ne2e\t1502.0\n")
+    (tmp_path / "host.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.kernel.test_b" name="t2" time="30.0"/>'
+        '</testsuite></testsuites>')
+    (tmp_path / "host-e2e.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.e2e.test_c" name="t3" time="33.0"/>'
+        '</testsuite></testsuites>')
+    table, total = _script("stages").rows(str(tmp_path))
+    rows = [(n, round(s, 1)) for n, s in table]
+    assert rows[3:5] == [("host: kernel tests", 30.0), ("host: pytest start, collection, the rest", 5.0)]
+    assert rows[-2:] == [("host: e2e tests, beside the guests", 33.0),
+                         ("host: e2e tests, waited for after the guests", 2.0)]
+    assert total == 502.0
+    (tmp_path / "host-e2e.xml").unlink()
+    (tmp_path / "stages.tsv").write_text(
+        "start\t1000.0\nset-up\t1010.0\nchecks\t1012.5\nhost-unit\t1030.0\nhost\t1100.0\nmatrix\t1500.0\n")
     # two at a time (the fourth column: when each booted): the matrix's own work is what no guest covers
     (tmp_path / "guests.tsv").write_text("6.1\t9.5\t200.0\t1100.0\n6.1-rt\t8.0\t300.0\t1100.5\n"
                                          "5.10\t7.0\t100.0\t1300.0\n")

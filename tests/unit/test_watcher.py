@@ -266,3 +266,23 @@ def test_stop_waits_for_a_running_on_change(cfg, watch):
     threading.Timer(0.2, release.set).start()
     w.stop()
     assert finished == [1] and not w._t.is_alive()
+
+
+def test_wakeup_wakes_drains_and_ignores_wakes_after_close():
+    """The one wake-up the watcher, the ring poller, the target watch and
+    the HTTP parking thread share: readable from wake() to drain(), many
+    wakes drained at once, and a wake() after close() touches no fd."""
+    import select
+
+    from exporter.util.wakeup import Wakeup
+    w = Wakeup()
+    assert select.select([w], [], [], 0)[0] == []
+    for _ in range(1000):
+        w.wake()
+    assert select.select([w], [], [], 0)[0] == [w]
+    w.drain()
+    assert select.select([w], [], [], 0)[0] == []
+    w.drain()                                   # nothing pending: no error, no block
+    w.close()
+    w.wake()                                    # after close: a no-op, not a write to a reused fd
+    w.close()

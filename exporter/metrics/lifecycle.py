@@ -1,0 +1,83 @@
+"""What captured sockets did, counted in the kernel (obs_counters)."""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.kernel import tcp_h
+from exporter.metrics.spec import families
+
+
+def _nonzero(rows, start: int, n: int) -> list:
+    """The indexes i < n of the non-zero rows[start + i]."""
+    return [i for i, v in enumerate(rows[start:start + n]) if v]
+
+
+class LifecycleCollector(Collector):
+    """What captured sockets did, counted in the kernel (the obs_counters
+    rows, bpf/tcp.h NETTAP_OBS_*) whether or not their records found room on
+    obs_events. ``read()`` returns the rows summed over CPUs (a sequence of ints).
+
+    Bounded label sets: a state change only for the pairs seen (the kernel's
+    states, at most 12 x 12), an error only for the numbers seen (their names;
+    255 and above as "other"), both reset directions, every retransmission
+    cause, both timers and both probes always."""
+
+    SPECS = [
+        (CounterMetricFamily, "nettap_tcp_state_changes", "TCP state changes of captured sockets.", ["from", "to"]),
+        (CounterMetricFamily, "nettap_tcp_resets",
+         "Resets sent and received by captured sockets.", ["direction"]),
+        (CounterMetricFamily, "nettap_tcp_socket_errors",
+         "Errors captured sockets reported (sock:inet_sk_error_report, Linux 5.14+), by name.", ["errno"]),
+        (CounterMetricFamily, "nettap_tcp_retransmits",
+         "Segments captured sockets sent again, by the recovery that sent them (rto: the retransmission "
+         "timer; tlp: a tail loss probe; fast: recovery on ACKs), and SYN-ACKs sent again to captured "
+         "ports (synack).", ["kind"]),
+        (HistogramMetricFamily, "nettap_tcp_timer_behind_jiffies",
+         "Jiffies from a captured socket's timer's slot on the wheel to when its CPU fired it "
+         "(a stalled CPU, a vCPU the host stopped), by timer.", ["timer"]),
+        (CounterMetricFamily, "nettap_tcp_probes",
+         "Probes captured sockets' timers sent: zero-window probes (window) and keepalive probes (keepalive).",
+         ["probe"]),
+    ]
+    # bpf/timer.bpf.h's buckets of behind_jiffies: 0, then below 2^b for b of 1..8
+    BEHIND_LE = ("0", "1", "3", "7", "15", "31", "63", "127", "255", "+Inf")
+    TIMERS = (("retransmit", "TIMER_RETRANSMIT"), ("keepalive", "TIMER_KEEPALIVE"))
+    PROBES = (("window", "WAKEUP_WINDOW"), ("keepalive", "WAKEUP_KEEPALIVE"))
+    RETRANS = (("rto", "RETRANS_RTO"), ("tlp", "RETRANS_TLP"), ("fast", "RETRANS_FAST"),
+               ("synack", "RETRANS_SYNACK"))
+
+    def __init__(self, read: Callable[[], "object"], state_names: tuple, errno_names: dict):
+        """state_names: the kernel's TCP state names by number; errno_names:
+        error names by number (exporter.capture.records, the JSON forms')."""
+        self.read, self.state_names, self.errno_names = read, state_names, errno_names
+
+    def describe(self) -> Iterable[Metric]:
+        return families(self.SPECS)
+
+    def collect(self) -> Iterable[Metric]:
+        states, resets, errors, retrans, behind, probes = families(self.SPECS)
+        rows = self.read()
+        for i in _nonzero(rows, tcp_h.OBS_STATES, 256):
+            old, new = divmod(i, 16)
+            states.add_metric([self._state(old), self._state(new)], int(rows[tcp_h.OBS_STATES + i]))
+        for d, name in ((tcp_h.DIR_EGRESS, "sent"), (tcp_h.DIR_INGRESS, "received")):
+            resets.add_metric([name], int(rows[tcp_h.OBS_RESETS + d]))
+        for e in _nonzero(rows, tcp_h.OBS_ERRORS, 256):
+            name = "other" if e >= 255 else self.errno_names.get(e, str(e))
+            errors.add_metric([name], int(rows[tcp_h.OBS_ERRORS + e]))
+        for name, const in self.RETRANS:
+            retrans.add_metric([name], int(rows[tcp_h.OBS_RETRANS + getattr(tcp_h, const)]))
+        for name, const in self.TIMERS:
+            at = tcp_h.OBS_TIMERS + getattr(tcp_h, const) * 16
+            counts = list(itertools.accumulate(int(n) for n in rows[at:at + 10]))
+            behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(rows[at + 15]))
+        for name, const in self.PROBES:
+            probes.add_metric([name], int(rows[tcp_h.OBS_WAKEUPS + getattr(tcp_h, const)]))
+        return [states, resets, errors, retrans, behind, probes]
+
+    def _state(self, n: int) -> str:
+        return self.state_names[n] if 0 < n < len(self.state_names) else str(n)
