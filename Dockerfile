@@ -7,8 +7,9 @@
 # dependencies, and the precompiled CO-RE BPF object (bpf/*.bpf.o, committed to the
 # repository, shipped inside the package). No compiler, no kernel headers at run time: the object is relocated against
 # the running kernel's BTF (/sys/kernel/btf/vmlinux) when nettap loads it. The build stage
-# compiles the JSON-lines writer (exporter/capture/_jsonl.c) into the virtualenv, and fails if it
-# did not build (the pure-Python fallback is 20-50x slower).
+# compiles the ring scan and JSON-lines writer (exporter/capture/*.c) and ingest's line split
+# (exporter/ingest/_split.c) into the virtualenv, and fails if they did not build (the
+# pure-Python fallback is 20-50x slower).
 
 # ---- build stage: the virtualenv ------------------------------------------------------
 FROM debian:12.11-slim AS build
@@ -29,7 +30,7 @@ ENV NETTAP_REVISION=$NETTAP_REVISION
 RUN test -f README.md || echo "nettap" > README.md \
  && python3 -m venv /opt/nettap/venv \
  && /opt/nettap/venv/bin/pip install --no-cache-dir --disable-pip-version-check . \
- && /opt/nettap/venv/bin/python -c "from exporter.capture import _jsonl" \
+ && /opt/nettap/venv/bin/python -c "from exporter.capture import _jsonl; from exporter.ingest import _split" \
  && /opt/nettap/venv/bin/pip uninstall -y -q pip
 
 # ---- runtime stage ---------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""The compiled ring scan and JSON-lines writer (exporter/capture/_jsonl.c)
+"""The compiled ring scan and JSON-lines writer (exporter/capture/_jsonl.c,
+scan.c, writer.c: one module), ingest's line split (exporter/ingest/_split.c)
 and the per-CPU map sums (exporter/kernel/_native.c), built by `pip install`
 (scripts/setup.sh). Required: the first is nettap's only ring reader and
-writer (the pure-Python ones are test oracles, tests/oracles.py), the second
+writer (the pure-Python ones are test oracles, tests/oracles.py), the last
 keeps numpy off the scrape path, so an install without a C compiler and
-Python's headers fails here.
+Python's headers fails here. jsonl.h holds what the first two share.
 
 A built (non-editable) package also gets the BPF objects (bpf/*.bpf.o, as
 exporter/bpf/) and exporter/_revision.py, the git revision it was built from
@@ -51,6 +52,10 @@ class BuildPy(build_py):
 
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+JSONL = ["exporter/capture/_jsonl.c", "exporter/capture/scan.c", "exporter/capture/writer.c"]
+JSONL_H = ["exporter/capture/jsonl.h"]
 setup(cmdclass={"build_py": BuildPy},
-      ext_modules=[Extension("exporter.capture._jsonl", ["exporter/capture/_jsonl.c"], extra_compile_args=FLAGS),
+      ext_modules=[Extension("exporter.capture._jsonl", JSONL, depends=JSONL_H, extra_compile_args=FLAGS),
+                   Extension("exporter.ingest._split", ["exporter/ingest/_split.c"], depends=JSONL_H,
+                             extra_compile_args=FLAGS),
                    Extension("exporter.kernel._native", ["exporter/kernel/_native.c"], extra_compile_args=FLAGS)])

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """JSON-lines writer benchmark: lines/s of the compiled writer
-(exporter/capture/_jsonl.c, records.jsonl) against the pure-Python reference
+(exporter/capture/writer.c, records.jsonl) against the pure-Python reference
 it is tested against (tests/oracles.py's reference_jsonl: its lines joined and
 encoded as a sink writes them), in the same run, on one core.
 
@@ -127,15 +127,18 @@ def baseline_writer(rev: str):
     """records.jsonl's signature, by the compiled writer of revision rev
     (built with the flags setup.py uses), given its tables as that revision
     took them and the records in its own layout."""
-    src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:exporter/capture/_jsonl.c"], check=True,
-                         capture_output=True).stdout
     tmp = tempfile.mkdtemp(prefix="nettap-writer-")
-    with open(os.path.join(tmp, "_jsonl.c"), "wb") as f:
-        f.write(src)
+    names = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", f"{rev}:exporter/capture"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    sources = []                                         # _jsonl.c alone, or with scan.c and writer.c (jsonl.h)
+    for name in (n for n in names if n.endswith((".c", ".h"))):
+        with open(os.path.join(tmp, name), "wb") as f:
+            f.write(subprocess.run(["git", "-C", ROOT, "show", f"{rev}:exporter/capture/{name}"], check=True,
+                                   capture_output=True).stdout)
+        sources += [os.path.join(tmp, name)] if name.endswith(".c") else []
     so = os.path.join(tmp, "_jsonl" + sysconfig.get_config_var("EXT_SUFFIX"))
     flags = (sysconfig.get_config_var("CFLAGS") or "").split() + ["-fPIC", "-O2"]   # as setup.py builds it
-    subprocess.run(["gcc", *flags, "-shared", "-I", sysconfig.get_paths()["include"],
-                    os.path.join(tmp, "_jsonl.c"), "-o", so], check=True)
+    subprocess.run(["gcc", *flags, "-shared", "-I", sysconfig.get_paths()["include"], *sources, "-o", so], check=True)
     spec = importlib.util.spec_from_file_location("nettap_baseline._jsonl", so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -9,8 +9,8 @@ set -eu
 profile=${1:-run}
 cd "$(dirname "$0")/.."
 
-# gcc, libc6-dev and python3-dev build the compiled ring scan and JSON-lines writer
-# (exporter/capture/_jsonl.c) when pip installs nettap: nettap has no other.
+# gcc, libc6-dev and python3-dev build the compiled modules (the ring scan and JSON-lines
+# writer, exporter/capture/*.c; ingest's line split; the per-CPU sums) when pip installs nettap.
 RUN_PKGS="libbpf1 python3 python3-venv gcc libc6-dev python3-dev"
 TEST_PKGS="$RUN_PKGS make clang llvm bpftool libbpf-dev linux-libc-dev iproute2 prometheus prometheus-alertmanager jsonnet"
 # tshark: tests/kernel/test_read.py follows the TCP streams of `nettap read --pcap` with it
@@ -66,9 +66,9 @@ extras=""
 [ "$profile" = bench ] && extras="[test,bench]"
 # The stamp covers what pip builds from (the compiled modules' C sources too), and the
 # modules must be there: a changed source or a cleaned tree rebuilds them.
-hash=$(cat pyproject.toml setup.py exporter/capture/_jsonl.c exporter/kernel/_native.c | sha1sum | cut -c1-12)
+hash=$(cat pyproject.toml setup.py exporter/*/*.[ch] | sha1sum | cut -c1-12)
 stamp=".venv/.nettap-$profile-$hash"
-built() { ls exporter/capture/_jsonl.*.so exporter/kernel/_native.*.so >/dev/null 2>&1; }
+built() { ls exporter/capture/_jsonl.*.so exporter/ingest/_split.*.so exporter/kernel/_native.*.so >/dev/null 2>&1; }
 if [ ! -f "$stamp" ] || ! built; then
   [ -x .venv/bin/python ] || $PY -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
@@ -76,7 +76,7 @@ if [ ! -f "$stamp" ] || ! built; then
   touch "$stamp"
   [ "$profile" != run ] && touch ".venv/.nettap-run-$hash"
   [ "$profile" = bench ] && touch ".venv/.nettap-test-$hash"
-  built || { echo "setup: the compiled modules (exporter/capture/_jsonl.c, exporter/kernel/_native.c) did not build" >&2; exit 1; }
+  built || { echo "setup: the compiled modules (exporter/*/*.c: _jsonl, _split, _native) did not build" >&2; exit 1; }
 fi
 [ "$profile" = bench ] && make -s -C bench
 exit 0

@@ -1,5 +1,5 @@
 """Test oracles: the pure-Python ring walker and JSON-lines writer that nettap's
-compiled ones (exporter/capture/_jsonl.c) are checked against, byte for byte.
+compiled ones (exporter/capture/scan.c, writer.c) are checked against, byte for byte.
 They are slow and plain on purpose, and ship with the tests, not with nettap
 (one implementation per hot path; docs/architecture.md).
 

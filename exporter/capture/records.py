@@ -11,7 +11,7 @@ build rings from.
 
 :func:`jsonl` turns a batch into JSON lines (keys in byte order, the payload
 in base64 so binary and non-UTF-8 bytes survive) with the compiled writer
-(``exporter/capture/_jsonl.c``, built by ``pip install``): one call for the
+(``exporter/capture/writer.c``, built by ``pip install``): one call for the
 batch, without the interpreter lock. It is the only writer nettap ships; the
 pure-Python one it is checked against is a test oracle (tests/oracles.py).
 """
@@ -59,7 +59,6 @@ KIND_FIELD = next((off, nbytes) for name, off, _, _, nbytes, *_ in tcp_h.STRUCTS
 NUMBERS = {kind: n for n, kind in tcp_h.NAMES["KIND"].items()}
 RING_KINDS = {ring: tuple(k for k, (r, _) in tcp_h.RECORDS.items() if r == ring) for ring in RINGS}
 # ring -> the scan's mask of the kinds it accepts there (bit n: kind number n).
-KINDS_MAX = 32      # _jsonl.c's: kind numbers 0-31, the mask's bits and the scan's counts
 MASKS = {ring: sum(1 << NUMBERS[k] for k in kinds) for ring, kinds in RING_KINDS.items()}
 # The rings that carry one kind (all of them today), by that kind: its name
 # (the JSON "type"), struct and number (the writer's and the scan's), and the
@@ -133,12 +132,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# ---- the compiled writer (exporter/capture/_jsonl.c) ---------------------------
-
-# _jsonl.c's OP_*: how a field is written, by its JSON form (docs/records.md).
-_OPS = {"": 1, "text": 2, "addr": 3, "family": 4, "enum": 5, "flags": 6, "base64": 7}
-_OP_LIT = 0
-
+# ---- the compiled writer (exporter/capture/writer.c) ----------------------------
 
 def _quoted(names: dict) -> list:
     """An enum table for init(): item v is value v's name as a quoted JSON
@@ -161,7 +155,9 @@ def _writer_tables():
     the enum and flag tables; per kind number (None where no kind has it) its
     size and its rows, one per JSON key in byte order (the text before the
     value, then where the field is and how it is written); and where a
-    record's header holds its kind (offset, bytes)."""
+    record's header holds its kind (offset, bytes). The rows' op numbers
+    are the module's (its OPS, by JSON form, and OP_LIT: exporter/capture/jsonl.h)."""
+    from exporter.capture import _jsonl
     enums, flags = {}, {}
     kinds = [None] * (max(NUMBERS.values()) + 1)
     for kind, (_ring, struct) in tcp_h.RECORDS.items():
@@ -172,10 +168,10 @@ def _writer_tables():
         for i, f in enumerate(keyed):
             lead = "{" if i == 0 else ","
             if f[0] == "type":
-                rows.append((f'{lead}"type":"{kind}"'.encode(), _OP_LIT, 0, 0, 0, 0))
+                rows.append((f'{lead}"type":"{kind}"'.encode(), _jsonl.OP_LIT, 0, 0, 0, 0))
                 continue
             name, off, _ctype, _count, nbytes, form = f[:6]
-            op, arg, arg_width = _OPS[form.split(":", 1)[0]], 0, 0
+            op, arg, arg_width = _jsonl.OPS[form.split(":", 1)[0]], 0, 0
             if form == "addr":
                 arg, arg_width = by_name["family"][1], by_name["family"][4]
             elif form.startswith("enum:"):
@@ -200,13 +196,14 @@ def _load_compiled():
     except ImportError as e:
         raise ImportError(f"exporter.capture._jsonl is not built ({e}): run scripts/setup.sh, "
                           "or pip install . with gcc and python3-dev present") from None
-    if not hasattr(_jsonl, "scan") or "kind_field" not in (_jsonl.init.__doc__ or ""):
+    if not hasattr(_jsonl, "OPS") or "kind_field" not in (_jsonl.init.__doc__ or ""):
         raise ImportError("exporter.capture._jsonl is stale: rebuild it (scripts/setup.sh)")
     _jsonl.init(*_writer_tables())
     return _jsonl
 
 
 compiled = _load_compiled()
+KINDS_MAX = compiled.KINDS_MAX      # kind numbers 0 to KINDS_MAX - 1: the mask's bits and the scan's counts
 # ring -> the longest line one of its records can give, newline included
 # (every field at its widest, every comm byte escaped, a full payload), as the
 # compiled writer bounds it, rounded up to 512: the pipeline bounds its queue

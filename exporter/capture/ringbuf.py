@@ -17,7 +17,7 @@ and u32 ``pg_off``. Records are 8-byte aligned.
 Every record starts with nettap's own header (bpf/tcp.h, struct nettap_hdr),
 whose kind says which record it is; a ring carries the kinds records.MASKS
 gives it. A batch is read by one call into the compiled scan
-(exporter/capture/_jsonl.c, ``scan``), without the interpreter lock and with
+(exporter/capture/scan.c, ``scan``), without the interpreter lock and with
 no Python per record: it counts the records, formats their JSON lines in
 place, or copies them out (from a ring of one kind). A record whose kind is
 not the ring's, or whose length is not its kind's size (garbage, a stale
@@ -56,7 +56,7 @@ from exporter.capture import records
 from exporter.capture.records import KIND_NAMES, MASKS
 from exporter.util.wakeup import Wakeup
 
-_COUNT, _LINES, _COPY = 0, 1, 2                 # _jsonl.scan's modes
+_COUNT, _LINES, _COPY = records.compiled.SCAN_COUNT, records.compiled.SCAN_LINES, records.compiled.SCAN_COPY
 _FULL = 2                                       # its stop: max_records reached
 
 

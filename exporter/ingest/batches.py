@@ -8,14 +8,14 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Tuple
 
-from exporter.capture._jsonl import kind_split
+from exporter.ingest._split import KIND_NAME_MAX, kind_split
 from exporter.ingest.files import FileId
 
 INVALID = "invalid"          # lines that are not a record with a "type" (a cut line, garbage)
 # A line's kind: its last "type" key (the compiled kind_split's rule). The
 # capture writes each record's keys in byte order, so "type" is one of the
 # last; a string value holds no unescaped quote, so these bytes are a key.
-_KIND = re.compile(rb'.*"type":"([A-Za-z0-9_-]{1,32})"[,}]', re.DOTALL)
+_KIND = re.compile(rb'.*"type":"([A-Za-z0-9_-]{1,%d})"[,}]' % KIND_NAME_MAX, re.DOTALL)
 _TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -55,7 +55,7 @@ class Region:
 def split(data) -> Dict[str, Tuple[bytes, int]]:
     """data's lines (each ending in a newline; bytes or a memoryview) by
     kind, in file order: per kind, its lines as one payload and how many.
-    The compiled writer's kind_split gathers them (a region of one kind is
+    The compiled kind_split (exporter/ingest/_split.c) gathers them (a region of one kind is
     its own payload, not copied); a region with a line that has no kind (a
     line that is not a record) goes line by line."""
     groups = kind_split(data)

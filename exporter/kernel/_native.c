@@ -45,8 +45,8 @@ static PyObject *percpu_sum(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*n", &view, &words))
         return NULL;
     if (words <= 0 || view.len % (words * (Py_ssize_t)sizeof(uint64_t))) {
-        PyErr_Format(PyExc_ValueError, "percpu_sum: %zd bytes are not whole values of %zd uint64 words",
-                     view.len, words);
+        PyErr_Format(PyExc_ValueError, "percpu_sum: %zd bytes are not whole values of %zd uint64 words", view.len,
+                     words);
         PyBuffer_Release(&view);
         return NULL;
     }
@@ -189,6 +189,8 @@ PyDoc_STRVAR(prog_stats_doc,
              "One BPF_OBJ_GET_INFO_BY_FD per program fd of the sequence fds, in its order,\n"
              "without the interpreter lock. OSError where one is refused.");
 
+typedef uint64_t stats_row[3]; /* run_cnt, run_time_ns, recursion_misses */
+
 static PyObject *prog_stats(PyObject *self, PyObject *arg)
 {
     PyObject *seq = PySequence_Fast(arg, "prog_stats: expected a sequence of fds");
@@ -196,7 +198,7 @@ static PyObject *prog_stats(PyObject *self, PyObject *arg)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int *fds = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *fds);
-    uint64_t (*rows)[3] = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *rows);
+    stats_row *rows = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *rows);
     PyObject *out = NULL;
     if (fds == NULL || rows == NULL) {
         PyErr_NoMemory();

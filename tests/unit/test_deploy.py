@@ -134,6 +134,7 @@ def test_dockerfile_pinned_and_without_compiler():
     for pkg in ("python3-venv", "gcc", "libc6-dev", "python3-dev"):
         assert re.search(rf"\b{pkg}\b", installed(stages[0])), f"{pkg} not in the build stage"
     assert "from exporter.capture import _jsonl" in stages[0] and "setup.py" in stages[0]
+    assert "from exporter.ingest import _split" in stages[0]
     assert "libbpf1" in installed(stages[1])
     for compiler in ("clang", "gcc", "llvm", "build-essential", "libbpf-dev", "python3-dev"):
         assert not re.search(rf"\b{compiler}\b", installed(stages[1])), f"{compiler} in the image"

@@ -208,12 +208,12 @@ def test_regions_are_no_longer_than_the_server_allows_a_message(tmp_path):
 
 
 def test_the_compiled_split_gives_what_the_line_by_line_split_gives():
-    """batches.split takes the compiled writer's kind_split where every line has a kind,
+    """batches.split takes the compiled kind_split where every line has a kind,
     and goes line by line otherwise: the same payloads either way, for the writer's own
     lines of every kind (an owner's "via" comes after its "type"), interleaved a few at a
     time as the obs_events ring has them, and the start and stop lines."""
     import random
-    from exporter.capture._jsonl import kind_split
+    from exporter.ingest._split import SPLIT_KINDS_MAX, kind_split
     from exporter.capture.sinks import mark_line
     real = {p.stem: p.read_bytes().splitlines(True) for p in FIXTURES.glob("*.jsonl")}
     assert "owner" in real and "chunk" in real
@@ -236,8 +236,8 @@ def test_the_compiled_split_gives_what_the_line_by_line_split_gives():
                                                            "eof": (b'{"type":"eof"}\n', 1)}
     assert kind_split(b'{"i":1,"type":"eof"}\n{"type":"chunk"}\n{"i":2,"type":"eof"}\n') == \
         [(b"eof", b'{"i":1,"type":"eof"}\n{"i":2,"type":"eof"}\n', 2), (b"chunk", b'{"type":"chunk"}\n', 1)]
-    many = b"".join(b'{"type":"k%d"}\n' % i for i in range(33))                   # more kinds than it gathers
-    assert kind_split(many) is None and len(batches.split(many)) == 33
+    many = b"".join(b'{"type":"k%d"}\n' % i for i in range(SPLIT_KINDS_MAX + 1))    # more kinds than it gathers
+    assert kind_split(many) is None and len(batches.split(many)) == SPLIT_KINDS_MAX + 1
 
 
 def test_a_deeply_nested_checkpoint_is_refused_not_raised(tmp_path):

@@ -1,4 +1,4 @@
-"""The compiled JSON-lines writer (exporter/capture/_jsonl.c) writes exactly the bytes
+"""The compiled JSON-lines writer (exporter/capture/writer.c) writes exactly the bytes
 of the pure-Python reference (exporter/capture/records.py): on the committed
 fixtures, on every UTF-8 case a task name can hold, on IPv6 zero runs and
 mapped forms, and on tens of thousands of random records with every field
@@ -46,6 +46,18 @@ def assert_same(kind: str, recs: np.ndarray) -> None:
 
 def test_compiled_writer_is_built_and_used():
     assert R.compiled.__name__ == "exporter.capture._jsonl"
+
+
+def test_the_writer_has_an_op_for_every_json_form():
+    """The writer's op numbers (exporter/capture/jsonl.h, which records.py reads from
+    the module) cover the JSON forms scripts/gen_layout.py gives a field, and no
+    other: a new form fails here until the writer writes it."""
+    spec = importlib.util.spec_from_file_location("gen_layout", FIX.parents[3] / "scripts" / "gen_layout.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    forms = {f.split(":")[0] for f in gen.FORMS} - {"-", "kind"}     # left out; the "type" literal
+    assert set(R.compiled.OPS) == forms | {""}                         # "": a number
+    assert len(set(R.compiled.OPS.values()) | {R.compiled.OP_LIT}) == len(R.compiled.OPS) + 1
 
 
 @pytest.mark.parametrize("kind", KINDS)

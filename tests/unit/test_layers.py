@@ -4,6 +4,7 @@ functions too: a lazy import is still a dependency."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -62,8 +63,8 @@ def _imports(path: Path, mod: str | None = None) -> set:
             if target.split(".")[0] != "exporter":
                 continue
             for a in node.names:            # `from exporter.kernel import loader`: the module
-                sub = f"{target}.{a.name}"
-                is_module = (PKG.parent / (sub.replace(".", "/") + ".py")).exists() or \
+                sub = f"{target}.{a.name}"  # (or a compiled one, by its C source: _native.c)
+                is_module = any((PKG.parent / (sub.replace(".", "/") + ext)).exists() for ext in (".py", ".c")) or \
                     (PKG.parent / sub.replace(".", "/")).is_dir()
                 out.add(sub if is_module else target)
     return out
@@ -114,6 +115,16 @@ def test_no_import_cycles():
             visit(m)
 
 
+def test_private_modules_stay_in_their_layer():
+    """A module named _x (the compiled ones: capture's _jsonl, ingest's _split,
+    kernel's _native) is its layer's own: another layer that needs what it does
+    asks a public module of that layer, or has its own (ingest's line split once
+    lived in capture's _jsonl)."""
+    wrong = sorted(f"{m} imports {t}" for m, ts in GRAPH.items() for t in ts
+                   if t.rsplit(".", 1)[-1].startswith("_") and _layer(t) is not None and _layer(t) != _layer(m))
+    assert not wrong, wrong
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The walk above finds what it must: a kernel module importing capture,
     lazily, and relatively."""
@@ -121,6 +132,8 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     bad.write_text("def f():\n    from exporter.capture import sinks\n    from ..web import server\n")
     found = _imports(bad, "exporter.kernel.probe")
     assert {"exporter.capture.sinks", "exporter.web.server"} <= found
+    bad.write_text("from exporter.capture import _jsonl\n")       # a compiled module, by its source
+    assert _imports(bad, "exporter.ingest.probe") == {"exporter.capture._jsonl"}
     assert not {_layer(t) for t in found} & ALLOWED["kernel"]
 
 
@@ -156,3 +169,55 @@ def test_the_size_rule_sees_a_long_function():
     nested = ("class C:\n    async def m(self):\n" + body.replace("    ", "        ")
               + "        x = 1\n        return x\n")
     assert _long_functions(nested, 100) == [("m", 101)]
+
+
+# The C extensions (exporter/**/*.c) too: no function over C_FUNCTION_LINES, from
+# the line of its name to its closing brace (the writer's threaded code, one label
+# per JSON form, is the longest).
+C_FUNCTION_LINES = 100
+_C_BLANKED = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|^[ \t]*#(?:[^\n]*\\\n)*[^\n]*',
+                        re.S | re.M)
+
+
+def c_functions(text: str) -> list:
+    """(name, first line, lines) of every function defined in C source text: a
+    brace at file level after a parameter list. Comments, strings, character
+    constants and preprocessor lines (a macro's braces) are blanked first."""
+    code = _C_BLANKED.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
+    out, depth, start = [], 0, None
+    for i, c in enumerate(code):
+        if c == "{":
+            if depth == 0 and code[:i].rstrip().endswith(")"):
+                close, level = len(code[:i].rstrip()) - 1, 0
+                for j in range(close, -1, -1):          # the parameter list's opening parenthesis
+                    level += {")": 1, "(": -1}.get(code[j], 0)
+                    if level == 0:
+                        break
+                name = re.search(r"(\w+)\s*$", code[:j])
+                start = (name.group(1), code.count("\n", 0, name.start(1)) + 1)
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0 and start:
+                out.append((start[0], start[1], code.count("\n", 0, i) + 2 - start[1]))
+                start = None
+    return out
+
+
+def test_c_functions_stay_small():
+    sources = sorted(PKG.rglob("*.c"))
+    assert sources
+    long_ = [f"{p.relative_to(PKG.parent)}:{line} {name}: {n} lines" for p in sources
+             for name, line, n in c_functions(p.read_text()) if n > C_FUNCTION_LINES]
+    assert not long_, long_
+
+
+def test_the_c_checker_sees_a_long_function():
+    """The walk above counts what it must: a function of C_FUNCTION_LINES + 1
+    lines among braces that are no function's (a struct, a macro, strings and
+    comments holding braces)."""
+    body = "".join(f"    x += {i};\n" for i in range(C_FUNCTION_LINES - 4))
+    text = ("struct s { int a; };\n#define M() do { \\\n} while (0)\n"
+            "static int shorter(int x)\n{\n    return x ? '{' : '}'; /* { */\n}\n\n"
+            f"PyObject *longer(int x,\n                int y)\n{{\n{body}    return \"}}\";\n}}\n")
+    assert c_functions(text) == [("shorter", 4, 4), ("longer", 9, C_FUNCTION_LINES + 1)]

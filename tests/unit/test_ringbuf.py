@@ -1,4 +1,4 @@
-"""The ring reader's walk over ring-format bytes (exporter/capture/_jsonl.c's
+"""The ring reader's walk over ring-format bytes (exporter/capture/scan.c's
 scan, what RingMemory.read runs) never fails on garbage, skips what it must
 and counts what is bad, and agrees on every case with the plain Python
 walk in tests/oracles.py."""
@@ -36,7 +36,7 @@ def good(pid: int) -> bytes:
     return slot(rec(pid))
 
 
-COPY = 2                     # _jsonl.scan's mode that copies the records out
+COPY = R.compiled.SCAN_COPY  # the scan's mode that copies the records out
 
 
 def scan(buf, record=LOG, start=0, end=None):
