@@ -92,7 +92,7 @@ def empty_programs(obj_path: str, mechanism: str, nettap_names: dict):
     for name, role in want.items():
         p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, name.encode())
         if mechanism == "tracepoint":
-            for cat, tp in loader._TRACEPOINTS[nettap_names[role].removesuffix("_compat")]:
+            for cat, tp in loader.attached_tracepoints()[nettap_names[role].removesuffix("_compat")]:
                 links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", p, cat.encode(), tp.encode()))
         else:
             links.append(libbpf.call_ptr("bpf_program__attach", p))
@@ -609,7 +609,8 @@ def measure_dns(mech: str, variant: str, empty_obj: str, n: int, queries: int) -
             raise RuntimeError(f"DNS programs not attached by {mech}: {st.error}")
         progs = {full.removesuffix("_compat"): full for full in dns.programs(variant, mech)}
         if mech == "tracepoint":
-            where = {short: ("exit" if "_exit" in short else "enter", dns.TRACEPOINTS[short]) for short in progs}
+            where = {short: ("exit" if "_exit" in short else "enter", loader.attached_tracepoints()[short])
+                     for short in progs}
         else:       # dns_<function>_<fentry|fexit|kprobe|kretprobe>
             where = {short: ("exit" if short.endswith(("_fexit", "_kretprobe")) else "enter",
                              short.removeprefix("dns_").rsplit("_", 1)[0]) for short in progs}

@@ -112,7 +112,7 @@ static __always_inline void inflight_forget(const bool fast)
  * thread's next captured call finds its entry with one lookup, where an
  * insert cost a lookup of the zero value, an allocation, a copy of ~650
  * bytes and a lookup, and the delete an unlink and a deferred free.
- * inflight_exit (tcp.bpf.c) removes the entry when the thread ends. A
+ * inflight_exit (lifecycle.bpf.c) removes the entry when the thread ends. A
  * preallocated hash (before 6.1: 4,096 entries, threads inside a captured
  * call at once) drops it now, so that it is not held by idle threads. */
 static __always_inline void inflight_end(struct inflight *in, __u64 id, const bool fast)
@@ -382,8 +382,8 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
 	cn = conn_get(in->sk, probe, fast);
 	if (cn) {
-		if (!cn->owned) {     /* its first captured call, and no connect named its owner */
-			if (!cn->pid) /* decided in softirq (tcp.bpf.c): its owner is this caller */
+		if (!cn->owned) { /* its first captured call, and no connect named its owner */
+			if (!cn->pid) /* decided in softirq (lifecycle.bpf.c): its owner is this caller */
 				cn->pid = id >> 32;
 			publish_owner(sk, cn, NETTAP_VIA_FIRST_CALL, fast);
 		}

@@ -61,21 +61,25 @@ static __always_inline long func_ret(void *ctx)
 }
 
 #define NETTAP_FENTRY(func, probe)                                                     \
+	NETTAP_PROG("probe=" #func " mech=fentry variant=fast")                        \
 	SEC("fentry/" #func)                                                           \
 	int BPF_PROG(func##_fentry, struct sock *sk, struct msghdr *msg)               \
 	{                                                                              \
 		return enter_func(probe, UNTRUSTED(struct sock, sk), msg, true, FAST); \
 	}                                                                              \
+	NETTAP_PROG("probe=" #func " mech=fentry variant=compat")                      \
 	SEC("fentry/" #func)                                                           \
 	int BPF_PROG(func##_fentry_compat, struct sock *sk, struct msghdr *msg)        \
 	{                                                                              \
 		return enter_func(probe, sk, msg, true, COMPAT);                       \
 	}                                                                              \
+	NETTAP_PROG("probe=" #func " mech=fentry variant=fast")                        \
 	SEC("fexit/" #func)                                                            \
 	int func##_fexit(void *ctx)                                                    \
 	{                                                                              \
 		return exit_call(probe, func_ret(ctx), FAST);                          \
 	}                                                                              \
+	NETTAP_PROG("probe=" #func " mech=fentry variant=compat")                      \
 	SEC("fexit/" #func)                                                            \
 	int func##_fexit_compat(void *ctx)                                             \
 	{                                                                              \
@@ -83,30 +87,29 @@ static __always_inline long func_ret(void *ctx)
 	}
 
 #define NETTAP_KPROBE(func, probe)                                                 \
+	NETTAP_PROG("probe=" #func " mech=kprobe variant=fast")                    \
 	SEC("kprobe/" #func)                                                       \
 	int BPF_KPROBE(func##_kprobe, struct sock *sk, struct msghdr *msg)         \
 	{                                                                          \
 		return enter_func(probe, KCAST(struct sock, sk), msg, true, FAST); \
 	}                                                                          \
+	NETTAP_PROG("probe=" #func " mech=kprobe variant=compat")                  \
 	SEC("kprobe/" #func)                                                       \
 	int BPF_KPROBE(func##_kprobe_compat, struct sock *sk, struct msghdr *msg)  \
 	{                                                                          \
 		return enter_func(probe, sk, msg, false, COMPAT);                  \
 	}                                                                          \
+	NETTAP_PROG("probe=" #func " mech=kprobe variant=fast")                    \
 	SEC("kretprobe/" #func)                                                    \
 	int BPF_KRETPROBE(func##_kretprobe, int ret)                               \
 	{                                                                          \
 		return exit_call(probe, ret, FAST);                                \
 	}                                                                          \
+	NETTAP_PROG("probe=" #func " mech=kprobe variant=compat")                  \
 	SEC("kretprobe/" #func)                                                    \
 	int BPF_KRETPROBE(func##_kretprobe_compat, int ret)                        \
 	{                                                                          \
 		return exit_call(probe, ret, COMPAT);                              \
 	}
-
-NETTAP_FENTRY(tcp_sendmsg, NETTAP_PROBE_TCP_SENDMSG)
-NETTAP_FENTRY(tcp_recvmsg, NETTAP_PROBE_TCP_RECVMSG)
-NETTAP_KPROBE(tcp_sendmsg, NETTAP_PROBE_TCP_SENDMSG)
-NETTAP_KPROBE(tcp_recvmsg, NETTAP_PROBE_TCP_RECVMSG)
 
 #endif /* NETTAP_ENTRY_FUNC_BPF_H */

@@ -38,57 +38,17 @@ static __always_inline int enter_call(__u32 probe, unsigned long fd, __u64 buf, 
 	return enter_sock(probe, sk, &d, fast);
 }
 
-/* One tracepoint program in both variants (the body may hold commas). */
+/* One tracepoint program in both variants, tagged (NETTAP_PROG) with tag and
+ * mech=tracepoint (the body may hold commas). */
 // clang-format off
-#define NETTAP_TP(sec, name, ctx_type, ...)					\
+#define NETTAP_TP(sec, name, ctx_type, tag, ...)				\
 	static __always_inline int name##_body(ctx_type *ctx, const bool fast)	\
 	__VA_ARGS__								\
+	NETTAP_PROG(tag " mech=tracepoint variant=fast")			\
 	SEC(sec) int name(ctx_type *ctx) { return name##_body(ctx, FAST); }	\
+	NETTAP_PROG(tag " mech=tracepoint variant=compat")			\
 	SEC(sec) int name##_compat(ctx_type *ctx) { return name##_body(ctx, COMPAT); }
 
-/* write(2), sendto(2): args fd, buf, len */
-NETTAP_TP("tracepoint/syscalls/sys_enter_write", tcp_sendmsg_enter, struct trace_event_raw_sys_enter, {
-	return enter_call(NETTAP_PROBE_TCP_SENDMSG, ctx->args[0], ctx->args[1], 0, false, fast);
-})
-
-/* writev(2): args fd, iov, iovcnt */
-NETTAP_TP("tracepoint/syscalls/sys_enter_writev", tcp_sendmsg_enter_iov, struct trace_event_raw_sys_enter, {
-	__u32 n = ctx->args[2];
-
-	return enter_call(NETTAP_PROBE_TCP_SENDMSG, ctx->args[0], ctx->args[1], n ? n : 1, false, fast);
-})
-
-/* sendmsg(2): args fd, msghdr, flags */
-NETTAP_TP("tracepoint/syscalls/sys_enter_sendmsg", tcp_sendmsg_enter_msg, struct trace_event_raw_sys_enter, {
-	return enter_call(NETTAP_PROBE_TCP_SENDMSG, ctx->args[0], ctx->args[1], 0, true, fast);
-})
-
-/* read(2), recvfrom(2): args fd, buf, len */
-NETTAP_TP("tracepoint/syscalls/sys_enter_read", tcp_recvmsg_enter, struct trace_event_raw_sys_enter, {
-	return enter_call(NETTAP_PROBE_TCP_RECVMSG, ctx->args[0], ctx->args[1], 0, false, fast);
-})
-
-/* readv(2): args fd, iov, iovcnt */
-NETTAP_TP("tracepoint/syscalls/sys_enter_readv", tcp_recvmsg_enter_iov, struct trace_event_raw_sys_enter, {
-	__u32 n = ctx->args[2];
-
-	return enter_call(NETTAP_PROBE_TCP_RECVMSG, ctx->args[0], ctx->args[1], n ? n : 1, false, fast);
-})
-
-/* recvmsg(2): args fd, msghdr, flags */
-NETTAP_TP("tracepoint/syscalls/sys_enter_recvmsg", tcp_recvmsg_enter_msg, struct trace_event_raw_sys_enter, {
-	return enter_call(NETTAP_PROBE_TCP_RECVMSG, ctx->args[0], ctx->args[1], 0, true, fast);
-})
-
-/* Attached by user space to sys_exit_write, _sendto, _writev, _sendmsg
- * (and the receive side's four): one program, several tracepoints. */
-NETTAP_TP("tracepoint/syscalls/sys_exit_write", tcp_sendmsg_exit, struct trace_event_raw_sys_exit, {
-	return exit_call(NETTAP_PROBE_TCP_SENDMSG, ctx->ret, fast);
-})
-
-NETTAP_TP("tracepoint/syscalls/sys_exit_read", tcp_recvmsg_exit, struct trace_event_raw_sys_exit, {
-	return exit_call(NETTAP_PROBE_TCP_RECVMSG, ctx->ret, fast);
-})
 // clang-format on
 
 #endif /* NETTAP_ENTRY_TP_BPF_H */

@@ -197,20 +197,22 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct inflight);
-} inflight_calls SEC(".maps");
+} inflight_calls NETTAP_MAP("variant=fast") SEC(".maps");
 
 /* Linux 5.8+: the same state keyed by pid_tgid, for the "compat" programs:
  * kept between a thread's calls where the hash allocates at run time (6.1),
  * else removed at the call's return (inflight_end); removed when the thread
- * ends (inflight_exit, tcp.bpf.c). One whose removal was missed is told
- * apart by its thread's start time when the id is reused (inflight_find). */
+ * ends (inflight_exit, lifecycle.bpf.c). One whose removal was missed is told
+ * apart by its thread's start time when the id is reused (inflight_find).
+ * Where it must be preallocated (before 6.1: features.py's bpf_mem_alloc), it
+ * is paid in full: 4096 threads inside a captured call at once, x ~650 B. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 16384);
 	__type(key, __u64);
 	__type(value, struct inflight);
-} inflight_compat SEC(".maps");
+} inflight_compat NETTAP_MAP("variant=compat prealloc_max=4096") SEC(".maps");
 
 /*
  * Calls in flight, counted per slot of the thread id (inflight_slot): set at
@@ -253,6 +255,6 @@ struct {
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct inflight);
-} inflight_zero SEC(".maps");
+} inflight_zero NETTAP_MAP("variant=compat") SEC(".maps");
 
 #endif /* NETTAP_MAPS_BPF_H */

@@ -1,16 +1,17 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * tcp.bpf.c: nettap's TCP send/receive and lifecycle probes.
- *
- * Two probes, tcp_sendmsg and tcp_recvmsg, each in three attach mechanisms
- * (fentry/fexit, kprobe/kretprobe, syscall tracepoints) and two variants
- * (fast for Linux 6.2+, compat for 5.8+; see emit.bpf.h). Every mechanism
- * captures the payload. User space (exporter/kernel/loader.py) decides per probe,
- * before load, which mechanism and variant the kernel accepts and switches
- * every other program's autoload off.
- *
- * Layout (one concern a file):
- *   tcp.h              what crosses to user space (records, constants)
+ * tcp.bpf.c: the object tcp.bpf.o, nettap's probes, one family a file, each
+ * with its programs (each tagged NETTAP_PROG, bpf/tcp.h: the program table
+ * user space reads is generated from the tags, docs/architecture.md#adding-a-probe):
+ *   calls.bpf.c        tcp_sendmsg, tcp_recvmsg: three mechanisms, two variants
+ *   tls.bpf.c          ssl_write, ssl_read, ssl_handshake: uprobes on libssl
+ *   retransmit.bpf.c   tcp_retransmit, tcp_synack_retransmit, tcp_timer,
+ *                      tcp_timer_exit, tcp_segment
+ *   dns.bpf.c          dns: three mechanisms, two variants
+ *   lifecycle.bpf.c    tcp_state (states, eof, resets, destruction), tcp_accept,
+ *                      tcp_sk_error
+ * and what they share, in headers (one concern a file):
+ *   tcp.h              what crosses to user space (records, constants, tags)
  *   vmlinux_min.h      the kernel types read, for CO-RE
  *   core_fixes.bpf.h   kernel-version differences, one block per change
  *   maps.bpf.h         the maps and the per-call state
@@ -18,25 +19,21 @@
  *   filter.bpf.h       the capture filter
  *   obs.bpf.h          obs_events records and the lifecycle counters
  *   emit.bpf.h         entry and return bodies: chunking
- *   entry_tp.bpf.h     syscall-tracepoint entry points
- *   entry_func.bpf.h   fentry/fexit and kprobe/kretprobe entry points
+ *   entry_tp.bpf.h     the syscall-tracepoint mechanism (NETTAP_TP)
+ *   entry_func.bpf.h   the fentry/fexit and kprobe/kretprobe mechanisms
  *   tls.bpf.h          TLS calls in flight, and how each learns its socket
- *   entry_tls.bpf.h    uprobes on libssl: TLS plaintext
- *   retrans.bpf.h      retransmissions and SYN-ACKs sent again
- *   timer.bpf.h        retransmit and keepalive timers as the wheel fires them,
- *                      and the probes they send
- *   segment.bpf.h      the segments captured sockets receive
- *   tcp.bpf.c          this file: the lifecycle programs (states, eof, accept,
- *                      resets, errors, destruction)
+ *   timer.bpf.h        the timer slot tcp_timer and tcp_destroy share
+ *
+ * The families are compiled as one unit, not linked by `bpftool gen object`:
+ * libbpf 1.1's linker (bpftool 7.1's) refuses an extern kfunc declared in more
+ * than one input ("failed to resolve size of underlying type"), and every
+ * family calls bpf_rdonly_cast (core_fixes.bpf.h).
  */
-#include "entry_tp.bpf.h"
-#include "entry_func.bpf.h"
-#include "entry_tls.bpf.h"
-#include "retrans.bpf.h"
-#include "timer.bpf.h"
-#include "segment.bpf.h"
-#include "dns.bpf.h"
-#include "dns_func.bpf.h"
+#include "calls.bpf.c"
+#include "tls.bpf.c"
+#include "retransmit.bpf.c"
+#include "dns.bpf.c"
+#include "lifecycle.bpf.c"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */
@@ -56,337 +53,5 @@ struct nettap_timer btf_nettap_timer __attribute__((unused));
 struct nettap_probe btf_nettap_probe __attribute__((unused));
 struct nettap_segment btf_nettap_segment __attribute__((unused));
 struct nettap_dns btf_nettap_dns __attribute__((unused));
-
-/* Publish a captured connection's totals and forget it; nothing when the
- * socket is not in the table. One body for both lifecycle programs: it runs
- * once per captured connection, so its reads go through
- * bpf_probe_read_kernel and its adds do not fetch. */
-static __always_inline void publish_eof(const struct sock *sk, struct conn *cn, int oldstate)
-{
-	struct nettap_capture_config *cfg;
-	struct nettap_eof *e;
-	__u32 zero = 0;
-	__u64 id;
-
-	cfg = bpf_map_lookup_elem(&capture_config, &zero);
-	e = bpf_ringbuf_reserve(&capture_eof, sizeof(*e), 0);
-	if (!e) {
-		count_drop(NETTAP_RING_CAPTURE_EOF, 1);
-	} else {
-		id = bpf_get_current_pid_tgid();
-		e->h.ts_ns = bpf_ktime_get_ns();
-		e->h.conn_id = cn->id;
-		e->h.kind = NETTAP_KIND_EOF;
-		e->h.pid = cn->pid;
-		e->start_ns = cn->start_ns;
-		e->tx_bytes = cn->tx_off;
-		e->rx_bytes = cn->rx_off;
-		e->tx_calls = cn->tx_calls;
-		e->rx_calls = cn->rx_calls;
-		e->tid = (__u32)id;
-		e->oldstate = oldstate;
-		e->pad0 = 0;
-		__builtin_memset(e->pad1, 0, sizeof(e->pad1));
-		read_addrs((struct sock *)sk, false, &e->ports, &e->addrs);
-		bpf_get_current_comm(e->comm, sizeof(e->comm));
-		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, NETTAP_RING_CAPTURE_EOF,
-							 cfg->eof_wakeup_bytes)
-					  : BPF_RB_NO_WAKEUP);
-	}
-}
-
-static __always_inline void conn_forget(const struct sock *sk)
-{
-	conn_delete((__u64)sk);
-}
-
-/* Capture decided at a socket's first state: an active open (CLOSE ->
- * SYN_SENT) runs in the connecting task, so every target applies; a passive
- * one (LISTEN -> SYN_RECV, the child socket) runs in softirq, where the
- * current task means nothing, so only the socket targets (port, netns) do, and
- * the owner is learnt at its first captured call. Any other socket is
- * captured from its first captured call (emit.bpf.h). */
-static __always_inline struct conn *state_decide(const struct sock *sk, int oldstate, int newstate,
-						 const bool fetch)
-{
-	struct nettap_capture_config *cfg;
-	struct conn *cn;
-	bool active = oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT;
-
-	if (!active && !(oldstate == TCP_LISTEN && newstate == TCP_SYN_RECV))
-		return NULL;
-	cfg = active_config();
-	if (!cfg)
-		return NULL;
-	/* sk is a BTF pointer here (tp_btf): direct loads on every kernel. */
-	if (!(active && task_matches(cfg)) && !sock_matches(cfg, (struct sock *)sk, true))
-		return NULL;
-	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_SENDMSG, fetch);
-	if (cn && !active) {
-		cn->pid = 0;
-		cn->segments = segments_match(sk, true, false);
-	}
-	return cn;
-}
-
-/* ring obs_events: the state change of a captured socket. */
-static __always_inline void publish_state(const struct sock *sk, struct conn *cn, int oldstate,
-					  int newstate)
-{
-	struct nettap_state *r;
-
-	obs_count(NETTAP_OBS_STATES + (oldstate & 15) * 16 + (newstate & 15));
-	r = obs_reserve(sizeof(*r), NETTAP_KIND_STATE, cn);
-	if (!r)
-		return;
-	r->oldstate = oldstate;
-	r->newstate = newstate;
-	r->pad0 = 0;
-	obs_sock(sk, false, &r->ports, &r->addrs, &r->netns);
-	obs_submit(r);
-}
-
-static __always_inline int on_state(const struct sock *sk, int oldstate, int newstate,
-				    const bool fetch)
-{
-	struct conn *cn;
-
-	if (fetch) /* the fast variant: verified 6x faster (core_fixes.bpf.h) */
-		sk = UNTRUSTED(struct sock, sk);
-	if (sk->sk_protocol != IPPROTO_TCP)
-		return 0;
-	cn = captured_conn(sk);
-	if (cn && cn->closed) { /* used again after TCP_CLOSE (connect, listen): a new life */
-		conn_forget(sk);
-		cn = NULL;
-	}
-	if (!cn)
-		cn = state_decide(sk, oldstate, newstate, fetch);
-	if (!cn)
-		return 0;
-	/* Decided at its connect, in the connecting task: its owner first. */
-	if (!cn->owned && cn->pid)
-		publish_owner(sk, cn, NETTAP_VIA_CONNECT, false);
-	publish_state(sk, cn, oldstate, newstate);
-	if (newstate == TCP_CLOSE) {
-		publish_eof(sk, cn, oldstate);
-		cn->closed = 1;
-	}
-	return 0;
-}
-
-/* A captured socket changed state: its state record; at TCP_CLOSE, its
- * connection's totals (the entry stays, closed, until the socket is
- * destroyed: a reset the socket sends comes after its CLOSE).
- *
- * A BTF raw tracepoint, not the classic tracepoint of the same name: the
- * classic one shares the per-CPU bpf_prog_active guard with every tracing
- * program, so when TCP_CLOSE is reached in a softirq that interrupted any
- * BPF program on that CPU (the send-path programs run on every syscall),
- * the kernel skips this run silently. A raw tracepoint's guard is per
- * program: it is skipped only when a softirq interrupts this very program,
- * and the kernel counts that (the program's misses). tcp_destroy below
- * catches what such a skipped run leaves. Needs vmlinux BTF, nettap's floor. */
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(tcp_state, const struct sock *sk, int oldstate, int newstate)
-{
-	return on_state(sk, oldstate, newstate, FAST);
-}
-
-/* The same, with the connection ids of the compat programs (no fetching
- * add before Linux 5.12: conn_get). */
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(tcp_state_compat, const struct sock *sk, int oldstate, int newstate)
-{
-	return on_state(sk, oldstate, newstate, COMPAT);
-}
-
-/* ring obs_events: a captured socket's destruction, with the kernel's own
- * totals for it (struct tcp_sock). */
-static __always_inline void publish_destroy(const struct sock *sk, struct conn *cn)
-{
-	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
-	struct nettap_destroy *r;
-
-	r = obs_reserve(sizeof(*r), NETTAP_KIND_DESTROY, cn);
-	if (!r)
-		return;
-	r->bytes_acked = BPF_CORE_READ(tp, bytes_acked);
-	r->bytes_received = BPF_CORE_READ(tp, bytes_received);
-	r->segs_out = BPF_CORE_READ(tp, segs_out);
-	r->segs_in = BPF_CORE_READ(tp, segs_in);
-	r->total_retrans = BPF_CORE_READ(tp, total_retrans);
-	OBS_STATE(r, sk);
-	OBS_SOCK(r, sk, false);
-	obs_submit(r);
-}
-
-/* The socket is destroyed (tcp_v4_destroy_sock, IPv6 too): its destroy
- * record, and whatever entry it still has goes now, so no later socket at
- * this address inherits it. An entry not yet closed publishes its eof here:
- * tcp_state's run at TCP_CLOSE was skipped by the kernel (its own guard; a
- * separate program has a separate one), or data still queued after
- * TCP_CLOSE (a peer reset) was read, a connection of its own (conn_get).
- * That eof carries oldstate TCP_CLOSE: the state before close is not known
- * here. */
-SEC("tp_btf/tcp_destroy_sock")
-int BPF_PROG(tcp_destroy, struct sock *sk)
-{
-	struct conn *cn = captured_conn(sk);
-	struct nettap_timer_slot *slot;
-
-	if (!cn)
-		return 0;
-	slot = timer_slot_get(); /* destroyed by its timer, which must not read it after */
-	if (slot && slot->timer && slot->sk == (__u64)sk)
-		timer_slot_clear(slot);
-	if (!cn->closed)
-		publish_eof(sk, cn, TCP_CLOSE);
-	publish_destroy(sk, cn);
-	conn_forget(sk);
-	return 0;
-}
-
-/* ring obs_events: a reset sent or received by a captured socket. */
-static __always_inline int publish_reset(const struct sock *sk, __u8 direction)
-{
-	struct nettap_reset *r;
-	struct conn *cn;
-
-	if (!sk) /* Linux 6.10+: a reset for no socket */
-		return 0;
-	cn = captured_conn(sk);
-	if (!cn) /* not captured (a timewait or request socket is never in the table) */
-		return 0;
-	obs_count(NETTAP_OBS_RESETS + direction);
-	r = obs_reserve(sizeof(*r), NETTAP_KIND_RESET, cn);
-	if (!r)
-		return 0;
-	r->direction = direction;
-	OBS_STATE(r, sk);
-	obs_sock(sk, false, &r->ports, &r->addrs, &r->netns);
-	obs_submit(r);
-	return 0;
-}
-
-/* A reset sent: (sk, skb) on every kernel; Linux 6.10 added a reason, not
- * read here, and lets sk be NULL (a reset for no socket) or a timewait or
- * request socket. */
-SEC("tp_btf/tcp_send_reset")
-int BPF_PROG(tcp_rst_sent, const struct sock *sk)
-{
-	return publish_reset(sk, NETTAP_DIR_EGRESS);
-}
-
-SEC("tp_btf/tcp_receive_reset")
-int BPF_PROG(tcp_rst_recv, struct sock *sk)
-{
-	return publish_reset(sk, NETTAP_DIR_INGRESS);
-}
-
-/* A thread ends (do_exit, in the thread itself): a call it was killed
- * inside no longer counts in its slot (inflight_slots: the return programs of
- * the threads sharing it would look their state up at every return), and the
- * compat programs' entry for it goes (kept between its calls: inflight_end).
- * The fast programs' task storage goes with the task. The TLS calls it was
- * killed inside go too (tls_thread_end), in both variants. */
-static __always_inline int on_thread_exit(const bool fast)
-{
-	__u64 id = bpf_get_current_pid_tgid();
-	struct inflight *in;
-
-	tls_thread_end(id);
-	if (fast) {
-		in = bpf_task_storage_get(&inflight_calls, bpf_get_current_task_btf(), 0, 0);
-		if (in)
-			inflight_release(in, id);
-		return 0;
-	}
-	in = bpf_map_lookup_elem(&inflight_compat, &id);
-	if (!in)
-		return 0;
-	inflight_release(in, id);
-	bpf_map_delete_elem(&inflight_compat, &id);
-	return 0;
-}
-
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(inflight_exit)
-{
-	return on_thread_exit(FAST);
-}
-
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(inflight_exit_compat)
-{
-	return on_thread_exit(COMPAT);
-}
-
-/* An accepted socket, in the accepting task (accept4(2), accept(2) return
- * its fd): its owner, and its capture decided here when a task target (pid,
- * cgroup) names the accepting process, which its birth in softirq (LISTEN ->
- * SYN_RECV) could not tell; its state lines start here then. A socket
- * already captured with its owner known (a call before accept returned to
- * user space) is left as it is. */
-static __always_inline int on_accept(long fd, const bool fast)
-{
-	struct nettap_capture_config *cfg;
-	struct sock *sk;
-	struct conn *cn;
-
-	if (fd < 0)
-		return 0;
-	cfg = active_config();
-	if (!cfg)
-		return 0;
-	sk = captured_fd_sock(cfg, fd, fast);
-	if (!sk)
-		return 0;
-	/* conn_get's log names a probe: an accept is the receive side's */
-	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_RECVMSG, fast);
-	if (!cn || cn->owned)
-		return 0;
-	cn->pid = bpf_get_current_pid_tgid() >> 32;
-	publish_owner(sk, cn, NETTAP_VIA_ACCEPT, fast);
-	return 0;
-}
-
-/* Attached by user space to sys_exit_accept4 and sys_exit_accept. */
-// clang-format off
-NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event_raw_sys_exit, {
-	return on_accept(ctx->ret, fast);
-})
-// clang-format on
-
-/* A captured socket reported an error (sk_err: a refused or timed-out
- * connect, a reset, an ICMP error). The tracepoint is Linux 5.14's: the
- * loader loads this program only where the kernel has it (features.py). */
-SEC("tp_btf/inet_sk_error_report")
-int BPF_PROG(tcp_sk_error, const struct sock *sk)
-{
-	struct nettap_error *r;
-	struct conn *cn;
-	int err;
-
-	if (sk->sk_protocol != IPPROTO_TCP) /* any inet socket's */
-		return 0;
-	cn = captured_conn(sk);
-	if (!cn)
-		return 0;
-	/* tcp_disconnect reports too, after the error was read (a failed connect's): no error */
-	err = BPF_CORE_READ(sk, sk_err);
-	if (err <= 0)
-		return 0;
-	obs_count(NETTAP_OBS_ERRORS + (err < 255 ? err : 255));
-	r = obs_reserve(sizeof(*r), NETTAP_KIND_ERROR, cn);
-	if (!r)
-		return 0;
-	r->errno = err;
-	r->errno_name = err;
-	OBS_STATE(r, sk);
-	OBS_SOCK(r, sk, false);
-	obs_submit(r);
-	return 0;
-}
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * tcp.h: every constant and struct that crosses between bpf/tcp.bpf.c and
+ * tcp.h: every constant and struct that crosses between bpf/'s programs and
  * user space (exporter/capture/records.py mirrors these; tests/unit/test_layout.py
  * checks the Python layout against the BTF compiled into bpf/tcp.bpf.o).
  *
@@ -18,6 +18,19 @@
  * line. NETTAP_RECORD names a ring record's kind (its JSON "type") and ring. */
 #define NETTAP_JSON(form)	  __attribute__((btf_decl_tag("json:" form)))
 #define NETTAP_RECORD(kind, ring) __attribute__((btf_decl_tag("record:" kind ":" ring)))
+/* On a program: what user space needs to load and attach it, read from the
+ * object's BTF by scripts/gen_layout.py into exporter/kernel/programs_h.py
+ * (docs/architecture.md#adding-a-probe). Space-separated key=value:
+ * probe=NAME[,NAME] the probe(s) it serves (nettap_probe_attached's label),
+ * mech=MECHANISM the attach mechanism it belongs to, variant=fast|compat
+ * (none: both variants load it), needs=FEATURE (exporter/kernel/features.py)
+ * where the kernel must have one, attach=A[,B] what it is attached to where
+ * its SEC does not say (tracepoints of the SEC's category; uprobe symbols). */
+#define NETTAP_PROG(spec)	  __attribute__((btf_decl_tag("prog:" spec)))
+/* On a map: variant=fast|compat (created for that variant only),
+ * prealloc=always (preallocated on every kernel), prealloc_max=N (its
+ * max_entries where it must be preallocated: before Linux 6.1). */
+#define NETTAP_MAP(spec)	  __attribute__((btf_decl_tag("map:" spec)))
 
 /* Record kinds: nettap_hdr.kind, and the line's "type" (the kind's name in
  * NETTAP_RECORD). 0 is no kind: zeroed memory is never a record. */
@@ -44,7 +57,7 @@
 #define NETTAP_PROBE_SSL_WRITE	   2 /* SSL_write, SSL_write_ex: plaintext sent */
 #define NETTAP_PROBE_SSL_READ	   3 /* SSL_read, SSL_read_ex: plaintext received */
 #define NETTAP_PROBE_SSL_HANDSHAKE 4 /* SSL_do_handshake (SSL_connect, SSL_accept call it) */
-#define NETTAP_PROBE_DNS	   5 /* DNS messages over UDP (bpf/dns.bpf.h) */
+#define NETTAP_PROBE_DNS	   5 /* DNS messages over UDP (bpf/dns.bpf.c) */
 #define NETTAP_PROBE_COUNT	   6
 
 /* Ring indexes: rows of the ringbuf_drops map, and the `ring` label. */
@@ -113,7 +126,7 @@
 #define NETTAP_VIA_ACCEPT     3 /* its accept, in the accepting task */
 
 /* nettap_retransmit.cause: which of TCP's recoveries sent a segment again,
- * told by the retransmit timer's state then (bpf/retrans.bpf.h) */
+ * told by the retransmit timer's state then (bpf/retransmit.bpf.c) */
 #define NETTAP_RETRANS_RTO    1 /* the retransmission timer fired: counts toward tcp_retries2 */
 #define NETTAP_RETRANS_TLP    2 /* a tail loss probe: the loss probe timer fired */
 #define NETTAP_RETRANS_FAST   3 /* loss recovery on ACKs or RACK's reordering timer */
@@ -445,7 +458,7 @@ struct NETTAP_RECORD("dlopen", "dlopen") nettap_dlopen {
 /* ring dns: a DNS message a captured workload sent to UDP port 53, or received
  * from a server it sent one to, or the bytes of one call on its TCP connection
  * to port 53 (messages there are framed by a 2-byte length: user space
- * reassembles them), at its syscall (bpf/dns.bpf.h); pid the caller's,
+ * reassembles them), at its syscall (bpf/dns.bpf.c); pid the caller's,
  * conn_id 0 (sock_ino names the socket). */
 struct NETTAP_RECORD("dns", "dns") nettap_dns {
 	struct nettap_hdr h;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * tls.bpf.h: the state of the TLS calls in flight (SSL_write, SSL_write_ex,
- * SSL_read, SSL_read_ex of libssl: entry_tls.bpf.h), and how each learns its
+ * SSL_read, SSL_read_ex of libssl: tls.bpf.c), and how each learns its
  * socket.
  *
  * No structure of libssl is read (its layout changes between versions): an
@@ -104,7 +104,7 @@ static __always_inline void tls_learn(__u64 pid_tgid, __u64 sk)
 		f->sk = sk;
 }
 
-/* A thread ends (inflight_exit, tcp.bpf.c): the TLS calls it was inside go
+/* A thread ends (inflight_exit, lifecycle.bpf.c): the TLS calls it was inside go
  * with it, so no dead thread holds an entry of tls_calls (4,096 of them
  * stopped TLS capture for everyone) or a count in its slot. One load when
  * it had none. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * The few kernel types bpf/tcp.bpf.c reads, declared for CO-RE.
+ * The few kernel types nettap's programs read, declared for CO-RE.
  *
  * Instead of a 3 MB vmlinux.h generated from one kernel, these declare only
  * the members the programs touch, with preserve_access_index: libbpf

@@ -42,7 +42,7 @@ MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's captu
 # obs_events: state records (80 bytes in the ring, about five a connection):
 # 13,107 of them, a second of 2,600 connections/s with both ends captured.
 # dns: 1,659 dns records (632 bytes each in the ring), woken at a quarter
-# full (bpf/dns.bpf.h): 1.2 s of 500 queries/s and their answers left for a
+# full (bpf/dns.bpf.c): 1.2 s of 500 queries/s and their answers left for a
 # late drain (a busy node's, or the first message's), where 128 KiB (207
 # records) dropped some of 500 queries/s sent in bursts (bench/dns.py).
 DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,

@@ -5,9 +5,11 @@ generated from the header's #defines and the BTF of the compiled object (its
 structs, and the NETTAP_JSON / NETTAP_RECORD decl tags on them), as bpf2go
 derives Go types from BTF. Nothing about a record kind is written twice by
 hand: the numpy layouts, the kind and constant names, each field's JSON form
-and the field tables of the docs all come from here.
+and the field tables of the docs all come from here. With PROGRAMS_OUT and
+CAPTURE_DOC, also the program table (exporter/kernel/programs_h.py) from the
+programs' NETTAP_PROG tags and SEC names, and docs/capture.md's probe table.
 
-  scripts/gen_layout.py OBJECT HEADER PYTHON_OUT DOCS_OUT SCHEMA_OUT
+  scripts/gen_layout.py OBJECT HEADER PYTHON_OUT DOCS_OUT SCHEMA_OUT [PROGRAMS_OUT CAPTURE_DOC]
 
 Run by `make -C bpf` after the object is built; `make -C bpf check` runs it
 into a scratch directory and fails when the committed files are stale. Needs
@@ -16,6 +18,7 @@ bpftool (its JSON dump of the object's BTF) and the standard library only.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +38,8 @@ FORMS = {
     "base64:FIELD": "the first FIELD bytes (at most the array's size), in base64",
 }
 HEADER = "nettap_hdr"       # the struct every ring record starts with
+CAPTURE_DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "capture.md")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _INT = re.compile(r"^#define[ \t]+NETTAP_(\w+)[ \t]+(.+?)[ \t]*$", re.M)
 
 
@@ -86,9 +91,14 @@ def _named(types: dict, tid: int):
     raise SystemExit(f"gen_layout: a member of type {t['kind']} {t.get('name')!r}: not a plain field")
 
 
-def layout(obj: str, header: str) -> dict:
-    types = {t["id"]: t for t in json.loads(subprocess.run(
+def btf_types(obj: str) -> dict:
+    """id -> type of the object's BTF (bpftool's JSON dump)."""
+    return {t["id"]: t for t in json.loads(subprocess.run(
         [_bpftool(), "-j", "btf", "dump", "file", obj], check=True, capture_output=True, timeout=60).stdout)["types"]}
+
+
+def layout(obj: str, header: str) -> dict:
+    types = btf_types(obj)
     declared = re.findall(r"^struct\s+(?:NETTAP_RECORD\([^)]*\)\s+)?(nettap_\w+)\s*\{", header, flags=re.M)
     tags = {}
     for t in types.values():
@@ -342,16 +352,24 @@ def schema(consts: dict, lay: dict) -> str:
 
 
 def main(argv) -> int:
-    if len(argv) != 5:
+    if len(argv) not in (5, 7):
         print(__doc__, file=sys.stderr)
         return 2
-    obj, header_path, py_out, docs_out, schema_out = argv
+    obj, header_path, py_out, docs_out, schema_out = argv[:5]
     with open(header_path) as f:
         header = f.read()
     consts = defines(header)
     lay = layout(obj, header)
-    for path, text in ((py_out, python(consts, lay)), (docs_out, docs(consts, lay, header)),
-                       (schema_out, schema(consts, lay))):
+    outs = [(py_out, python(consts, lay)), (docs_out, docs(consts, lay, header)), (schema_out, schema(consts, lay))]
+    if len(argv) == 7:
+        import gen_programs         # scripts/, beside this file
+        types = btf_types(obj)
+        table = gen_programs.programs(obj, consts, types)
+        with open(CAPTURE_DOC) as f:
+            capture = f.read()
+        outs += [(argv[5], gen_programs.python(table, gen_programs.maps(types))),
+                 (argv[6], gen_programs.probe_table(table, capture))]
+    for path, text in outs:
         with open(path, "w") as f:
             f.write(text)
     return 0

@@ -45,7 +45,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from exporter.kernel import dns, libbpf, loader, mechanisms  # noqa: E402
+from exporter.kernel import libbpf, loader, mechanisms  # noqa: E402
 
 EVENTS = f"{mechanisms.TRACEFS}/events"
 PERF_TYPE_TRACEPOINT = 2
@@ -67,7 +67,7 @@ def tracepoints(obj_path: str) -> set:
     """Names ("category/event", or a bare event for tp_btf/raw_tp sections)
     of every tracepoint nettap may attach to."""
     names = {"syscalls/sys_enter_getppid", "syscalls/sys_exit_getppid"}
-    for tps in list(loader.attached_tracepoints().values()) + list(dns.TRACEPOINTS.values()):
+    for tps in loader.attached_tracepoints().values():
         names.update(f"{cat}/{tp}" for cat, tp in tps)
     obj = libbpf.call_ptr("bpf_object__open_file", obj_path.encode(), None)
     try:

@@ -3,7 +3,7 @@ their resolvers, what they were told, and how long it took.
 
 The kernel publishes each DNS message a captured workload sends to UDP port
 53, or receives on a socket it sent one from, and each call's bytes on its TCP
-connections to port 53 (bpf/dns.bpf.h), with at most NETTAP_DNS_DATA of their
+connections to port 53 (bpf/dns.bpf.c), with at most NETTAP_DNS_DATA of their
 bytes; :class:`Stream` cuts a TCP connection's bytes into its messages.
 :class:`DnsTracker` decodes them with dnspython (imported at the first
 message: a node that captures no DNS never pays for it) and pairs a query
@@ -229,7 +229,7 @@ class Counts(NamedTuple):
 
 def servers(recs) -> list:
     """Each record's peer as (address's low 8 bytes, high 8, port), an
-    IPv4-mapped IPv6 address as its IPv4 one (as bpf/dns.bpf.h compares
+    IPv4-mapped IPv6 address as its IPv4 one (as bpf/dns.bpf.c compares
     them): a dual-stack socket may name its server either way."""
     import numpy as np          # here: importing numpy starts threads, before the daemon drops privileges
     words = np.ascontiguousarray(recs["daddr"]).view("<u8").reshape(-1, 2).tolist()

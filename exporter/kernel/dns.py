@@ -1,9 +1,9 @@
-"""capture.dns: the DNS programs (bpf/dns.bpf.h, bpf/dns_func.bpf.h) and their links.
+"""capture.dns: the DNS programs (bpf/dns.bpf.c) and their links.
 
 The probe ``dns`` has its own mechanism, chosen as the TCP probes' are, in
 the design card's order (mechanisms.plan): fentry/fexit, else
 kprobe/kretprobe, on the inet sockets' send and receive functions
-(mechanisms.DNS_FUNCTIONS), which only UDP and TCP socket calls run; else
+(their tags in bpf/dns.bpf.c), which only UDP and TCP socket calls run; else
 syscall tracepoints, which every kernel of nettap's range has, and which
 every sendto, sendmsg, sendmmsg, write, writev, recvfrom, recvmsg and read of
 the node runs. The programs of that mechanism are attached only while
@@ -19,38 +19,19 @@ from __future__ import annotations
 import logging
 
 from exporter.kernel import libbpf
-from exporter.kernel.mechanisms import DISABLED, DNS_FUNCTIONS, UNSUPPORTED, ProbeState, syscall_tps
+from exporter.kernel import programs as table
+from exporter.kernel.mechanisms import DISABLED, DNS, UNSUPPORTED, ProbeState
 
 log = logging.getLogger(__name__)
 
-PROBE = "dns"
+PROBE = DNS
 OFF = "capture.dns is off"
-# The tracepoint mechanism's programs (the fast variant's names) -> the tracepoints each is attached to.
-TRACEPOINTS = {
-    "dns_recv_exit": syscall_tps("sys_exit", ("recvfrom", "read", "recvmsg")),
-    "dns_sendto": syscall_tps("sys_enter", ("sendto",)),
-    "dns_write": syscall_tps("sys_enter", ("write",)),
-    "dns_writev": syscall_tps("sys_enter", ("writev",)),
-    "dns_sendmsg": syscall_tps("sys_enter", ("sendmsg",)),
-    "dns_sendmmsg": syscall_tps("sys_enter", ("sendmmsg",)),
-    "dns_recvfrom": syscall_tps("sys_enter", ("recvfrom",)),
-    "dns_read": syscall_tps("sys_enter", ("read",)),
-    "dns_recvmsg": syscall_tps("sys_enter", ("recvmsg",)),
-}
-# kernel-function mechanism -> (entry, return) section kinds (bpf/dns_func.bpf.h's program names)
-_FUNC_KINDS = {"fentry": ("fentry", "fexit"), "kprobe": ("kprobe", "kretprobe")}
 
 
 def programs(variant: str, mechanism: str = "tracepoint") -> list:
     """The DNS programs of a variant and mechanism, the returns first:
     attached in this order, no receive is kept before its return can end it."""
-    if mechanism == "tracepoint":
-        names = list(TRACEPOINTS)
-    else:
-        entry, ret = _FUNC_KINDS[mechanism]
-        names = [f"dns_{f}_{ret}" for f in DNS_FUNCTIONS if f.endswith("recvmsg")]
-        names += [f"dns_{f}_{entry}" for f in DNS_FUNCTIONS]
-    return names if variant == "fast" else [f"{n}_compat" for n in names]
+    return table.names(PROBE, mechanism, variant)
 
 
 class DnsProbes:
@@ -93,7 +74,7 @@ class DnsProbes:
                 if self.mechanism != "tracepoint":
                     self.links.append(libbpf.call_ptr("bpf_program__attach", prog))
                     continue
-                for cat, tp in TRACEPOINTS[name.removesuffix("_compat")]:
+                for cat, tp in table.attach(name):
                     self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint",
                                                       prog, cat.encode(), tp.encode()))
         except OSError as e:

@@ -126,7 +126,7 @@ def probe(btf: int) -> list:
         ("atomic fetch-and-add", "5.12", _atomic_fetch),
         ("bpf_loop", "5.17", lambda: helper(BPF_PROG_TYPE_TRACEPOINT, BPF_FUNC_loop)),
         ("bpf_rdonly_cast", "6.2", lambda: _kfunc(btf, "bpf_rdonly_cast")),
-        # a tracepoint a lifecycle program needs (loader.SEPARATE)
+        # a tracepoint a lifecycle program needs (its tag: needs=, bpf/lifecycle.bpf.c)
         ("sock:inet_sk_error_report", "5.14", lambda: _tracepoint(btf, "inet_sk_error_report")),
         # the TLS uprobes, one link per program and file: detached in one wait (uprobe_multi.py)
         ("uprobe_multi", "6.6", uprobe_multi.supported),

@@ -20,9 +20,10 @@ import os
 
 from exporter.kernel import dns, libbpf, tcp_h, tls, tlsfiles
 from exporter.kernel import privileges
+from exporter.kernel import programs as table
 from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
-from exporter.kernel.mechanisms import (CALL_PROBES, DISABLED, TP_PLAN, UNSUPPORTED, Plan, ProbeState, ensure_tracefs,
-                                        plan, programs_for, syscall_tps)
+from exporter.kernel.mechanisms import (CALL_PROBES, DISABLED, UNSUPPORTED, Plan, ProbeState, ensure_tracefs,
+                                        plan, programs_for)
 
 log = logging.getLogger(__name__)
 
@@ -51,65 +52,38 @@ TRACEFS = "/sys/kernel/tracing"
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 
 
-# The lifecycle programs, BTF raw tracepoints attached by their SEC
-# (bpf/tcp.bpf.c says why not the classic tracepoints): tcp_state on
-# sock:inet_sock_set_state decides capture at a socket's first state and
-# publishes a captured socket's state changes, its owner at connect, and its
-# eof at TCP_CLOSE; tcp_destroy on tcp:tcp_destroy_sock publishes its
-# destruction (and what a skipped tcp_state run left) and removes every entry
-# with its socket; tcp_rst_sent and tcp_rst_recv (tcp:tcp_send_reset,
-# tcp:tcp_receive_reset) publish a captured socket's resets; inflight_exit
-# (sched:sched_process_exit) clears what an ended thread leaves of its calls
-# (bpf/tcp.bpf.c). Reported as one probe, "tcp_state", attached when all are.
-# tcp_state creates connections, so it comes in both variants (their
-# connection ids differ: bpf/conn.bpf.h), and inflight_exit does, as each
-# variant keeps its calls in a map of its own.
-LIFECYCLE = {"tcp_state": "tp_btf", "tcp_destroy": "tp_btf", "tcp_rst_sent": "tp_btf",
-             "tcp_rst_recv": "tp_btf", "inflight_exit": "tp_btf"}
-_LIFECYCLE_VARIANTS = ("tcp_state", "inflight_exit")
+# The lifecycle programs (bpf/lifecycle.bpf.c, retransmit.bpf.c): the
+# probes of one fixed mechanism, a BTF raw tracepoint
+# (tp_btf: bpf/lifecycle.bpf.c says why not the classic tracepoints) or syscall
+# tracepoints user space attaches them to (tcp_accept), each program tagged
+# with its probe. Those of LIFECYCLE decide capture at a socket's first state
+# and publish its life (states, eof, resets, destruction); reported as one
+# probe, attached when all are, and the object does not load without them.
+# Every other is a probe of its own, so that one that cannot attach stops only
+# itself (SEPARATE); where the kernel lacks the feature one needs (its tag),
+# it is not loaded and is reported "unsupported" (not a failure).
+LIFECYCLE = "tcp_state"
+SEPARATE = tuple(p for p in table.fixed() if p != LIFECYCLE)
 TLS_OFF = "capture.tls is off"
-# Lifecycle programs each reported as a probe of its own, so that one that
-# cannot attach stops only itself: name -> (mechanism, the feature it needs
-# (features.py) or None, whether it comes in both variants). Where the kernel
-# lacks the feature it is not loaded and is reported "unsupported" (not a
-# failure). tcp_accept (syscall tracepoints sys_exit_accept4 and
-# sys_exit_accept, in the accepting task) names an accepted socket's owner
-# and decides its capture for task targets; tcp_sk_error
-# (sock:inet_sk_error_report, Linux 5.14) publishes a captured socket's errors;
-# tcp_retransmit (tcp:tcp_retransmit_skb) and tcp_synack_retransmit
-# (tcp:tcp_retransmit_synack) what is sent again (bpf/retrans.bpf.h); tcp_timer
-# and tcp_timer_exit (timer:timer_expire_entry, _exit) the timers of captured
-# sockets and the probes they send (bpf/timer.bpf.h); tcp_segment (tcp:tcp_probe)
-# the segments they receive (bpf/segment.bpf.h).
-SEPARATE = {"tcp_accept": ("tracepoint", None, True), "tcp_sk_error": ("tp_btf", "sock:inet_sk_error_report", False),
-            "tcp_retransmit": ("tp_btf", None, False), "tcp_synack_retransmit": ("tp_btf", None, False),
-            "tcp_timer": ("tp_btf", None, False), "tcp_timer_exit": ("tp_btf", None, False),
-            "tcp_segment": ("tp_btf", None, False)}
-_SEPARATE_TPS = {"tcp_accept": syscall_tps("sys_exit", ("accept4", "accept"))}
 
 
 def lifecycle_programs(variant: str = "fast") -> dict:
     """program name -> mechanism of the lifecycle programs of a variant."""
-    return {(f"{n}_compat" if variant != "fast" and n in _LIFECYCLE_VARIANTS else n): m
-            for n, m in LIFECYCLE.items()}
+    return {n: table.PROGRAMS[n][table.MECH] for n in table.names(LIFECYCLE, variant=variant)}
 
 
 def separate_programs(features: list, variant: str = "fast") -> dict:
-    """probe (its program's short name) -> (program name, mechanism) of the
-    separately reported lifecycle programs the kernel has what they need for."""
+    """probe -> (its programs, mechanism) of the separately reported
+    lifecycle probes the kernel has what they need for."""
     have = {f.name for f in features if f.present}
-    return {n: (f"{n}_compat" if both and variant != "fast" else n, m)
-            for n, (m, needs, both) in SEPARATE.items() if needs is None or needs in have}
-
-
-_TRACEPOINTS = {prog: tps for plan in TP_PLAN.values() for prog, tps in plan.items()} | _SEPARATE_TPS
+    return {p: (table.names(p, variant=variant), table.mechanisms(p)[0])
+            for p in SEPARATE if not table.needs(p) or table.needs(p) in have}
 
 
 def attached_tracepoints() -> dict:
-    """program (fast name) -> the syscall tracepoints user space attaches it
-    to, for the TCP probes' tracepoint mechanism and the accept probe
+    """program -> the tracepoints user space attaches it to
     (scripts/hold_tracepoints.py holds them all)."""
-    return dict(_TRACEPOINTS)
+    return table.tracepoints()
 
 
 def object_for(features: list) -> str:
@@ -149,14 +123,17 @@ class Probes:
         self.plan = kernel_plan if kernel_plan is not None else plan(mechanism, variant)
         self.states = self.plan.states
         self.variant = self.plan.variant
-        self.lifecycle = ProbeState("tcp_state", mechanism=LIFECYCLE["tcp_state"])
-        self._separate = separate_programs(self.plan.features, self.variant)    # probe -> (program, mechanism)
-        self.separate = {n: ProbeState(n, mechanism=m) for n, (_prog, m) in self._separate.items()}
-        for n, (_m, needs, _both) in SEPARATE.items():
-            if n not in self.separate:
-                since = next((f.since for f in self.plan.features if f.name == needs), "")
-                self.separate[n] = ProbeState(n, mechanism=UNSUPPORTED,
-                                              error=f"this kernel has no {needs} (Linux {since}+)")
+        self.lifecycle = ProbeState(LIFECYCLE, mechanism=table.mechanisms(LIFECYCLE)[0])
+        self._separate = separate_programs(self.plan.features, self.variant)    # probe -> (programs, mechanism)
+        self.separate = {}
+        for n in SEPARATE:
+            if n in self._separate:
+                self.separate[n] = ProbeState(n, mechanism=self._separate[n][1])
+                continue
+            needs = table.needs(n)
+            since = next((f.since for f in self.plan.features if f.name == needs), "")
+            self.separate[n] = ProbeState(n, mechanism=UNSUPPORTED,
+                                          error=f"this kernel has no {needs} (Linux {since}+)")
         ok, why = tls.supported()
         self.tls_ok = ok
         self.tls_mech = tls.mechanism(self.plan.features)     # uprobe_multi (6.6+) or uprobe
@@ -198,7 +175,7 @@ class Probes:
             failure = e
         self._close_object()
         refused = {}
-        groups = {probe: [prog] for probe, (prog, _m) in self._separate.items()}
+        groups = {probe: progs for probe, (progs, _m) in self._separate.items()}
         if self.dns.loaded and not self.dns.deferred:
             groups[dns.PROBE] = self.dns.programs()
         for probe, progs in groups.items():
@@ -241,7 +218,7 @@ class Probes:
     def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
         want = {name: "lifecycle" for name in lifecycle_programs(self.variant)}
-        want.update({prog: n for n, (prog, _m) in self._separate.items()})
+        want.update({prog: n for n, (progs, _m) in self._separate.items() for prog in progs})
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
@@ -266,7 +243,7 @@ class Probes:
     def _attach_one(self, name: str, mechanism: str) -> None:
         prog = libbpf.call_ptr("bpf_object__find_program_by_name", self.obj, name.encode())
         if mechanism == "tracepoint":
-            for cat, tp in _TRACEPOINTS[name.removesuffix("_compat")]:
+            for cat, tp in table.attach(name):
                 self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint",
                                                   prog, cat.encode(), tp.encode()))
         else:
@@ -287,7 +264,7 @@ class Probes:
             # Captured calls still flow; connections are just never closed.
             self._detach_from(first)
             self.lifecycle.error = str(e)
-            log.error("lifecycle programs (%s) not attached: %s", ", ".join(LIFECYCLE), e)
+            log.error("lifecycle programs (%s) not attached: %s", ", ".join(lifecycle_programs()), e)
         for name, st in self.separate.items():
             if st.mechanism == UNSUPPORTED:
                 log.info("probe %s not attached: %s", name, st.error)
@@ -296,7 +273,8 @@ class Probes:
                 continue
             first = len(self.links)
             try:
-                self._attach_one(self._separate[name][0], st.mechanism)
+                for prog in self._separate[name][0]:
+                    self._attach_one(prog, st.mechanism)
                 st.attached = True
             except OSError as e:
                 self._detach_from(first)

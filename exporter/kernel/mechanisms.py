@@ -14,21 +14,18 @@ import logging
 import os
 import threading
 
-from exporter.kernel import features, libbpf
-from exporter.kernel.tcp_h import PROBES
+from exporter.kernel import features, libbpf, programs
 from exporter.util.mounts import read as read_mountinfo
 
 log = logging.getLogger(__name__)
 
-# The probes attached by one of MECHANISMS (the TLS probes are uprobes: tls.py).
-CALL_PROBES = tuple(p for p in PROBES if p.startswith("tcp_"))
+MECHANISMS = programs.PLANNED
+DNS = "dns"         # the probe of capture.dns: planned apart, loaded and attached by dns.py
+# The probes attached by one of MECHANISMS, DNS's apart (the TLS probes are uprobes: tls.py).
+CALL_PROBES = tuple(p for p in programs.planned() if p != DNS)
 
 TRACEFS = "/sys/kernel/tracing"
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
-MECHANISMS = ("fentry", "kprobe", "tracepoint")
-# The DNS probe's kernel functions (bpf/dns_func.bpf.h): every UDP and TCP
-# socket's sends and receives go through them; its tracepoints: dns.py.
-DNS_FUNCTIONS = ("inet_sendmsg", "inet6_sendmsg", "inet_recvmsg", "inet6_recvmsg")
 
 
 # func -> fentry_support's answer, asked once a process: a trampoline's attach and detach wait
@@ -83,16 +80,18 @@ def _fentry_support(func: str, btf: int) -> tuple:
         os.close(fd)
 
 
-def dns_fentry_support(btf: int) -> tuple:
-    """fentry for the DNS programs: every function of DNS_FUNCTIONS named in
-    BTF, and an fexit on inet_recvmsg attached for real (fentry_support)."""
+def probe_fentry_support(probe: str, btf: int) -> tuple:
+    """fentry for a probe's programs: every function they attach to named in
+    BTF, and an fexit on the first their return attaches to attached for real
+    (fentry_support)."""
     if not btf:
         return False, "no vmlinux BTF"
     lb = libbpf.lib()
-    missing = [f for f in DNS_FUNCTIONS if lb.btf__find_by_name_kind(btf, f.encode(), libbpf.BTF_KIND_FUNC) <= 0]
+    missing = [f for f in programs.functions(probe)
+               if lb.btf__find_by_name_kind(btf, f.encode(), libbpf.BTF_KIND_FUNC) <= 0]
     if missing:
         return False, f"{', '.join(missing)} not in vmlinux BTF"
-    return fentry_support("inet_recvmsg", btf)
+    return fentry_support(programs.returns_on(probe), btf)
 
 
 def preempt_rt() -> bool:
@@ -161,36 +160,10 @@ def ensure_tracefs() -> None:
                       + (" (mounting needs root, or CAP_SYS_ADMIN)" if err == errno.EPERM else ""))
 
 
-def syscall_tps(prefix: str, calls: tuple) -> list:
-    return [("syscalls", f"{prefix}_{c}") for c in calls]
-
-
-# program name -> tracepoints it is attached to (one program may serve several).
-TP_PLAN: dict = {
-    "tcp_sendmsg": {
-        "tcp_sendmsg_enter": syscall_tps("sys_enter", ("write", "sendto")),
-        "tcp_sendmsg_enter_iov": syscall_tps("sys_enter", ("writev",)),
-        "tcp_sendmsg_enter_msg": syscall_tps("sys_enter", ("sendmsg",)),
-        "tcp_sendmsg_exit": syscall_tps("sys_exit", ("write", "sendto", "writev", "sendmsg")),
-    },
-    "tcp_recvmsg": {
-        "tcp_recvmsg_enter": syscall_tps("sys_enter", ("read", "recvfrom")),
-        "tcp_recvmsg_enter_iov": syscall_tps("sys_enter", ("readv",)),
-        "tcp_recvmsg_enter_msg": syscall_tps("sys_enter", ("recvmsg",)),
-        "tcp_recvmsg_exit": syscall_tps("sys_exit", ("read", "recvfrom", "readv", "recvmsg")),
-    },
-}
 def programs_for(probe: str, mechanism: str, variant: str = "fast") -> list:
-    """The programs of one probe, mechanism and variant (bpf/entry_*.bpf.h:
-    the compat variant's names end in _compat)."""
-    if mechanism == "tracepoint":
-        names = sorted(TP_PLAN[probe], key=lambda n: "_exit" not in n)
-    else:
-        suffix = {"fentry": ("fexit", "fentry"), "kprobe": ("kretprobe", "kprobe")}[mechanism]
-        names = [f"{probe}_{s}" for s in suffix]
-    # Returns first: attached in this order, no call can enter captured and
-    # return before its return program is there (its state would go stale).
-    return names if variant == "fast" else [f"{n}_compat" for n in names]
+    """The programs of one probe, mechanism and variant, the returns first
+    (programs.names)."""
+    return programs.names(probe, mechanism, variant)
 
 
 UNSUPPORTED = "unsupported"      # a probe this kernel cannot have (a tracepoint it lacks)
@@ -229,7 +202,7 @@ class Plan:
     def __init__(self, feats: list, variant: str, variant_why: str, states: dict, dns: ProbeState | None = None):
         self.features, self.variant, self.variant_why, self.states = feats, variant, variant_why, states
         # the DNS probe's mechanism: its own functions' (dns.py), apart from the TCP probes'
-        self.dns = dns if dns is not None else ProbeState("dns")
+        self.dns = dns if dns is not None else ProbeState(DNS)
 
 
 def plan(forced: str | None = None, variant: str | None = None) -> Plan:
@@ -244,12 +217,11 @@ def plan(forced: str | None = None, variant: str | None = None) -> Plan:
     try:
         feats = features.probe(btf)
         chosen, why = features.choose_variant(feats, variant)
-        for probe in CALL_PROBES:
+        for probe in CALL_PROBES + (DNS,):
             states[probe] = _choose(ProbeState(probe), forced, {
-                "fentry": lambda probe=probe: fentry_support(probe, btf) if btf else (False, "no vmlinux BTF"),
+                "fentry": lambda probe=probe: probe_fentry_support(probe, btf),
                 "kprobe": lambda: kp, "tracepoint": lambda: tp})
-        dns = _choose(ProbeState("dns"), forced, {"fentry": lambda: dns_fentry_support(btf),
-                                                   "kprobe": lambda: kp, "tracepoint": lambda: tp})
+        dns = states.pop(DNS)
     finally:
         if btf:
             lb.btf__free(btf)

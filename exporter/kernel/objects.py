@@ -8,21 +8,17 @@ from __future__ import annotations
 import threading
 
 from exporter.kernel import features, libbpf
+from exporter.kernel.programs_h import MAPS
 
 BPF_MAP_TYPE_HASH = 1
+# From the maps' NETTAP_MAP tags (bpf/maps.bpf.h, conn.bpf.h say why each):
 # max_entries of maps that must be preallocated before Linux 6.1 (features.py:
-# bpf_mem_alloc): threads inside a captured call at once; 4096 x ~650 B.
-PREALLOC_MAX = {"inflight_compat": 4096}
-# Preallocated on every kernel: the connection table gains an entry per
-# captured connection, at connection rate and in softirq, where Linux 6.1's
-# bpf_mem_alloc can fail while its per-CPU cache waits for an irq_work refill
-# (the 6.1 guest of the kernel matrix lost 2-4 of 2,000 connections of a
-# storm: no entry, so no eof). A preallocated table fails only when full.
-ALWAYS_PREALLOC = ("capture_conns",)
-
-# Maps only one variant's programs use: not created for the other (task
-# storage does not exist before Linux 5.11).
-VARIANT_MAPS = {"fast": ("inflight_calls",), "compat": ("inflight_compat", "inflight_zero", "conn_id_seq")}
+# bpf_mem_alloc); the maps preallocated on every kernel; and the maps only one
+# variant's programs use, not created for the other (task storage does not
+# exist before Linux 5.11).
+PREALLOC_MAX = {n: m[2] for n, m in MAPS.items() if m[2]}
+ALWAYS_PREALLOC = tuple(n for n, m in MAPS.items() if m[1])
+VARIANT_MAPS = {v: tuple(n for n, m in MAPS.items() if m[0] == v) for v in features.VARIANTS}
 
 
 def object_programs(obj: int):

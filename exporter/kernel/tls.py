@@ -1,5 +1,5 @@
 """TLS plaintext: the libssl files on this node, and the TLS uprobes on them
-(bpf/entry_tls.bpf.h).
+(bpf/tls.bpf.c).
 
 A uprobe belongs to a file (its inode and an offset), not to a process:
 attached with pid -1 to a libssl file, it runs in every process that maps
@@ -32,24 +32,24 @@ import resource
 from ctypes import Structure, c_bool, c_char_p, c_int, c_size_t, c_uint64, c_void_p
 
 from exporter.kernel import libbpf, uprobe_multi
+from exporter.kernel import programs as table
 from exporter.kernel.mechanisms import UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
 UPROBE_PMU = "/sys/bus/event_source/devices/uprobe/type"
-PROBES = ("ssl_write", "ssl_read", "ssl_handshake")
+# The TLS probes and their programs, from the programs' tags (bpf/tls.bpf.c).
+PROBES = tuple(table.uprobe())
 # probe -> the symbols it covers: (symbol, its entry program)
-SYMBOLS = {
-    "ssl_write": (("SSL_write", "ssl_write_enter"), ("SSL_write_ex", "ssl_write_ex_enter")),
-    "ssl_read": (("SSL_read", "ssl_read_enter"), ("SSL_read_ex", "ssl_read_ex_enter")),
-    "ssl_handshake": (("SSL_do_handshake", "ssl_handshake_enter"),),
-}
+SYMBOLS = {p: tuple((sym, n) for n in table.names(p, table.UPROBE, only=True) if not table.is_return(n)
+                    for sym in table.attach(n)) for p in PROBES}
 # probe -> its return program (the fast variant's name; compat's ends in _compat)
-RETURNS = {"ssl_write": "ssl_write_exit", "ssl_read": "ssl_read_exit", "ssl_handshake": "ssl_handshake_exit"}
-# Where an SSL object's socket is forgotten (bpf/entry_tls.bpf.h ssl_free): its
-# end, and its reset for another connection (SSL_new calls SSL_clear). Attached
-# first, and a file without them is not attached: (symbol, program).
-FORGET = (("SSL_free", "ssl_free"), ("SSL_clear", "ssl_free"))
+RETURNS = {p: n for p in PROBES for n in table.names(p, table.UPROBE, only=True) if table.is_return(n)}
+# Where an SSL object's socket is forgotten (ssl_free: the uprobe every TLS
+# probe shares): its end, and its reset for another connection (SSL_new calls
+# SSL_clear). Attached first, and a file without them is not attached: (symbol, program).
+FORGET = tuple(dict.fromkeys((sym, n) for p in PROBES for n in table.names(p, table.UPROBE)
+                             if n not in table.names(p, table.UPROBE, only=True) for sym in table.attach(n)))
 # The linker's directories on Debian, Red Hat, Alpine and the like.
 SYSTEM_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib",
                "/lib/*-linux-gnu", "/usr/lib/*-linux-gnu")
@@ -85,7 +85,8 @@ def supported() -> tuple:
     return False, "this kernel has no uprobes (no uprobe PMU)"
 
 
-MMAP = "tls_mmap"          # sys_enter_mmap: a libssl file mapped to run (the dlopen ring)
+# sys_enter_mmap: a libssl file mapped to run (the dlopen ring): TLS's one tracepoint program
+MMAP = table.names(PROBES[0], "tracepoint")[0]
 
 
 def programs(variant: str) -> list:

@@ -30,7 +30,8 @@ def expected_programs() -> int:
                 if st.mechanism != "none")
     # the TLS programs are loaded wherever the kernel has uprobes, attached only with capture.tls;
     # the DNS programs of the mechanism the plan chose for them, attached only with capture.dns
-    return len(loader.LIFECYCLE) + len(loader.separate_programs(kp.features)) + 1 + calls \
+    separate = sum(len(progs) for progs, _m in loader.separate_programs(kp.features).values())
+    return len(loader.lifecycle_programs()) + separate + 1 + calls \
         + (len(tls.programs(kp.variant)) if tls.supported()[0] else 0) \
         + (len(dns.programs(kp.variant, kp.dns.mechanism))
            if kp.dns.mechanism != "none" and loader.dns_at_start(False) else 0)

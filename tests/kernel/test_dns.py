@@ -1,6 +1,6 @@
 """Kernel tests: the DNS captured workloads exchange over UDP and TCP
-(capture.dns: bpf/dns_func.bpf.h's kernel-function programs, or
-bpf/dns.bpf.h's syscall tracepoints, by the mode's mechanism), decoded and
+(capture.dns: bpf/dns.bpf.c's kernel-function programs, or
+its syscall tracepoints, by the mode's mechanism), decoded and
 matched in user space (exporter/capture/dns.py). A stub resolver of the
 test's own, on port 53 of the loopback of a network namespace of the test's
 own (IPv4 and IPv6 alike), answers by name."""

@@ -1,4 +1,4 @@
-"""What a thread leaves of its captured calls (bpf/emit.bpf.h, bpf/tcp.bpf.c):
+"""What a thread leaves of its captured calls (bpf/emit.bpf.h, bpf/lifecycle.bpf.c):
 its count in its slot of inflight_slots from a kept entry to the return, and
 the compat programs' entry in inflight_compat, kept between its calls where
 the kernel's hash maps allocate at run time (bpf_mem_alloc, Linux 6.1) and

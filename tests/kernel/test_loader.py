@@ -53,7 +53,7 @@ def test_every_lifecycle_program_passes_the_verifier():
     feats = mechanisms.plan("tracepoint").features
     for variant in _variants():
         progs = list(loader.lifecycle_programs(variant))
-        progs += [prog for prog, _ in loader.separate_programs(feats, variant).values()]
+        progs += [prog for progs_, _ in loader.separate_programs(feats, variant).values() for prog in progs_]
         _load_only(progs, variant)
 
 
@@ -134,8 +134,8 @@ def test_forcing_a_mechanism_attaches_it_or_reports_the_probe_unattached(mechani
         assert p.lifecycle.attached                  # the lifecycle programs run either way
         separate = loader.separate_programs(p.plan.features, p.variant)    # where the kernel has what they need
         assert {n for n, st in p.separate.items() if st.attached} == set(separate)
-        separate_links = sum(len(loader._TRACEPOINTS[n]) if m == "tracepoint" else 1 for n, (_, m) in separate.items())
-        calls = (sum(len(loader._TRACEPOINTS[n]) for probe in loader.PROBES
-                     for n in loader.programs_for(probe, "tracepoint"))
+        tps = loader.attached_tracepoints()
+        separate_links = sum(len(tps[n]) if m == "tracepoint" else 1 for progs, m in separate.values() for n in progs)
+        calls = (sum(len(tps[n]) for probe in loader.PROBES for n in loader.programs_for(probe, "tracepoint"))
                  if mechanism == "tracepoint" and accepted else 4 if accepted else 0)
-        assert len(p.links) == len(loader.LIFECYCLE) + separate_links + calls
+        assert len(p.links) == len(loader.lifecycle_programs()) + separate_links + calls

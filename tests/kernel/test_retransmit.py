@@ -1,4 +1,4 @@
-"""Kernel tests: what captured sockets send again (bpf/retrans.bpf.h) and
+"""Kernel tests: what captured sockets send again (bpf/retransmit.bpf.c) and
 their retransmit and keepalive timers as they fire (bpf/timer.bpf.h), forced
 by nftables drops on the loopback of a network namespace of the test's own
 (netem is not built into every kernel; nftables is), and told apart by the

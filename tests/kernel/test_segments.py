@@ -1,4 +1,4 @@
-"""Kernel tests: the segments captured sockets receive (bpf/segment.bpf.h,
+"""Kernel tests: the segments captured sockets receive (bpf/retransmit.bpf.c,
 tcp:tcp_probe), recorded only for the targets that ask (``segments: true``),
 on a ring of their own. Real traffic on the loopback of a network namespace
 of the test's own."""

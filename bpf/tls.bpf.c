@@ -1,17 +1,14 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * entry_tls.bpf.h: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read,
+ * tls.bpf.c: uprobes on libssl's SSL_write, SSL_write_ex, SSL_read,
  * SSL_read_ex and SSL_do_handshake, and on SSL_free and SSL_clear (OpenSSL
  * 1.1.1 and 3.x), attached by user space to every libssl file it finds (exporter/kernel/tls.py). The plaintext is published
  * at the return, as chunks flagged NETTAP_CHUNK_F_TLS of the socket's
  * connection (tls.bpf.h says how the socket is known), with offsets of
  * their own: a retried or partial write publishes what it wrote, once.
  */
-#ifndef NETTAP_ENTRY_TLS_BPF_H
-#define NETTAP_ENTRY_TLS_BPF_H
-
-#include <bpf/bpf_tracing.h>
 #include "emit.bpf.h"
+#include <bpf/bpf_tracing.h>
 
 #define EEXIST 17
 
@@ -178,7 +175,8 @@ static __always_inline int tls_handshake_exit(long ret, const bool fast)
 	return 0;
 }
 
-#define NETTAP_TLS_ENTRY(name, probe, ex)                                                  \
+#define NETTAP_TLS_ENTRY(name, probe, ex, tag)                                             \
+	NETTAP_PROG(tag " mech=uprobe")                                                    \
 	SEC("uprobe")                                                                      \
 	int BPF_KPROBE(name, void *ssl, void *buf, __u64 num, void *outp)                  \
 	{                                                                                  \
@@ -187,38 +185,45 @@ static __always_inline int tls_handshake_exit(long ret, const bool fast)
 
 /* One entry program per symbol (the plain and _ex calls differ in what they
  * return), one return program per direction and variant. */
-NETTAP_TLS_ENTRY(ssl_write_enter, NETTAP_PROBE_SSL_WRITE, 0)
-NETTAP_TLS_ENTRY(ssl_write_ex_enter, NETTAP_PROBE_SSL_WRITE, 1)
-NETTAP_TLS_ENTRY(ssl_read_enter, NETTAP_PROBE_SSL_READ, 0)
-NETTAP_TLS_ENTRY(ssl_read_ex_enter, NETTAP_PROBE_SSL_READ, 1)
+NETTAP_TLS_ENTRY(ssl_write_enter, NETTAP_PROBE_SSL_WRITE, 0, "probe=ssl_write attach=SSL_write")
+NETTAP_TLS_ENTRY(ssl_write_ex_enter, NETTAP_PROBE_SSL_WRITE, 1,
+		 "probe=ssl_write attach=SSL_write_ex")
+NETTAP_TLS_ENTRY(ssl_read_enter, NETTAP_PROBE_SSL_READ, 0, "probe=ssl_read attach=SSL_read")
+NETTAP_TLS_ENTRY(ssl_read_ex_enter, NETTAP_PROBE_SSL_READ, 1, "probe=ssl_read attach=SSL_read_ex")
 
-#define NETTAP_TLS_EXIT(name, probe)                 \
-	SEC("uretprobe")                             \
-	int BPF_KRETPROBE(name, int ret)             \
-	{                                            \
-		return tls_exit(probe, ret, FAST);   \
-	}                                            \
-	SEC("uretprobe")                             \
-	int BPF_KRETPROBE(name##_compat, int ret)    \
-	{                                            \
-		return tls_exit(probe, ret, COMPAT); \
+#define NETTAP_TLS_EXIT(name, probe, tag)              \
+	NETTAP_PROG(tag " mech=uprobe variant=fast")   \
+	SEC("uretprobe")                               \
+	int BPF_KRETPROBE(name, int ret)               \
+	{                                              \
+		return tls_exit(probe, ret, FAST);     \
+	}                                              \
+	NETTAP_PROG(tag " mech=uprobe variant=compat") \
+	SEC("uretprobe")                               \
+	int BPF_KRETPROBE(name##_compat, int ret)      \
+	{                                              \
+		return tls_exit(probe, ret, COMPAT);   \
 	}
 
-NETTAP_TLS_EXIT(ssl_write_exit, NETTAP_PROBE_SSL_WRITE)
-NETTAP_TLS_EXIT(ssl_read_exit, NETTAP_PROBE_SSL_READ)
+NETTAP_TLS_EXIT(ssl_write_exit, NETTAP_PROBE_SSL_WRITE,
+		"probe=ssl_write attach=SSL_write,SSL_write_ex")
+NETTAP_TLS_EXIT(ssl_read_exit, NETTAP_PROBE_SSL_READ, "probe=ssl_read attach=SSL_read,SSL_read_ex")
 
+NETTAP_PROG("probe=ssl_handshake mech=uprobe attach=SSL_do_handshake")
 SEC("uprobe")
 int BPF_KPROBE(ssl_handshake_enter, void *ssl)
 {
 	return tls_enter(NETTAP_PROBE_SSL_HANDSHAKE, (__u64)ssl, 0, 0, 0);
 }
 
+NETTAP_PROG("probe=ssl_handshake mech=uprobe variant=fast attach=SSL_do_handshake")
 SEC("uretprobe")
 int BPF_KRETPROBE(ssl_handshake_exit, int ret)
 {
 	return tls_handshake_exit(ret, FAST);
 }
 
+NETTAP_PROG("probe=ssl_handshake mech=uprobe variant=compat attach=SSL_do_handshake")
 SEC("uretprobe")
 int BPF_KRETPROBE(ssl_handshake_exit_compat, int ret)
 {
@@ -230,6 +235,7 @@ int BPF_KRETPROBE(ssl_handshake_exit_compat, int ret)
  * forgotten (tls_socks), so an SSL object that the allocator puts at a freed
  * one's address, or one reused, never takes the old connection's identity.
  * Attached before the calls' probes (exporter/kernel/tls.py). */
+NETTAP_PROG("probe=ssl_write,ssl_read,ssl_handshake mech=uprobe attach=SSL_free,SSL_clear")
 SEC("uprobe")
 int BPF_KPROBE(ssl_free, void *ssl)
 {
@@ -246,6 +252,7 @@ int BPF_KPROBE(ssl_free, void *ssl)
 #define PROT_EXEC 4
 #define LIBSSL	  "libssl.so"
 
+NETTAP_PROG("probe=ssl_write,ssl_read,ssl_handshake mech=tracepoint")
 SEC("tracepoint/syscalls/sys_enter_mmap")
 int tls_mmap(struct trace_event_raw_sys_enter *ctx)
 {
@@ -293,5 +300,3 @@ int tls_mmap(struct trace_event_raw_sys_enter *ctx)
 	bpf_ringbuf_submit(r, 0);
 	return 0;
 }
-
-#endif /* NETTAP_ENTRY_TLS_BPF_H */
