@@ -46,7 +46,7 @@ struct conn {
  * waits for an irq_work refill (the 6.1 guest of the kernel matrix lost 2-4
  * of 2,000 connections of a storm: no entry, so no eof). A preallocated
  * table fails only when full. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory grows with use */
 	__uint(max_entries, 65536);
@@ -55,7 +55,7 @@ struct {
 } capture_conns NETTAP_MAP("prealloc=always") SEC(".maps");
 
 /* Entries in capture_conns, so user space need not walk the map to know. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -78,7 +78,7 @@ struct {
  * kernel (socket-local storage is written by tracing programs only, since
  * Linux 5.11, and the send path's fallbacks are not tracing programs). */
 #define NETTAP_CONN_SLOTS_BITS 10
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1 << (NETTAP_CONN_SLOTS_BITS - 1));
 	__type(key, __u32);
@@ -97,7 +97,7 @@ struct nettap_conn_groups {
 	__u32 n[NETTAP_CONN_GROUPS];
 };
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -105,14 +105,14 @@ struct {
 } capture_conns_groups SEC(".maps");
 
 /* Connection ids for the compat programs: per-CPU sequences (see conn_get). */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
 } conn_id_seq NETTAP_MAP("variant=compat") SEC(".maps");
 
-__u64 next_conn_id = 1;
+NETTAP_SHARED __u64 next_conn_id NETTAP_INIT(1);
 
 /* Adds whose result is not used compile to BPF_XADD (every kernel); only a
  * fetching add (BPF_ATOMIC | BPF_FETCH) needs Linux 5.12. */
@@ -278,7 +278,7 @@ static __always_inline void emit_log(__u32 code, __u32 probe, __u64 conn_id, __u
  * a program last forced a wakeup. */
 #define NETTAP_RING_SLOTS 8 /* a power of two >= NETTAP_RING_COUNT: the index is masked */
 _Static_assert(NETTAP_RING_COUNT <= NETTAP_RING_SLOTS, "ring_woken_cons too small");
-__u64 ring_woken_cons[NETTAP_RING_SLOTS] SEC(".data") = {};
+NETTAP_SHARED __u64 ring_woken_cons[NETTAP_RING_SLOTS] SEC(".data") NETTAP_INIT({});
 
 static __always_inline __u64 wakeup_flags(void *ring, __u32 ring_idx, __u32 threshold)
 {

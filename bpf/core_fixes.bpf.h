@@ -12,6 +12,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include "tcp.h"
+#include "shared.bpf.h"
 
 /*
  * bpf_rdonly_cast(), Linux 6.2 (commit a35b9af4ec2c "bpf: Add a kfunc for
@@ -21,7 +22,21 @@
  * per field. Weak: on older kernels libbpf leaves it unresolved and user
  * space keeps every program that calls it from loading.
  */
+#ifdef NETTAP_KSYM_OWNER
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+#else
+/*
+ * ... declared __ksym in one linked unit only (calls.bpf.c, built with
+ * -DNETTAP_KSYM_OWNER and linked before the other families), a plain extern
+ * in the others: libbpf's linker before 1.4.7 and 1.5.0 (libbpf commit
+ * ecf998e "libbpf: Do not resolve size on duplicate FUNCs", kernel 4b146e)
+ * fails on an extern kfunc's second declaration ("failed to resolve size of
+ * underlying type"), and this host's bpftool 7.1 links with libbpf 1.1. The
+ * linker merges the plain extern into the __ksym one: the linked object calls
+ * one weak kfunc, as before.
+ */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __weak;
+#endif
 #define KCAST(type, ptr) ((type *)bpf_rdonly_cast((void *)(ptr), bpf_core_type_id_kernel(type)))
 
 /*
@@ -125,12 +140,12 @@ struct cgroup___new {
 	struct cgroup___new *ancestors[];
 } __attribute__((preserve_access_index));
 
-const volatile struct nettap_kernel nettap_kernel SEC(".rodata.nettap") = {
+NETTAP_SHARED const volatile struct nettap_kernel nettap_kernel SEC(".rodata.nettap") NETTAP_INIT({
 	.has_ancestor_cgroup_id = 1,
 	.has_task_btf = 1,
 	.has_bpf_loop = 1,
 	.keep_inflight = 1,
-};
+});
 
 static __always_inline __u64 current_ancestor_cgroup_id(__u32 level)
 {

@@ -30,10 +30,10 @@ static __always_inline struct nettap_capture_config *active_config(void)
 
 /* Index of a single set bit: debruijn32[(bit * 0x077CB531) >> 27]. */
 // clang-format off
-const __u8 debruijn32[32] = {
+NETTAP_SHARED const __u8 debruijn32[32] NETTAP_INIT({
 	0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8,
 	31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9,
-};
+});
 // clang-format on
 
 /* A target map's entry found: capture asks only that it is there; another

@@ -9,17 +9,18 @@
 #include "vmlinux_min.h"
 #include <bpf/bpf_helpers.h>
 #include "tcp.h"
+#include "shared.bpf.h"
 
 /* ---- capture targets (user space rewrites them at run time) ------------ */
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct nettap_capture_config);
 } capture_config SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory grows with use */
 	__uint(max_entries, 1024);
@@ -27,7 +28,7 @@ struct {
 	__type(value, __u8);
 } capture_pids SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1024);
@@ -35,7 +36,7 @@ struct {
 	__type(value, __u8);
 } capture_cgroups SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1024);
@@ -47,7 +48,7 @@ struct {
  * ((tgid >> 6) & 1023) is set for every pid target. An array read that the
  * verifier inlines says no for almost every other process before the hash
  * lookup (a tgid that shares a target's bit pays that lookup too). */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1024);
 	__type(key, __u32);
@@ -57,7 +58,7 @@ struct {
 /* Per CPU and ring: bytes published since this CPU last looked at the
  * ring's fill (wakeup_flags). Read and written without atomics: a lost
  * add only moves the next look. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, NETTAP_RING_COUNT);
 	__type(key, __u32);
@@ -67,7 +68,7 @@ struct {
 /* Two 65536-bit port bitmaps: bit (port & 63) of word (port >> 6), the
  * captured ports; of word 1024 + (port >> 6), those whose sockets'
  * segments are recorded. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2048);
 	__type(key, __u32);
@@ -79,14 +80,14 @@ struct {
 /* Per-CPU rows, still added to atomically: on PREEMPT_RT a BPF program runs
  * with migration disabled but preemptible, so another task's program can
  * run on the same CPU between a load and its store. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, NETTAP_PROBE_COUNT);
 	__type(key, __u32);
 	__type(value, struct nettap_probe_counters);
 } probe_counters SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, NETTAP_RING_COUNT);
 	__type(key, __u32);
@@ -94,7 +95,7 @@ struct {
 } ringbuf_drops SEC(".maps");
 
 /* Per CPU and map (NETTAP_MAP_*): inserts the kernel refused. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, NETTAP_MAP_COUNT);
 	__type(key, __u32);
@@ -102,7 +103,7 @@ struct {
 } map_insert_failures SEC(".maps");
 
 /* Captured sockets' state changes, resets and errors (struct nettap_obs_counters). */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -111,37 +112,37 @@ struct {
 
 /* ---- rings (sizes are defaults; user space sets the configured ones) ---- */
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 << 20);
 } capture_chunks SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 << 10);
 } capture_eof SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 << 10);
 } logs SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
 } obs_events SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 << 10);
 } dlopen SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 << 10);
 } segments SEC(".maps");
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 128 << 10);
 } dns SEC(".maps");
@@ -192,7 +193,7 @@ struct inflight {
 
 /* Linux 5.11+: task-local storage (no hashing; gone with the task, also
  * when a thread dies inside the syscall). Used by the "fast" programs. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
@@ -206,7 +207,7 @@ struct {
  * apart by its thread's start time when the id is reused (inflight_find).
  * Where it must be preallocated (before 6.1: features.py's bpf_mem_alloc), it
  * is paid in full: 4096 threads inside a captured call at once, x ~650 B. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 16384);
@@ -226,7 +227,7 @@ struct {
  * and the tests find it as one array map).
  */
 #define NETTAP_INFLIGHT_SLOTS 1024
-__u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
+NETTAP_SHARED __u32 inflight_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.inflight");
 
 /* Slot of a thread: the tid's low 10 bits, permuted so that neighbouring
  * tids (a server's and its client's, threads started together) sit on
@@ -250,7 +251,7 @@ static __always_inline __u32 *inflight_slot(__u64 pid_tgid)
 }
 
 /* A zeroed struct inflight to insert from: too big for the BPF stack. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);

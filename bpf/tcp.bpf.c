@@ -13,6 +13,7 @@
  * and what they share, in headers (one concern a file):
  *   tcp.h              what crosses to user space (records, constants, tags)
  *   vmlinux_min.h      the kernel types read, for CO-RE
+ *   shared.bpf.h       the maps and globals shared: defined here, extern elsewhere
  *   core_fixes.bpf.h   kernel-version differences, one block per change
  *   maps.bpf.h         the maps and the per-call state
  *   conn.bpf.h         the connection table, counters, logs, addresses
@@ -24,16 +25,14 @@
  *   tls.bpf.h          TLS calls in flight, and how each learns its socket
  *   timer.bpf.h        the timer slot tcp_timer and tcp_destroy share
  *
- * The families are compiled as one unit, not linked by `bpftool gen object`:
- * libbpf 1.1's linker (bpftool 7.1's) refuses an extern kfunc declared in more
- * than one input ("failed to resolve size of underlying type"), and every
- * family calls bpf_rdonly_cast (core_fixes.bpf.h).
+ * Each family is its own compilation unit; bpf/Makefile links them into one
+ * object with `bpftool gen object`, as bpf2go and libbpf-bootstrap do. This
+ * file is the first unit linked: it defines the maps and globals the families
+ * share (built with -DNETTAP_DATA_OWNER, shared.bpf.h), the license and the
+ * typed globals below; the families see extern declarations of the same maps.
  */
-#include "calls.bpf.c"
-#include "tls.bpf.c"
-#include "retransmit.bpf.c"
-#include "dns.bpf.c"
-#include "lifecycle.bpf.c"
+#include "emit.bpf.h"
+#include "timer.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */

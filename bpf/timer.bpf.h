@@ -28,7 +28,7 @@ struct nettap_timer_slot {
 	__u8 pad[6];
 };
 
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -37,7 +37,7 @@ struct {
 
 /* CPUs whose slot holds a timer: tcp_timer_exit, which runs after every
  * timer of the node, reads this and nothing else while it is 0. */
-__u32 timer_slots_armed SEC(".bss.timers");
+NETTAP_SHARED __u32 timer_slots_armed SEC(".bss.timers");
 
 static __always_inline struct nettap_timer_slot *timer_slot_get(void)
 {

@@ -44,7 +44,7 @@ struct tls_call {
  * thread that dies inside a call (its return never runs) has its entries
  * removed as it ends (tls_thread_end); an insert refused is counted
  * (map_insert_failures). */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 4096);
@@ -65,7 +65,7 @@ struct tls_sock {
 
 /* (process, SSL object) -> its socket, as its last TCP call inside a TLS
  * call told it; the least recently used go first. */
-struct {
+NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, struct tls_sock_key);
@@ -74,7 +74,7 @@ struct {
 
 /* TLS calls in flight per slot of the thread id (inflight_slot's), so the
  * captured TCP entry knows with one load that its thread has none. */
-__u32 tls_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.tls");
+NETTAP_SHARED __u32 tls_slots[NETTAP_INFLIGHT_SLOTS] SEC(".bss.tls");
 
 static __always_inline __u32 *tls_slot(__u64 pid_tgid)
 {
