@@ -275,10 +275,13 @@ def test_tls_of_curl_plain_ssl_calls(nettap_run, mode, cert, tmp_path, capsys):
         assert sum(len(dpkt.ip.IP(p).data.data) for p in pkts) == len(req) + len(resp)
 
 
+@pytest.mark.per_variant
 def test_tls_is_off_until_the_config_says_so(nettap_run, mode, cert, tls_mech):
     """capture.tls false (the default): no uprobe on libssl (every TLS call
     of the node would pay its trap), the TLS probes reported disabled (not a
-    failure); switched on by a reload, no restart."""
+    failure); switched on by a reload, no restart. (The uprobes' switch is the
+    same whatever the call probes' mechanism: capture per mechanism is
+    test_tls_echo_by_port's.)"""
     port = free_port()
     run = nettap_run({"captures": [{"port": port}]})
     states = run.app.probes.tls_states
