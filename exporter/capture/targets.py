@@ -197,7 +197,7 @@ def netns_inode(value, proc: str = "/proc") -> int:
         os.close(fd)
 
 
-def _tgid(proc: str, pid: int) -> int | None:
+def tgid(proc: str, pid: int) -> int | None:
     """The thread group of pid (itself for a process, its process for a thread)."""
     try:
         with open(f"{proc}/{pid}/status") as f:
@@ -235,7 +235,7 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
                 key = t.value
             elif t.kind == "pid":
                 known = t.value in prev.pids or ("pid", t.value) in prev.gone
-                start = start_time(proc, t.value) if _tgid(proc, t.value) == t.value else None
+                start = start_time(proc, t.value) if tgid(proc, t.value) == t.value else None
                 if known and (("pid", t.value) in prev.gone or start != prev.pid_starts.get(t.value, start)):
                     # Exited: a process that has its number now is another one.
                     r.gone.add(("pid", t.value))
