@@ -24,6 +24,7 @@ from exporter.kernel.tcp_h import CHUNK_DATA, MAX_CHUNKS_PER_CALL, RINGS, STRIDE
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
 TARGET_KINDS = ("pid", "cgroup", "netns", "port")
+TLS_ATTACH = ("targets", "node")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's capture can hold (bpf/tcp.h)
 # capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so
@@ -114,6 +115,9 @@ CAPTURE = Section("capture",
     Key("max_payload_bytes", Int(0, MAX_PAYLOAD_BYTES), 4096,
         "payload captured per call; the call's length is always recorded"),
     Key("tls", Bool(), False, "TLS plaintext of captured sockets from libssl (capture.md#tls)"),
+    Key("tls_attach", Choice(*TLS_ATTACH), "targets",
+        "targets: TLS uprobes only on the files the targets' processes map or execute; node: on every "
+        "libssl file of the node, a trap in every process's TLS calls (capture.md#tls)"),
     Key("dns", Bool(), False, "captured workloads' DNS over UDP (capture.md#dns)"))
 OUTPUT = Section("output",
     Key("type", Choice(*OUTPUT_TYPES), "none", "where captured records go"),
@@ -164,11 +168,11 @@ class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode 
 
 
 class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
-                                  "bpf_stats_scope log_level tls ingest dns",
+                                  "bpf_stats_scope log_level tls ingest dns tls_attach",
                         defaults=((), CAPTURE.default("max_payload_bytes"), Output(),
                                   tuple(DEFAULT_RING_BYTES.items()), BPF_STATS.default("enabled"),
                                   BPF_STATS.default("scope"), TOP.default("log_level"), CAPTURE.default("tls"),
-                                  None, CAPTURE.default("dns")))):
+                                  None, CAPTURE.default("dns"), CAPTURE.default("tls_attach")))):
     __slots__ = ()
 
     @property
@@ -228,7 +232,8 @@ def parse(doc) -> Config:
     captures = tuple(_target(item, f"captures[{i}]") for i, item in enumerate(caps))
 
     cap = CAPTURE.mapping(top.get("capture"))
-    max_payload, tls, dns = (CAPTURE.get(cap, k) for k in ("max_payload_bytes", "tls", "dns"))
+    max_payload, tls, dns, tls_attach = (CAPTURE.get(cap, k) for k in ("max_payload_bytes", "tls", "dns",
+                                                                       "tls_attach"))
 
     out = OUTPUT.mapping(top.get("output"))
     otype = OUTPUT.get(out, "type")
@@ -265,7 +270,7 @@ def parse(doc) -> Config:
     if ingest is not None and not isinstance(ingest, dict):
         raise ConfigError(f"ingest: must be a mapping, got {type(ingest).__name__}")
     return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls, ingest,
-                  dns)
+                  dns, tls_attach)
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: 4x faster

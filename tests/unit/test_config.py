@@ -20,6 +20,7 @@ captures:
     segments: true
 capture:
   max_payload_bytes: 65736
+  tls_attach: node
   dns: true
 output:
   type: jsonl
@@ -59,7 +60,7 @@ def test_full_config():
         output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640, "/var/log/nettap"),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20),
                ("dlopen", 64 << 10), ("segments", 256 << 10), ("dns", 1 << 20)),
-        bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug", dns=True)
+        bpf_stats_enabled=True, bpf_stats_scope="node", log_level="debug", dns=True, tls_attach="node")
 
 
 def test_full_config_accessors():
@@ -85,8 +86,8 @@ def test_empty_file_refused(text):
 
 def test_default_values():
     d = config.DEFAULT
-    assert (d.captures, d.max_payload_bytes, d.bpf_stats_enabled, d.bpf_stats_scope, d.log_level) == (
-        (), 4096, False, "own", "info")
+    assert (d.captures, d.max_payload_bytes, d.bpf_stats_enabled, d.bpf_stats_scope, d.log_level, d.tls,
+            d.tls_attach) == ((), 4096, False, "own", "info", False, "targets")
     assert d.output == Output("none", None, 100 << 20, 3, 4 << 20)
     assert d.ring_bytes == {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
                             "dlopen": 64 << 10, "segments": 256 << 10, "dns": 1 << 20}
@@ -155,10 +156,14 @@ ROOT_MSG = "output.path: must name a file inside output.root (/var/lib/nettap; r
     ("output: {pth: /x}",
      "output.pth: unknown key (expected one of type, path, root, max_bytes, backups, queue_bytes, queue_records, "
      "mode)"),
-    ("capture: {max_bytes: 1}", "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls, dns)"),
+    ("capture: {max_bytes: 1}",
+     "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls, tls_attach, dns)"),
     ("capture: {dns: 1}", "capture.dns: must be true or false, got 1"),
     ("capture: {tls: 1}", "capture.tls: must be true or false, got 1"),
     ("capture: {tls: 'yes'}", "capture.tls: must be true or false, got 'yes'"),
+    ("capture: {tls_attach: all}", "capture.tls_attach: must be one of targets, node, got 'all'"),
+    ("capture: {tls_attach: true}", "capture.tls_attach: must be one of targets, node, got True"),
+    ("capture: {tls_attach: Node}", "capture.tls_attach: must be one of targets, node, got 'Node'"),
     ("diagnostics: {bpfstats: {}}", "diagnostics.bpfstats: unknown key (expected one of bpfStats)"),
     ("diagnostics: {bpfStats: {enabled: true, extra: 1}}",
      "diagnostics.bpfStats.extra: unknown key (expected one of enabled, scope)"),
@@ -417,6 +422,19 @@ def test_load_apart_same_refusal(tmp_path, text):
     with pytest.raises(ConfigError) as apart:
         config.load_apart(str(p))
     assert str(apart.value) == str(inside.value)
+
+
+def test_a_reload_with_a_bad_tls_attach_is_refused_before_it_applies(tmp_path):
+    """A live reload parses apart (Nettap.reload: apply(load_apart(path))):
+    the refusal names the key and comes before anything is applied, so the
+    config in force stays; the file fixed, it loads."""
+    p = tmp_path / "nettap.yaml"
+    p.write_text("capture: {tls: true, tls_attach: pods}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load_apart(str(p))
+    assert str(e.value) == "capture.tls_attach: must be one of targets, node, got 'pods'"
+    p.write_text("capture: {tls: true, tls_attach: node}\n")
+    assert (config.load_apart(str(p)).tls, config.load_apart(str(p)).tls_attach) == (True, "node")
 
 
 def test_load_apart_other_document(tmp_path):
