@@ -24,21 +24,21 @@ whatever vanishes during the walk (ENOENT, ESRCH) or may not be read (EACCES).
 Only /proc's own links (``ns/net``, ``fd/N``) are read, with readlink; the
 cgroup tree is walked without following links.
 
-Cost (bench/target_processes.py prints it; docs/benchmarks.md has its run
-on a node of 2,113 processes in 21 network namespaces, 2 vCPUs: there a pid
-target took 0.03 ms, a cgroup target over the whole tree and a netns target
-of 2,035 processes 75-100 ms, a port target 350-420 ms). What is read:
+Cost: bench/target_processes.py prints it, docs/benchmarks.md has its run
+(#finding-the-targets-processes). On a node of 2,100 processes in 21 network
+namespaces here, a pid target took 0.03 ms, a cgroup target over the whole
+tree or a netns target of 2,000 processes 34-75 ms, a port target 0.3-0.8 s.
+What is read:
 
 - pid: /proc/PID/stat, twice (start time; kernel thread?);
 - cgroup: per cgroup at or below the target, cgroup.type and cgroup.procs;
-  per member, /proc/PID/stat (27 us each there);
-- netns, port: every process's ns/net link (12 us each);
+  per member, /proc/PID/stat;
+- netns, port: every process's ns/net link;
 - netns: per member, /proc/PID/stat;
-- port: per network namespace, its tcp and tcp6 tables, ~16 ms whatever it
-  holds (the kernel walks the whole TCP hash for each: a namespace has a
-  smaller one of its own only where net.ipv4.tcp_child_ehash_entries is
-  set), then the fd links (8 us each) of the processes in the namespaces
-  where a target port is in use.
+- port: per network namespace, its tcp and tcp6 tables (most of the cost:
+  the kernel walks the whole TCP hash for each, whatever the namespace
+  holds), then the fd links of the processes in the namespaces where a
+  target port is in use.
 """
 from __future__ import annotations
 
