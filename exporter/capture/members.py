@@ -97,7 +97,7 @@ def _read(path: str) -> bytes | None:
 
 
 def _ints(data: bytes | None) -> list:
-    return [int(x) for x in data.split()] if data else []
+    return [int(x) for x in data.split() if x.isdigit()] if data else []
 
 
 def cgroup_processes(path: str, cid: int, proc: str = "/proc") -> set[int]:
