@@ -88,7 +88,11 @@ class Image:
         for n in names:
             sec = self.sections.get(n)
             if sec is not None and sec["sh_type"] != "SHT_NOBITS":
-                return sec, sec.data()
+                data = sec.data()
+                if len(data) != sec["sh_size"]:
+                    raise Refused("go_symbols", "%s: its %s is cut short (%d of %d bytes)"
+                                  % (self.name, n, len(data), sec["sh_size"]))
+                return sec, data
         return None, None
 
 
