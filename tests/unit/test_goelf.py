@@ -154,3 +154,18 @@ def test_crafted_files_are_refused_by_name(built, tmp_path):
     entry = goelf.inspect(src).write_entry
     (tmp_path / "abi").write_bytes(data[:entry] + b"\x90" * 4 + data[entry + 4:])
     refused(str(tmp_path / "abi"), "go_version", WRITE, "R14")
+
+
+def test_a_pie_whose_pointers_are_only_relocations(built, inspected, tmp_path):
+    """A PIE's linker may leave its pointer words 0 and put the addresses in R_X86_64_RELATIVE
+    addends only: with the itablink and the pclntab's textStart zeroed, the same is found."""
+    src = built["pie_stripped"]
+    data = bytearray(open(src, "rb").read())
+    pcln = section_offset(src, ".data.rel.ro.gopclntab")
+    links = section_offset(src, ".data.rel.ro.itablink")
+    size = int(next(f.split()[-6] for f in subprocess.run(["readelf", "-W", "-S", src], capture_output=True,
+                                                          text=True).stdout.splitlines() if "itablink" in f), 16)
+    data[pcln + 24:pcln + 32] = bytes(8)
+    data[links:links + size] = bytes(size)
+    (tmp_path / "pie").write_bytes(bytes(data))
+    assert goelf.inspect(str(tmp_path / "pie")) == inspected["pie_stripped"]
