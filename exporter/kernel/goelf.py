@@ -16,7 +16,7 @@ import json
 import re
 from typing import NamedTuple
 
-from exporter.kernel.gotables import ITAB_HASH, Image, Refused, functions, itab_address
+from exporter.kernel.gotables import ITAB_HASH, Image, Refused, functions, itab_address, uvarint
 
 __all__ = ["BPF_OFFSETS", "GO_OFFSETS", "GoTls", "Refused", "inspect"]
 
@@ -59,17 +59,6 @@ class GoTls(NamedTuple):
     stripped: bool              # no .symtab
 
 
-def _uvarint(b: bytes, i: int):
-    x = shift = 0
-    while True:
-        c = b[i]
-        i += 1
-        x |= (c & 0x7F) << shift
-        shift += 7
-        if c < 0x80:
-            return x, i
-
-
 def _unquote(v: str) -> str:
     if v.startswith('"'):
         try:
@@ -85,13 +74,17 @@ def buildinfo(img: Image):
     sec, d = img.section_data(".go.buildinfo")
     if d is None or not d.startswith(BUILDINFO_MAGIC) or len(d) < 32:
         return None
-    if not d[15] & BUILDINFO_INLINE:            # Go 1.13-1.17: pointers to two Go strings
-        version = img.read(img.ptr(img.ptr(sec["sh_addr"] + 16)), img.ptr(sec["sh_addr"] + 16 + 8))
-        raise Refused("go_version", "%s: built by %s: Go %s+ is read (and older build info is not)"
-                      % (img.name, version.decode(errors="replace") or "Go < 1.18", "1.18"))
-    n, i = _uvarint(d, 32)
+    if not d[15] & BUILDINFO_INLINE:            # Go 1.13-1.17: pointers to two Go string headers
+        try:
+            header = img.ptr(sec["sh_addr"] + 16)
+            version = img.read(img.ptr(header), min(img.ptr(header + 8), 64)).decode()
+        except (Refused, UnicodeDecodeError):
+            version = "Go < 1.18"
+        raise Refused("go_version", "%s: built by %s: nettap reads Go 1.18+ (whose build info is inline)"
+                      % (img.name, version))
+    n, i = uvarint(d, 32)
     version = d[i:i + n].decode(errors="replace")
-    n, i = _uvarint(d, i + n)
+    n, i = uvarint(d, i + n)
     mod = d[i:i + n]
     mod = mod[16:-16].decode(errors="replace") if len(mod) >= 32 else ""   # 16-byte sentinels
     settings, path = {}, ""

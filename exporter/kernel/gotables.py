@@ -188,18 +188,21 @@ def functions(img: Image, names) -> dict:
     return out
 
 
-def _name(img: Image, types: int, off: int) -> str:
-    """A runtime name (runtime/type.go name: a flag byte, a uvarint length from Go 1.17)."""
-    b = img.read(types + off, 8)
-    n = shift = 0
-    i = 1
+def uvarint(b: bytes, i: int):
+    """(value, next index) of the unsigned varint at ``b[i]`` (encoding/binary)."""
+    x = shift = 0
     while True:
         c = b[i]
         i += 1
-        n |= (c & 0x7F) << shift
+        x |= (c & 0x7F) << shift
         shift += 7
-        if c < 0x80 or i == len(b):
-            break
+        if c < 0x80:
+            return x, i
+
+
+def _name(img: Image, types: int, off: int) -> str:
+    """A runtime name (runtime/type.go name: a flag byte, a uvarint length from Go 1.17)."""
+    n, i = uvarint(img.read(types + off, 8), 1)
     return img.read(types + off + i, n).decode(errors="replace")
 
 
