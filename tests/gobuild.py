@@ -97,6 +97,9 @@ def build(name: str = "gotls", variant: str = "plain") -> str:
             if r.returncode:
                 raise RuntimeError("go build of %s (%s) failed: %s" % (name, variant, r.stderr.strip()))
             tmp.rename(out)
+            for stale in cache.glob("%s-%s-*" % (name, variant)):   # builds of older sources
+                if stale != out:
+                    stale.unlink()
     return str(out)
 
 

@@ -133,7 +133,9 @@ def rets(img: Image, md, name: str, va: int, size: int) -> tuple:
     if not _stack_check(insns[:2]):
         raise Refused("go_version", "%s: %s does not begin with the register ABI's stack check "
                       "through R14 (Go 1.17+ ABIInternal)" % (img.name, name))
-    out = tuple(img.offset(a) for a, n, mnemonic, _ops in insns if mnemonic == "ret" and n == 1)
+    # every near return: Go emits a bare ret (0xc3); a prefixed one ("repz ret") or "ret imm16"
+    # returns too and gets its probe at its first byte
+    out = tuple(img.offset(a) for a, _n, mnemonic, _ops in insns if mnemonic.split()[-1] == "ret")
     if not out:
         raise Refused("go_symbols", "%s: no RET instruction found in %s" % (img.name, name))
     return out
@@ -235,6 +237,6 @@ def inspect(path: str):
             raise Refused("not_elf", "%s: not an ELF file (%s)" % (path, e)) from None
         try:
             return _inspect(img)
-        except (ELFError, struct.error, IndexError, UnicodeDecodeError) as e:
+        except (ELFError, struct.error, IndexError, ValueError) as e:   # UnicodeDecodeError is one
             raise Refused("go_symbols", "%s: a malformed Go table (%s: %s)" % (path, type(e).__name__, e)) from None
 

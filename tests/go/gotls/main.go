@@ -106,11 +106,18 @@ func echoClient(args []string) {
 			fail("size %q: %v", s, err)
 		}
 		m := msg(i, size)
+		back := make([]byte, size)
+		// The echo is read while the message is written: a message larger than the socket
+		// buffers both ways would otherwise block both ends.
+		read := make(chan error)
+		go func() {
+			_, err := io.ReadFull(c, back)
+			read <- err
+		}()
 		if _, err := c.Write(m); err != nil {
 			fail("write: %v", err)
 		}
-		back := make([]byte, size)
-		if _, err := io.ReadFull(c, back); err != nil {
+		if err := <-read; err != nil {
 			fail("read: %v", err)
 		}
 		if !bytes.Equal(m, back) {
