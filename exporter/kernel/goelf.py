@@ -16,9 +16,9 @@ import json
 import re
 from typing import NamedTuple
 
-from exporter.kernel.gotables import ITAB_HASH, Image, Refused, functions, itab_address, uvarint
+from exporter.kernel.gotables import ITAB_HASH, REASONS, Image, Refused, functions, itab_address, uvarint
 
-__all__ = ["BPF_OFFSETS", "GO_OFFSETS", "GoTls", "Refused", "inspect"]
+__all__ = ["BPF_OFFSETS", "GO_OFFSETS", "REASONS", "GoTls", "Refused", "inspect"]
 
 WRITE, READ = "crypto/tls.(*Conn).Write", "crypto/tls.(*Conn).Read"
 BUILDINFO_MAGIC = b"\xff Go buildinf:"

@@ -37,6 +37,10 @@ ITAB_INTER, ITAB_TYPE, ITAB_HASH = 0, 8, 16
 MAX_FUNC = 64 << 10
 
 
+# Refused.reason, each a label value of the refusals nettap counts
+REASONS = ("go_version", "go_arch", "go_layout", "go_itab", "go_symbols", "not_elf")
+
+
 class Refused(Exception):
     """A Go TLS program nettap cannot probe: ``reason`` is a short snake_case
     id (the label of a refusal), ``str()`` a sentence naming the file's problem."""
@@ -222,7 +226,8 @@ def itab_address(img: Image, concrete: str, iface: str) -> int:
         hits = found[syms[0]] + found[syms[1]]
         if len(hits) == 1:
             return hits[0][0]
-        raise Refused("go_itab", "%s: %d symbols for the itab %s,%s" % (img.name, len(hits), concrete, iface))
+        raise Refused("go_itab", "%s: %s symbols for the itab %s,%s"
+                      % (img.name, len(hits) or "no", concrete, iface))
     links, data = img.section_data(".itablink", ".data.rel.ro.itablink")
     base = img.sections.get(".data.rel.ro") or img.sections.get(".rodata")
     if links is None or base is None:

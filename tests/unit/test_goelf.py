@@ -12,7 +12,7 @@ import time
 import pytest
 
 import gobuild
-from exporter.kernel import goelf
+from exporter.kernel import goelf, gotables
 
 WRITE, READ = "crypto/tls.(*Conn).Write", "crypto/tls.(*Conn).Read"
 ITAB = "go.itab.*net.TCPConn,net.Conn"
@@ -111,6 +111,14 @@ def test_programs_without_crypto_tls_or_go(tmp_path):
 
 def test_arm64_is_refused(built):
     refused(built["arm64"], "go_arch", "EM_AARCH64")
+
+
+def test_every_refusal_has_a_listed_reason():
+    import re
+    from pathlib import Path
+    src = "".join(Path(m.__file__).read_text() for m in (goelf, gotables))
+    raised = set(re.findall(r'Refused\("(\w+)"', src))
+    assert raised == set(goelf.REASONS)
 
 
 def refused(path, reason, *words):
