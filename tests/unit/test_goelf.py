@@ -162,8 +162,15 @@ def test_crafted_files_are_refused_by_name(built, tmp_path):
             "go_symbols", WRITE, "2 times")
     # no type named *net.TCPConn (the name is stored as "*net.TCPConn" with tflagExtraStar)
     refused(patched(src, tmp_path / "itab", b"\x0c*net.TCPConn", b"\x0c*net.TCPConX"), "go_itab", "*net.TCPConn")
+    # Read with its RETs overwritten by int3
+    got = goelf.inspect(src)
+    noret = bytearray(data)
+    for r in got.read_rets:
+        noret[r] = 0xCC
+    (tmp_path / "noret").write_bytes(bytes(noret))
+    refused(str(tmp_path / "noret"), "go_symbols", "no RET", READ)
     # Write's prologue is not the register ABI's stack check
-    entry = goelf.inspect(src).write_entry
+    entry = got.write_entry
     (tmp_path / "abi").write_bytes(data[:entry] + b"\x90" * 4 + data[entry + 4:])
     refused(str(tmp_path / "abi"), "go_version", WRITE, "R14")
 
