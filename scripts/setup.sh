@@ -19,6 +19,9 @@ TEST_PKGS="$TEST_PKGS tshark"
 TEST_PKGS="$TEST_PKGS tmux"
 # curl, openssl: tests/kernel/test_tls.py (curl's plain SSL_write/SSL_read; the test certificate)
 TEST_PKGS="$TEST_PKGS curl openssl"
+# golang-1.19-go: tests/gobuild.py builds the Go TLS programs of tests/go/ (goelf, the Go TLS
+# uprobes) from source with Debian's toolchain
+TEST_PKGS="$TEST_PKGS golang-1.19-go"
 # python3-fusepy: tests/kernel/test_tls_files.py serves a libssl from a FUSE server that stalls
 TEST_PKGS="$TEST_PKGS python3-fusepy"
 # nats-server: the JetStream cluster nettap ingest publishes to in tests/e2e/test_ingest.py
