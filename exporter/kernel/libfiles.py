@@ -71,7 +71,10 @@ def map_lines(data: bytes, pid: int, want) -> list:
             continue
         try:
             major, minor = (int(x, 16) for x in parts[3].split(":"))
-            ml = MapLine(pid, parts[0], os.makedev(major, minor), int(parts[4]), path)
+            # maps pads addresses to 8 digits; map_files names them "%lx-%lx" (a
+            # non-PIE executable's 00400000 is map_files/400000-...)
+            span = "-".join(f"{int(x, 16):x}" for x in parts[0].split("-"))
+            ml = MapLine(pid, span, os.makedev(major, minor), int(parts[4]), path)
         except ValueError:
             continue
         out.setdefault(ml.key, ml)
