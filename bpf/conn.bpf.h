@@ -463,6 +463,7 @@ static __always_inline __u64 conn_advance(struct conn *cn, __u32 probe, long ret
 		calls = &cn->rx_calls;
 		break;
 	case NETTAP_PROBE_SSL_WRITE:
+	case NETTAP_PROBE_GO_TLS_WRITE:
 		off = &cn->tls_tx_off;
 		break;
 	default:

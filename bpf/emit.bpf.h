@@ -312,7 +312,8 @@ static __always_inline void emit_call(struct inflight *in, struct nettap_probe_c
 	hdr->h.pid = id >> 32;
 	hdr->call_len = ret;
 	hdr->tid = (__u32)id;
-	hdr->direction = (probe == NETTAP_PROBE_TCP_SENDMSG || probe == NETTAP_PROBE_SSL_WRITE)
+	hdr->direction = (probe == NETTAP_PROBE_TCP_SENDMSG || probe == NETTAP_PROBE_SSL_WRITE ||
+			  probe == NETTAP_PROBE_GO_TLS_WRITE)
 				 ? NETTAP_DIR_EGRESS
 				 : NETTAP_DIR_INGRESS;
 	read_addrs(sk, fast, &hdr->ports, &hdr->addrs);
@@ -352,6 +353,69 @@ static __always_inline void emit_call(struct inflight *in, struct nettap_probe_c
 	__sync_fetch_and_add(&c->chunks, st->published);
 	if (st->dropped)
 		count_drop(NETTAP_RING_CAPTURE_CHUNKS, st->dropped);
+}
+
+/* A TLS call (libssl's, Go's) returned having moved bytes of plaintext from
+ * or to buf, on socket sk of connection cn (NULL: none): counted, and
+ * published as chunks with the TLS offsets of cn. */
+static __always_inline void tls_publish(struct nettap_capture_config *cfg, __u32 probe, __u64 skp,
+					struct conn *cn, __u64 buf, __u64 bytes, __u8 flags,
+					const bool fast)
+{
+	__u64 id = bpf_get_current_pid_tgid(), at = 0;
+	struct nettap_probe_counters *c = counters(probe);
+	struct inflight *in;
+	struct sock *sk;
+
+	if (!c)
+		return;
+	__sync_fetch_and_add(&c->calls, 1);
+	__sync_fetch_and_add(&c->returns, 1);
+	if (!bytes || bytes > 0x7fffffff)
+		return;
+	sk = fast ? KCAST(struct sock, skp) : (struct sock *)skp;
+	if (cn)
+		at = conn_advance(cn, probe, bytes, fast);
+	/* The thread's TCP call scratch: no TCP call is in flight in user space. */
+	in = inflight_create(fast);
+	if (!in)
+		return;
+	in->buf = buf;
+	in->iovcnt = 0;
+	in->skip = 0;
+	in->iov_kernel = 0;
+	in->unreadable = 0;
+	emit_call(in, c, cfg, probe, sk, cn, at, flags, bytes, fast);
+	inflight_end(in, id, fast);
+}
+
+/* ring dlopen: the current process maps (or runs) file: told, so that user
+ * space attaches the TLS uprobes to the file if it has not yet. */
+static __always_inline void dlopen_submit(struct file *file)
+{
+	struct nettap_dlopen *r;
+	struct inode *inode;
+	__u64 id;
+
+	r = bpf_ringbuf_reserve(&dlopen, sizeof(*r), 0);
+	if (!r) {
+		count_drop(NETTAP_RING_DLOPEN, 1);
+		return;
+	}
+	id = bpf_get_current_pid_tgid();
+	inode = BPF_CORE_READ(file, f_inode);
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.conn_id = 0;
+	r->h.kind = NETTAP_KIND_DLOPEN;
+	r->h.pid = id >> 32;
+	r->ino = BPF_CORE_READ(inode, i_ino);
+	r->dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	r->tid = (__u32)id;
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	__builtin_memset(r->name, 0, sizeof(r->name));
+	bpf_probe_read_kernel_str(r->name, sizeof(r->name),
+				  BPF_CORE_READ(file, f_path.dentry, d_name.name));
+	bpf_ringbuf_submit(r, 0);
 }
 
 static __always_inline int exit_call(__u32 probe, long ret, const bool fast)

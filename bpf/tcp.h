@@ -58,7 +58,9 @@
 #define NETTAP_PROBE_SSL_READ	   3 /* SSL_read, SSL_read_ex: plaintext received */
 #define NETTAP_PROBE_SSL_HANDSHAKE 4 /* SSL_do_handshake (SSL_connect, SSL_accept call it) */
 #define NETTAP_PROBE_DNS	   5 /* DNS messages over UDP (bpf/dns.bpf.c) */
-#define NETTAP_PROBE_COUNT	   6
+#define NETTAP_PROBE_GO_TLS_WRITE  6 /* Go's crypto/tls.(*Conn).Write: plaintext sent */
+#define NETTAP_PROBE_GO_TLS_READ   7 /* Go's crypto/tls.(*Conn).Read: plaintext received */
+#define NETTAP_PROBE_COUNT	   8
 
 /* Ring indexes: rows of the ringbuf_drops map, and the `ring` label. */
 #define NETTAP_RING_CAPTURE_CHUNKS 0
@@ -73,8 +75,9 @@
 /* Map indexes: rows of the map_insert_failures map, and the `map` label of
  * nettap_bpf_map_insert_failures_total: a map whose refused insert (full, or
  * no memory) loses what its entry was for. */
-#define NETTAP_MAP_TLS_CALLS 0 /* a TLS call not followed: its plaintext not captured */
-#define NETTAP_MAP_COUNT     1
+#define NETTAP_MAP_TLS_CALLS	0 /* a TLS call not followed: its plaintext not captured */
+#define NETTAP_MAP_GO_TLS_CALLS 1 /* a Go TLS call not followed: its plaintext not captured */
+#define NETTAP_MAP_COUNT	2
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
@@ -118,7 +121,8 @@
 /* nettap_chunk.flags */
 #define NETTAP_CHUNK_F_READ_FAILED (1U << 0) /* payload could not be read; zeroed */
 #define NETTAP_CHUNK_F_NO_CONN	   (1U << 1) /* conn table full: conn_id 0, offsets unknown */
-#define NETTAP_CHUNK_F_TLS	   (1U << 2) /* TLS plaintext (libssl): its own offsets */
+#define NETTAP_CHUNK_F_TLS	   (1U << 2) /* TLS plaintext: its own offsets */
+#define NETTAP_CHUNK_F_GO	   (1U << 3) /* of Go's crypto/tls (with tls); else libssl's */
 
 /* nettap_owner.via: how nettap learnt a captured socket's owner */
 #define NETTAP_VIA_CONNECT    1 /* its connect, in the connecting task */
@@ -203,6 +207,16 @@ struct nettap_probe_counters {
 	__u64 returns;
 	__u64 bytes;
 	__u64 chunks;
+};
+
+/* Go's crypto/tls (bpf/gotls.bpf.c): where a tls.Conn's socket is, one row
+ * of map go_tls_layout. Go's offsets, the same for every Go binary attached
+ * (exporter/kernel/goelf.py refuses one that differs). */
+struct nettap_go_layout {
+	__u32 conn;	 /* tls.Conn.conn: a net.Conn (itab pointer, data pointer) */
+	__u32 fd;	 /* the *netFD in net.TCPConn (TCPConn.conn.fd) */
+	__u32 sysfd;	 /* the int Sysfd in net.netFD (netFD.pfd.Sysfd) */
+	__u32 itab_hash; /* the concrete type's hash in runtime.itab */
 };
 
 /* The first bytes of every ring record. */
@@ -443,16 +457,18 @@ struct NETTAP_RECORD("tls_handshake", "obs_events") nettap_tls_handshake {
 };
 
 /* ring dlopen: a process mapped a libssl file to run it (mmap with
- * PROT_EXEC: the dynamic linker at exec or at dlopen), while capture.tls is
- * on; pid the process's. User space attaches the TLS uprobes to that file
- * if it has not yet (exporter/kernel/tls.py). */
+ * PROT_EXEC: the dynamic linker at exec or at dlopen), or ran a program
+ * (execve: Go's crypto/tls is in the executable), while capture.tls is on;
+ * pid the process's. User space attaches the TLS uprobes to that file if it
+ * has not yet (exporter/kernel/tlsfiles.py). */
 struct NETTAP_RECORD("dlopen", "dlopen") nettap_dlopen {
 	struct nettap_hdr h;
 	__u64 ino;			   /* the file's inode number */
 	__u32 dev;			   /* its file system's device, (major << 20) | minor */
 	__u32 tid;			   /* the mapping thread */
 	char comm[16] NETTAP_JSON("text"); /* the mapping thread's task name */
-	char name[16] NETTAP_JSON("text"); /* the file's name, no directory (libssl.so.*) */
+	char name[16] NETTAP_JSON(
+		"text"); /* the file's name, no directory (libssl.so.*, a program) */
 };
 
 /* ring dns: a DNS message a captured workload sent to UDP port 53, or received

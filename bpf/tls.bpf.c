@@ -94,43 +94,20 @@ static __always_inline bool tls_take(__u32 probe, struct tls_call *call, struct 
 
 static __always_inline int tls_exit(__u32 probe, long ret, const bool fast)
 {
-	__u64 id = bpf_get_current_pid_tgid(), at = 0, bytes = 0;
 	struct nettap_capture_config *cfg = NULL;
-	struct nettap_probe_counters *c;
 	struct tls_call call = {};
 	struct conn *cn = NULL;
-	struct inflight *in;
-	struct sock *sk;
+	__u64 bytes = 0;
 
 	if (!tls_take(probe, &call, &cn, &cfg, fast) || !cfg)
 		return 0;
-	c = counters(probe);
-	if (!c)
-		return 0;
-	__sync_fetch_and_add(&c->calls, 1);
-	__sync_fetch_and_add(&c->returns, 1);
 	if (call.ex) {
 		if (ret == 1 && call.outp)
 			bpf_probe_read_user(&bytes, sizeof(bytes), (void *)call.outp);
 	} else if (ret > 0) {
 		bytes = ret;
 	}
-	if (!bytes || bytes > 0x7fffffff)
-		return 0;
-	sk = fast ? KCAST(struct sock, call.sk) : (struct sock *)call.sk;
-	if (cn)
-		at = conn_advance(cn, probe, bytes, fast);
-	/* The thread's TCP call scratch: no TCP call is in flight in user space. */
-	in = inflight_create(fast);
-	if (!in)
-		return 0;
-	in->buf = call.buf;
-	in->iovcnt = 0;
-	in->skip = 0;
-	in->iov_kernel = 0;
-	in->unreadable = 0;
-	emit_call(in, c, cfg, probe, sk, cn, at, NETTAP_CHUNK_F_TLS, bytes, fast);
-	inflight_end(in, id, fast);
+	tls_publish(cfg, probe, call.sk, cn, call.buf, bytes, NETTAP_CHUNK_F_TLS, fast);
 	return 0;
 }
 
@@ -257,11 +234,8 @@ SEC("tracepoint/syscalls/sys_enter_mmap")
 int tls_mmap(struct trace_event_raw_sys_enter *ctx)
 {
 	struct nettap_capture_config *cfg;
-	struct nettap_dlopen *r;
-	struct inode *inode;
 	struct file *file;
 	char name[sizeof(LIBSSL)] = {};
-	__u64 id;
 
 	if (!(ctx->args[2] & PROT_EXEC) || (long)(int)ctx->args[4] < 0)
 		return 0;
@@ -279,24 +253,6 @@ int tls_mmap(struct trace_event_raw_sys_enter *ctx)
 	for (int i = 0; i < sizeof(LIBSSL) - 1; i++)
 		if (name[i] != LIBSSL[i])
 			return 0;
-	r = bpf_ringbuf_reserve(&dlopen, sizeof(*r), 0);
-	if (!r) {
-		count_drop(NETTAP_RING_DLOPEN, 1);
-		return 0;
-	}
-	id = bpf_get_current_pid_tgid();
-	inode = BPF_CORE_READ(file, f_inode);
-	r->h.ts_ns = bpf_ktime_get_ns();
-	r->h.conn_id = 0;
-	r->h.kind = NETTAP_KIND_DLOPEN;
-	r->h.pid = id >> 32;
-	r->ino = BPF_CORE_READ(inode, i_ino);
-	r->dev = BPF_CORE_READ(inode, i_sb, s_dev);
-	r->tid = (__u32)id;
-	bpf_get_current_comm(r->comm, sizeof(r->comm));
-	__builtin_memset(r->name, 0, sizeof(r->name));
-	bpf_probe_read_kernel_str(r->name, sizeof(r->name),
-				  BPF_CORE_READ(file, f_path.dentry, d_name.name));
-	bpf_ringbuf_submit(r, 0);
+	dlopen_submit(file);
 	return 0;
 }

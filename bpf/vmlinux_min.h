@@ -257,7 +257,12 @@ struct css_set {
 	struct cgroup *dfl_cgrp;
 };
 
+struct mm_struct {
+	struct file *exe_file;
+};
+
 struct task_struct {
+	struct mm_struct *mm;
 	struct files_struct *files;
 	struct css_set *cgroups;
 	__u64 start_time;

@@ -30,6 +30,10 @@ if [ "${1:-}" = --kernel ]; then
 fi
 scripts/setup.sh test
 mark set-up
+# The Go test programs (tests/go, tests/gobuild.py) built beside the checks and the unit tests:
+# with a cold Go cache the PIE and BoringCrypto builds each rebuild the standard library (~40 s);
+# a test that needs one waits for it (a lock), and the guests' packed tree carries them.
+.venv/bin/python tests/gobuild.py > "$out/gobuild.log" 2>&1 & gobuild=$!
 make -s -C bpf check
 .venv/bin/python alerts/render.py --check
 mark checks
@@ -61,6 +65,7 @@ if [ $host = 1 ]; then
   fi
   mark host
 fi
+wait $gobuild || { echo "--- the Go test programs did not build:"; cat "$out/gobuild.log"; rc=1; }
 if [ "${NETTAP_KERNEL_MATRIX:-1}" != 0 ]; then
   if [ $host = 1 ]; then
     /usr/bin/python3 scripts/kernel_matrix.py --out "$out" --host-junit "$out/host.xml" || rc=1

@@ -6,7 +6,7 @@ test run built are already there when the kernel matrix packs the checkout
 for its qemu guests (building under TCG is slow). Where that directory is not
 writable (a guest's read-only checkout) they go to $TMPDIR/nettap-go.
 Go's own build cache (GOCACHE) is $TMPDIR/nettap-go/gocache for every
-checkout, never inside one: a PIE, BoringCrypto or arm64 build first rebuilds
+checkout, never inside one: a PIE or BoringCrypto build first rebuilds
 the standard library into it (~40 s each here, ~200 MB in all, which the
 guests' packed tree must not carry); later builds take about a second.
 """
@@ -17,6 +17,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 GO = "/usr/lib/go-1.19/bin/go"
@@ -32,8 +33,6 @@ VARIANTS = {
     "pie_stripped": ({}, ["-buildmode=pie", "-ldflags=-s -w"]),
     # Debian's 1.19 builds it (cgo, the toolchain's bundled BoringSSL objects)
     "boringcrypto": ({"GOEXPERIMENT": "boringcrypto"}, []),
-    # not x86-64: goelf refuses it (go_arch); the standard library cross-compiles
-    "arm64": ({"GOARCH": "arm64"}, []),
 }
 
 
@@ -109,3 +108,13 @@ def msg(i: int, size: int) -> bytes:
     import numpy as np
     k = np.arange(size, dtype=np.int64)
     return ((i * 131 + k * 7 + size) % 251).astype(np.uint8).tobytes()
+
+
+# What the test command builds before the tests (scripts/test.sh, in the background): every
+# program the unit and kernel tests run, so the guests' image carries them.
+PREBUILT = [("gotls", v) for v in VARIANTS] + [("notls", "plain")]
+
+if __name__ == "__main__":
+    for name, variant in PREBUILT:
+        start = time.monotonic()
+        print("%s (%s): %s, %.1f s" % (name, variant, build(name, variant), time.monotonic() - start), flush=True)

@@ -14,7 +14,7 @@ from prometheus_client import gc_collector, platform_collector, process_collecto
 
 from exporter import __version__
 from exporter import config as config_mod
-from exporter.capture import filter as capture_filter, sinks, targets
+from exporter.capture import filter as capture_filter, members, sinks, targets
 from exporter.kernel.bpfstats import STATE_PROBE, StatsSwitch, own_programs
 from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.programs import ProgramStatsCollector
@@ -203,7 +203,7 @@ class Nettap:
                                        capture_filter.wakeup_thresholds(old.ring_bytes))
                 # TLS uprobes on or off; when on, on the libssl files of the
                 # processes started since the last look too
-                self.probes.set_tls(config.tls)
+                self.probes.set_tls(config.tls, self._tls_processes if config.tls_attach == "targets" else None)
                 self.probes.set_dns(config.dns)
             except BaseException:
                 if sink:
@@ -216,6 +216,16 @@ class Nettap:
             logging.getLogger().setLevel((self.log_level or config.log_level).upper())
             self.config = config._replace(rings=old.rings)    # rings: as loaded
             self.reloads.restart_pending = ", ".join(pending)
+
+    def _tls_processes(self):
+        """capture.tls_attach: targets: the pids of the targets' processes (the
+        TLS uprobes go on the files they use), or None while a port target is
+        in force (it names no process before its socket exists: any process's
+        files, as with node)."""
+        current = self.target_maps.current
+        if current is None or current.ports:
+            return None
+        return members.processes(current)
 
     def _libssl_mapped(self, recs) -> None:
         """dlopen records (the drain thread): the TLS uprobes on the libssl

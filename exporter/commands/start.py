@@ -101,6 +101,7 @@ def load_refused(e: OSError, kernel_plan) -> str:
 
 def preflight(probes, tls_on: bool = False, dns_on: bool = False) -> int:
     """Print what the kernel offers, what was chosen, what attached; release all."""
+    from exporter.kernel import goelf
     kp = probes.plan
     print(f"kernel: {os.uname().release}", flush=True)
     for f in kp.features:
@@ -113,17 +114,18 @@ def preflight(probes, tls_on: bool = False, dns_on: bool = False) -> int:
     print(f"tcp_state (lifecycle): {lc.mechanism if lc.attached else 'NOT ATTACHED: ' + lc.error}")
     for p, st in probes.separate.items():
         print(f"{p} (lifecycle): {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}")
-    probes.set_tls(tls_on)
-    files = ", ".join(probes.tls.files.values()) if probes.tls else ""
+    probes.set_tls(tls_on)          # every process's files (no target here: as capture.tls_attach node)
     for p, st in probes.tls_states.items():
+        files = ", ".join(probes.tls.files_of(p)) if probes.tls else ""
         print(f"{p} (tls): {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}"
               + (f" on {files}" if st.attached else ""))
     probes.set_dns(dns_on)
     st = probes.dns.state
     print(f"dns: {st.mechanism if st.attached else st.reported.upper() + ': ' + st.error}")
     print("tls: OpenSSL's shared libssl (libssl.so.3, libssl.so.1.1: SSL_write, SSL_write_ex, SSL_read, "
-          "SSL_read_ex, SSL_do_handshake); TLS linked into a program (Go's crypto/tls, BoringSSL, rustls) "
-          "is not seen")
+          "SSL_read_ex, SSL_do_handshake), and Go's crypto/tls ((*Conn).Write, (*Conn).Read) in Go "
+          f"executables: {goelf.LIMITS}; other TLS linked into a program (BoringSSL, rustls, utls, "
+          "quic-go) is not seen (docs/limits.md#tls)")
     sys.stdout.flush()
     ok = all(st.attached for st in probes.states.values()) and lc.attached \
         and all(st.attached for st in probes.separate.values() if st.reported != "unsupported") \

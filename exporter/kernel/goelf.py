@@ -37,6 +37,10 @@ GO_OFFSETS = {
     "1.19": {"conn": 0, "fd": 0, "sysfd": 16},
 }
 
+# What --preflight says of the Go programs nettap reads (docs/limits.md#gos-cryptotls says why).
+LIMITS = ("Go 1.18+ on x86-64 (register ABI), stripped and PIE builds, BoringCrypto; offsets from DWARF "
+          "or the table of " + ", ".join(f"go{v}" for v in GO_OFFSETS) + "; arm64 not yet")
+
 # (struct, member, member's type name) along the chain the BPF side walks
 _CHAIN = {
     "conn": [("crypto/tls.Conn", "conn", "net.Conn")],

@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 
-from exporter.kernel import dns, libbpf, tcp_h, tls, tlsfiles
+from exporter.kernel import dns, gotls, libbpf, tcp_h, tls, tlsfiles
 from exporter.kernel import privileges
 from exporter.kernel import programs as table
 from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
@@ -138,7 +138,7 @@ class Probes:
         self.tls_ok = ok
         self.tls_mech = tls.mechanism(self.plan.features)     # uprobe_multi (6.6+) or uprobe
         self.tls_states = {p: ProbeState(p, mechanism=DISABLED if ok else UNSUPPORTED, error=why or TLS_OFF)
-                           for p in tls.PROBES}
+                           for p in tls.PROBES + gotls.PROBES}
         self.tls: tlsfiles.TlsProbes | None = None
         self.tls_refused = dict.fromkeys(tls.REASONS, 0)     # libssl files refused, while TLS was ever on
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
@@ -223,7 +223,7 @@ class Probes:
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
         if self.tls_ok:
-            want.update({p: "tls" for p in tls.programs(self.variant)})
+            want.update({p: "tls" for p in tls.programs(self.variant) + gotls.programs(self.variant)})
         if self.dns.loaded and not self.dns.deferred:
             want.update({p: dns.PROBE for p in self.dns.programs()})
         return want
@@ -299,10 +299,12 @@ class Probes:
                 st.mechanism = "none"
                 log.error("probe %s not attached: %s", probe, e)
 
-    def set_tls(self, on: bool) -> None:
-        """capture.tls: attach the TLS uprobes to every libssl file found now
-        (tls.py), or detach them all. Loaded either way (where the kernel has
-        uprobes), so switching needs no reload."""
+    def set_tls(self, on: bool, processes=None) -> None:
+        """capture.tls: attach the TLS uprobes to the libssl files and Go
+        programs the targets' processes use (processes: () -> their pids;
+        None: every process's, and the linker's libssl files), or detach
+        them all. Loaded either way (where the kernel has uprobes), so
+        switching needs no reload."""
         if not self.tls_ok:
             return
         if not on:
@@ -315,12 +317,13 @@ class Probes:
         if self.tls is None:
             try:
                 self.tls = tlsfiles.TlsProbes(self.obj, self.variant, self.tls_states, self.tls_refused,
-                                              mech=self.tls_mech)
+                                              mech=self.tls_mech, map_fds=self.map_fds, processes=processes)
             except OSError as e:        # the dlopen ring's tracepoint: reported, TLS stays off
                 for st in self.tls_states.values():
-                    st.mechanism, st.attached, st.error = "none", False, f"sys_enter_mmap: {e}"
+                    st.mechanism, st.attached, st.error = "none", False, f"the dlopen ring's tracepoints: {e}"
                 log.error("TLS probes not attached: %s", e)
                 return
+        self.tls.processes = processes          # the targets' processes, as of this config
         self.rescan_tls()
 
     def set_dns(self, on: bool) -> None:

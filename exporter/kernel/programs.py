@@ -17,7 +17,8 @@ from exporter.kernel.programs_h import PROGRAMS
 PLANNED = ("fentry", "kprobe", "tracepoint")     # in the design card's order of preference
 FIXED = ("tp_btf", "tracepoint")
 UPROBE = "uprobe"
-PROBES, MECH, VARIANT, NEEDS, SECTION, ATTACH, RETURN = range(7)     # a PROGRAMS row's fields
+LIBS = ("openssl", "go")        # whose calls uprobe programs are on (their lib= tag)
+PROBES, MECH, VARIANT, NEEDS, SECTION, ATTACH, RETURN, LIB = range(8)     # a PROGRAMS row's fields
 
 
 def probes() -> list:
@@ -41,9 +42,11 @@ def fixed() -> list:
     return [p for p in probes() if len(mechanisms(p)) == 1 and mechanisms(p)[0] in FIXED]
 
 
-def uprobe() -> list:
-    """The probes of uprobe programs (TLS: tls.py)."""
-    return [p for p in probes() if UPROBE in mechanisms(p)]
+def uprobe(lib: str = "openssl") -> list:
+    """The probes of uprobe programs on a library's calls (TLS: tls.py for
+    OpenSSL's libssl, gotls.py for Go's crypto/tls)."""
+    return [p for p in probes() if any(row[MECH] == UPROBE and row[LIB] == lib for row in PROGRAMS.values()
+                                       if p in row[PROBES])]
 
 
 def names(probe: str, mechanism: str | None = None, variant: str = "fast", only: bool = False) -> list:

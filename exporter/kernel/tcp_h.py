@@ -27,7 +27,9 @@ PROBE_SSL_WRITE = 2
 PROBE_SSL_READ = 3
 PROBE_SSL_HANDSHAKE = 4
 PROBE_DNS = 5
-PROBE_COUNT = 6
+PROBE_GO_TLS_WRITE = 6
+PROBE_GO_TLS_READ = 7
+PROBE_COUNT = 8
 RING_CAPTURE_CHUNKS = 0
 RING_CAPTURE_EOF = 1
 RING_LOGS = 2
@@ -37,7 +39,8 @@ RING_SEGMENTS = 5
 RING_DNS = 6
 RING_COUNT = 7
 MAP_TLS_CALLS = 0
-MAP_COUNT = 1
+MAP_GO_TLS_CALLS = 1
+MAP_COUNT = 2
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
@@ -65,6 +68,7 @@ DIR_INGRESS = 1
 CHUNK_F_READ_FAILED = 1
 CHUNK_F_NO_CONN = 2
 CHUNK_F_TLS = 4
+CHUNK_F_GO = 8
 VIA_CONNECT = 1
 VIA_FIRST_CALL = 2
 VIA_ACCEPT = 3
@@ -92,13 +96,13 @@ LOG_PAYLOAD_UNREADABLE = 5
 
 # The #defines that name values, by group: NETTAP_<GROUP>_<NAME> -> {value: name}.
 NAMES = {
-    'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls'},
+    'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls', 8: 'go'},
     'DIR': {0: 'egress', 1: 'ingress'},
     'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
     'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment', 16: 'dns'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
-    'MAP': {0: 'tls_calls'},
-    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake', 5: 'dns'},
+    'MAP': {0: 'tls_calls', 1: 'go_tls_calls'},
+    'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake', 5: 'dns', 6: 'go_tls_write', 7: 'go_tls_read'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments', 6: 'dns'},
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
@@ -107,8 +111,8 @@ NAMES = {
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
-MAPS = ('tls_calls',)
-PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns')
+MAPS = ('tls_calls', 'go_tls_calls')
+PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns', 'go_tls_write', 'go_tls_read')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
 OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'retrans': (520, 528), 'timers': (528, 576), 'wakeups': (576, 1024)}    # rows NETTAP_OBS_*: name -> (first, end)
 
@@ -307,7 +311,7 @@ STRUCTS = {
         ('dev', 32, '__u32', 1, 4, '', "its file system's device, (major << 20) | minor"),
         ('tid', 36, '__u32', 1, 4, '', 'the mapping thread'),
         ('comm', 40, 'char', 16, 16, 'text', "the mapping thread's task name"),
-        ('name', 56, 'char', 16, 16, 'text', "the file's name, no directory (libssl.so.*)"),
+        ('name', 56, 'char', 16, 16, 'text', "the file's name, no directory (libssl.so.*, a program)"),
     )),
     'nettap_retransmit': (80, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
@@ -420,6 +424,12 @@ STRUCTS = {
         ('daddr', 80, '__u8', 16, 16, 'addr', "the peer's address"),
         ('comm', 96, 'char', 16, 16, 'text', "the calling thread's task name"),
         ('data', 112, '__u8', 512, 512, 'base64:len', "the call's first len bytes"),
+    )),
+    'nettap_go_layout': (16, (
+        ('conn', 0, '__u32', 1, 4, '', 'tls.Conn.conn: a net.Conn (itab pointer, data pointer)'),
+        ('fd', 4, '__u32', 1, 4, '', 'the *netFD in net.TCPConn (TCPConn.conn.fd)'),
+        ('sysfd', 8, '__u32', 1, 4, '', 'the int Sysfd in net.netFD (netFD.pfd.Sysfd)'),
+        ('itab_hash', 12, '__u32', 1, 4, '', "the concrete type's hash in runtime.itab"),
     )),
 }
 

@@ -31,7 +31,7 @@ import re
 import resource
 from ctypes import Structure, c_bool, c_char_p, c_int, c_size_t, c_uint64, c_void_p
 
-from exporter.kernel import libbpf, uprobe_multi
+from exporter.kernel import gotables, libbpf, uprobe_multi
 from exporter.kernel import programs as table
 from exporter.kernel.mechanisms import UNSUPPORTED
 
@@ -72,7 +72,8 @@ MAX_ABANDONED = 8           # workers abandoned on such files before attaching s
 SWEEP_INTERVAL = 10.0       # s between looks for files no process maps any more
 FAILED_KEPT = 8             # refused files named in the probes' state
 # nettap_tls_files_refused_total's reasons
-REASONS = ("limit", "user_limit", "fds", "not_regular", "not_mapped", "fuse", "timeout", "no_symbols", "error")
+REASONS = ("limit", "user_limit", "fds", "not_regular", "not_mapped", "fuse", "timeout", "no_symbols",
+           "error") + gotables.REASONS       # and a Go program's (goelf.py)
 LIMIT_WHY = {"limit": f"{MAX_FILES} libssl files attached already",
              "user_limit": f"{MAX_USER_FILES} libssl files of this user attached already",
              "fds": f"fewer than {FD_RESERVE} file descriptors would be left"}
@@ -123,16 +124,18 @@ class bpf_uprobe_opts(Structure):
 _ATTACH = "bpf_program__attach_uprobe_opts"
 
 
-def attach_uprobe(prog: int, path: str, sym: str, retprobe: bool) -> int:
-    """A link of program prog (a bpf_program *) on sym of the file at path,
-    in every process (pid -1); OSError as libbpf reports it (ENOENT: the file
-    has no such symbol)."""
+def attach_uprobe(prog: int, path: str, sym: str | None, retprobe: bool, offset: int = 0) -> int:
+    """A link of program prog (a bpf_program *) on sym of the file at path
+    (None: at file offset `offset`), in every process (pid -1); OSError as
+    libbpf reports it (ENOENT: the file has no such symbol)."""
     fn = getattr(libbpf.lib(), _ATTACH)
     fn.restype = c_void_p
     fn.argtypes = [c_void_p, c_int, c_char_p, c_size_t, ctypes.POINTER(bpf_uprobe_opts)]
-    opts = bpf_uprobe_opts(sz=ctypes.sizeof(bpf_uprobe_opts), retprobe=retprobe, func_name=sym.encode())
+    opts = bpf_uprobe_opts(sz=ctypes.sizeof(bpf_uprobe_opts), retprobe=retprobe,
+                           func_name=sym.encode() if sym else None)
     ctypes.set_errno(0)
-    return libbpf.check_ptr(f"{_ATTACH}({sym})", fn(prog, -1, path.encode(), 0, ctypes.byref(opts)))
+    return libbpf.check_ptr(f"{_ATTACH}({sym or hex(offset)})",
+                            fn(prog, -1, path.encode(), offset, ctypes.byref(opts)))
 
 
 def mechanism(features: list) -> str:
@@ -143,15 +146,18 @@ def mechanism(features: list) -> str:
 
 
 def prepare(obj: int, mech: str) -> None:
-    """Before load: the uprobe programs of both variants loaded for
-    uprobe_multi links where that is the mechanism (the kernel refuses a
-    multi link to a program not loaded for it)."""
+    """Before load: the uprobe programs of both variants and libraries
+    (libssl's, Go's: gotls.py) loaded for uprobe_multi links where that is
+    the mechanism (the kernel refuses a multi link to a program not loaded
+    for it)."""
     if mech != "uprobe_multi":
         return
     find = libbpf.lib().bpf_object__find_program_by_name
-    for name in dict.fromkeys(programs("fast") + programs("compat")):
+    names = (n for lib in table.LIBS for p in table.uprobe(lib) for v in ("fast", "compat")
+             for n in table.names(p, table.UPROBE, v))
+    for name in dict.fromkeys(names):
         prog = find(obj, name.encode())
-        if name != MMAP and prog:
+        if prog:
             libbpf.call("bpf_program__set_expected_attach_type", prog, uprobe_multi.BPF_TRACE_UPROBE_MULTI)
 
 
@@ -219,9 +225,10 @@ def attach_multi(prog, variant: str, path: str) -> tuple:
     return made, counts, ""
 
 
-def report(states: dict, symbols: dict, failed: dict, mech: str = "uprobe") -> None:
+def report(states: dict, symbols: dict, failed: dict, mech: str = "uprobe", idle: dict | None = None) -> None:
     """Each TLS probe's state (mechanisms.ProbeState): attached where some
-    file carries its symbols; a node without libssl is not a failure."""
+    file carries its symbols; no file to attach is not a failure (idle:
+    probe -> why none is attached, then)."""
     for p, st in states.items():
         st.mechanism, st.attached = mech, symbols[p] > 0
         if st.attached:
@@ -229,7 +236,7 @@ def report(states: dict, symbols: dict, failed: dict, mech: str = "uprobe") -> N
         elif failed:
             st.error = "; ".join(f"{f}: {why}" for f, why in failed.items())
         else:
-            st.mechanism, st.error = UNSUPPORTED, "no libssl.so file on this node"
+            st.mechanism, st.error = UNSUPPORTED, (idle or {}).get(p, "no libssl.so file on this node")
 
 
 def free_fds() -> int:

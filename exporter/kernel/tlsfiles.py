@@ -1,6 +1,15 @@
-"""The libssl files the TLS uprobes are on (tls.py): found, opened
+"""The files the TLS uprobes are on: libssl files (tls.py) and Go
+executables (gotls.py), found among the files the targets' processes map
+or run (or every process's, with capture.tls_attach: node), opened
 (libfiles.py), attached and released by a thread of their own, within
 bounds any user's processes cannot push.
+
+A uprobe traps in every process that maps its file, so a file is attached
+only while some captured process uses it: found at start and at every
+target change (the targets' processes, a callable the daemon gives), when
+a task target maps a libssl file or runs a program (the dlopen ring: mmap
+and exec), and by the periodic sweep (a netns or port target's processes
+started since); detached when no captured process uses it any more.
 
 Every file is opened, parsed and attached by nettap-tls, never by the drain
 thread or a reload: a file that does not answer (a FUSE server that never
@@ -18,13 +27,19 @@ import os
 import threading
 import time
 
-from exporter.kernel import libbpf, libfiles, tls
+from exporter.kernel import goelf, gotls, libbpf, libfiles, tls
+from exporter.kernel import programs as table
 from exporter.kernel.objects import destroy_links
 from exporter.kernel.tls import (DEADLINE, FAILED_KEPT, FD_RESERVE, FDS_PER_FILE, LIMIT_WHY, MAX_ABANDONED,
                                  MAX_FILES, MAX_USER_FILES, MMAP, PROBES, REASONS, SWEEP_INTERVAL,
                                  free_fds, is_libssl, report, system_files)
 
 log = logging.getLogger(__name__)
+ALL_PROBES = PROBES + gotls.PROBES
+# why a probe is on no file, when no file was refused either
+IDLE = {**dict.fromkeys(PROBES, "no libssl.so file is used by the targets' processes"),
+        **dict.fromkeys(gotls.PROBES, "no Go program with crypto/tls runs among the targets' processes")}
+TRACEPOINTS = (MMAP, gotls.EXEC)      # the dlopen ring's programs: a libssl mapped, a program run
 GONE_RETRIES = 4        # a mapped range not found: its maps read again after 10, 20, 40, 80 ms
 
 
@@ -47,21 +62,33 @@ class TlsProbes:
     link to destroy."""
 
     def __init__(self, obj: int, variant: str, states: dict | None = None, refused: dict | None = None,
-                 proc: str = "/proc", mech: str = "uprobe"):
+                 proc: str = "/proc", mech: str = "uprobe", map_fds: dict | None = None, processes=None):
         """states: the TLS probes' ProbeStates, kept told; refused: reason ->
         count, counted on (the caller's, so counts outlive this object);
-        mech: "uprobe_multi" where obj was loaded for it (tls.prepare)."""
+        mech: "uprobe_multi" where obj was loaded for it (tls.prepare);
+        map_fds: the object's maps (Go's go_tls_layout, go_conn_types);
+        processes: () -> the pids of the targets' processes, or None: every
+        process of the node (and the linker's libssl files) is looked at."""
         self.obj, self.variant, self.states, self.proc = obj, variant, states, proc
-        self.mech = mech
-        # libssl files mapped from now on are told on the dlopen ring
-        self.links: list = [libbpf.call_ptr("bpf_program__attach_tracepoint", self._prog(MMAP),
-                                            b"syscalls", b"sys_enter_mmap")]
+        self.mech, self.map_fds, self.processes = mech, dict(map_fds or {}), processes
+        if "go_tls_layout" in self.map_fds:
+            gotls.configure(self.map_fds, goelf.BPF_OFFSETS)
+        # libssl files mapped and programs run from now on are told on the dlopen ring
+        self.links: list = []
+        try:
+            for name in TRACEPOINTS:
+                for cat, tp in table.attach(name):
+                    self.links.append(libbpf.call_ptr("bpf_program__attach_tracepoint", self._prog(name),
+                                                      cat.encode(), tp.encode()))
+        except OSError:
+            destroy_links(self.links)
+            raise
         self.files: dict = {}       # (dev, ino) -> path attached
         self._held: dict = {}       # (dev, ino) -> _File
         self._seen: dict = {}       # a map line's (dev, ino) -> the file's key, or None: refused for good
         self.failed: dict = {}      # path -> why not (the last FAILED_KEPT)
         self.refused = refused if refused is not None else dict.fromkeys(REASONS, 0)
-        self.symbols: dict = {p: 0 for p in PROBES}   # probe -> symbols attached, all files
+        self.symbols: dict = {p: 0 for p in ALL_PROBES}   # probe -> uprobes attached, all files
         self._cv = threading.Condition()
         self._obj_lock = threading.Lock()   # held while a worker uses obj (close() then waits)
         self.obj_in_use = False             # close() found a worker stuck in it: obj must stay
@@ -112,6 +139,11 @@ class TlsProbes:
             self._check_stuck()
             return {"files": len(self._held), "refused": dict(self.refused)}
 
+    def files_of(self, probe: str) -> list:
+        """The paths of the files attached that carry probe's uprobes."""
+        with self._cv:
+            return [f.path for f in self._held.values() if f.counts.get(probe)]
+
     def close(self) -> list:
         """Stop; every link (the caller destroys them). Waits up to DEADLINE
         for a worker attaching (obj_in_use if it is still there)."""
@@ -160,6 +192,9 @@ class TlsProbes:
                 if want != self._done:
                     self._scan_all(gen)
                 elif pids:
+                    allowed = self._targets()
+                    if allowed is not None:     # a netns target's: the ring tells every process
+                        pids &= allowed
                     self._take([ln for pid in sorted(pids) for ln in self._lines(pid, gen)], gen)
                 else:
                     self._sweep(gen)
@@ -180,27 +215,52 @@ class TlsProbes:
             return what not in self._stuck
 
     def _lines(self, pid, gen: int) -> list:
+        """The files of pid the probes may go on: the libssl files it maps,
+        and its executable (Go's crypto/tls is linked into it)."""
         pid = int(pid)
         if not self._wait_on(("pid", pid), gen, f"/proc/{pid}/maps"):
             return []
         data = libfiles.read_maps(self.proc, pid)
         self._wait_on(None, gen)
-        return libfiles.map_lines(data, pid, is_libssl) if b"libssl.so" in data else []
+        return libfiles.map_lines(data, pid, self._wanted(pid))
 
-    def _all_lines(self, gen: int) -> list:
-        return [ln for pid in os.listdir(self.proc) if pid.isdigit() for ln in self._lines(pid, gen)]
+    def _wanted(self, pid: int):
+        """path -> whether it is a file of pid's the probes may go on."""
+        try:
+            exe = os.readlink(os.path.join(self.proc, str(pid), "exe")).removesuffix(" (deleted)")
+        except OSError:                 # gone, or a kernel thread
+            exe = None
+        return lambda path: path == exe or is_libssl(path)
+
+    def _targets(self) -> set | None:
+        """The targets' processes' pids; None: any process's files (capture.tls_attach:
+        node, or a port target, which names no process before its socket exists)."""
+        return None if self.processes is None else self.processes()
+
+    def _all_lines(self, gen: int, pids=None) -> list:
+        pids = sorted(pids) if pids is not None else [int(p) for p in os.listdir(self.proc) if p.isdigit()]
+        return [ln for pid in pids for ln in self._lines(pid, gen)]
 
     def _scan_all(self, gen: int) -> None:
-        for path in system_files():
-            self._take_system(path, gen)
-        lines = self._all_lines(gen)
+        pids = self._targets()
+        if pids is None:
+            for path in system_files():
+                self._take_system(path, gen)
+        lines = self._all_lines(gen, pids)
         self._take(lines, gen)
-        self._release({ln.key for ln in lines}, gen)
+        self._release({ln.key for ln in lines}, gen, system=pids is not None)
 
     def _sweep(self, gen: int) -> None:
-        """Release the files no process maps any more (when some could be)."""
+        """Attach to the files of the targets' processes no record told
+        (moved into a target cgroup, a dlopen record dropped), and release
+        the files none of them uses any more."""
         self._last_sweep = time.monotonic()
-        if any(f.uid is not None for f in list(self._held.values())):
+        pids = self._targets()
+        if pids is not None:
+            lines = self._all_lines(gen, pids)
+            self._take(lines, gen)
+            self._release({ln.key for ln in lines}, gen, system=True)
+        elif any(f.uid is not None for f in list(self._held.values())):
             self._release({ln.key for ln in self._all_lines(gen)}, gen)
 
     # -- one file --
@@ -253,7 +313,7 @@ class TlsProbes:
             return None
         time.sleep(0.01 * 2 ** attempt)
         data = libfiles.read_maps(self.proc, ln.pid)
-        return next((m for m in libfiles.map_lines(data, ln.pid, is_libssl) if m.key == ln.key), None)
+        return next((m for m in libfiles.map_lines(data, ln.pid, self._wanted(ln.pid)) if m.key == ln.key), None)
 
     def _take_line(self, ln, gen: int) -> None:
         try:
@@ -289,7 +349,7 @@ class TlsProbes:
                     reason = "limit"
                 elif uid != 0 and mine >= MAX_USER_FILES:
                     reason = "user_limit"
-                elif free_fds() < FD_RESERVE + FDS_PER_FILE[self.mech]:
+                elif free_fds() < FD_RESERVE + max(FDS_PER_FILE[self.mech], gotls.FDS_PER_FILE[self.mech]):
                     reason = "fds"
                 else:
                     return True
@@ -301,19 +361,38 @@ class TlsProbes:
 
     def _attach(self, fd: int, key: tuple, path: str, uid, aliases, gen: int) -> None:
         """Attach every TLS symbol of the file open at fd (O_PATH): libbpf
-        and the kernel are given /proc/self/fd/N, the very file checked."""
+        and the kernel are given /proc/self/fd/N, the very file checked. A
+        file not libssl's is a program: attached if goelf reads it as Go
+        with crypto/tls, passed over (for good, while mapped) if not Go."""
         at = f"/proc/self/fd/{fd}"
+        go = None
+        if not is_libssl(path):
+            try:
+                go = goelf.inspect(at)
+            except goelf.Refused as e:
+                with self._cv:
+                    self._seen.update(dict.fromkeys(aliases))
+                    self._refuse(e.reason, path, str(e).replace(at, path))
+                return
+            if go is None:                  # not Go, or no crypto/tls: nothing to attach
+                with self._cv:
+                    self._seen.update(dict.fromkeys(aliases))
+                return
         with self._obj_lock:
             if self._closed or gen != self._gen:      # (an abandoned worker back at last)
                 return
-            made, counts, error = tls.attach_symbols(self._prog, self.variant, at, self.mech)
+            if go is None:
+                made, counts, error = tls.attach_symbols(self._prog, self.variant, at, self.mech)
+            else:
+                made, counts, error = gotls.attach_binary(self._prog, self.variant, at, go, self.mech, self.map_fds)
+        counts = {**dict.fromkeys(ALL_PROBES, 0), **counts}
         error = error.replace(at, path)
         with self._cv:
             if not error and any(counts.values()) and gen == self._gen and not self._closed:
                 self._held[key] = _File(path, made, counts, uid, aliases)
                 self.files[key] = path
                 self._seen.update(dict.fromkeys(aliases, key))
-                for p in PROBES:
+                for p in ALL_PROBES:
                     self.symbols[p] += counts[p]
                 self._report()
                 log.info("TLS probes attached to %s", path)
@@ -324,24 +403,25 @@ class TlsProbes:
                              error or "no SSL_read/SSL_write symbol")
         destroy_links(made)
 
-    def _release(self, live: set, gen: int) -> None:
-        """Detach the files (not the system's) whose every map line is gone;
-        forget refusals of files no process maps (tried again if mapped again)."""
+    def _release(self, live: set, gen: int, system: bool = False) -> None:
+        """Detach the files whose every map line is gone (the linker's too
+        if system: no longer attached whoever maps them); forget refusals of
+        files no process maps (tried again if mapped again)."""
         with self._cv:
             if gen != self._gen or self._closed:
                 return
-            gone = [k for k, f in self._held.items() if f.uid is not None and not f.aliases & live]
+            gone = [k for k, f in self._held.items() if (system or f.uid is not None) and not f.aliases & live]
             files = [self._held.pop(k) for k in gone]
             for k in gone:
                 del self.files[k]
             self._seen = {m: k for m, k in self._seen.items() if m in live or k in self._held}
             for f in files:
-                for p in PROBES:
+                for p in ALL_PROBES:
                     self.symbols[p] -= f.counts[p]
             if files:
                 self._report()
         for f in files:
-            log.info("TLS probes detached from %s: no process maps it any more", f.path)
+            log.info("TLS probes detached from %s: no captured process uses it any more", f.path)
         destroy_links([ln for f in files for ln in f.links])
 
     def _refuse(self, reason: str, path: str, why: str) -> None:
@@ -361,4 +441,4 @@ class TlsProbes:
 
     def _report(self) -> None:
         if self.states is not None:
-            report(self.states, self.symbols, self.failed, self.mech)
+            report(self.states, self.symbols, self.failed, self.mech, IDLE)

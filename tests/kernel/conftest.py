@@ -7,6 +7,7 @@ import base64
 import functools
 import json
 import os
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -17,7 +18,7 @@ import pyroute2.config
 
 from exporter import config
 from exporter.commands.daemon import Nettap
-from exporter.kernel import features, loader, maps, mechanisms, tcp_h
+from exporter.kernel import features, loader, maps, mechanisms, tcp_h, tls, uprobe_multi
 
 # pyroute2 gives the child process that creates a network namespace 2 s to
 # answer; under emulation (the kernel matrix's guests) forking takes longer.
@@ -363,3 +364,29 @@ def ns():
         yield name
     finally:
         netns.remove(name)
+
+
+@pytest.fixture(scope="module")
+def tls_mech(mode):
+    """The TLS uprobes' mechanism in this module x mode: uprobe_multi links
+    where the kernel has them (6.6+), but perf-event uprobes forced
+    (NETTAP_TLS_UPROBE) in the compat variant's run, so that both paths run
+    on one kernel; perf-event uprobes alone before 6.6."""
+    multi = os.geteuid() == 0 and uprobe_multi.supported()[0]
+    with pytest.MonkeyPatch.context() as mp:
+        if mode[1] == "compat" or not multi:
+            mp.setenv(tls.FORCE_ENV, "uprobe")
+            yield "uprobe"
+        else:
+            mp.delenv(tls.FORCE_ENV, raising=False)
+            yield "uprobe_multi"
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    key, crt = d / "k.pem", d / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", crt, "-days", "1", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+    return str(crt), str(key)

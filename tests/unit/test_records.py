@@ -43,7 +43,8 @@ ERRNO_NAMES = {**errno.errorcode, 32: "EPIPE", 104: "ECONNRESET", 110: "ETIMEDOU
                113: "EHOSTUNREACH"}
 CODE_NAMES = {1: "read_user_failed", 2: "conn_table_full", 3: "inflight_full", 4: "iov_truncated",
               5: "payload_unreadable"}
-PROBE_NAMES = {0: "tcp_sendmsg", 1: "tcp_recvmsg", 2: "ssl_write", 3: "ssl_read", 4: "ssl_handshake", 5: "dns"}
+PROBE_NAMES = {0: "tcp_sendmsg", 1: "tcp_recvmsg", 2: "ssl_write", 3: "ssl_read", 4: "ssl_handshake", 5: "dns",
+               6: "go_tls_write", 7: "go_tls_read"}
 
 
 def _bin(kind: str) -> Path:
