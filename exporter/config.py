@@ -106,18 +106,19 @@ def _mode(v, key: str = "output.mode") -> int:
 
 RING_DOCS = {"capture_chunks": "16,384 chunk records", "capture_eof": "15,420 connection ends: a burst of "
              "100,000/s for 154 ms", "logs": "nettap's programs' log lines", "obs_events": "13,107 state changes "
-             "of captured sockets (about five a connection)", "dlopen": "819 libssl files mapped by processes "
-             "while capture.tls is on", "segments": "2,520 segment records, for the targets with segments on",
+             "of captured sockets (about five a connection)", "dlopen": "819 libssl files mapped or programs run "
+             "by processes while capture.tls is on", "segments": "2,520 segment records, for the targets with segments on",
              "dns": "1,659 DNS messages, while capture.dns is on"}
 # Each key once: its check, default and doc (exporter/util/schema.py); docs/configuration.md's table is
 # rendered from these (scripts/gen_config_doc.py).
 CAPTURE = Section("capture",
     Key("max_payload_bytes", Int(0, MAX_PAYLOAD_BYTES), 4096,
         "payload captured per call; the call's length is always recorded"),
-    Key("tls", Bool(), False, "TLS plaintext of captured sockets from libssl (capture.md#tls)"),
+    Key("tls", Bool(), False, "TLS plaintext of captured sockets from libssl and Go's crypto/tls (capture.md#tls)"),
     Key("tls_attach", Choice(*TLS_ATTACH), "targets",
-        "targets: TLS uprobes only on the files the targets' processes map or execute; node: on every "
-        "libssl file of the node, a trap in every process's TLS calls (capture.md#tls)"),
+        "targets: TLS uprobes only on the files the targets' processes map or execute (with a port target, "
+        "as node); node: on every libssl file and Go program of the node, a trap in every process's TLS "
+        "calls (capture.md#tls)"),
     Key("dns", Bool(), False, "captured workloads' DNS over UDP (capture.md#dns)"))
 OUTPUT = Section("output",
     Key("type", Choice(*OUTPUT_TYPES), "none", "where captured records go"),

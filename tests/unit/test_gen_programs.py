@@ -55,11 +55,21 @@ def _broken(tag_of: str, text: str | None):
     ("probe=tcp_state mech=tp_btf needs=sock:tcp_send_reset", "unknown feature 'sock:tcp_send_reset'"),
     ("probe=tcp_state mech=tp_btf variant=slow", "unknown variant 'slow'"),
     ("probe=tcp_state mech=tp_btf atach=x", "needs probe= and mech="),
+    ("probe=tcp_state mech=tp_btf lib=go", "on uprobe programs"),
     (None, "has no NETTAP_PROG tag"),
 ])
 def test_a_wrong_tag_fails_the_build(text, why):
     with pytest.raises(SystemExit, match=why):
         gen_programs.programs(OBJ, _consts(), _broken("tcp_rst_sent", text))
+
+
+def test_a_uprobe_names_its_library_and_go_returns_are_at_ret():
+    table = gen_programs.programs(OBJ, _consts(), gen.btf_types(OBJ))
+    assert table["go_tls_read_ret"][5:] == (("crypto/tls.(*Conn).Read",), True, "go")
+    assert table["go_tls_read_enter"][5:] == (("crypto/tls.(*Conn).Read",), False, "go")
+    assert table["ssl_read_exit"][7] == "openssl" and table["tcp_rst_sent"][7] == ""
+    with pytest.raises(SystemExit, match="lib='boringssl'"):
+        gen_programs.programs(OBJ, _consts(), _broken("ssl_free", "probe=ssl_read mech=uprobe lib=boringssl"))
 
 
 def test_the_routes_follow_from_the_mechanisms():
@@ -68,6 +78,7 @@ def test_the_routes_follow_from_the_mechanisms():
     from exporter.kernel import programs, tcp_h
     assert programs.planned() == ["tcp_sendmsg", "tcp_recvmsg", "dns"]
     assert programs.uprobe() == ["ssl_write", "ssl_read", "ssl_handshake"]
+    assert programs.uprobe("go") == ["go_tls_write", "go_tls_read"]
     assert "tcp_state" in programs.fixed() and "tcp_accept" in programs.fixed()
     assert set(tcp_h.PROBES) <= set(programs.probes())        # every counted probe has programs
     for probe in programs.probes():
