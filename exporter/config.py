@@ -107,7 +107,8 @@ def _mode(v, key: str = "output.mode") -> int:
 RING_DOCS = {"capture_chunks": "16,384 chunk records", "capture_eof": "15,420 connection ends: a burst of "
              "100,000/s for 154 ms", "logs": "nettap's programs' log lines", "obs_events": "13,107 state changes "
              "of captured sockets (about five a connection)", "dlopen": "819 libssl files mapped or programs run "
-             "by processes while capture.tls is on", "segments": "2,520 segment records, for the targets with segments on",
+             "by processes while capture.tls is on",
+             "segments": "2,520 segment records, for the targets with segments on",
              "dns": "1,659 DNS messages, while capture.dns is on"}
 # Each key once: its check, default and doc (exporter/util/schema.py); docs/configuration.md's table is
 # rendered from these (scripts/gen_config_doc.py).
