@@ -34,3 +34,10 @@ def test_programs_of_each_variant():
     assert tls.programs("fast")[:2] == ["ssl_write_exit", "ssl_read_exit"]
     assert tls.programs("compat")[:2] == ["ssl_write_exit_compat", "ssl_read_exit_compat"]
     assert len(tls.programs("fast")) == 10
+
+
+def test_a_range_is_named_as_map_files_names_it():
+    """maps pads an address to 8 hex digits, map_files does not ("%lx"): a
+    non-PIE Go program at 0x400000 is map_files/400000-663000."""
+    maps = b"00400000-00663000 r-xp 00000000 fe:00 2236594 /usr/local/bin/server\n"
+    assert [ln.range for ln in libfiles.map_lines(maps, 7, lambda p: True)] == ["400000-663000"]
