@@ -27,7 +27,7 @@ import os
 import threading
 import time
 
-from exporter.kernel import goelf, gotls, libbpf, libfiles, tls
+from exporter.kernel import gotls, libbpf, libfiles, tls
 from exporter.kernel import programs as table
 from exporter.kernel.objects import destroy_links
 from exporter.kernel.tls import (DEADLINE, FAILED_KEPT, FD_RESERVE, FDS_PER_FILE, LIMIT_WHY, MAX_ABANDONED,
@@ -72,6 +72,7 @@ class TlsProbes:
         self.obj, self.variant, self.states, self.proc = obj, variant, states, proc
         self.mech, self.map_fds, self.processes = mech, dict(map_fds or {}), processes
         if "go_tls_layout" in self.map_fds:
+            from exporter.kernel import goelf      # (with TLS on only: nettap's start does not pay it)
             gotls.configure(self.map_fds, goelf.BPF_OFFSETS)
         # libssl files mapped and programs run from now on are told on the dlopen ring
         self.links: list = []
@@ -364,6 +365,7 @@ class TlsProbes:
         and the kernel are given /proc/self/fd/N, the very file checked. A
         file not libssl's is a program: attached if goelf reads it as Go
         with crypto/tls, passed over (for good, while mapped) if not Go."""
+        from exporter.kernel import goelf
         at = f"/proc/self/fd/{fd}"
         go = None
         if not is_libssl(path):
