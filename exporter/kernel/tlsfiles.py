@@ -1,24 +1,21 @@
 """The files the TLS uprobes are on: libssl files (tls.py) and Go
-executables (gotls.py), found among the files the targets' processes map
-or run (or every process's, with capture.tls_attach: node), opened
-(libfiles.py), attached and released by a thread of their own, within
-bounds any user's processes cannot push.
+executables (gotls.py), opened (libfiles.py), attached and released by a
+thread of their own, within bounds any user's processes cannot push.
 
-A uprobe traps in every process that maps its file, so a file is attached
-only while some captured process uses it: found at start and at every
-target change (the targets' processes, a callable the daemon gives), when
-a task target maps a libssl file or runs a program (the dlopen ring: mmap
-and exec), and by the periodic sweep (a netns or port target's processes
-started since); detached when no captured process uses it any more.
+A uprobe traps in every process that maps its file, so only the files the
+targets' processes map or run are attached (every process's with
+capture.tls_attach: node, or while a port target, which names no process
+before its socket exists, is in force): looked for at start, at each target
+change, when a target maps libssl or runs a program (the dlopen ring) and
+every tls.SWEEP_INTERVAL; detached when none of them uses it any more.
 
 Every file is opened, parsed and attached by nettap-tls, never by the drain
 thread or a reload: a file that does not answer (a FUSE server that never
 replies, a process whose maps stay locked) costs that thread, abandoned
 after tls.DEADLINE, and nothing else. Bounds: tls.MAX_FILES attached at
 once, tls.MAX_USER_FILES of them brought by one user other than root,
-tls.FD_RESERVE fds left free; a file no process maps any more is detached
-(its fds closed) within tls.SWEEP_INTERVAL. Each refusal is counted by
-reason (nettap_tls_files_refused_total) and logged once a minute.
+tls.FD_RESERVE fds left free. Each refusal is counted by reason
+(nettap_tls_files_refused_total) and logged once a minute.
 """
 from __future__ import annotations
 
@@ -44,9 +41,9 @@ GONE_RETRIES = 4        # a mapped range not found: its maps read again after 10
 
 
 class _File:
-    """An attached libssl file: its links, the symbols per probe, whose
-    process brought it (uid; None: the linker's directories, kept while TLS
-    is on), and the (device, inode) map lines name it by."""
+    """An attached file: its links, the uprobes per probe, whose process
+    brought it (uid; None: the linker's directories), and the (device,
+    inode) map lines name it by."""
 
     def __init__(self, path: str, links: list, counts: dict, uid, aliases=()):
         self.path, self.links, self.counts, self.uid = path, links, counts, uid
@@ -55,11 +52,7 @@ class _File:
 
 class TlsProbes:
     """The TLS uprobes of one loaded object: which files carry them, and
-    their links. Every file is opened, parsed and attached by a thread of
-    its own (nettap-tls), never by the drain thread or a reload: a file that
-    does not answer (a FUSE server that never replies) costs that thread,
-    abandoned after DEADLINE, and nothing else. close() hands back every
-    link to destroy."""
+    their links (close() hands them back to destroy), attached by nettap-tls."""
 
     def __init__(self, obj: int, variant: str, states: dict | None = None, refused: dict | None = None,
                  proc: str = "/proc", mech: str = "uprobe", map_fds: dict | None = None, processes=None):
@@ -321,8 +314,9 @@ class TlsProbes:
             uid = os.stat(os.path.join(self.proc, str(ln.pid))).st_uid
         except OSError:
             return
-        if not self._room(uid, ln.path, gen) or not self._wait_on(("file", ln.key), gen, ln.path):
-            return                      # (a sweep in _room waited on other things meanwhile)
+        program = not is_libssl(ln.path)     # an executable: a Go program's, or nothing to attach
+        if not program and not self._has_room(uid, ln, gen):
+            return
         if libfiles.fs_type(self.proc, ln.pid, ln.dev).split(".")[0] in ("fuse", "fuseblk"):
             raise libfiles.Refused("fuse", f"{ln.path} (pid {ln.pid}): on a FUSE file system (its server "
                                    "could stall every uprobe attach of the node)")
@@ -334,9 +328,33 @@ class TlsProbes:
                     self._held[key].aliases.add(ln.key)
                     self._seen[ln.key] = key
                     return
-            self._attach(fd, key, ln.path, uid, (ln.key,), gen)
+            go = self._inspect(fd, ln.path, (ln.key,)) if program else None
+            if program and (go is None or not self._has_room(uid, ln, gen)):
+                return
+            self._attach(fd, key, ln.path, uid, (ln.key,), gen, go)
         finally:
             os.close(fd)
+
+    def _has_room(self, uid: int, ln, gen: int) -> bool:    # (a sweep in _room waited on other things)
+        return self._room(uid, ln.path, gen) and self._wait_on(("file", ln.key), gen, ln.path)
+
+    def _inspect(self, fd: int, path: str, aliases):
+        """goelf's reading of the program open at fd (O_PATH), or None: not
+        a Go program with crypto/tls (passed over while mapped), or refused
+        (counted by goelf's reason)."""
+        from exporter.kernel import goelf       # (with TLS on only: nettap's start does not pay it)
+        at = f"/proc/self/fd/{fd}"
+        try:
+            go = goelf.inspect(at)
+        except goelf.Refused as e:
+            with self._cv:
+                self._seen.update(dict.fromkeys(aliases))
+                self._refuse(e.reason, path, str(e).replace(at, path))
+            return None
+        if go is None:
+            with self._cv:
+                self._seen.update(dict.fromkeys(aliases))
+        return go
 
     def _room(self, uid: int, path: str, gen: int) -> bool:
         """Whether one more file may be attached: MAX_FILES in all,
@@ -360,26 +378,11 @@ class TlsProbes:
             self._sweep(gen)
         return False
 
-    def _attach(self, fd: int, key: tuple, path: str, uid, aliases, gen: int) -> None:
-        """Attach every TLS symbol of the file open at fd (O_PATH): libbpf
-        and the kernel are given /proc/self/fd/N, the very file checked. A
-        file not libssl's is a program: attached if goelf reads it as Go
-        with crypto/tls, passed over (for good, while mapped) if not Go."""
-        from exporter.kernel import goelf
+    def _attach(self, fd: int, key: tuple, path: str, uid, aliases, gen: int, go=None) -> None:
+        """Attach every TLS symbol of the file open at fd (O_PATH), libssl's,
+        or Go's crypto/tls where go (goelf.GoTls) read it as a Go program:
+        libbpf and the kernel are given /proc/self/fd/N, the very file checked."""
         at = f"/proc/self/fd/{fd}"
-        go = None
-        if not is_libssl(path):
-            try:
-                go = goelf.inspect(at)
-            except goelf.Refused as e:
-                with self._cv:
-                    self._seen.update(dict.fromkeys(aliases))
-                    self._refuse(e.reason, path, str(e).replace(at, path))
-                return
-            if go is None:                  # not Go, or no crypto/tls: nothing to attach
-                with self._cv:
-                    self._seen.update(dict.fromkeys(aliases))
-                return
         with self._obj_lock:
             if self._closed or gen != self._gen:      # (an abandoned worker back at last)
                 return
