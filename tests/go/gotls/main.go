@@ -74,8 +74,9 @@ func listen(cfg *tls.Config) net.Listener {
 	return ln
 }
 
-func echoServer(args []string) {
-	fs := flag.NewFlagSet("echo-server", flag.ExitOnError)
+// serve runs handle on each connection accepted, a goroutine each.
+func serve(mode string, args []string, handle func(net.Conn)) {
+	fs := flag.NewFlagSet(mode, flag.ExitOnError)
 	ln := listen(tlsConfig(fs, args, true))
 	for {
 		c, err := ln.Accept()
@@ -84,25 +85,18 @@ func echoServer(args []string) {
 		}
 		go func(c net.Conn) {
 			defer c.Close()
-			io.Copy(c, c)
+			handle(c)
 		}(c)
 	}
 }
 
+func echoServer(args []string) {
+	serve("echo-server", args, func(c net.Conn) { io.Copy(c, c) })
+}
+
 // sinkServer reads and drops what each connection sends (bench/tls_cost.py's server).
 func sinkServer(args []string) {
-	fs := flag.NewFlagSet("sink-server", flag.ExitOnError)
-	ln := listen(tlsConfig(fs, args, true))
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			fail("accept: %v", err)
-		}
-		go func(c net.Conn) {
-			defer c.Close()
-			io.Copy(io.Discard, c)
-		}(c)
-	}
+	serve("sink-server", args, func(c net.Conn) { io.Copy(io.Discard, c) })
 }
 
 // writeLoop writes n messages of size bytes, one (*Conn).Write each, and prints the median
