@@ -34,7 +34,7 @@ features such a kernel lacks are said missing to the loader).
 Run as root:  .venv/bin/python bench/probe_cost.py [--sends 200000] [--sizes 64,4000]
                                                    [--variants fast,compat]
                                                    [--sections send,compat-paths,lifecycle,tls,dns]
-                                                   [--tls-calls 20000] [--tls-rounds 7]
+                                                   [--tls-calls 8000] [--tls-rounds 15]
   the DNS programs alone:  .venv/bin/python bench/probe_cost.py --sections dns
 """
 from __future__ import annotations
@@ -614,8 +614,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,4000", help="payload sizes of the captured cases, bytes")
     ap.add_argument("--variants", default="fast,compat", help="program variants to measure, where the kernel runs them")
     ap.add_argument("--connections", type=int, default=2000, help="connections per lifecycle case")
-    ap.add_argument("--tls-calls", type=int, default=20000, help="write calls of 64 B per TLS client run")
-    ap.add_argument("--tls-rounds", type=int, default=7, help="rounds of the TLS cases (interleaved)")
+    ap.add_argument("--tls-calls", type=int, default=8000, help="write calls of 64 B per TLS client run")
+    ap.add_argument("--tls-rounds", type=int, default=15, help="rounds of the TLS cases (interleaved)")
     ap.add_argument("--keepalive-sockets", type=int, default=400,
                     help="sockets with a keepalive a second per timer case (tcp_timer, tcp_timer_exit)")
     ap.add_argument("--lossy-connections", type=int, default=320,

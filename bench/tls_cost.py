@@ -21,7 +21,7 @@ The server and the decoy target run copies of their own of the Go binary
 (a uprobe belongs to a file): neither is ever trapped. Per-program ns per
 run from the kernel's BPF statistics, beside the empty programs'.
 
-Run as root:  .venv/bin/python bench/probe_cost.py --sections tls [--tls-calls 20000] [--tls-rounds 7]
+Run as root:  .venv/bin/python bench/probe_cost.py --sections tls [--tls-calls 8000] [--tls-rounds 15]
 """
 from __future__ import annotations
 
@@ -239,7 +239,7 @@ def run_case(app, empties: Empties, work: Workload, kind: str, case: str, n: int
                                             for k in fds}
 
 
-def measure_tls(variant: str, empty_obj: str, n: int, rounds: int = 7) -> dict:
+def measure_tls(variant: str, empty_obj: str, n: int, rounds: int = 15) -> dict:
     """{"mech", "calls": {kind: {case: [(median, mean) per round]}},
     "programs": {kind: {case: {label: [runs, ns]}}}, "uprobe runs": {kind:
     {case: runs of every uprobe program}}} for one variant."""
