@@ -46,6 +46,7 @@ TITLE = {"go": "Go crypto/tls.(*Conn).Write", "openssl": "OpenSSL SSL_write_ex (
 SETUP = {"no uprobe": (False, False, False), "empty uprobes": (False, False, True),
          "not captured": (False, True, False), "captured, TLS off": (True, False, False),
          "captured": (True, True, False)}
+MECH = {"uprobe_multi": "uprobe_multi links", "uprobe": "perf-event uprobes"}
 EMPTY = {"go": ("empty_go_enter", "empty_go_ret"), "openssl": ("empty_ssl_enter", "empty_ssl_exit")}
 
 PY_CLIENT = r"""
@@ -313,7 +314,7 @@ def print_kind(kind: str, res: dict) -> None:
 
 def print_tls(n: int, rounds: int, results: list) -> None:
     for variant, res in results:
-        print(f"\nTLS calls, {variant} variant ({res['mech']} links; ns per call as the client's clock sees it: "
+        print(f"\nTLS calls, {variant} variant ({MECH[res['mech']]}; ns per call as the client's clock sees it: "
               f"{rounds} rounds: min, median and max of the per-run medians, median of the means; "
               f"a client sending {n:,} messages of 64 B, one write call each, to a Go server; the cases "
               f"interleaved, their order turned each round)")
