@@ -59,9 +59,17 @@ int empty_lc_synack(void *ctx) { return 0; }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* libssl's SSL_write_ex and SSL_read_ex (uprobes, attached by the benchmark). */
+/* libssl's SSL_write_ex (uprobes, attached by the benchmark: bench/tls_cost.py). */
 SEC("uprobe")
 int empty_ssl_enter(void *ctx) { return 0; }
 
 SEC("uretprobe")
 int empty_ssl_exit(void *ctx) { return 0; }
+
+/* Go's crypto/tls.(*Conn).Write: its entry, and each RET instruction (plain
+ * uprobes at file offsets: bench/tls_cost.py). */
+SEC("uprobe")
+int empty_go_enter(void *ctx) { return 0; }
+
+SEC("uprobe")
+int empty_go_ret(void *ctx) { return 0; }

@@ -23,6 +23,10 @@ datagrams on the loopback that are not DNS (sendto/recvfrom, and write/read
 on a connected pair) while no target matches them, and for DNS queries to a
 local responder on port 53 from a captured process.
 
+and what a TLS call costs its process with nettap's uprobes (Go's
+crypto/tls and OpenSSL's libssl, beside empty uprobes on the same points and
+no uprobe at all, captured and not): tls_cost.py.
+
 and, for the compat tracepoint programs, the same filtered-out and captured
 cases as each kernel older than 6.1 runs them (the older paths forced: the
 features such a kernel lacks are said missing to the loader).
@@ -30,6 +34,7 @@ features such a kernel lacks are said missing to the loader).
 Run as root:  .venv/bin/python bench/probe_cost.py [--sends 200000] [--sizes 64,4000]
                                                    [--variants fast,compat]
                                                    [--sections send,compat-paths,lifecycle,tls,dns]
+                                                   [--tls-calls 8000] [--tls-rounds 15]
   the DNS programs alone:  .venv/bin/python bench/probe_cost.py --sections dns
 """
 from __future__ import annotations
@@ -47,11 +52,12 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from exporter import config  # noqa: E402
-from exporter.kernel import features, libbpf, loader, mechanisms, tcp_h, tls  # noqa: E402
+from exporter.kernel import features, libbpf, loader, mechanisms, tcp_h  # noqa: E402
 from exporter.commands.daemon import Nettap  # noqa: E402
 from exporter.kernel.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
 from procs import free_port  # noqa: E402
 from traffic import Server  # noqa: E402
+import tls_cost  # noqa: E402
 
 EMPTY_PREFIX = {"tracepoint": "empty_tp", "fentry": "empty_fentry", "kprobe": "empty_kprobe"}
 
@@ -342,113 +348,6 @@ def measure_lossy(variant: str, empty_obj: str, n: int) -> dict:
         netns.remove(name)
 
 
-TLS_SERVER = r"""
-import socket, ssl, sys
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(sys.argv[1], sys.argv[2])
-lsn = socket.create_server(("127.0.0.1", int(sys.argv[3])))
-print("listening", flush=True)
-s = ctx.wrap_socket(lsn.accept()[0], server_side=True)
-while s.recv(65536):
-    pass
-"""
-TLS_CLIENT = r"""
-import socket, ssl, sys, time
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-ctx.check_hostname = False
-ctx.verify_mode = ssl.CERT_NONE
-s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
-m, n = b"x" * int(sys.argv[2]), int(sys.argv[3])
-t = time.perf_counter()
-for i in range(n):
-    s.sendall(m)
-print((time.perf_counter() - t) / n * 1e9)
-s.close()
-"""
-
-
-def tls_calls(cert: tuple, port: int, size: int, n: int) -> float:
-    """A TLS client sending n messages of size bytes (SSL_write_ex each) to a
-    server reading them (SSL_read_ex); returns the client's ns per call."""
-    srv = subprocess.Popen([sys.executable, "-c", TLS_SERVER, *cert, str(port)], stdout=subprocess.PIPE, text=True)
-    try:
-        srv.stdout.readline()
-        out = subprocess.run([sys.executable, "-c", TLS_CLIENT, str(port), str(size), str(n)],
-                             check=True, capture_output=True, text=True).stdout
-        srv.wait(timeout=60)
-    finally:
-        srv.kill()
-        srv.stdout.close()
-    return float(out)
-
-
-def measure_tls(variant: str, empty_obj: str, n: int) -> tuple:
-    """(per case {program: ns per run}, per case ns per SSL_write call for no
-    uprobe, empty uprobes, empty uprobes and nettap) for one variant."""
-    tmp = tempfile.mkdtemp(prefix="nettap-bench-tls-")
-    cert = (os.path.join(tmp, "c.pem"), os.path.join(tmp, "k.pem"))
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", cert[1], "-out", cert[0], "-days", "1", "-subj", "/CN=localhost"],
-                   check=True, capture_output=True)
-    path = tls.system_files()[0]
-    port, other = free_port(), free_port()
-    calls = {"captured 64 B": [tls_calls(cert, port, 64, n)],
-             "not captured 64 B": [tls_calls(cert, other, 64, n)]}
-    obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
-    for name, prog in loader.object_programs(obj):
-        libbpf.call("bpf_program__set_autoload", prog, name.startswith("empty_ssl"))
-    libbpf.call("bpf_object__load", obj)
-    links, fds = [], {}
-    app = None
-    try:
-        for role, ret in (("enter", False), ("exit", True)):
-            p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, f"empty_ssl_{role}".encode())
-            for sym in ("SSL_write_ex", "SSL_read_ex"):
-                links.append(tls.attach_uprobe(p, path, sym, ret))
-            fds[f"empty {role}"] = libbpf.call("bpf_program__fd", p)
-        calls["captured 64 B"].append(tls_calls(cert, port, 64, n))
-        calls["not captured 64 B"].append(tls_calls(cert, other, 64, n))
-        app = Nettap(config.parse({"captures": [{"port": port}], "capture": {"tls": True}, "output": {"type": "none"}}),
-                     variant=variant)
-        if not app.probes.tls_states["ssl_write"].attached:
-            raise RuntimeError(f"TLS probes not attached: {app.probes.tls_states['ssl_write'].error}")
-        for short, prog in (("write enter", "ssl_write_ex_enter"), ("read enter", "ssl_read_ex_enter"),
-                            ("write exit", "ssl_write_exit"), ("read exit", "ssl_read_exit")):
-            fds[f"nettap {short}"] = app.probes.prog_fds[prog if variant == "fast" or "enter" in prog
-                                                         else f"{prog}_compat"]
-        rows = {}
-        for case, p_ in (("captured 64 B", port), ("not captured 64 B", other)):
-            before = own_program_stats(fds)
-            calls[case].append(tls_calls(cert, p_, 64, n))
-            d = delta(own_program_stats(fds), before)
-            rows[case] = {k: (ns(d, k), d[k][0]) for k in fds}
-    finally:
-        for link in links:
-            libbpf.lib().bpf_link__destroy(link)
-        libbpf.lib().bpf_object__close(obj)
-        if app:
-            app.close()
-    return rows, calls
-
-
-def print_tls(n: int, results: list) -> None:
-    print(f"\nTLS programs (uprobes on libssl's SSL_write_ex and SSL_read_ex; ns per run; a Python client "
-          f"sending {n:,} messages of 64 B, a server reading them)")
-    for variant, (rows, calls) in results:
-        print(f"\n{variant + ' variant':24s} {'program':>12s} {'runs':>8s} {'empty':>7s} {'nettap':>7s}")
-        for case, progs in rows.items():
-            for side in ("write", "read"):
-                for role in ("enter", "exit"):
-                    nt, runs = progs[f"nettap {side} {role}"]
-                    em = progs[f"empty {role}"][0]
-                    print(f"{case:24s} {side + ' ' + role:>12s} {runs:8d} {em:7.0f} {nt:7.0f}")
-        print(f"\n{'ns per SSL_write call':24s} {'no uprobe':>10s} {'empty':>8s} {'+ nettap':>9s}")
-        for case, (bare, empty, both) in calls.items():
-            print(f"{case:24s} {bare:10.0f} {empty:8.0f} {both:9.0f}")
-    print("\n(empty: one program on entry and one on return of both symbols, so its runs are "
-          "write and read calls together; goal: a nettap run <= 5 us)")
-
-
 # The DNS programs' workload, in a network namespace of its own (port 53 of
 # its loopback is free): commands on stdin, "udp N" (N sendto+recvfrom of
 # 64 B to a port other than 53, then N write+read of 64 B on a connected
@@ -715,7 +614,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,4000", help="payload sizes of the captured cases, bytes")
     ap.add_argument("--variants", default="fast,compat", help="program variants to measure, where the kernel runs them")
     ap.add_argument("--connections", type=int, default=2000, help="connections per lifecycle case")
-    ap.add_argument("--tls-calls", type=int, default=20000, help="SSL_write calls per TLS case")
+    ap.add_argument("--tls-calls", type=int, default=8000, help="write calls of 64 B per TLS client run")
+    ap.add_argument("--tls-rounds", type=int, default=15, help="rounds of the TLS cases (interleaved)")
     ap.add_argument("--keepalive-sockets", type=int, default=400,
                     help="sockets with a keepalive a second per timer case (tcp_timer, tcp_timer_exit)")
     ap.add_argument("--lossy-connections", type=int, default=320,
@@ -771,12 +671,12 @@ def main() -> None:
                 lifecycle.append((variant, measure_lossy(variant, empty_obj, a.lossy_connections)))
             except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
                 skipped.append(f"lossy lifecycle, {variant}: {e}")
-        tls_here = "tls" in sections and tls.supported()[0] and tls.system_files()
-        if "tls" in sections and not tls_here:
-            skipped.append("tls: no uprobes or no libssl.so here")
+        tls_here, why = tls_cost.available() if "tls" in sections else (False, "")
+        if why:
+            skipped.append(f"tls: {why}")
         for variant in (a.variants.split(",") if tls_here else ()):
             try:
-                tls_results.append((variant, measure_tls(variant, empty_obj, a.tls_calls)))
+                tls_results.append((variant, tls_cost.measure_tls(variant, empty_obj, a.tls_calls, a.tls_rounds)))
             except (features.Unsupported, OSError, RuntimeError) as e:
                 skipped.append(f"tls, {variant}: {e}")
         for mech in (mechanisms.MECHANISMS if "dns" in sections else ()):
@@ -798,7 +698,7 @@ def main() -> None:
     if "lifecycle" in sections:
         print_lifecycle(a.connections, lifecycle)
     if "tls" in sections:
-        print_tls(a.tls_calls, tls_results)
+        tls_cost.print_tls(a.tls_calls, a.tls_rounds, tls_results)
     if "dns" in sections:
         print_dns(a.dns_calls, a.dns_queries, dns_results)
     for s in skipped:

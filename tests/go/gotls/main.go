@@ -1,6 +1,6 @@
 // Go TLS programs for nettap's tests (issue 47): one binary, a mode per first argument, stdlib
 // only (GO111MODULE=off). Everything printed to stdout is one line per event, so a test reads
-// it line by line: "listening PORT", "ok SIZE", "status CODE LEN", "done".
+// it line by line: "listening PORT", "ok SIZE", "status CODE LEN", "done", "ns MEDIAN MEAN".
 //
 // Message bytes: msg(i, size)[k] = (i*131 + k*7 + size) % 251 for k in 0..size-1, i the
 // message's index (tests/gobuild.py: msg() computes the same bytes in Python).
@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -73,8 +74,9 @@ func listen(cfg *tls.Config) net.Listener {
 	return ln
 }
 
-func echoServer(args []string) {
-	fs := flag.NewFlagSet("echo-server", flag.ExitOnError)
+// serve runs handle on each connection accepted, a goroutine each.
+func serve(mode string, args []string, handle func(net.Conn)) {
+	fs := flag.NewFlagSet(mode, flag.ExitOnError)
 	ln := listen(tlsConfig(fs, args, true))
 	for {
 		c, err := ln.Accept()
@@ -83,9 +85,51 @@ func echoServer(args []string) {
 		}
 		go func(c net.Conn) {
 			defer c.Close()
-			io.Copy(c, c)
+			handle(c)
 		}(c)
 	}
+}
+
+func echoServer(args []string) {
+	serve("echo-server", args, func(c net.Conn) { io.Copy(c, c) })
+}
+
+// sinkServer reads and drops what each connection sends (bench/tls_cost.py's server).
+func sinkServer(args []string) {
+	serve("sink-server", args, func(c net.Conn) { io.Copy(io.Discard, c) })
+}
+
+// writeLoop writes n messages of size bytes, one (*Conn).Write each, and prints the median
+// and mean ns of a Write as time.Now around each call sees it (bench/tls_cost.py).
+func writeLoop(args []string) {
+	fs := flag.NewFlagSet("write-loop", flag.ExitOnError)
+	addr := fs.String("addr", "", "host:port")
+	n := fs.Int("n", 10000, "messages")
+	size := fs.Int("size", 64, "bytes a message")
+	wait := fs.Bool("wait", false, "read a line from stdin before dialing")
+	cfg := tlsConfig(fs, args, false)
+	if *n < 1 {
+		fail("-n %d: nothing to time", *n)
+	}
+	waitLine(*wait)
+	c, err := tls.Dial("tcp", *addr, cfg)
+	if err != nil {
+		fail("dial: %v", err)
+	}
+	defer c.Close()
+	m := msg(0, *size)
+	took := make([]int64, *n)
+	var sum int64
+	for i := range took {
+		t := time.Now()
+		if _, err := c.Write(m); err != nil {
+			fail("write: %v", err)
+		}
+		took[i] = int64(time.Since(t))
+		sum += took[i]
+	}
+	sort.Slice(took, func(a, b int) bool { return took[a] < took[b] })
+	fmt.Printf("ns %d %d\n", took[*n/2], sum/int64(*n))
 }
 
 func echoClient(args []string) {
@@ -169,10 +213,10 @@ func httpsGet(args []string) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fail("usage: %s echo-server|echo-client|https-server|https-get [flags]", os.Args[0])
+		fail("usage: %s echo-server|echo-client|https-server|https-get|sink-server|write-loop [flags]", os.Args[0])
 	}
 	modes := map[string]func([]string){"echo-server": echoServer, "echo-client": echoClient,
-		"https-server": httpsServer, "https-get": httpsGet}
+		"https-server": httpsServer, "https-get": httpsGet, "sink-server": sinkServer, "write-loop": writeLoop}
 	run, ok := modes[os.Args[1]]
 	if !ok {
 		fail("unknown mode %q", os.Args[1])
