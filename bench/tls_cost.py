@@ -120,17 +120,16 @@ class Workload:
         return int(line[1])
 
     def client(self, kind: str, n: int) -> subprocess.Popen:
-        """A client, waiting for a line on stdin before it connects (the Go
-        one has run its file once Popen returns; the Python one says when
-        it has mapped libssl)."""
+        """A client, waiting for a line on stdin before it connects, once it
+        said "ready" (the Go one runs its file; the Python one has mapped libssl)."""
         args = ([self.bins["client"], "write-loop", "-addr", f"127.0.0.1:{self.port}", "-n", str(n),
                  "-size", "64", "-wait"] if kind == "go"
                 else [sys.executable, "-c", PY_CLIENT, str(self.port), "64", str(n)])
         p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if kind == "openssl" and p.stdout.readline().strip() != "ready":
+        if p.stdout.readline().strip() != "ready":
             p.kill()
             p.wait()
-            raise RuntimeError("the Python TLS client did not start")
+            raise RuntimeError(f"the {kind} TLS client did not start")
         return p
 
     def close(self) -> None:

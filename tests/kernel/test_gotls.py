@@ -39,8 +39,12 @@ def go_bins():
 
 
 def spawn(args, wait=False, **kw):
+    """A Go program; with wait, running (it said "ready": once Popen returns
+    its exec may still be mapping the executable) and waiting for a line."""
     p = subprocess.Popen([*args, *(["-wait"] if wait else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True, **kw)
+    if wait:
+        assert p.stdout.readline() == "ready\n"
     return p
 
 

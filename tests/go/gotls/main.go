@@ -56,9 +56,12 @@ func tlsConfig(fs *flag.FlagSet, args []string, server bool) *tls.Config {
 	return cfg
 }
 
-// waitLine blocks until stdin gives one line (so a test can target the pid first).
+// waitLine says "ready" and blocks until stdin gives one line (so a test can target the pid
+// first). "ready" is the proof that the program runs: when Popen returns, the kernel may not
+// have mapped the executable yet (its exec is past the point of no return, not done).
 func waitLine(wait bool) {
 	if wait {
+		fmt.Println("ready")
 		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 			fail("stdin: %v", err)
 		}
