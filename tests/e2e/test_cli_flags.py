@@ -203,8 +203,9 @@ def test_log_says_attached_only_for_what_attached(tmp_path):
     # the call probes, the lifecycle (one probe), the separately reported lifecycle probes
     # ("unsupported" where the kernel lacks what one needs), and the TLS probes ("disabled":
     # capture.tls is off), and dns ("disabled": capture.dns is off)
-    from exporter.kernel import dns, loader, tls
-    assert set(attached) == {*loader.PROBES, "tcp_state", *loader.SEPARATE, *tls.PROBES, dns.PROBE}, metrics
+    from exporter.kernel import dns, gotls, loader, tls
+    assert set(attached) == {*loader.PROBES, "tcp_state", *loader.SEPARATE, *tls.PROBES, *gotls.PROBES,
+                             dns.PROBE}, metrics
     text = (tmp_path / "log").read_text()
     off = ("unsupported", "disabled")
     up = {p: m for p, m in attached.items() if m not in ("none",) + off}

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from exporter.kernel import dns, loader, mechanisms, nodewalk, tls
+from exporter.kernel import dns, gotls, loader, mechanisms, nodewalk, tls
 from exporter.kernel.tcp_h import RINGS
 from procs import Nettap, Prometheus, held_programs, loaded_programs, stats_held_elsewhere, wait_for
 from traffic import Server, send_messages
@@ -32,7 +32,7 @@ def expected_programs() -> int:
     # the DNS programs of the mechanism the plan chose for them, attached only with capture.dns
     separate = sum(len(progs) for progs, _m in loader.separate_programs(kp.features).values())
     return len(loader.lifecycle_programs()) + separate + 1 + calls \
-        + (len(tls.programs(kp.variant)) if tls.supported()[0] else 0) \
+        + (len(tls.programs(kp.variant) + gotls.programs(kp.variant)) if tls.supported()[0] else 0) \
         + (len(dns.programs(kp.variant, kp.dns.mechanism))
            if kp.dns.mechanism != "none" and loader.dns_at_start(False) else 0)
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
@@ -92,7 +92,8 @@ def test_promtool_accepts_the_exposition(tmp_path):
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")
         assert om.text.rstrip().endswith("# EOF")
         stats = requests.get(n.url + "/stats", timeout=5).json()
-        assert set(stats["probes"]) == {"tcp_sendmsg", "tcp_recvmsg", "ssl_write", "ssl_read", "ssl_handshake", "dns"}
+        assert set(stats["probes"]) == {"tcp_sendmsg", "tcp_recvmsg", "ssl_write", "ssl_read", "ssl_handshake", "dns",
+                                     "go_tls_write", "go_tls_read"}
         assert "nettap" in requests.get(n.url + "/", timeout=5).text
         assert requests.get(n.url + "/healthz", timeout=5).status_code == 200
     finally:

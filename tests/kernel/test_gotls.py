@@ -135,29 +135,32 @@ def test_go_tls_echo_of_a_pid_target(nettap_run, mode, cert, go_bins):
 
 
 @pytest.mark.per_variant
-@pytest.mark.parametrize("version", ["tls13", "tls12"])
-def test_go_https_client_and_nettap_read(nettap_run, mode, cert, go_bins, version, capsys, tmp_path):
-    """net/http over TLS: the client's requests and responses in plaintext;
-    nettap read shows them as the connection's TLS streams, --pcap too."""
-    tls12 = ["-tls12"] if version == "tls12" else []
+def test_go_https_clients_and_nettap_read(nettap_run, mode, cert, go_bins, capsys, tmp_path):
+    """net/http over TLS, two clients of one server, one in TLS 1.3 and one
+    forced to 1.2 (its MaxVersion): each one's requests and responses in
+    plaintext on its connection; nettap read shows them as the connection's
+    TLS streams, --pcap too."""
     run = nettap_run({"captures": [], "capture": GO_CAPTURE})
-    srv, port = server(go_bins["plain"], "https-server", cert, bool(tls12))
+    srv, port = server(go_bins["plain"], "https-server", cert)
     try:
-        cl = spawn([go_bins["plain"], "https-get", "-url", f"https://127.0.0.1:{port}/size/5000", "-n", "3",
-                    *tls12], wait=True)
-        run.apply({"captures": [{"pid": cl.pid}], "capture": GO_CAPTURE})
-        cl.stdin.write("go\n")
-        cl.stdin.flush()
-        assert finish(cl).splitlines() == ["status 200 5000"] * 3 + ["done"]
+        clients = [spawn([go_bins["plain"], "https-get", "-url", f"https://127.0.0.1:{port}/size/5000", "-n", "3",
+                          *flag], wait=True) for flag in ([], ["-tls12"])]
+        run.apply({"captures": [{"pid": c.pid} for c in clients], "capture": GO_CAPTURE})
+        for c in clients:
+            c.stdin.write("go\n")
+            c.stdin.flush()
+            assert finish(c).splitlines() == ["status 200 5000"] * 3 + ["done"]
     finally:
         srv.kill()
         srv.wait()
     lines, _ = run.finish()
     gl = go_lines(lines)
-    req = b"".join(streams(gl, "egress", tls=True).values())
-    resp = b"".join(streams(gl, "ingress", tls=True).values())
-    assert req.count(b"GET /size/5000 HTTP/1.1\r\n") == 3
-    assert resp.count(b"HTTP/1.1 200 OK\r\n") == 3 and resp.count(gobuild.msg(0, 5000)) == 3
+    assert {l["pid"] for l in gl} == {c.pid for c in clients}
+    for c in clients:
+        mine = [l for l in gl if l["pid"] == c.pid]
+        (req,), (resp,) = streams(mine, "egress", tls=True).values(), streams(mine, "ingress", tls=True).values()
+        assert req.count(b"GET /size/5000 HTTP/1.1\r\n") == 3
+        assert resp.count(b"HTTP/1.1 200 OK\r\n") == 3 and resp.count(gobuild.msg(0, 5000)) == 3
     conn = gl[0]["conn_id"]
     capsys.readouterr()
     assert cli.main(["read", str(run.out), "--conn", str(conn)]) == 0
@@ -230,7 +233,7 @@ def test_uncaptured_go_and_python_tls_pay_no_trap(nettap_run, mode, cert, go_bin
         attached = set(run.app.probes.tls.files.values())
         assert attached == {os.path.realpath(go_bins["plain"])}, attached
         start = uprobe_runs(run.app)
-        other = spawn([go_bins["pie"], "echo-client", "-addr", f"127.0.0.1:{port}", "-sizes", "1,16385"])
+        other = spawn([go_bins["pie"], "echo-client", "-addr", f"127.0.0.1:{port}", "-sizes", "1,400"])
         assert finish(other).splitlines()[-1] == "done"
         subprocess.run([sys.executable, "-c", PY_CLIENT, str(port)], check=True, timeout=emulated(60, 600))
         assert uprobe_runs(run.app) == start
