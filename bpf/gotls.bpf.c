@@ -39,10 +39,13 @@ struct go_call {
 
 /* Per goroutine and probe: the call between its entry and a RET. LRU: a
  * goroutine that panics out of a call leaves its entry, which ages out (or
- * the goroutine's next call replaces it). */
+ * the goroutine's next call replaces it). A server's idle keep-alive
+ * connections each hold a goroutine inside Read: 16,384 of them at once
+ * (~1.3 MB); beyond, the least recent are dropped, and counted at their
+ * return (go_ret). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 16384);
 	__type(key, struct go_call_key);
 	__type(value, struct go_call);
 } go_tls_calls SEC(".maps");
@@ -125,8 +128,15 @@ static __always_inline int go_ret(struct pt_regs *ctx, __u32 probe, const bool f
 	__u64 skp;
 
 	f = bpf_map_lookup_elem(&go_tls_calls, &key);
-	if (!f)
+	if (!f) {
+		/* A target's call not followed: its entry dropped by the LRU, or
+		 * made before the file was attached or the process named: counted
+		 * (map_insert_failures; where a task target can tell). */
+		cfg = active_config();
+		if (cfg && task_matches(cfg))
+			count_insert_failure(NETTAP_MAP_GO_TLS_CALLS);
 		return 0;
+	}
 	call = *f;
 	bpf_map_delete_elem(&go_tls_calls, &key);
 	cfg = active_config();

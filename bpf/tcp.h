@@ -76,7 +76,7 @@
  * nettap_bpf_map_insert_failures_total: a map whose refused insert (full, or
  * no memory) loses what its entry was for. */
 #define NETTAP_MAP_TLS_CALLS	0 /* a TLS call not followed: its plaintext not captured */
-#define NETTAP_MAP_GO_TLS_CALLS 1 /* a Go TLS call not followed: its plaintext not captured */
+#define NETTAP_MAP_GO_TLS_CALLS 1 /* a Go TLS call of a task target not followed: not captured */
 #define NETTAP_MAP_COUNT	2
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted

@@ -248,3 +248,48 @@ def test_uncaptured_go_and_python_tls_pay_no_trap(nettap_run, mode, cert, go_bin
     lines, _ = run.finish()
     assert {l["pid"] for l in go_lines(lines)} == {idle.pid}
     assert {l["pid"] for l in lines if l["type"] == "chunk"} == {idle.pid}
+
+
+PY_HTTPS = r"""
+import http.client, ssl, sys
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+c = http.client.HTTPSConnection("127.0.0.1", int(sys.argv[1]), context=ctx)
+for i in range(3):
+    c.request("GET", "/size/%d" % (100 + i)); assert len(c.getresponse().read()) == 100 + i
+    print("got", flush=True); sys.stdin.readline()
+"""
+
+
+@pytest.mark.per_variant
+def test_a_go_read_in_flight_when_attached_is_counted(nettap_run, mode, cert, go_bins):
+    """A Go HTTPS server whose keep-alive connection's goroutine waits inside
+    (*Conn).Read when its process is named: that read was entered before
+    the uprobes, so it returns with nothing to publish, and is counted
+    (map_insert_failures{map="go_tls_calls"}); the next ones are captured."""
+    run = nettap_run({"captures": [], "capture": GO_CAPTURE})
+    srv, port = server(go_bins["plain"], "https-server", cert)
+    cl = subprocess.Popen([sys.executable, "-c", PY_HTTPS, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+    try:
+        assert cl.stdout.readline() == "got\n"         # the server's goroutine is back inside Read
+        before = run.app.map_insert_failures()["go_tls_calls"]
+        run.apply({"captures": [{"pid": srv.pid}], "capture": GO_CAPTURE})
+        for _ in range(2):
+            cl.stdin.write("\n")
+            cl.stdin.flush()
+            assert cl.stdout.readline() == "got\n"
+        cl.stdin.write("\n")
+        cl.stdin.close()
+        assert cl.wait(timeout=emulated(60, 600)) == 0
+        assert run.app.map_insert_failures()["go_tls_calls"] - before == 1
+    finally:
+        srv.kill()
+        srv.wait()
+        cl.kill()
+        cl.stdout.close()
+    lines, _ = run.finish()
+    resp = b"".join(streams(go_lines(lines), "egress", tls=True).values())
+    req = b"".join(streams(go_lines(lines), "ingress", tls=True).values())
+    # the second request was read by the call in flight; the third read, both responses captured
+    assert resp.count(b"HTTP/1.1 200 OK\r\n") == 2 and gobuild.msg(0, 101) in resp and gobuild.msg(0, 102) in resp
+    assert b"GET /size/102 HTTP/1.1\r\n" in req and b"GET /size/101" not in req
