@@ -63,9 +63,9 @@ def attach_binary(prog, variant: str, path: str, info, mech: str, map_fds: dict)
     read as info: (links, uprobes per probe, the error that stopped it or "").
     prog(name): a bpf_program *. Its *net.TCPConn type hash is allowed first."""
     made, counts = [], dict.fromkeys(PROBES, 0)
-    maps.update(map_fds["go_conn_types"], struct.pack("<I", info.conn_type_hash), b"\x01")
     sites = {"go_tls_write": (info.write_entry, info.write_rets), "go_tls_read": (info.read_entry, info.read_rets)}
     try:
+        maps.update(map_fds["go_conn_types"], struct.pack("<I", info.conn_type_hash), b"\x01")
         for probe in PROBES:
             entry, rets = sites[probe]
             made += _links(prog(_ret(probe, variant)), path, list(rets), mech)
