@@ -33,10 +33,14 @@ def start(args, **kw):
 
 
 def write_big(path, size=50 << 20):
-    with open(path, "w") as f:
+    """Written aside, then renamed into place (as a ConfigMap's swap is): a
+    watcher must never read it half written (a partial file is another error)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
         f.write("captures:\n")
         line = "  - port: 80\n"
         f.write(line * (size // len(line)))
+    os.replace(tmp, path)
 
 
 @pytest.mark.parametrize("what", ["deep", "bomb", "big"])
