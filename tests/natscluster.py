@@ -160,12 +160,26 @@ class NatsCluster:
     # -- lifecycle
 
     def start(self) -> "NatsCluster":
-        """Start every node not running, then wait_healthy() on all of them."""
+        """Start every node not running, then wait_healthy() on all of them
+        and for the full mesh of routes (healthy needs a meta leader only: two
+        of three nodes routed suffice)."""
         for i, node in enumerate(self.nodes):
             if node.proc is None:
                 self._spawn(i)
         self.wait_healthy()
+        self.wait_routed()
         return self
+
+    def wait_routed(self, timeout: float = 30) -> None:
+        """Wait until every running node has a route to each other running node."""
+        nodes = [j for j in range(len(self.nodes)) if self.nodes[j].proc is not None]
+        if len(nodes) < 2:
+            return
+
+        def routed():
+            ok = all(self._get(j, "/routez").json().get("num_routes", 0) >= len(nodes) - 1 for j in nodes)
+            return True if ok else None
+        self._wait(nodes, routed, timeout, f"a route between every two of {', '.join(self.nodes[j].name for j in nodes)}")
 
     def start_node(self, i: int, timeout: float = 60) -> None:
         """Start node i again (same ports, name and store) and wait for its /healthz."""

@@ -30,7 +30,7 @@ from exporter.metrics.reload import ReloadCollector
 from exporter.metrics.targets import TargetsCollector
 from exporter.config import Config, ConfigError
 from exporter.kernel import tcp_h
-from exporter.kernel.loader import Probes, dns_at_start
+from exporter.kernel.loader import Probes, load_at_start
 from exporter.kernel.maps import PerCpuArray, lookup
 from exporter.kernel.nodewalk import NodeWalk
 from exporter.capture.dns import LATENCY_BUCKETS, DnsTracker
@@ -69,7 +69,7 @@ class Nettap:
         self.stats_switch = StatsSwitch(kernel_on=STATE_PROBE.on)
         self.node_walk = NodeWalk()             # scope node's walk: the iterator loads at its first scrape
         self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism, variant=variant,
-                                        dns_now=dns_at_start(config.dns))
+                                        dns_now=load_at_start(config.dns), tls_now=load_at_start(config.tls))
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset

@@ -93,11 +93,11 @@ def object_for(features: list) -> str:
     return OBJECT if any(f.name == "bpf_loop" and f.present for f in features) else OBJECT_OPEN_LOOP
 
 
-def dns_at_start(dns_on: bool) -> bool:
-    """Load the DNS programs with the object (Probes' dns_now)? When the
-    config asks for DNS, or when nettap could not load them later (it keeps
-    no CAP_SYS_ADMIN after attach)."""
-    return dns_on or not privileges.loads_after_drop()
+def load_at_start(wanted: bool) -> bool:
+    """Load the DNS (or TLS) programs with the object (Probes' dns_now,
+    tls_now)? When the config asks for them, or when nettap could not load
+    them later (it keeps no CAP_SYS_ADMIN after attach)."""
+    return wanted or not privileges.loads_after_drop()
 
 
 class Probes:
@@ -106,15 +106,19 @@ class Probes:
 
     def __init__(self, ring_sizes: dict | None = None, mechanism: str | None = None,
                  obj_path: str | None = None, kernel_plan: Plan | None = None,
-                 variant: str | None = None, dns_now: bool = True):
+                 variant: str | None = None, dns_now: bool = True, tls_now: bool = False):
         """kernel_plan: plan()'s answer, when the caller asked the kernel
         already (the CLI does it while it reads the config). dns_now=False:
         the DNS programs are loaded when capture.dns is first turned on
         (set_dns), not with the object: on the syscall tracepoints they are
-        half of what the kernel verifies at start (~70 ms of ~150 here)."""
+        half of what the kernel verifies at start (~70 ms of ~150 here).
+        tls_now=False (the default: what the tests' own loads want): the same
+        for the TLS programs and capture.tls (set_tls); Go's return programs are the biggest nettap has (a start
+        on 5.10 in a TCG guest: 3.1-3.9 s without them, 6.7-7.5 s with)."""
         self.obj = 0
         self._keep_obj = False
         self.dns_obj = 0           # the DNS programs' own object, when loaded after the start
+        self.tls_obj = 0           # the TLS programs' own object, likewise
         self.links: list = []
         self.prog_fds: dict = {}
         self.map_fds: dict = {}
@@ -141,6 +145,7 @@ class Probes:
                            for p in tls.PROBES + gotls.PROBES}
         self.tls: tlsfiles.TlsProbes | None = None
         self.tls_refused = dict.fromkeys(tls.REASONS, 0)     # libssl files refused, while TLS was ever on
+        self.tls_deferred = ok and not tls_now              # loaded at the first set_tls(True)
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         self.dns.deferred = self.dns.loaded and not dns_now
         path = str(obj_path or os.path.join(BPF_DIR, object_for(self.plan.features)))
@@ -201,12 +206,16 @@ class Probes:
         libbpf.call("bpf_object__load", self.obj)
 
     def _close_object(self) -> None:
+        lb = libbpf.lib()
         if self.dns_obj:
-            libbpf.lib().bpf_object__close(self.dns_obj)
+            lb.bpf_object__close(self.dns_obj)
             self.dns_obj = 0
-        if self.obj and not self._keep_obj:     # (a TLS worker stuck in it: freed at exit)
-            libbpf.lib().bpf_object__close(self.obj)
-        self.obj = 0
+        # (a TLS worker stuck in the TLS programs' object: freed at exit)
+        if self.tls_obj and not self._keep_obj:
+            lb.bpf_object__close(self.tls_obj)
+        if self.obj and not (self._keep_obj and not self.tls_obj):
+            lb.bpf_object__close(self.obj)
+        self.obj = self.tls_obj = 0
 
     # -- setup --
     def _programs(self):
@@ -222,7 +231,7 @@ class Probes:
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
-        if self.tls_ok:
+        if self.tls_ok and not self.tls_deferred:
             want.update({p: "tls" for p in tls.programs(self.variant) + gotls.programs(self.variant)})
         if self.dns.loaded and not self.dns.deferred:
             want.update({p: dns.PROBE for p in self.dns.programs()})
@@ -303,8 +312,8 @@ class Probes:
         """capture.tls: attach the TLS uprobes to the libssl files and Go
         programs the targets' processes use (processes: () -> their pids;
         None: every process's, and the linker's libssl files), or detach
-        them all. Loaded either way (where the kernel has uprobes), so
-        switching needs no reload."""
+        them all. The programs are loaded at the first on, unless the start
+        loaded them (tls_now)."""
         if not self.tls_ok:
             return
         if not on:
@@ -314,9 +323,11 @@ class Probes:
             for st in self.tls_states.values():
                 st.mechanism, st.attached, st.error = DISABLED, False, TLS_OFF
             return
+        if self.tls_deferred and not self._load_tls():
+            return
         if self.tls is None:
             try:
-                self.tls = tlsfiles.TlsProbes(self.obj, self.variant, self.tls_states, self.tls_refused,
+                self.tls = tlsfiles.TlsProbes(self.tls_obj or self.obj, self.variant, self.tls_states, self.tls_refused,
                                               mech=self.tls_mech, map_fds=self.map_fds, processes=processes)
             except OSError as e:        # the dlopen ring's tracepoint: reported, TLS stays off
                 for st in self.tls_states.values():
@@ -333,17 +344,17 @@ class Probes:
             self._load_dns()
         self.dns.set(self.dns_obj or self.obj, on)
 
-    def _load_dns(self) -> None:
-        """Load the DNS programs in an object of their own, opened from the
+    def _load_more(self, programs: list, probe: str) -> int:
+        """Load these programs in an object of their own, opened from the
         same file and configured the same way, every map of it the loaded
-        object's (bpf_map__reuse_fd: the rings, the filter, .rodata). A
-        refusal leaves DNS off and says why (DnsProbes.refused)."""
-        want = dict.fromkeys(self.dns.programs(), dns.PROBE)
+        object's (bpf_map__reuse_fd: the rings, the filter, .rodata); their
+        fds join prog_fds. Returns the object; raises OSError."""
         lb = libbpf.lib()
         obj = 0
         try:
             obj = libbpf.call_ptr("bpf_object__open_file", self._path.encode(), None)
-            configure(obj, self.plan.features, self.variant, want, self._ring_sizes)
+            configure(obj, self.plan.features, self.variant, dict.fromkeys(programs, probe), self._ring_sizes)
+            tls.prepare(obj, self.tls_mech)
             for name, m in object_maps(obj):
                 if not lb.bpf_map__autocreate(m):
                     continue
@@ -353,16 +364,36 @@ class Probes:
             libbpf.call("bpf_object__load", obj)
             fds = {name: libbpf.call("bpf_program__fd", prog)
                    for name, prog in object_programs(obj) if lb.bpf_program__autoload(prog)}
-        except OSError as e:
+        except OSError:
             if obj:
                 lb.bpf_object__close(obj)
-            self.dns.deferred = False
+            raise
+        self.prog_fds = {**self.prog_fds, **fds}        # a new dict: scrapes read the old one meanwhile
+        log.info("probe %s: %d programs loaded", probe, len(fds))
+        return obj
+
+    def _load_dns(self) -> None:
+        """The DNS programs loaded (_load_more). A refusal leaves DNS off and
+        says why (DnsProbes.refused)."""
+        try:
+            self.dns_obj = self._load_more(self.dns.programs(), dns.PROBE)
+        except OSError as e:
             self.dns.refused(str(e))
             log.error("probe dns not loaded: %s", self.dns.state.error)
-            return
-        self.dns_obj, self.dns.deferred = obj, False
-        self.prog_fds = {**self.prog_fds, **fds}        # a new dict: scrapes read the old one meanwhile
-        log.info("probe dns: %d programs loaded", len(fds))
+        self.dns.deferred = False
+
+    def _load_tls(self) -> bool:
+        """The TLS programs loaded (_load_more). A refusal leaves TLS off,
+        each TLS probe saying why; tried again at the next set_tls(True)."""
+        try:
+            self.tls_obj = self._load_more(tls.programs(self.variant) + gotls.programs(self.variant), "tls")
+        except OSError as e:
+            for st in self.tls_states.values():
+                st.mechanism, st.attached, st.error = "none", False, f"the kernel refused the TLS programs: {e}"
+            log.error("TLS probes not loaded: %s", e)
+            return False
+        self.tls_deferred = False
+        return True
 
     def rescan_tls(self, wait: float = tls.DEADLINE + 1) -> None:
         """Attach the TLS uprobes to libssl files not seen before (processes

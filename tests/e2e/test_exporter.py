@@ -20,21 +20,22 @@ pytestmark = pytest.mark.e2e
 def expected_programs() -> int:
     """Programs a default nettap holds on this kernel, as the loader's own
     probing decides: the lifecycle programs (the separately reported ones where the kernel has
-    what they need), each probe's programs, the TLS programs, and the probe program that asks whether BPF
-    statistics are on (exporter/kernel/bpfstats.py), and the DNS programs where they are loaded
-    at start (the default config has capture.dns off: they are loaded at start only by a nettap
-    that could not load them later, without CAP_SYS_ADMIN)."""
+    what they need), each probe's programs, and the probe program that asks whether BPF
+    statistics are on (exporter/kernel/bpfstats.py), and the TLS and DNS programs where they are
+    loaded at start (the default config has capture.tls and capture.dns off: they are loaded at
+    start only by a nettap that could not load them later, without CAP_SYS_ADMIN)."""
     mechanisms.ensure_tracefs()          # as the loader does before it plans (tracepoint ids)
     kp = mechanisms.plan()
     calls = sum(len(loader.programs_for(p, st.mechanism, kp.variant)) for p, st in kp.states.items()
                 if st.mechanism != "none")
-    # the TLS programs are loaded wherever the kernel has uprobes, attached only with capture.tls;
-    # the DNS programs of the mechanism the plan chose for them, attached only with capture.dns
+    # the TLS programs (where the kernel has uprobes) and the DNS programs (of the mechanism the
+    # plan chose for them) are loaded at start only by a nettap that could not load them later
     separate = sum(len(progs) for progs, _m in loader.separate_programs(kp.features).values())
     return len(loader.lifecycle_programs()) + separate + 1 + calls \
-        + (len(tls.programs(kp.variant) + gotls.programs(kp.variant)) if tls.supported()[0] else 0) \
+        + (len(tls.programs(kp.variant) + gotls.programs(kp.variant))
+           if tls.supported()[0] and loader.load_at_start(False) else 0) \
         + (len(dns.programs(kp.variant, kp.dns.mechanism))
-           if kp.dns.mechanism != "none" and loader.dns_at_start(False) else 0)
+           if kp.dns.mechanism != "none" and loader.load_at_start(False) else 0)
 SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
 

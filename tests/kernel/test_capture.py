@@ -1031,6 +1031,11 @@ def test_peer_reset_entries_die_with_their_socket(nettap_run, mode):
     ins = streams(lines, "ingress")
     reads = [l for l in client if l["type"] == "chunk" and l["direction"] == "ingress"]
     assert {l["offset"] for l in reads} == {0} and len(reads) == RESETS
-    assert all(ins[l["conn_id"]] == b"r" * 100 for l in reads)
+    # A read the kernel would not let the program copy (bpf_probe_read_user
+    # faulted: rare, seen once in a TCG guest) is flagged and zeroed, and
+    # counted: only such a chunk may differ.
+    unread = [l for l in reads if "read_failed" in l["flags"]]
+    assert len(unread) <= 2 and all(ins[l["conn_id"]] == b"r" * 100 for l in reads if l not in unread)
+    assert all(ins[l["conn_id"]] == bytes(100) for l in unread)
     eofs = Counter((e["oldstate"], e["tx_bytes"], e["rx_bytes"]) for e in client if e["type"] == "eof")
     assert eofs == {("ESTABLISHED", 10, 0): RESETS, ("CLOSE", 0, 100): RESETS}

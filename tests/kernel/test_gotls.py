@@ -101,6 +101,12 @@ def test_go_tls_echo_of_a_pid_target(nettap_run, mode, cert, go_bins):
     server's (uncaptured) nowhere. Once per mechanism: the TLS chunks' conn_id
     is the one the TCP probes gave the connection."""
     run = nettap_run({"captures": [], "capture": GO_CAPTURE})
+    # The module's nettap started without TLS: its programs were loaded when
+    # this config turned it on, in an object of their own sharing the loaded
+    # object's maps (loader.Probes._load_tls), as the DNS programs are.
+    probes = run.app.probes
+    assert probes.tls_obj and not probes.tls_deferred
+    assert set(tls.programs(probes.variant) + gotls.programs(probes.variant)) <= set(probes.prog_fds)
     before = run.counters()
     srv, port = server(go_bins["plain"], "echo-server", cert)
     try:

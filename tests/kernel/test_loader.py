@@ -5,7 +5,7 @@ the kernel is asked."""
 import pytest
 
 from conftest import kernel_modes
-from exporter.kernel import dns, features, libbpf, loader, mechanisms, tls
+from exporter.kernel import dns, features, gotls, libbpf, loader, mechanisms, tls
 
 
 
@@ -85,6 +85,28 @@ def test_a_separate_program_the_kernel_refuses_is_reported_and_the_rest_loads(mo
         others = {n: s for n, s in states.items()
                   if n != "tcp_accept" and s.mechanism not in ("none", "unsupported", "disabled")}
         assert others and all(s.attached for s in others.values()), others
+
+
+def test_tls_programs_load_at_first_use_and_a_refusal_loses_tls_only(monkeypatch):
+    """A start without capture.tls loads no TLS program; the first set_tls(True)
+    loads them in an object of their own. A kernel refusing them leaves every
+    TLS probe unattached with its error, the rest running, and the next
+    set_tls(True) tries again."""
+    if not tls.supported()[0]:
+        pytest.skip(tls.supported()[1])
+    with loader.Probes(tls_now=False) as p:
+        progs = set(tls.programs(p.variant) + gotls.programs(p.variant))
+        assert p.tls_deferred and not progs & set(p.prog_fds)
+        with monkeypatch.context() as m:
+            _refusing(m, "go_tls_read_ret")
+            p.set_tls(True, processes=lambda: [])
+        assert {(st.mechanism, st.attached) for st in p.tls_states.values()} == {("none", False)}
+        assert all(st.error.startswith("the kernel refused the TLS programs: ") for st in p.tls_states.values())
+        assert p.tls is None and p.tls_deferred and not p.tls_obj and not progs & set(p.prog_fds)
+        assert all(st.attached for st in p.states.values() if st.mechanism != "none")
+        p.set_tls(True, processes=lambda: [])
+        assert p.tls is not None and p.tls_obj and not p.tls_deferred and progs <= set(p.prog_fds)
+        p.set_tls(False)
 
 
 def test_a_refused_lifecycle_program_is_a_failure_to_start(monkeypatch):
