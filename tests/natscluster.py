@@ -179,7 +179,8 @@ class NatsCluster:
         def routed():
             ok = all(self._get(j, "/routez").json().get("num_routes", 0) >= len(nodes) - 1 for j in nodes)
             return True if ok else None
-        self._wait(nodes, routed, timeout, f"a route between every two of {', '.join(self.nodes[j].name for j in nodes)}")
+        names = ", ".join(self.nodes[j].name for j in nodes)
+        self._wait(nodes, routed, timeout, f"a route between every two of {names}")
 
     def start_node(self, i: int, timeout: float = 60) -> None:
         """Start node i again (same ports, name and store) and wait for its /healthz."""
