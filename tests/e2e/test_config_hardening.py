@@ -79,26 +79,30 @@ def test_live_bad_files_keep_the_old_config(tmp_path):
         log_path = tmp_path / "nettap.log"
         fails = 0
         for what in ("deep", "bomb", "big", "deleted", "loop", "fifo"):
+            # Each made aside and renamed into place (as a ConfigMap's swap is): the
+            # watcher never sees the name missing but where that is the bad file.
             p = n.cfg_path
-            if p.is_symlink() or p.exists():
-                p.unlink()
+            new = p.with_name(p.name + ".new")
             if what == "deep":
-                p.write_text(DEEP)
+                new.write_text(DEEP)
             elif what == "bomb":
-                p.write_text(BOMB)
+                new.write_text(BOMB)
             elif what == "big":
-                write_big(p)
+                write_big(new)
             elif what == "loop":
-                p.symlink_to(p.name)
+                new.symlink_to(p.name)
             elif what == "fifo":
-                os.mkfifo(p)
+                os.mkfifo(new)
+            if what == "deleted":
+                p.unlink()
+            else:
+                os.replace(new, p)
             fails += 1
             wait_for(lambda fails=fails: metric(n, "nettap_config_reloads_total", result="failure") == fails,
                      timeout=10, step=0.1, what=f"{what} refused")
             assert metric(n, "nettap_config_last_reload_successful") == 0
-            # Back to a good file in between: each bad one must set the gauge to 0 itself.
-            if p.is_symlink() or p.exists():
-                p.unlink()
+            # Back to a good file in between (renamed over the bad one): each bad
+            # one must set the gauge to 0 itself.
             n.write_config({"captures": [{"port": srv.port}]})
             wait_for(lambda: metric(n, "nettap_config_last_reload_successful") == 1, timeout=10, what="good again")
         log = log_path.read_text()
