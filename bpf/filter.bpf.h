@@ -28,6 +28,13 @@ static __always_inline struct nettap_capture_config *active_config(void)
 	return cfg;
 }
 
+/* Does the config ask for records of this kind (capture.records)? kind is a
+ * constant at every call. */
+static __always_inline bool kind_wanted(const struct nettap_capture_config *cfg, const __u32 kind)
+{
+	return cfg && (cfg->records & (1U << kind));
+}
+
 /* Index of a single set bit: debruijn32[(bit * 0x077CB531) >> 27]. */
 // clang-format off
 NETTAP_SHARED const __u8 debruijn32[32] NETTAP_INIT({

@@ -19,6 +19,8 @@ static __always_inline void publish_eof(const struct sock *sk, struct conn *cn, 
 	__u64 id;
 
 	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	if (!kind_wanted(cfg, NETTAP_KIND_EOF))
+		return;
 	e = bpf_ringbuf_reserve(&capture_eof, sizeof(*e), 0);
 	if (!e) {
 		count_drop(NETTAP_RING_CAPTURE_EOF, 1);
@@ -311,7 +313,7 @@ static __always_inline int on_accept(long fd, const bool fast)
 /* Attached by user space to sys_exit_accept4 and sys_exit_accept. */
 // clang-format off
 NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event_raw_sys_exit,
-	  "probe=tcp_accept attach=sys_exit_accept4,sys_exit_accept", {
+	  "probe=tcp_accept attach=sys_exit_accept4,sys_exit_accept records=owner", {
 	return on_accept(ctx->ret, fast);
 })
 // clang-format on
@@ -319,7 +321,7 @@ NETTAP_TP("tracepoint/syscalls/sys_exit_accept4", tcp_accept, struct trace_event
 /* A captured socket reported an error (sk_err: a refused or timed-out
  * connect, a reset, an ICMP error). The tracepoint is Linux 5.14's: the
  * loader loads this program only where the kernel has it (features.py). */
-NETTAP_PROG("probe=tcp_sk_error needs=sock:inet_sk_error_report mech=tp_btf")
+NETTAP_PROG("probe=tcp_sk_error needs=sock:inet_sk_error_report mech=tp_btf records=error")
 SEC("tp_btf/inet_sk_error_report")
 int BPF_PROG(tcp_sk_error, const struct sock *sk)
 {

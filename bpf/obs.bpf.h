@@ -10,12 +10,17 @@
 
 #include "filter.bpf.h"
 
-/* A record of size bytes on obs_events, its header filled for cn; NULL (and
- * the drop counted) when the ring is full. */
-static __always_inline void *obs_reserve(__u32 size, __u32 kind, const struct conn *cn)
+/* A record of size bytes on obs_events, its header filled for cn; NULL when
+ * the config does not ask for this kind, or (the drop counted) when the ring
+ * is full. */
+static __always_inline void *obs_reserve(__u32 size, const __u32 kind, const struct conn *cn)
 {
-	struct nettap_hdr *h = bpf_ringbuf_reserve(&obs_events, size, 0);
+	struct nettap_hdr *h;
+	__u32 zero = 0;
 
+	if (!kind_wanted(bpf_map_lookup_elem(&capture_config, &zero), kind))
+		return NULL;
+	h = bpf_ringbuf_reserve(&obs_events, size, 0);
 	if (!h) {
 		count_drop(NETTAP_RING_OBS_EVENTS, 1);
 		return NULL;

@@ -58,7 +58,7 @@ static __always_inline __u8 retrans_cause(const struct inet_connection_sock *ics
 /* ring obs_events: a captured socket sent a segment again. Its fields are
  * read with bpf_probe_read_kernel: a BTF pointer to struct sock does not
  * reach the tcp_sock members past it. */
-NETTAP_PROG("probe=tcp_retransmit mech=tp_btf")
+NETTAP_PROG("probe=tcp_retransmit mech=tp_btf records=retransmit")
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(tcp_retransmit, const struct sock *sk)
 {
@@ -95,7 +95,7 @@ int BPF_PROG(tcp_retransmit, const struct sock *sk)
  * open's rule, state_decide in lifecycle.bpf.c), on the request's own ports and
  * namespace; the header's conn_id and pid are 0. A request starts with the
  * same struct sock_common as a socket, so the socket readers read it. */
-NETTAP_PROG("probe=tcp_synack_retransmit mech=tp_btf")
+NETTAP_PROG("probe=tcp_synack_retransmit mech=tp_btf records=synack_retransmit")
 SEC("tp_btf/tcp_retransmit_synack")
 int BPF_PROG(tcp_synack_retransmit, const struct sock *sk, const struct request_sock *req)
 {
@@ -106,6 +106,8 @@ int BPF_PROG(tcp_synack_retransmit, const struct sock *sk, const struct request_
 	if (!cfg || !sock_matches(cfg, (struct sock *)req, false))
 		return 0;
 	obs_count(NETTAP_OBS_RETRANS + NETTAP_RETRANS_SYNACK);
+	if (!kind_wanted(cfg, NETTAP_KIND_SYNACK_RETRANSMIT))
+		return 0;
 	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
 	if (!r) {
 		count_drop(NETTAP_RING_OBS_EVENTS, 1);
@@ -157,7 +159,7 @@ static __always_inline void segment_submit(struct nettap_segment *r)
 /* Every segment an established socket of the node receives passes here: one
  * array read says no while no target has segments on, the connection
  * table's front door for the sockets not captured. */
-NETTAP_PROG("probe=tcp_segment mech=tp_btf")
+NETTAP_PROG("probe=tcp_segment mech=tp_btf records=segment")
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(tcp_segment, struct sock *sk, struct sk_buff *skb)
 {
@@ -232,7 +234,7 @@ static __always_inline __u32 behind_bucket(__u64 n)
  * every other timer before any hash lookup). No address but a socket's own timer's gives a
  * captured socket. The keepalive timer is sk_timer or, on kernels that have
  * it (Debian's 6.1 and 6.12), icsk_keepalive_timer: keepalive_timer_offset(). */
-NETTAP_PROG("probe=tcp_timer mech=tp_btf")
+NETTAP_PROG("probe=tcp_timer mech=tp_btf records=timer,probe")
 SEC("tp_btf/timer_expire_entry")
 int BPF_PROG(tcp_timer, struct timer_list *timer, unsigned long baseclk)
 {
@@ -289,7 +291,7 @@ int BPF_PROG(tcp_timer, struct timer_list *timer, unsigned long baseclk)
  * icsk_probes_out grew: tcp_send_probe0 and tcp_keepalive_timer count each
  * probe tcp_write_wakeup sends there). The socket is alive: a socket
  * destroyed while its timer ran emptied the slot (tcp_destroy). */
-NETTAP_PROG("probe=tcp_timer_exit mech=tp_btf")
+NETTAP_PROG("probe=tcp_timer_exit mech=tp_btf records=probe")
 SEC("tp_btf/timer_expire_exit")
 int BPF_PROG(tcp_timer_exit, struct timer_list *timer)
 {

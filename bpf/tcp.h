@@ -25,7 +25,9 @@
  * mech=MECHANISM the attach mechanism it belongs to, variant=fast|compat
  * (none: both variants load it), needs=FEATURE (exporter/kernel/features.py)
  * where the kernel must have one, attach=A[,B] what it is attached to where
- * its SEC does not say (tracepoints of the SEC's category; uprobe symbols). */
+ * its SEC does not say (tracepoints of the SEC's category; uprobe symbols),
+ * records=KIND[,KIND] on a program that runs only for these record kinds (and
+ * their counters): attached while capture.records asks for one of them. */
 #define NETTAP_PROG(spec)	  __attribute__((btf_decl_tag("prog:" spec)))
 /* On a map: variant=fast|compat (created for that variant only),
  * prealloc=always (preallocated on every kernel), prealloc_max=N (its
@@ -182,6 +184,8 @@ struct nettap_capture_config {
 				   * has published this much since its last look (0: at
 				   * every call) */
 	__u32 obs_wakeup_bytes;	  /* obs_events: the wakeup threshold, as eof's */
+	__u32 records;		  /* bit (1 << NETTAP_KIND_*): the record kinds asked for
+				   * (capture.records); the others are not published */
 };
 
 /* What user space found out about the kernel before load (section

@@ -127,10 +127,10 @@ local lib = import 'lib.libsonnet';
             ], description='Segments the captured sockets sent again, by the recovery that sent them: rto (the retransmission timer fired: a stall of 200 ms or more; tcp_retries2 in a row abort the connection), tlp (a tail loss probe), fast (recovery on ACKs); synack: SYN-ACKs a listener sent again.', w=8),
             lib.timeseries('Timers fired late (p99)', 'short', [
               lib.target(q('histogram_quantile(0.99, sum by (instance, timer, le) (rate(nettap_tcp_timer_behind_jiffies_bucket{%(sel)s}[$__rate_interval])))'), '{{instance}} {{timer}}'),
-            ], description="Jiffies from a captured socket's retransmit or keepalive timer's slot on the timer wheel to when its CPU fired it, 99th percentile: a CPU late to run its wheel (a vCPU the host stopped, a softirq storm) delays retransmissions and keepalives by that much.", w=8),
+            ], description="Jiffies from a captured socket's retransmit or keepalive timer's slot on the timer wheel to when its CPU fired it, 99th percentile: a CPU late to run its wheel (a vCPU the host stopped, a softirq storm) delays retransmissions and keepalives by that much. Empty unless capture.records asks for timer (not in the default: its program runs on every timer of the node).", w=8),
             lib.timeseries('Zero-window and keepalive probes', 'ops', [
               lib.target(q('sum by (instance, probe) (rate(nettap_tcp_probes_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{probe}}'),
-            ], description="Probes the captured sockets' timers sent: window, zero-window probes to a peer that advertised no room (a reader that stopped reading: the sender waits); keepalive, keepalive probes to an idle peer (each unanswered one brings the connection nearer its end).", w=8),
+            ], description="Probes the captured sockets' timers sent: window, zero-window probes to a peer that advertised no room (a reader that stopped reading: the sender waits); keepalive, keepalive probes to an idle peer (each unanswered one brings the connection nearer its end). Empty unless capture.records asks for probe (not in the default).", w=8),
           ],
         },
         {

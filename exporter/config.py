@@ -19,7 +19,7 @@ import yaml
 from exporter.util import outpath
 from exporter.util.schema import (MAX_QUOTED, Bool, Check, Choice, ConfigError, Int, Key, Section, Str,
                                   as_written, key_name, quote)
-from exporter.kernel.tcp_h import CHUNK_DATA, MAX_CHUNKS_PER_CALL, RINGS, STRIDES
+from exporter.kernel.tcp_h import CHUNK_DATA, MAX_CHUNKS_PER_CALL, NAMES, RINGS, STRIDES
 
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
@@ -27,6 +27,9 @@ TARGET_KINDS = ("pid", "cgroup", "netns", "port")
 TLS_ATTACH = ("targets", "node")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's capture can hold (bpf/tcp.h)
+# capture.records: the kinds (lines' "type") about a connection (capture.md#which-records-capturerecords)
+RECORD_KINDS = tuple(k for _n, k in sorted(NAMES["KIND"].items()) if k not in ("log", "dlopen", "dns"))
+DEFAULT_RECORDS = ("chunk", "eof", "reset", "owner", "error", "tls_handshake", "retransmit", "synack_retransmit")
 # capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so
 # they count in its RSS as well as in the map's kernel memory.
 # capture_eof: 15,420 eof records (136 bytes each in the ring), sized for a
@@ -87,6 +90,19 @@ def _ring_size(v, key: str) -> int:
     return n
 
 
+def _records(v, key: str) -> tuple:
+    """all, or a list of RECORD_KINDS: the kinds, in kind order."""
+    if v == "all":
+        return RECORD_KINDS
+    if not isinstance(v, (list, tuple)) or not all(isinstance(k, str) for k in v):
+        raise ConfigError(f"{key}: must be all or a list of record kinds ({', '.join(RECORD_KINDS)}), "
+                          f"got {quote(v)}")
+    bad = [k for k in v if k not in RECORD_KINDS]
+    if bad:
+        raise ConfigError(f"{key}: unknown record kind {quote(bad[0])} (one of {', '.join(RECORD_KINDS)})")
+    return tuple(k for k in RECORD_KINDS if k in v)
+
+
 def _mode(v, key: str = "output.mode") -> int:
     """output.mode: octal, as YAML 1.1 reads 0600, or a string '0600'/'0o600'.
     The owner reads and writes; nobody else writes (nettap refuses such a
@@ -120,7 +136,10 @@ CAPTURE = Section("capture",
         "targets: TLS uprobes only on the files the targets' processes map or execute (with a port target, "
         "as node); node: on every libssl file and Go program of the node, a trap in every process's TLS "
         "calls (capture.md#tls)"),
-    Key("dns", Bool(), False, "captured workloads' DNS over UDP (capture.md#dns)"))
+    Key("dns", Bool(), False, "captured workloads' DNS over UDP (capture.md#dns)"),
+    Key("records", Check(_records, "all, or a list of record kinds"), list(DEFAULT_RECORDS),
+        "the record kinds published (all: every one); programs only the others need are not attached "
+        "(capture.md#which-records-capturerecords)", "[" + ", ".join(DEFAULT_RECORDS) + "]"))
 OUTPUT = Section("output",
     Key("type", Choice(*OUTPUT_TYPES), "none", "where captured records go"),
     Key("path", Str(), None, "the jsonl file: inside root (a relative path is taken from it)"),
@@ -170,12 +189,19 @@ class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode 
 
 
 class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
-                                  "bpf_stats_scope log_level tls ingest dns tls_attach",
+                                  "bpf_stats_scope log_level tls ingest dns tls_attach records",
                         defaults=((), CAPTURE.default("max_payload_bytes"), Output(),
                                   tuple(DEFAULT_RING_BYTES.items()), BPF_STATS.default("enabled"),
                                   BPF_STATS.default("scope"), TOP.default("log_level"), CAPTURE.default("tls"),
-                                  None, CAPTURE.default("dns"), CAPTURE.default("tls_attach")))):
+                                  None, CAPTURE.default("dns"), CAPTURE.default("tls_attach"),
+                                  tuple(CAPTURE.default("records"))))):
     __slots__ = ()
+
+    @property
+    def kinds(self) -> frozenset:
+        """The record kinds in force: capture.records, and segment where a
+        target asks for its sockets' segments."""
+        return frozenset(self.records) | ({"segment"} if any(t.segments for t in self.captures) else set())
 
     @property
     def ring_bytes(self) -> dict:
@@ -234,8 +260,10 @@ def parse(doc) -> Config:
     captures = tuple(_target(item, f"captures[{i}]") for i, item in enumerate(caps))
 
     cap = CAPTURE.mapping(top.get("capture"))
-    max_payload, tls, dns, tls_attach = (CAPTURE.get(cap, k) for k in ("max_payload_bytes", "tls", "dns",
-                                                                       "tls_attach"))
+    max_payload, tls, dns, tls_attach, records = (CAPTURE.get(cap, k) for k in ("max_payload_bytes", "tls", "dns",
+                                                                                "tls_attach", "records"))
+    if "segment" in records:        # every target's sockets' segments
+        captures = tuple(t._replace(segments=True) for t in captures)
 
     out = OUTPUT.mapping(top.get("output"))
     otype = OUTPUT.get(out, "type")
@@ -272,7 +300,7 @@ def parse(doc) -> Config:
     if ingest is not None and not isinstance(ingest, dict):
         raise ConfigError(f"ingest: must be a mapping, got {type(ingest).__name__}")
     return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls, ingest,
-                  dns, tls_attach)
+                  dns, tls_attach, records)
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: 4x faster

@@ -56,6 +56,15 @@ def config_bytes(**fields) -> bytes:
     return bytes(out)
 
 
+ALL_KINDS = tuple(tcp_h.NAMES["KIND"].values())
+
+
+def kind_bits(kinds) -> int:
+    """capture_config.records: bit (1 << NETTAP_KIND_*) of each kind named."""
+    by_name = {name: n for n, name in tcp_h.NAMES["KIND"].items()}
+    return sum(1 << by_name[k] for k in set(kinds))
+
+
 def wakeup_check_bytes(threshold: int, cpus: int | None = None) -> int:
     """Ring bytes a CPU publishes on capture_chunks between two looks at the
     ring's fill (each look is a helper call reading two cache lines the
@@ -92,8 +101,8 @@ class TargetMaps:
         self.current = Resolved()
         self._bitmap = [0] * 2048            # capture_ports: the captured ports, then those with segments
         self._pid_bits = [0] * 1024          # capture_pid_bits: capture_pids' prefilter
-        self._config = bytes(24)             # capture_config as last written (an array map starts zeroed)
-        self._settings = None                # (max_payload_bytes, wakeup_bytes) of the last apply
+        self._config = bytes(tcp_h.STRUCTS["nettap_capture_config"][0])   # as last written (starts zeroed)
+        self._settings = None                # (max_payload_bytes, wakeup_bytes, records) of the last apply
         self.gone_total = {"pid": 0, "cgroup": 0}
         self.on_change = None                # called after each apply (TargetWatch's Wakeup.wake)
 
@@ -105,7 +114,7 @@ class TargetMaps:
                 raise ConfigError(f"captures: {n} {kind} targets, more than the {cap} the kernel map "
                                   f"{name} holds (its max_entries)")
 
-    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: dict) -> None:
+    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: dict, records=ALL_KINDS) -> None:
         """Make new the targets in force, as one transaction: on any failed
         write every write made is undone (the maps hold the old targets
         exactly, current is unchanged) and the error raised. Entries are
@@ -113,7 +122,8 @@ class TargetMaps:
         no call is missed while targets change; where a map cannot hold old
         and new at once, the stale entries go first. wakeup_bytes: ring ->
         its wakeup threshold (capture_chunks, capture_eof), as
-        :func:`wakeup_thresholds` gives them."""
+        :func:`wakeup_thresholds` gives them. records: the record kinds
+        published (their names, as the lines' "type")."""
         self.check(new)
         old = self.current
         undo: list = []
@@ -128,7 +138,7 @@ class TargetMaps:
         cfg = config_bytes(flags=new.flags, cgroup_levels=new.cgroup_levels, max_payload_bytes=max_payload_bytes,
                            wakeup_bytes=wakeup_bytes["capture_chunks"], eof_wakeup_bytes=wakeup_bytes["capture_eof"],
                            wakeup_check_bytes=wakeup_check_bytes(wakeup_bytes["capture_chunks"]),
-                           obs_wakeup_bytes=wakeup_bytes["obs_events"])
+                           obs_wakeup_bytes=wakeup_bytes["obs_events"], records=kind_bits(records))
         before, after = self._entries(old), self._entries(new)
         try:
             if not fits:
@@ -152,7 +162,7 @@ class TargetMaps:
             raise
         self._bitmap, self._pid_bits = bitmap, pid_bits
         self._config = cfg
-        self._settings = (max_payload_bytes, wakeup_bytes)
+        self._settings = (max_payload_bytes, wakeup_bytes, records)
         self.current = new
         if self.on_change:
             self.on_change()

@@ -69,7 +69,8 @@ class Nettap:
         self.stats_switch = StatsSwitch(kernel_on=STATE_PROBE.on)
         self.node_walk = NodeWalk()             # scope node's walk: the iterator loads at its first scrape
         self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism, variant=variant,
-                                        dns_now=load_at_start(config.dns), tls_now=load_at_start(config.tls))
+                                        dns_now=load_at_start(config.dns), tls_now=load_at_start(config.tls),
+                                        records=config.kinds)
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
@@ -199,8 +200,11 @@ class Nettap:
                                                              for r, n in changed.items()),
                                 ", ".join(f"{r} {old.ring_bytes[r]}" for r in changed))
                     pending.extend(f"rings.{r}" for r in changed)
+                # the programs the kinds asked for attached first: they are
+                # there before any socket is decided with them
+                self.probes.set_records(config.kinds)
                 self.target_maps.apply(resolved, config.max_payload_bytes,
-                                       capture_filter.wakeup_thresholds(old.ring_bytes))
+                                       capture_filter.wakeup_thresholds(old.ring_bytes), config.kinds)
                 # TLS uprobes on or off; when on, on the libssl files of the
                 # processes started since the last look too
                 self.probes.set_tls(config.tls, self._tls_processes if config.tls_attach == "targets" else None)

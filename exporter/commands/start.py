@@ -270,7 +270,7 @@ def _attach(cfg, mechanisms):
         kernel_plan = mechanisms.result()
         from exporter.kernel.loader import load_at_start
         return Probes(ring_sizes=cfg.ring_bytes, kernel_plan=kernel_plan, dns_now=load_at_start(cfg.dns),
-                      tls_now=load_at_start(cfg.tls))
+                      tls_now=load_at_start(cfg.tls), records=cfg.kinds)
     except config.ConfigError as e:
         return refused(e)
     except Unsupported as e:

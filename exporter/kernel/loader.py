@@ -24,6 +24,7 @@ from exporter.kernel import programs as table
 from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
 from exporter.kernel.mechanisms import (CALL_PROBES, DISABLED, UNSUPPORTED, Plan, ProbeState, ensure_tracefs,
                                         plan, programs_for)
+from exporter.kernel.separate import LIFECYCLE, SEPARATE, SeparateProbes, separate_programs  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -59,25 +60,13 @@ KPROBE_PMU = "/sys/bus/event_source/devices/kprobe/type"
 # with its probe. Those of LIFECYCLE decide capture at a socket's first state
 # and publish its life (states, eof, resets, destruction); reported as one
 # probe, attached when all are, and the object does not load without them.
-# Every other is a probe of its own, so that one that cannot attach stops only
-# itself (SEPARATE); where the kernel lacks the feature one needs (its tag),
-# it is not loaded and is reported "unsupported" (not a failure).
-LIFECYCLE = "tcp_state"
-SEPARATE = tuple(p for p in table.fixed() if p != LIFECYCLE)
+# Every other is a probe of its own (SEPARATE: separate.py).
 TLS_OFF = "capture.tls is off"
 
 
 def lifecycle_programs(variant: str = "fast") -> dict:
     """program name -> mechanism of the lifecycle programs of a variant."""
     return {n: table.PROGRAMS[n][table.MECH] for n in table.names(LIFECYCLE, variant=variant)}
-
-
-def separate_programs(features: list, variant: str = "fast") -> dict:
-    """probe -> (its programs, mechanism) of the separately reported
-    lifecycle probes the kernel has what they need for."""
-    have = {f.name for f in features if f.present}
-    return {p: (table.names(p, variant=variant), table.mechanisms(p)[0])
-            for p in SEPARATE if not table.needs(p) or table.needs(p) in have}
 
 
 def attached_tracepoints() -> dict:
@@ -106,7 +95,8 @@ class Probes:
 
     def __init__(self, ring_sizes: dict | None = None, mechanism: str | None = None,
                  obj_path: str | None = None, kernel_plan: Plan | None = None,
-                 variant: str | None = None, dns_now: bool = True, tls_now: bool = False):
+                 variant: str | None = None, dns_now: bool = True, tls_now: bool = False,
+                 records=None):
         """kernel_plan: plan()'s answer, when the caller asked the kernel
         already (the CLI does it while it reads the config). dns_now=False:
         the DNS programs are loaded when capture.dns is first turned on
@@ -114,7 +104,10 @@ class Probes:
         half of what the kernel verifies at start (~70 ms of ~150 here).
         tls_now=False (the default: what the tests' own loads want): the same
         for the TLS programs and capture.tls (set_tls); Go's return programs are the biggest nettap has (a start
-        on 5.10 in a TCG guest: 3.1-3.9 s without them, 6.7-7.5 s with)."""
+        on 5.10 in a TCG guest: 3.1-3.9 s without them, 6.7-7.5 s with).
+        records: the record kinds asked for (capture.records; None: all):
+        a probe whose programs run only for others is loaded, not attached
+        (set_records attaches it when a config asks)."""
         self.obj = 0
         self._keep_obj = False
         self.dns_obj = 0           # the DNS programs' own object, when loaded after the start
@@ -128,16 +121,8 @@ class Probes:
         self.states = self.plan.states
         self.variant = self.plan.variant
         self.lifecycle = ProbeState(LIFECYCLE, mechanism=table.mechanisms(LIFECYCLE)[0])
-        self._separate = separate_programs(self.plan.features, self.variant)    # probe -> (programs, mechanism)
-        self.separate = {}
-        for n in SEPARATE:
-            if n in self._separate:
-                self.separate[n] = ProbeState(n, mechanism=self._separate[n][1])
-                continue
-            needs = table.needs(n)
-            since = next((f.since for f in self.plan.features if f.name == needs), "")
-            self.separate[n] = ProbeState(n, mechanism=UNSUPPORTED,
-                                          error=f"this kernel has no {needs} (Linux {since}+)")
+        self.sep = SeparateProbes(self.plan.features, self.variant, records)
+        self.separate = self.sep.states
         ok, why = tls.supported()
         self.tls_ok = ok
         self.tls_mech = tls.mechanism(self.plan.features)     # uprobe_multi (6.6+) or uprobe
@@ -180,7 +165,7 @@ class Probes:
             failure = e
         self._close_object()
         refused = {}
-        groups = {probe: progs for probe, (progs, _m) in self._separate.items()}
+        groups = {probe: progs for probe, (progs, _m) in self.sep.programs.items()}
         if self.dns.loaded and not self.dns.deferred:
             groups[dns.PROBE] = self.dns.programs()
         for probe, progs in groups.items():
@@ -198,10 +183,7 @@ class Probes:
                 self.dns.refused(str(e))
                 log.error("probe dns not loaded: %s", self.dns.state.error)
                 continue
-            del self._separate[probe]
-            st = self.separate[probe]
-            st.mechanism, st.error = "none", f"the kernel refused its program: {e}"
-            log.error("probe %s not loaded: %s", probe, st.error)
+            self.sep.refused(probe, e)
         self._open(path, ring_sizes)
         libbpf.call("bpf_object__load", self.obj)
 
@@ -227,7 +209,7 @@ class Probes:
     def _wanted_programs(self) -> dict:
         """program name -> probe (or 'lifecycle') for every program to load."""
         want = {name: "lifecycle" for name in lifecycle_programs(self.variant)}
-        want.update({prog: n for n, (progs, _m) in self._separate.items() for prog in progs})
+        want.update({prog: n for n, (progs, _m) in self.sep.programs.items() for prog in progs})
         for probe, st in self.states.items():
             if st.mechanism != "none":
                 want.update({p: probe for p in programs_for(probe, st.mechanism, self.variant)})
@@ -274,22 +256,7 @@ class Probes:
             self._detach_from(first)
             self.lifecycle.error = str(e)
             log.error("lifecycle programs (%s) not attached: %s", ", ".join(lifecycle_programs()), e)
-        for name, st in self.separate.items():
-            if st.mechanism == UNSUPPORTED:
-                log.info("probe %s not attached: %s", name, st.error)
-                continue
-            if name not in self._separate:          # refused at load (_load): said there
-                continue
-            first = len(self.links)
-            try:
-                for prog in self._separate[name][0]:
-                    self._attach_one(prog, st.mechanism)
-                st.attached = True
-            except OSError as e:
-                self._detach_from(first)
-                st.error = str(e)
-                st.mechanism = "none"
-                log.error("probe %s not attached: %s", name, e)
+        self.sep.attach(self._attach_links)
         for probe, st in self.states.items():
             if st.mechanism == "none":
                 st.error = "no mechanism accepted: " + "; ".join(f"{m}: {r}" for m, r in st.reasons.items())
@@ -307,6 +274,23 @@ class Probes:
                 st.error = str(e)
                 st.mechanism = "none"
                 log.error("probe %s not attached: %s", probe, e)
+
+    def _attach_links(self, name: str, mechanism: str) -> list:
+        """A program attached: its new links, not kept in self.links."""
+        first = len(self.links)
+        try:
+            self._attach_one(name, mechanism)
+            return self.links[first:]
+        except OSError:
+            destroy_links(self.links[first:])     # a tracepoint of several attached before the failure
+            raise
+        finally:
+            del self.links[first:]
+
+    def set_records(self, records) -> None:
+        """capture.records: attach the separate probes a kind of records
+        needs, detach those none does (separate.py)."""
+        self.sep.set_records(records, self._attach_links)
 
     def set_tls(self, on: bool, processes=None) -> None:
         """capture.tls: attach the TLS uprobes to the libssl files and Go
@@ -432,6 +416,7 @@ class Probes:
             self.tls = None
         self.links += self.dns.links
         self.dns.links = []
+        self.links += self.sep.take_links()
         destroy_links(self.links)
         self.links = []
 

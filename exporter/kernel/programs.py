@@ -18,7 +18,7 @@ PLANNED = ("fentry", "kprobe", "tracepoint")     # in the design card's order of
 FIXED = ("tp_btf", "tracepoint")
 UPROBE = "uprobe"
 LIBS = ("openssl", "go")        # whose calls uprobe programs are on (their lib= tag)
-PROBES, MECH, VARIANT, NEEDS, SECTION, ATTACH, RETURN, LIB = range(8)     # a PROGRAMS row's fields
+PROBES, MECH, VARIANT, NEEDS, SECTION, ATTACH, RETURN, LIB, RECORDS = range(9)     # a PROGRAMS row's fields
 
 
 def probes() -> list:
@@ -58,6 +58,13 @@ def names(probe: str, mechanism: str | None = None, variant: str = "fast", only:
             and (mechanism is None or row[MECH] == mechanism) and row[VARIANT] in ("", variant)
             and (not only or len(row[PROBES]) == 1)]
     return [n for n, row in rows if row[RETURN]] + [n for n, row in rows if not row[RETURN]]
+
+
+def records(probe: str) -> frozenset | None:
+    """The record kinds a probe's programs run for (their records= tags):
+    attached while capture.records asks for one of them; None: always."""
+    kinds = [row[RECORDS] for row in PROGRAMS.values() if probe in row[PROBES]]
+    return None if not kinds or not all(kinds) else frozenset(k for ks in kinds for k in ks)
 
 
 def needs(probe: str) -> str:

@@ -119,7 +119,7 @@ OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'r
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
 # (name, offset, C type, elements, bytes, JSON form, comment); nested parts flattened.
 STRUCTS = {
-    'nettap_capture_config': (28, (
+    'nettap_capture_config': (32, (
         ('flags', 0, '__u32', 1, 4, '', 'NETTAP_TARGET_* present'),
         ('cgroup_levels', 4, '__u32', 1, 4, '', 'bit n: a cgroup target sits at level n'),
         ('max_payload_bytes', 8, '__u32', 1, 4, '', 'payload captured per call, <= 64 KiB'),
@@ -127,6 +127,7 @@ STRUCTS = {
         ('eof_wakeup_bytes', 16, '__u32', 1, 4, '', "capture_eof: the same, for its own ring (a fraction of each ring's size: one threshold cannot fit both)"),
         ('wakeup_check_bytes', 20, '__u32', 1, 4, '', "capture_chunks: look at the ring's fill once a CPU has published this much since its last look (0: at every call)"),
         ('obs_wakeup_bytes', 24, '__u32', 1, 4, '', "obs_events: the wakeup threshold, as eof's"),
+        ('records', 28, '__u32', 1, 4, '', 'bit (1 << NETTAP_KIND_*): the record kinds asked for (capture.records); the others are not published'),
     )),
     'nettap_probe_counters': (32, (
         ('calls', 0, '__u64', 1, 8, '', ''),

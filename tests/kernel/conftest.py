@@ -114,6 +114,10 @@ def per_variant(modes) -> tuple:
     return tuple(mv for mv in modes if mv in last.values())
 
 
+# The tests check every record kind; segments only where a target asks (all: every target's).
+EVERY_KIND = [k for k in config.RECORD_KINDS if k != "segment"]
+
+
 class Run:
     """A Nettap loaded in this process with a jsonl sink under tmp_path,
     forced to one (mechanism, variant) when mode is given."""
@@ -122,6 +126,7 @@ class Run:
         self.out = tmp_path / "capture.jsonl"
         doc = dict(doc)
         doc.setdefault("output", {"type": "jsonl", "path": str(self.out), "root": str(self.out.parent)})
+        doc["capture"] = {"records": EVERY_KIND, **(doc.get("capture") or {})}
         self.cfg = config.parse(doc)
         mech, variant = mode or (None, None)
         probes = loader.Probes(self.cfg.ring_bytes, kernel_plan=kernel_plan) if kernel_plan else None
@@ -142,6 +147,7 @@ class Run:
     def apply(self, doc):
         doc = dict(doc)
         doc.setdefault("output", {"type": "jsonl", "path": str(self.out), "root": str(self.out.parent)})
+        doc["capture"] = {"records": EVERY_KIND, **(doc.get("capture") or {})}
         self.app.apply(config.parse(doc))
 
     def finish(self):

@@ -160,4 +160,5 @@ def test_forcing_a_mechanism_attaches_it_or_reports_the_probe_unattached(mechani
         separate_links = sum(len(tps[n]) if m == "tracepoint" else 1 for progs, m in separate.values() for n in progs)
         calls = (sum(len(tps[n]) for probe in loader.PROBES for n in loader.programs_for(probe, "tracepoint"))
                  if mechanism == "tracepoint" and accepted else 4 if accepted else 0)
-        assert len(p.links) == len(loader.lifecycle_programs()) + separate_links + calls
+        assert sum(len(links) for links in p.sep.links.values()) == separate_links      # (set_records' to detach)
+        assert len(p.links) == len(loader.lifecycle_programs()) + calls

@@ -105,8 +105,11 @@ def test_a_process_target_records_its_segments(nettap_run, mode, ns):
 
 
 def test_no_segment_recorded_without_a_target_that_asks(nettap_run, mode, ns):
+    """No target asks: tcp_segment is not even attached (capture.records), so
+    no segment of the node runs it; none recorded."""
     run = nettap_run({"captures": [{"port": SEG}]})
-    _segment_probe(run)
+    st = run.app.probes.separate["tcp_segment"]
+    assert (st.reported, st.attached) in (("disabled", False), ("unsupported", False)), st
     in_netns(ns, lambda: exchange(SEG))
     segs, drained = _finish(run)
     assert segs == [] and drained["segments"] == 0

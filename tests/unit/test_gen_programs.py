@@ -56,6 +56,7 @@ def _broken(tag_of: str, text: str | None):
     ("probe=tcp_state mech=tp_btf variant=slow", "unknown variant 'slow'"),
     ("probe=tcp_state mech=tp_btf atach=x", "needs probe= and mech="),
     ("probe=tcp_state mech=tp_btf lib=go", "on uprobe programs"),
+    ("probe=tcp_state mech=tp_btf records=reset,resets", "unknown record kind 'resets'"),
     (None, "has no NETTAP_PROG tag"),
 ])
 def test_a_wrong_tag_fails_the_build(text, why):
@@ -65,8 +66,8 @@ def test_a_wrong_tag_fails_the_build(text, why):
 
 def test_a_uprobe_names_its_library_and_go_returns_are_at_ret():
     table = gen_programs.programs(OBJ, _consts(), gen.btf_types(OBJ))
-    assert table["go_tls_read_ret"][5:] == (("crypto/tls.(*Conn).Read",), True, "go")
-    assert table["go_tls_read_enter"][5:] == (("crypto/tls.(*Conn).Read",), False, "go")
+    assert table["go_tls_read_ret"][5:] == (("crypto/tls.(*Conn).Read",), True, "go", ())
+    assert table["go_tls_read_enter"][5:] == (("crypto/tls.(*Conn).Read",), False, "go", ())
     assert table["ssl_read_exit"][7] == "openssl" and table["tcp_rst_sent"][7] == ""
     with pytest.raises(SystemExit, match="lib='boringssl'"):
         gen_programs.programs(OBJ, _consts(), _broken("ssl_free", "probe=ssl_read mech=uprobe lib=boringssl"))
@@ -99,3 +100,15 @@ def test_a_wrong_map_tag_fails_the_build(text):
     types[tag] = dict(types[tag], name=text)
     with pytest.raises(SystemExit, match="gen_layout: map "):
         gen_programs.maps(types)
+
+
+def test_a_probe_runs_for_the_record_kinds_its_programs_name():
+    """The records= tags, as the loader asks them (programs.records): a probe
+    all of whose programs name kinds runs for those; one with an untagged
+    program (tcp_state: it decides capture) always."""
+    from exporter.kernel import programs
+    assert programs.records("tcp_timer") == {"timer", "probe"}
+    assert programs.records("tcp_timer_exit") == {"probe"}
+    assert programs.records("tcp_segment") == {"segment"}
+    assert programs.records("tcp_accept") == {"owner"}
+    assert programs.records("tcp_state") is None and programs.records("tcp_sendmsg") is None

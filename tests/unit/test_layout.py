@@ -88,7 +88,7 @@ def test_known_struct_sizes(btf):
         "nettap_reset": 72, "nettap_owner": 96, "nettap_error": 80, "nettap_destroy": 96,
         "nettap_tls_handshake": 96, "nettap_dlopen": 72, "nettap_retransmit": 80, "nettap_synack_retransmit": 72,
         "nettap_timer": 80, "nettap_probe": 80, "nettap_segment": 96, "nettap_dns": 624,
-        "nettap_capture_config": 28, "nettap_probe_counters": 32}
+        "nettap_capture_config": 32, "nettap_probe_counters": 32}
 
 
 def test_ring_records_are_the_c_structs():

@@ -391,12 +391,14 @@ def config_index(log):
 
 
 def decode_config(value):
-    """struct nettap_capture_config (bpf/tcp.h): seven u32; the sixth, how
-    often a CPU looks at capture_chunks' fill, follows from its threshold."""
-    assert len(value) == 28
+    """struct nettap_capture_config (bpf/tcp.h): eight u32; the sixth, how
+    often a CPU looks at capture_chunks' fill, follows from its threshold;
+    the eighth, the record kinds, is every kind unless the apply names them."""
+    assert len(value) == 32
     d = dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes", "eof_wakeup_bytes",
-                  "wakeup_check_bytes", "obs_wakeup_bytes"), struct.unpack("<IIIIIII", value)))
+                  "wakeup_check_bytes", "obs_wakeup_bytes", "records"), struct.unpack("<IIIIIIII", value)))
     assert d.pop("wakeup_check_bytes") == wakeup_check_bytes(d["wakeup_bytes"])
+    assert d.pop("records") == 0b11111111111111110     # NETTAP_KIND_* 1 .. 16
     return d
 
 

@@ -1,0 +1,102 @@
+"""Kernel tests of capture.records: the default publishes a connection's
+owner, chunks and eof (8 lines for a request on a new connection with both
+ends captured), not its state and destroy lines, and leaves the programs
+only the other kinds need unattached; a reload asking for every kind
+attaches them again; a kind left out is not published but still counted."""
+import socket
+from collections import Counter
+
+import pytest
+
+from exporter import config
+from exporter.kernel import tcp_h
+
+# The kinds are tested in the programs every mechanism shares (emit.bpf.h,
+# obs.bpf.h, lifecycle.bpf.c): once per BPF variant.
+pytestmark = pytest.mark.per_variant
+CONNS = 20
+SIZE = 64                     # one chunk each way (a chunk holds 396 bytes)
+KINDS_OFF = ("tcp_timer", "tcp_timer_exit", "tcp_segment")      # the default asks for none of their kinds
+
+
+def _listener(n: int = CONNS):
+    """n connections to a listener of our own: a request, an answer, the
+    client closes first, then the server. Returns the port."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(n)
+    port = lst.getsockname()[1]
+    return lst, port
+
+
+def _drive(lst, n: int = CONNS) -> None:
+    port = lst.getsockname()[1]
+    for _ in range(n):
+        c = socket.create_connection(("127.0.0.1", port))
+        a, _ = lst.accept()
+        c.sendall(b"q" * SIZE)
+        assert a.recv(SIZE, socket.MSG_WAITALL) == b"q" * SIZE
+        a.sendall(b"a" * SIZE)
+        assert c.recv(SIZE, socket.MSG_WAITALL) == b"a" * SIZE
+        c.close()
+        assert a.recv(1) == b""
+        a.close()
+
+
+def _kinds(lines, port):
+    mine = [l for l in lines if port in (l.get("sport"), l.get("dport"))]
+    return Counter(l["type"] for l in mine), mine
+
+
+def _states(run):
+    return {p: (st.reported, st.attached) for p, st in run.app.probes.all_states().items()}
+
+
+def test_the_default_records_of_a_request_on_a_new_connection(nettap_run, mode):
+    lst, port = _listener()
+    try:
+        run = nettap_run({"captures": [{"port": port}], "capture": {"records": list(config.DEFAULT_RECORDS)}})
+        states = _states(run)
+        assert {p: states[p][0] for p in KINDS_OFF} == dict.fromkeys(KINDS_OFF, "disabled")
+        assert states["tcp_accept"][1] and states["tcp_retransmit"][1] and states["tcp_state"][1]
+        _drive(lst)
+        obs = run.obs_counts()
+        lines, _ = run.finish()
+    finally:
+        lst.close()
+    kinds, _ = _kinds(lines, port)
+    # per connection: each end's owner, its request or answer both ways, its eof
+    assert kinds == {"owner": 2 * CONNS, "chunk": 4 * CONNS, "eof": 2 * CONNS}, kinds
+    assert sum(kinds.values()) / CONNS == 8
+    # the state changes are counted still (nettap_tcp_state_changes_total): 5 a socket
+    states_counted = int(sum(obs[tcp_h.OBS_STATES:tcp_h.OBS_STATES + 256]))
+    assert states_counted >= 10 * CONNS, states_counted
+
+
+def test_every_kind_when_asked_and_a_kind_left_out_is_counted_not_published(nettap_run, mode):
+    """records: all attaches what the default left off, and a request's
+    connection has its state and destroy lines; records: [eof] publishes no
+    chunk, while eof and the probe counters still have every byte."""
+    lst, port = _listener()
+    try:
+        run = nettap_run({"captures": [{"port": port}], "capture": {"records": list(config.DEFAULT_RECORDS)}})
+        run.apply({"captures": [{"port": port}], "capture": {"records": "all"}})  # segments too
+        states = _states(run)
+        assert all(states[p] == ("tp_btf", True) for p in KINDS_OFF), states
+        _drive(lst, 5)
+        run.apply({"captures": [{"port": port}], "capture": {"records": ["eof"]}})
+        assert all(_states(run)[p][0] == "disabled" for p in KINDS_OFF + ("tcp_accept", "tcp_retransmit"))
+        before = run.counters()
+        _drive(lst, 5)
+        after = run.counters()
+        lines, _ = run.finish()
+    finally:
+        lst.close()
+    kinds, mine = _kinds(lines, port)
+    # five connections of every kind, then five with their eof lines only
+    assert kinds["state"] == 5 * 10 and kinds["destroy"] == 5 * 2 and kinds["owner"] == 5 * 2, kinds
+    assert kinds["chunk"] == 5 * 4 and kinds["eof"] == 10 * 2, kinds
+    eofs = [l for l in mine if l["type"] == "eof"][-10:]
+    assert all((e["tx_bytes"], e["rx_bytes"]) == (SIZE, SIZE) for e in eofs), eofs
+    sent = after["tcp_sendmsg"]["bytes"] - before["tcp_sendmsg"]["bytes"]
+    assert sent == 10 * SIZE and after["tcp_sendmsg"]["chunks"] == before["tcp_sendmsg"]["chunks"]
