@@ -30,7 +30,7 @@ from exporter.metrics.reload import ReloadCollector
 from exporter.metrics.targets import TargetsCollector
 from exporter.config import Config, ConfigError
 from exporter.kernel import tcp_h
-from exporter.kernel.loader import Probes, load_at_start
+from exporter.kernel.loader import Probes, load_at_start, records_at_start
 from exporter.kernel.maps import PerCpuArray, lookup
 from exporter.kernel.nodewalk import NodeWalk
 from exporter.capture.dns import LATENCY_BUCKETS, DnsTracker
@@ -70,7 +70,7 @@ class Nettap:
         self.node_walk = NodeWalk()             # scope node's walk: the iterator loads at its first scrape
         self.probes = probes or Probes(ring_sizes=config.ring_bytes, mechanism=mechanism, variant=variant,
                                         dns_now=load_at_start(config.dns), tls_now=load_at_start(config.tls),
-                                        records=config.kinds)
+                                        records=records_at_start(config.kinds))
         self.pipeline: Optional[Pipeline] = None
         self.rings: Dict[str, RingMemory] = {}
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
@@ -202,7 +202,8 @@ class Nettap:
                     pending.extend(f"rings.{r}" for r in changed)
                 # the programs the kinds asked for attached first: they are
                 # there before any socket is decided with them
-                self.probes.set_records(config.kinds)
+                if self.probes.sep.records is not None:     # (None: all attached for good)
+                    self.probes.set_records(config.kinds)
                 self.target_maps.apply(resolved, config.max_payload_bytes,
                                        capture_filter.wakeup_thresholds(old.ring_bytes), config.kinds)
                 # TLS uprobes on or off; when on, on the libssl files of the

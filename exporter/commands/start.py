@@ -268,9 +268,9 @@ def _attach(cfg, mechanisms):
     try:
         resolve(cfg.captures)                   # refuse a bad target before loading anything
         kernel_plan = mechanisms.result()
-        from exporter.kernel.loader import load_at_start
+        from exporter.kernel.loader import load_at_start, records_at_start
         return Probes(ring_sizes=cfg.ring_bytes, kernel_plan=kernel_plan, dns_now=load_at_start(cfg.dns),
-                      tls_now=load_at_start(cfg.tls), records=cfg.kinds)
+                      tls_now=load_at_start(cfg.tls), records=records_at_start(cfg.kinds))
     except config.ConfigError as e:
         return refused(e)
     except Unsupported as e:

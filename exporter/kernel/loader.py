@@ -89,6 +89,14 @@ def load_at_start(wanted: bool) -> bool:
     return wanted or not privileges.loads_after_drop()
 
 
+def records_at_start(kinds):
+    """Probes' records: the record kinds whose programs a start attaches,
+    where a reload can attach the others (CAP_SYS_ADMIN kept); else None:
+    every program attached for good, their records still as capture.records
+    says (the programs test it)."""
+    return frozenset(kinds) if privileges.loads_after_drop() else None
+
+
 class Probes:
     """The loaded object, its maps and links. Not thread-safe: open and
     close from one thread; the map fds it hands out may be used anywhere."""
