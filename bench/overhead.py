@@ -182,12 +182,14 @@ def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: in
 def fmt(res: dict) -> str:
     s = (f"{res['rps']:>9,.1f}{res['p50']:>9.3f}{res['p99']:>9.3f}{res['nginx'] * 100:>10.2f}")
     s += f"{res['nettap'] * 100:>10.2f}" if "nettap" in res else f"{'-':>10}"
-    s += f"{res['drained'] / res['wall']:>11,.0f}{int(res['lost']):>7,}" if "drained" in res else f"{'-':>11}{'-':>7}"
+    s += (f"{res['drained'] / res['wall']:>11,.0f}{res['drained'] / res['wall'] / res['rps']:>9.2f}"
+          f"{int(res['lost']):>7,}" if "drained" in res else f"{'-':>11}{'-':>9}{'-':>7}")
     s += f"{res['bpf'] * 1e3:>10.3f}" if "bpf" in res else f"{'-':>10}"
     return s + f"{res['errors']:>5}"
 
 
-HEAD = (f"{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'nginx %':>10}{'nettap %':>10}{'records/s':>11}{'lost':>7}"
+HEAD = (f"{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'nginx %':>10}{'nettap %':>10}{'records/s':>11}{'rec/req':>9}"
+        f"{'lost':>7}"
         f"{'BPF ms/s':>10}{'err':>5}")
 
 
