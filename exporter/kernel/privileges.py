@@ -124,8 +124,8 @@ def threads(pid="self") -> dict:
         try:
             with open(f"{base}/{tid}/status") as f:
                 st = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-        except FileNotFoundError:                   # the thread ended meanwhile
-            continue
+        except (FileNotFoundError, ProcessLookupError):    # the thread ended meanwhile (a dying
+            continue                                        # one's status: ESRCH)
         out[int(tid)] = (int(st["CapEff"], 16), int(st.get("NoNewPrivs", "0")))
     return out
 

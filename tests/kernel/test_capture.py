@@ -53,6 +53,9 @@ def test_port_target_counts_exactly_and_captures_bytes(nettap_run, mode):
     assert srv.received == [sent]
     assert run.drops() == dict.fromkeys(R.RINGS, 0)
 
+    # the server's socket ends (LAST_ACK -> CLOSE: its eof) once the client's
+    # ACK of its FIN is in: later than the bytes, in an emulated guest
+    wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="both sockets closed")
     lines, drained = run.finish()
     egress, ingress = streams(lines, "egress"), streams(lines, "ingress")
     assert list(egress.values()) == [sent]             # byte for byte, non-UTF-8 included
@@ -865,7 +868,7 @@ def _wait_for_eofs(run, n: int) -> None:
             break
 
 
-def _kretprobe_storm(eofs: list, lost_returns: int, rate: str) -> None:
+def _kretprobe_storm(eofs: list, lost_returns: int, rate: str, dropped: set) -> None:
     """A kretprobe misses returns beyond its maxactive concurrent calls (the
     number of CPUs on kernels without CONFIG_PREEMPTION; docs/limits.md):
     such a call is counted at entry and publishes nothing, and a socket whose
@@ -873,7 +876,9 @@ def _kretprobe_storm(eofs: list, lost_returns: int, rate: str) -> None:
     counted (calls - returns); nothing else may be. And data read after a
     peer's reset is a connection of its own (docs/capture.md), its eof at
     destruction (oldstate CLOSE) beside the first one's: seen once in an
-    emulated 5.10 guest."""
+    emulated 5.10 guest. A server socket made and closed at its birth (dropped:
+    conftest.dropped_children) is no client's: seen once in a 5.10 guest."""
+    eofs = [e for e in eofs if e["conn_id"] not in dropped]
     ends = Counter((e["sport"], e["dport"]) for e in eofs)
     split = [e for e in eofs if e["oldstate"] == "CLOSE" and ends[e["sport"], e["dport"]] > 1]
     assert 2 * STORM_N - lost_returns <= len(eofs) - len(split) <= 2 * STORM_N, (rate, split)
@@ -931,7 +936,7 @@ def test_connection_storm_one_eof_per_socket_none_dropped(nettap_run, mode):
     assert len(eofs) == drained["capture_eof"], rate          # every record drained was written
     lost_returns = sum(c["calls"] - c["returns"] for c in counters.values())
     if mode[0] == "kprobe" and lost_returns:
-        _kretprobe_storm(eofs, lost_returns, rate)
+        _kretprobe_storm(eofs, lost_returns, rate, dropped_children(lines))
         return
     assert len({e["conn_id"] for e in eofs}) == len(eofs)     # no socket twice
     # The clients' by their own port (tcp_set_state has released it from
