@@ -3,10 +3,14 @@
  * from the request's due time, not from when it was sent, so a stalled
  * server is charged for the requests it held back (no coordinated omission).
  *
- *   loadgen HOST PORT PATH RATE SECONDS CONNECTIONS WARMUP OUTFILE
+ *   loadgen HOST PORT PATH RATE SECONDS CONNECTIONS WARMUP OUTFILE [close]
  *
  * CONNECTIONS keep-alive connections; a due request goes out on a free one
- * at once, or waits (its clock running) for the first that frees. Requests
+ * at once, or waits (its clock running) for the first that frees. With
+ * `close`, each request is made on a new connection (dialled when the
+ * request goes out, its connect counted in its latency; the request says
+ * Connection: close, so the server closes first, as a web server does): a
+ * slot is then one connection at a time. Requests
  * due in the first WARMUP seconds are sent but not recorded. Latencies of
  * the recorded requests go to OUTFILE as float64 microseconds, in order of
  * completion. Prints one line:
@@ -51,6 +55,7 @@ static double now(void)
 static struct sockaddr_in addr;
 static char req[1024];
 static int reqlen;
+static int close_mode;
 
 static int dial(void)
 {
@@ -80,8 +85,8 @@ static long response_len(const char *b, size_t n)
 
 int main(int argc, char **argv)
 {
-	if (argc != 9) {
-		fprintf(stderr, "usage: %s HOST PORT PATH RATE SECONDS CONNECTIONS WARMUP OUTFILE\n", argv[0]);
+	if (argc != 9 && !(argc == 10 && !strcmp(argv[9], "close"))) {
+		fprintf(stderr, "usage: %s HOST PORT PATH RATE SECONDS CONNECTIONS WARMUP OUTFILE [close]\n", argv[0]);
 		return 2;
 	}
 	addr.sin_family = AF_INET;
@@ -93,8 +98,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "loadgen: bad arguments\n");
 		return 2;
 	}
-	reqlen = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: nettap-loadgen\r\n\r\n",
-			  argv[3], argv[1], argv[2]);
+	close_mode = argc == 10;
+	reqlen = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: nettap-loadgen\r\n%s\r\n",
+			  argv[3], argv[1], argv[2], close_mode ? "Connection: close\r\n" : "");
 	FILE *out = fopen(argv[8], "wb");
 	if (!out) {
 		perror("loadgen: output");
@@ -110,6 +116,9 @@ int main(int argc, char **argv)
 	int ep = epoll_create1(0);
 	struct conn *c = calloc(nconn, sizeof *c);
 	for (int i = 0; i < nconn; i++) {
+		c[i].fd = -1;
+		if (close_mode)
+			continue;
 		c[i].fd = dial();
 		struct epoll_event ev = {.events = EPOLLIN, .data.u32 = i};
 		epoll_ctl(ep, EPOLL_CTL_ADD, c[i].fd, &ev);
@@ -137,6 +146,11 @@ int main(int argc, char **argv)
 			double due = start + idx / rate;
 			if (t - due > late_max)
 				late_max = t - due;
+			if (c[i].fd < 0) {       /* close mode: a new connection for this request */
+				c[i].fd = dial();
+				struct epoll_event ev = {.events = EPOLLIN, .data.u32 = i};
+				epoll_ctl(ep, EPOLL_CTL_ADD, c[i].fd, &ev);
+			}
 			if (write(c[i].fd, req, reqlen) != reqlen) {
 				errors++;
 				ndone++;
@@ -172,6 +186,17 @@ int main(int argc, char **argv)
 			if (r <= 0) {            /* the server closed: count an error, dial again */
 				epoll_ctl(ep, EPOLL_CTL_DEL, q->fd, NULL);
 				close(q->fd);
+				q->fd = -1;
+				if (close_mode && q->busy == 2) {
+					q->busy = 0;    /* its answer was whole: the next request dials */
+					continue;
+				}
+				if (close_mode) {
+					if (q->busy)
+						errors++, ndone++;
+					q->busy = 0;
+					continue;
+				}
 				q->fd = dial();
 				struct epoll_event ev = {.events = EPOLLIN, .data.u32 = i};
 				epoll_ctl(ep, EPOLL_CTL_ADD, q->fd, &ev);
@@ -190,7 +215,7 @@ int main(int argc, char **argv)
 				if (q->idx >= skip)
 					lat[nrec++] = (done - q->due) * 1e6;
 				ndone++;
-				q->busy = 0;
+				q->busy = close_mode ? 2 : 0;   /* close: free once the server's FIN is read */
 				q->have = 0;
 				if (strncmp(q->buf, "HTTP/1.1 200", 12))
 					errors++;

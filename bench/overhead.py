@@ -12,6 +12,8 @@ Cases, alternated A B C D, A B C D, ... (--reps times):
   D  C with diagnostics.bpfStats.enabled: true
   E  C with `nettap ingest` beside it, publishing the file to a nats-server
      (JetStream, one node) on loopback: the capture's CPU and peak RSS against C
+  S  C with capture.sample_connections: 10 (1 in 10 connections captured:
+     with --close, a new connection each request, the rate it was made for)
 
 Printed per run and per case (the median of its runs): requests/s, latency
 p50 and p99, nginx CPU (utime+stime of its master and workers, % of one
@@ -48,6 +50,7 @@ CASES = {
     "C": "nettap capturing nginx, jsonl",
     "D": "C + bpfStats enabled",
     "E": "C + nettap ingest beside it",
+    "S": "C with sample_connections: 10",
 }
 PAGE = (b"<!DOCTYPE html>\n<html><head><title>nettap bench</title></head><body>\n"
         + b"<p>" + b"x" * 480 + b"</p>\n</body></html>\n")
@@ -109,6 +112,8 @@ def write_config(tmp: str, case: str, nginx_port: int, unused_port: int, nats_ur
             f"output: {{type: jsonl, path: {tmp}/capture-{case}.jsonl, root: {tmp}, max_bytes: {1 << 30}}}\n")
     if case == "D":
         text += "diagnostics: {bpfStats: {enabled: true}}\n"
+    if case == "S":
+        text += "capture: {sample_connections: 10}\n"
     if case == "E":
         text += f"ingest: {{servers: [{nats_url}], node: bench, stream: {{name: OVERHEAD}}}}\n"
     cfg = os.path.join(tmp, f"{case}.yaml")
@@ -135,7 +140,8 @@ def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: in
     try:
         g0, w0 = cpu_s(nginx.pid), time.perf_counter()
         r = subprocess.run([loadgen, "127.0.0.1", str(nport), "/index.html", str(a.rate), str(a.seconds),
-                            str(a.connections), str(a.warmup), out], capture_output=True, text=True)
+                            str(a.connections), str(a.warmup), out] + (["close"] if a.close else []),
+                           capture_output=True, text=True)
         wall = time.perf_counter() - w0
         ngx = (cpu_s(nginx.pid) - g0) / wall
         if p is not None:
@@ -201,7 +207,7 @@ def plot(results: list, path: str, a) -> None:
     except ImportError:
         print("\n(no plot: matplotlib is not installed; pip install -e .[bench])")
         return
-    colors = {"A": "tab:gray", "B": "tab:blue", "C": "tab:orange", "D": "tab:red", "E": "tab:green"}
+    colors = {"A": "tab:gray", "B": "tab:blue", "C": "tab:orange", "D": "tab:red", "E": "tab:green", "S": "tab:purple"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
     q = np.array([0, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99])
     x = -np.log10(1 - q / 100.0001)
@@ -220,13 +226,13 @@ def plot(results: list, path: str, a) -> None:
     ax1.set_title("latency by percentile, one line per run")
     ax1.grid(True, which="both", alpha=0.3)
     ax1.legend(fontsize=8)
-    pooled = [np.concatenate([r["lat"] for r in results if r["case"] == c]) / 1000 for c in CASES]
+    pooled = [np.concatenate([r["lat"] for r in results if r["case"] == c]) / 1000 for c in a.cases]
     parts = ax2.violinplot([np.log10(p) for p in pooled], showmedians=True)
-    for body, c in zip(parts["bodies"], CASES):
+    for body, c in zip(parts["bodies"], a.cases):
         body.set_facecolor(colors[c])
         body.set_alpha(0.6)
-    ax2.set_xticks(range(1, len(CASES) + 1))
-    ax2.set_xticklabels(list(CASES))
+    ax2.set_xticks(range(1, len(a.cases) + 1))
+    ax2.set_xticklabels(list(a.cases))
     ticks = np.arange(-2, 3)
     ax2.set_yticks(ticks)
     ax2.set_yticklabels([f"{10.0 ** t:g}" for t in ticks])
@@ -248,12 +254,18 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1, help="seconds sent but not recorded first (1)")
     ap.add_argument("--reps", type=int, default=3, help="times each case runs, alternated (3)")
     ap.add_argument("--connections", type=int, default=10, help="keep-alive connections (10)")
+    ap.add_argument("--close", action="store_true",
+                    help="a new connection each request (Connection: close; --connections at once)")
+    ap.add_argument("--cases", default="".join(CASES), help="the cases run, e.g. ACS (all)")
     ap.add_argument("--workers", type=int, default=1, help="nginx worker processes (1)")
     ap.add_argument("--settle", type=float, default=1, help="seconds between nettap ready and the load (1)")
     ap.add_argument("--plot", default=os.path.join(OUT, "overhead.png"))
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
+    if "A" not in a.cases or set(a.cases) - set(CASES):
+        raise SystemExit(f"--cases: some of {''.join(CASES)}, A among them (the baseline)")
+    a.cases = [c for c in CASES if c in a.cases]
 
     loadgen = build("loadgen")
     tmp = tempfile.mkdtemp(prefix="nettap-overhead-")
@@ -263,12 +275,14 @@ def main() -> None:
     nats = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(nats_port), "-sd", f"{tmp}/nats"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = []
-    print(f"nginx {nport} (pid {nginx.pid}), {a.rate:g} requests/s, {a.connections} keep-alive connections, "
-          f"{a.warmup:g} + {a.seconds:g} s a run, cases {' '.join(CASES)} alternated x {a.reps}\n")
+    print(f"nginx {nport} (pid {nginx.pid}), {a.rate:g} requests/s, "
+          + (f"a new connection each ({a.connections} at once), " if a.close
+             else f"{a.connections} keep-alive connections, ")
+          + f"{a.warmup:g} + {a.seconds:g} s a run, cases {' '.join(a.cases)} alternated x {a.reps}\n")
     print(f"{'run':<7}{HEAD}")
     try:
         for rep in range(a.reps):
-            for case in CASES:
+            for case in a.cases:
                 r = run(a, case, loadgen, nginx, tmp, nport, unused, f"nats://127.0.0.1:{nats_port}")
                 results.append(r)
                 print(f"{case}{rep + 1:<6}{fmt(r)}", flush=True)
@@ -292,7 +306,7 @@ def report(results: list, a) -> None:
 
     print(f"\nmedian of {a.reps} runs per case   (A/A spread = max - min over the A runs: the noise floor)")
     print(f"{'case':<7}{HEAD}")
-    for case in CASES:
+    for case in a.cases:
         rs = [r for r in results if r["case"] == case]
         m = {k: med(case, k) for k in rs[0] if k not in ("case", "lat")}
         m["errors"] = sum(r["errors"] for r in rs)
@@ -303,7 +317,7 @@ def report(results: list, a) -> None:
           f"   spread between the A runs")
     print("\ndeltas against A (medians), beside the A/A spread:")
     base = {k: med("A", k) for k in ("p50", "p99", "nginx")}
-    for case in "BCDE":
+    for case in a.cases[1:]:
         d50, d99 = med(case, "p50") - base["p50"], med(case, "p99") - base["p99"]
         dng = (med(case, "nginx") - base["nginx"]) * 100
         within = "within" if abs(d99) <= aa["p99"] else "OUTSIDE"

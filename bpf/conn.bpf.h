@@ -27,18 +27,38 @@
 struct conn {
 	__u64 id;
 	__u64 start_ns;
-	__u64 tx_off; /* also the bytes sent */
-	__u64 rx_off; /* also the bytes received */
-	__u64 tx_calls;
-	__u64 rx_calls;
-	__u64 tls_tx_off; /* TLS plaintext sent (tls.bpf.h) */
-	__u64 tls_rx_off; /* TLS plaintext received */
+	union {
+		struct {
+			__u64 tx_off; /* also the bytes sent */
+			__u64 rx_off; /* also the bytes received */
+			__u64 tx_calls;
+			__u64 rx_calls;
+			__u64 tls_tx_off; /* TLS plaintext sent (tls.bpf.h) */
+			__u64 tls_rx_off; /* TLS plaintext received */
+		};
+		/* While pending (below): its connecting task, for its owner
+		 * record once it is kept; zeroed then, before any byte moves. */
+		struct {
+			char comm[16];
+			__u64 cgroup_id;
+			__u32 tid;
+		} connector;
+	};
 	__u32 pid;
-	__u16 closed;  /* reached TCP_CLOSE, its eof published: kept until the socket is
+	__u8 closed;   /* reached TCP_CLOSE, its eof published: kept until the socket is
 		       * destroyed (a reset it sends follows its CLOSE), then removed */
+	__u8 pending;  /* CONN_PENDING_*: a new socket under capture.sample_connections,
+		       * decided once its tuple is whole (lifecycle.bpf.c): nothing
+		       * published yet */
 	__u8 owned;    /* its owner record is published (obs.bpf.h) */
 	__u8 segments; /* the segments it receives are recorded (retransmit.bpf.c) */
 };
+
+/* conn.pending: which first state waits for the socket's tuple */
+#define CONN_PENDING_CONNECT 1 /* CLOSE -> SYN_SENT: the local port is bound after it */
+#define CONN_PENDING_BIRTH \
+	2 /* LISTEN -> SYN_RECV: before Linux 6.x, the child's peer
+				* is set after it (inet_csk_clone_lock) */
 
 /* Preallocated on every kernel (the loader clears BPF_F_NO_PREALLOC): the
  * table gains an entry per captured connection, at connection rate and in

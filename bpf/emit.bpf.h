@@ -376,6 +376,8 @@ static __always_inline void tls_publish(struct nettap_capture_config *cfg, __u32
 	if (!bytes || bytes > 0x7fffffff)
 		return;
 	sk = fast ? KCAST(struct sock, skp) : (struct sock *)skp;
+	if (cn && cn->pending)
+		conn_kept(cn);
 	if (cn)
 		at = conn_advance(cn, probe, bytes, fast);
 	/* The thread's TCP call scratch: no TCP call is in flight in user space. */
@@ -447,6 +449,8 @@ static __always_inline int exit_call(__u32 probe, long ret, const bool fast)
 
 	sk = fast ? KCAST(struct sock, in->sk) : (struct sock *)in->sk;
 	cn = conn_get(in->sk, probe, fast);
+	if (cn && cn->pending)
+		conn_kept(cn);
 	if (cn) {
 		if (!cn->owned) { /* its first captured call, and no connect named its owner */
 			if (!cn->pid) /* decided in softirq (lifecycle.bpf.c): its owner is this caller */

@@ -27,7 +27,8 @@ static __always_inline int enter_func(__u32 probe, struct sock *sk, struct msghd
 
 	if (!cfg || !sk)
 		return 0;
-	if (!task_matches(cfg) && !sock_matches(cfg, sk, btf_sk)) {
+	if ((!task_matches(cfg) && !sock_matches(cfg, sk, btf_sk)) ||
+	    !sample_keep(cfg, sk, btf_sk)) {
 		inflight_forget(fast);
 		return 0;
 	}

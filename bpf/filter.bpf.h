@@ -287,13 +287,49 @@ static __always_inline bool file_is_socket(struct file *file, __u64 inode, const
 	return (mode & S_IFMT) == S_IFSOCK;
 }
 
-/* The TCP sock of an fd of the current task when the call is captured,
+/* capture.sample_connections: is this socket's connection one of the 1 in N
+ * kept? A hash of its two ends, (address, port) each, taken in order, so that
+ * a connection's client socket and server socket decide alike, on one host or
+ * on two (unless a NAT between them rewrites an end). An address is its 4
+ * bytes as the CPU loads them; an IPv6 one the XOR of its four words, an
+ * IPv4-mapped one (::ffff:a.b.c.d) its IPv4 address, so that a dual-stack
+ * server agrees with its IPv4 client. The same in Python:
+ * exporter/capture/sampling.py (the tests' oracle). */
+static __always_inline __u32 addr_word(const __u8 *addr, __u16 family)
+{
+	const __u32 *w = (const __u32 *)addr;
+
+	if (family != AF_INET6)
+		return w[0];
+	if (!w[0] && !w[1] && w[2] == bpf_htonl(0xffff))
+		return w[3];
+	return w[0] ^ w[1] ^ w[2] ^ w[3];
+}
+
+static __always_inline bool sample_keep(const struct nettap_capture_config *cfg, struct sock *sk,
+					const bool btf)
+{
+	struct nettap_ports p;
+	struct nettap_addrs a;
+	__u64 x, y, h;
+
+	if (!cfg->sample_threshold)
+		return true;
+	read_addrs(sk, btf, &p, &a);
+	x = (__u64)addr_word(a.saddr, p.family) << 16 | p.sport;
+	y = (__u64)addr_word(a.daddr, p.family) << 16 | p.dport;
+	h = (x < y ? x : y) * 0x9E3779B97F4A7C15ULL ^ (x < y ? y : x) * 0xC2B2AE3D27D4EB4FULL;
+	h ^= h >> 29;
+	return (__u32)(h >> 32) < cfg->sample_threshold;
+}
+
+/* The TCP sock of an fd of the current task when a target matches the call,
  * else NULL: the cheapest test first. A task target decides without the
  * socket's ports; a socket target is tested on the ports (or netns) of
  * whatever socket the fd holds (every sock starts with sock_common), and
- * only a match pays for the TCP test. */
-static __always_inline struct sock *captured_fd_sock(struct nettap_capture_config *cfg,
-						     unsigned long fd, const bool btf)
+ * only a match pays for the TCP test. Sampling aside (captured_fd_sock). */
+static __always_inline struct sock *matched_fd_sock(struct nettap_capture_config *cfg,
+						    unsigned long fd, const bool btf)
 {
 	struct file *file;
 	struct sock *sk;
@@ -313,6 +349,16 @@ static __always_inline struct sock *captured_fd_sock(struct nettap_capture_confi
 	if (!sk || !file_is_socket(file, inode, btf) || !sock_is_tcp(sk, btf))
 		return NULL;
 	return sk;
+}
+
+/* The TCP sock of an fd of the current task when the call is captured: a
+ * target matches and its connection is sampled in. */
+static __always_inline struct sock *captured_fd_sock(struct nettap_capture_config *cfg,
+						     unsigned long fd, const bool btf)
+{
+	struct sock *sk = matched_fd_sock(cfg, fd, btf);
+
+	return sk && sample_keep(cfg, sk, btf) ? sk : NULL;
 }
 
 #endif /* NETTAP_FILTER_BPF_H */

@@ -57,13 +57,19 @@ static __always_inline void conn_forget(const struct sock *sk)
  * one (LISTEN -> SYN_RECV, the child socket) runs in softirq, where the
  * current task means nothing, so only the socket targets (port, netns) do, and
  * the owner is learnt at its first captured call. Any other socket is
- * captured from its first captured call (emit.bpf.h). */
+ * captured from its first captured call (emit.bpf.h). Under
+ * capture.sample_connections the tuple may not be whole yet: a connect's
+ * local port is bound after this state, and before Linux 6.x a child's peer
+ * is set after its birth. Its entry then waits, pending (with the connecting
+ * task's identity), for the next event of its life, which decides
+ * (obs.bpf.h: captured_conn). */
 static __always_inline struct conn *state_decide(const struct sock *sk, int oldstate, int newstate,
 						 const bool fetch)
 {
 	struct nettap_capture_config *cfg;
 	struct conn *cn;
 	bool active = oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT;
+	__u8 pending = 0;
 
 	if (!active && !(oldstate == TCP_LISTEN && newstate == TCP_SYN_RECV))
 		return NULL;
@@ -73,10 +79,26 @@ static __always_inline struct conn *state_decide(const struct sock *sk, int olds
 	/* sk is a BTF pointer here (tp_btf): direct loads on every kernel. */
 	if (!(active && task_matches(cfg)) && !sock_matches(cfg, (struct sock *)sk, true))
 		return NULL;
+	if (cfg->sample_threshold && (!sk->__sk_common.skc_num || !sk->__sk_common.skc_dport))
+		pending = active ? CONN_PENDING_CONNECT : CONN_PENDING_BIRTH;
+	else if (!sample_keep(cfg, (struct sock *)sk, true)) {
+		obs_count(NETTAP_OBS_SAMPLED);
+		return NULL;
+	}
 	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_SENDMSG, fetch);
-	if (cn && !active) {
+	if (!cn)
+		return NULL;
+	cn->pending = pending;
+	if (!active) {
 		cn->pid = 0;
 		cn->segments = segments_match(sk, true, false);
+	} else if (pending) {
+		__u64 id = bpf_get_current_pid_tgid();
+
+		cn->segments = segments_match(sk, true, true);
+		cn->connector.cgroup_id = bpf_get_current_cgroup_id();
+		cn->connector.tid = (__u32)id;
+		bpf_get_current_comm(cn->connector.comm, sizeof(cn->connector.comm));
 	}
 	return cn;
 }
@@ -85,17 +107,8 @@ static __always_inline struct conn *state_decide(const struct sock *sk, int olds
 static __always_inline void publish_state(const struct sock *sk, struct conn *cn, int oldstate,
 					  int newstate)
 {
-	struct nettap_state *r;
-
 	obs_count(NETTAP_OBS_STATES + (oldstate & 15) * 16 + (newstate & 15));
-	r = obs_reserve(sizeof(*r), NETTAP_KIND_STATE, cn);
-	if (!r)
-		return;
-	r->oldstate = oldstate;
-	r->newstate = newstate;
-	r->pad0 = 0;
-	obs_sock(sk, false, &r->ports, &r->addrs, &r->netns);
-	obs_submit(r);
+	state_record(sk, cn, oldstate, newstate, 0);
 }
 
 static __always_inline int on_state(const struct sock *sk, int oldstate, int newstate,
@@ -114,7 +127,7 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
 	}
 	if (!cn)
 		cn = state_decide(sk, oldstate, newstate, fetch);
-	if (!cn)
+	if (!cn || cn->pending)
 		return 0;
 	/* Decided at its connect, in the connecting task: its owner first. */
 	if (!cn->owned && cn->pid)
@@ -298,9 +311,16 @@ static __always_inline int on_accept(long fd, const bool fast)
 	cfg = active_config();
 	if (!cfg)
 		return 0;
-	sk = captured_fd_sock(cfg, fd, fast);
+	sk = matched_fd_sock(cfg, fd, fast);
 	if (!sk)
 		return 0;
+	if (!sample_keep(cfg, sk, fast)) {
+		/* counted here when only a task target names it (its birth
+		 * counted it when a socket target did) */
+		if (!sock_matches(cfg, sk, fast))
+			obs_count(NETTAP_OBS_SAMPLED);
+		return 0;
+	}
 	/* conn_get's log names a probe: an accept is the receive side's */
 	cn = conn_get((__u64)sk, NETTAP_PROBE_TCP_RECVMSG, fast);
 	if (!cn || cn->owned)

@@ -64,12 +64,6 @@ static __always_inline void obs_sock(const void *sk, const bool btf, struct nett
 		(r)->pad0 = 0;                                                          \
 	} while (0)
 
-/* The captured connection of a socket, NULL when it has none. */
-static __always_inline struct conn *captured_conn(const struct sock *sk)
-{
-	return conn_lookup_btf(sk);
-}
-
 static __always_inline void obs_add(__u32 row, __u64 n)
 {
 	struct nettap_obs_counters *c;
@@ -91,28 +85,115 @@ static __always_inline void obs_count(__u32 row)
 	obs_add(row, 1);
 }
 
-/* The owner of a captured socket: the current task, once per connection
- * (cn->owned); cn->pid is already the owner's. */
-static __always_inline void publish_owner(const struct sock *sk, struct conn *cn, __u8 via,
-					  const bool btf)
+/* ring obs_events: the owner of a captured socket: the current task or, for
+ * a pending connect kept (kept), the connecting task as its entry kept it;
+ * cn->pid is already the owner's. */
+static __always_inline void owner_record(const struct sock *sk, struct conn *cn, __u8 via,
+					 const bool btf, const bool kept)
 {
+	struct nettap_capture_config *cfg;
 	struct nettap_owner *r;
-	__u64 id;
+	__u32 zero = 0;
 
-	cn->owned = 1;
-	if (!cn->segments) /* in its owner's task: the task targets decide too */
-		cn->segments = segments_match(sk, btf, true);
 	r = obs_reserve(sizeof(*r), NETTAP_KIND_OWNER, cn);
 	if (!r)
 		return;
-	id = bpf_get_current_pid_tgid();
-	r->cgroup_id = bpf_get_current_cgroup_id();
-	r->tid = (__u32)id;
+	if (kept) {
+		r->cgroup_id = cn->connector.cgroup_id;
+		r->tid = cn->connector.tid;
+		__builtin_memcpy(r->comm, cn->connector.comm, sizeof(r->comm));
+	} else {
+		r->cgroup_id = bpf_get_current_cgroup_id();
+		r->tid = (__u32)bpf_get_current_pid_tgid();
+		bpf_get_current_comm(r->comm, sizeof(r->comm));
+	}
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	r->sample = cfg && cfg->sample_connections ? cfg->sample_connections : 1;
+	r->pad1 = 0;
 	r->via = via;
 	r->pad0 = 0;
 	OBS_SOCK(r, sk, btf);
-	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	obs_submit(r);
+}
+
+/* The owner of a captured socket: the current task, once per connection
+ * (cn->owned). */
+static __always_inline void publish_owner(const struct sock *sk, struct conn *cn, __u8 via,
+					  const bool btf)
+{
+	cn->owned = 1;
+	if (!cn->segments) /* in its owner's task: the task targets decide too */
+		cn->segments = segments_match(sk, btf, true);
+	owner_record(sk, cn, via, btf, false);
+}
+
+/* ring obs_events: a state change of a captured socket, at ts (0: now). */
+static __always_inline void state_record(const struct sock *sk, struct conn *cn, int oldstate,
+					 int newstate, __u64 ts)
+{
+	struct nettap_state *r;
+
+	r = obs_reserve(sizeof(*r), NETTAP_KIND_STATE, cn);
+	if (!r)
+		return;
+	if (ts)
+		r->h.ts_ns = ts;
+	r->oldstate = oldstate;
+	r->newstate = newstate;
+	r->pad0 = 0;
+	obs_sock(sk, false, &r->ports, &r->addrs, &r->netns);
+	obs_submit(r);
+}
+
+/* A pending socket whose call was captured (its entry sampled it in):
+ * kept. Met first by a call's return only where tcp_state missed a run (the
+ * kernel counts its misses): its owner comes then as its first call's, and
+ * its first state is not recorded. */
+static __always_inline void conn_kept(struct conn *cn)
+{
+	__builtin_memset(&cn->connector, 0, sizeof(cn->connector));
+	cn->pending = 0;
+}
+
+/* A pending socket (lifecycle.bpf.c: state_decide) met again by a lifecycle
+ * program, its tuple whole now (sk read as any kernel address: tcp_timer's
+ * is computed from its timer's). Kept, it publishes what its first state
+ * would have: a connect its owner, as the connecting task was, and its
+ * CLOSE -> SYN_SENT; a child its LISTEN -> SYN_RECV (each at the socket's
+ * start), and carries on. Left out, its entry goes and it is counted. */
+static __always_inline struct conn *conn_resolve(const struct sock *sk, struct conn *cn)
+{
+	struct nettap_capture_config *cfg;
+	__u64 key = (__u64)sk;
+	__u32 zero = 0;
+
+	cfg = bpf_map_lookup_elem(&capture_config, &zero);
+	if (cfg && !sample_keep(cfg, (struct sock *)sk, false)) {
+		conn_delete(key);
+		obs_count(NETTAP_OBS_SAMPLED);
+		return NULL;
+	}
+	if (cn->pending == CONN_PENDING_CONNECT) {
+		cn->owned = 1;
+		owner_record(sk, cn, NETTAP_VIA_CONNECT, false, true);
+		conn_kept(cn);
+		obs_count(NETTAP_OBS_STATES + TCP_CLOSE * 16 + TCP_SYN_SENT);
+		state_record(sk, cn, TCP_CLOSE, TCP_SYN_SENT, cn->start_ns);
+	} else {
+		conn_kept(cn);
+		obs_count(NETTAP_OBS_STATES + TCP_LISTEN * 16 + TCP_SYN_RECV);
+		state_record(sk, cn, TCP_LISTEN, TCP_SYN_RECV, cn->start_ns);
+	}
+	return cn;
+}
+
+/* The captured connection of a socket, NULL when it has none (or its
+ * connect was sampled out just now). */
+static __always_inline struct conn *captured_conn(const struct sock *sk)
+{
+	struct conn *cn = conn_lookup_btf(sk);
+
+	return cn && cn->pending ? conn_resolve(sk, cn) : cn;
 }
 
 #endif /* NETTAP_OBS_BPF_H */

@@ -103,7 +103,8 @@ int BPF_PROG(tcp_synack_retransmit, const struct sock *sk, const struct request_
 	struct nettap_synack_retransmit *r;
 	struct nettap_hdr *h;
 
-	if (!cfg || !sock_matches(cfg, (struct sock *)req, false))
+	if (!cfg || !sock_matches(cfg, (struct sock *)req, false) ||
+	    !sample_keep(cfg, (struct sock *)req, false))
 		return 0;
 	obs_count(NETTAP_OBS_RETRANS + NETTAP_RETRANS_SYNACK);
 	if (!kind_wanted(cfg, NETTAP_KIND_SYNACK_RETRANSMIT))
@@ -247,13 +248,15 @@ int BPF_PROG(tcp_timer, struct timer_list *timer, unsigned long baseclk)
 
 	which = NETTAP_TIMER_RETRANSMIT;
 	sk = TIMER_OWNER(timer, struct inet_connection_sock, icsk_retransmit_timer);
-	cn = captured_conn(sk);
+	cn = conn_lookup_btf(sk);
 	if (!cn) {
 		which = NETTAP_TIMER_KEEPALIVE;
 		/* sk_timer, or icsk_keepalive_timer (core_fixes.bpf.h) */
 		sk = (const struct sock *)((void *)timer - keepalive_timer_offset());
-		cn = captured_conn(sk);
+		cn = conn_lookup_btf(sk);
 	}
+	if (cn && cn->pending) /* captured_conn's, once (one copy of its code) */
+		cn = conn_resolve(sk, cn);
 	if (!cn)
 		return 0;
 	now = bpf_jiffies64();

@@ -89,6 +89,7 @@
 #define NETTAP_OBS_RETRANS 520	/* + NETTAP_RETRANS_* */
 #define NETTAP_OBS_TIMERS  528	/* + NETTAP_TIMER_* * 16 + 0..15 (timer.bpf.h) */
 #define NETTAP_OBS_WAKEUPS 576	/* + NETTAP_WAKEUP_* */
+#define NETTAP_OBS_SAMPLED 584	/* sockets left out by capture.sample_connections */
 #define NETTAP_OBS_ROWS	   1024 /* a power of two (obs_count masks with it) */
 
 /* capture_config.flags: which kinds of capture target exist. */
@@ -186,6 +187,9 @@ struct nettap_capture_config {
 	__u32 obs_wakeup_bytes;	  /* obs_events: the wakeup threshold, as eof's */
 	__u32 records;		  /* bit (1 << NETTAP_KIND_*): the record kinds asked for
 				   * (capture.records); the others are not published */
+	__u32 sample_threshold;	  /* capture.sample_connections N: a connection is kept when
+				   * its tuple's hash is below 2^32 / N (0: every one) */
+	__u32 sample_connections; /* N itself (1: every connection), for the owner record */
 };
 
 /* What user space found out about the kernel before load (section
@@ -330,6 +334,8 @@ struct NETTAP_RECORD("owner", "obs_events") nettap_owner {
 	__u8 pad0 NETTAP_JSON("-");
 	struct nettap_netns_addrs at;
 	char comm[16] NETTAP_JSON("text"); /* the owner's thread's task name */
+	__u32 sample; /* 1 in sample connections captured (capture.sample_connections then) */
+	__u32 pad1 NETTAP_JSON("-");
 };
 
 /* ring obs_events: a captured socket reported an error

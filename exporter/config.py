@@ -139,7 +139,9 @@ CAPTURE = Section("capture",
     Key("dns", Bool(), False, "captured workloads' DNS over UDP (capture.md#dns)"),
     Key("records", Check(_records, "all, or a list of record kinds"), list(DEFAULT_RECORDS),
         "the record kinds published (all: every one); programs only the others need are not attached "
-        "(capture.md#which-records-capturerecords)", "[" + ", ".join(DEFAULT_RECORDS) + "]"))
+        "(capture.md#which-records-capturerecords)", "[" + ", ".join(DEFAULT_RECORDS) + "]"),
+    Key("sample_connections", Int(1, 1 << 24), 1, "capture 1 in N connections, each whole, the same ones at both "
+        "ends (capture.md#sampling-capturesample_connections)"))
 OUTPUT = Section("output",
     Key("type", Choice(*OUTPUT_TYPES), "none", "where captured records go"),
     Key("path", Str(), None, "the jsonl file: inside root (a relative path is taken from it)"),
@@ -167,9 +169,8 @@ TOP = Section("",
 # namedtuples, not dataclasses: this module is on the path to the probes
 # being attached, and importing dataclasses (and typing) costs ~15 ms there.
 class Target(namedtuple("Target", "kind value segments", defaults=(False,))):
-    """kind: pid | cgroup | netns | port; value: int for pid/port, a path
-    (or an inode for netns) otherwise; segments: record the segments its
-    sockets receive."""
+    """kind: pid | cgroup | netns | port; value: int for pid/port, a path (or an inode
+    for netns) otherwise; segments: record the segments its sockets receive."""
 
     __slots__ = ()
 
@@ -180,21 +181,20 @@ class Target(namedtuple("Target", "kind value segments", defaults=(False,))):
 class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode root",
                         defaults=OUTPUT.defaults(("type", "path", "max_bytes", "backups", "queue_bytes", "mode",
                                                   "root")))):
-    """type: jsonl | stdout | none; the jsonl file (path: absolute, inside
-    root) rotates at max_bytes keeping `backups` old files, each created
-    with mode; at most queue_bytes of records wait between the drain and
-    the sink (more are dropped, whole batches, and counted)."""
+    """type: jsonl | stdout | none; the jsonl file (path: absolute, inside root) rotates at
+    max_bytes keeping `backups` old files, each created with mode; at most queue_bytes of records
+    wait between the drain and the sink (more are dropped, whole batches, and counted)."""
 
     __slots__ = ()
 
 
 class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
-                                  "bpf_stats_scope log_level tls ingest dns tls_attach records",
+                                  "bpf_stats_scope log_level tls ingest dns tls_attach records sample",
                         defaults=((), CAPTURE.default("max_payload_bytes"), Output(),
                                   tuple(DEFAULT_RING_BYTES.items()), BPF_STATS.default("enabled"),
                                   BPF_STATS.default("scope"), TOP.default("log_level"), CAPTURE.default("tls"),
                                   None, CAPTURE.default("dns"), CAPTURE.default("tls_attach"),
-                                  tuple(CAPTURE.default("records"))))):
+                                  tuple(CAPTURE.default("records")), 1))):
     __slots__ = ()
 
     @property
@@ -260,8 +260,8 @@ def parse(doc) -> Config:
     captures = tuple(_target(item, f"captures[{i}]") for i, item in enumerate(caps))
 
     cap = CAPTURE.mapping(top.get("capture"))
-    max_payload, tls, dns, tls_attach, records = (CAPTURE.get(cap, k) for k in ("max_payload_bytes", "tls", "dns",
-                                                                                "tls_attach", "records"))
+    max_payload, tls, dns, tls_attach, records, sample = (CAPTURE.get(cap, k) for k in (
+        "max_payload_bytes", "tls", "dns", "tls_attach", "records", "sample_connections"))
     if "segment" in records:        # every target's sockets' segments
         captures = tuple(t._replace(segments=True) for t in captures)
 
@@ -300,7 +300,7 @@ def parse(doc) -> Config:
     if ingest is not None and not isinstance(ingest, dict):
         raise ConfigError(f"ingest: must be a mapping, got {type(ingest).__name__}")
     return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls, ingest,
-                  dns, tls_attach, records)
+                  dns, tls_attach, records, sample)
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: 4x faster

@@ -17,6 +17,7 @@ import os
 import select
 import threading
 
+from exporter.capture import sampling
 from exporter.capture.targets import TARGET_MAPS, Resolved, start_time
 from exporter.config import ConfigError
 from exporter.kernel import maps, tcp_h
@@ -102,7 +103,7 @@ class TargetMaps:
         self._bitmap = [0] * 2048            # capture_ports: the captured ports, then those with segments
         self._pid_bits = [0] * 1024          # capture_pid_bits: capture_pids' prefilter
         self._config = bytes(tcp_h.STRUCTS["nettap_capture_config"][0])   # as last written (starts zeroed)
-        self._settings = None                # (max_payload_bytes, wakeup_bytes, records) of the last apply
+        self._settings = None                # (max_payload_bytes, wakeup_bytes, records, sample) of the last apply
         self.gone_total = {"pid": 0, "cgroup": 0}
         self.on_change = None                # called after each apply (TargetWatch's Wakeup.wake)
 
@@ -114,7 +115,8 @@ class TargetMaps:
                 raise ConfigError(f"captures: {n} {kind} targets, more than the {cap} the kernel map "
                                   f"{name} holds (its max_entries)")
 
-    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: dict, records=ALL_KINDS) -> None:
+    def apply(self, new: Resolved, max_payload_bytes: int, wakeup_bytes: dict, records=ALL_KINDS,
+              sample: int = 1) -> None:
         """Make new the targets in force, as one transaction: on any failed
         write every write made is undone (the maps hold the old targets
         exactly, current is unchanged) and the error raised. Entries are
@@ -123,7 +125,8 @@ class TargetMaps:
         and new at once, the stale entries go first. wakeup_bytes: ring ->
         its wakeup threshold (capture_chunks, capture_eof), as
         :func:`wakeup_thresholds` gives them. records: the record kinds
-        published (their names, as the lines' "type")."""
+        published (their names, as the lines' "type"). sample: 1 in sample
+        connections kept (capture.sample_connections; sampling.py)."""
         self.check(new)
         old = self.current
         undo: list = []
@@ -138,7 +141,8 @@ class TargetMaps:
         cfg = config_bytes(flags=new.flags, cgroup_levels=new.cgroup_levels, max_payload_bytes=max_payload_bytes,
                            wakeup_bytes=wakeup_bytes["capture_chunks"], eof_wakeup_bytes=wakeup_bytes["capture_eof"],
                            wakeup_check_bytes=wakeup_check_bytes(wakeup_bytes["capture_chunks"]),
-                           obs_wakeup_bytes=wakeup_bytes["obs_events"], records=kind_bits(records))
+                           obs_wakeup_bytes=wakeup_bytes["obs_events"], records=kind_bits(records),
+                           sample_threshold=sampling.threshold(sample), sample_connections=sample)
         before, after = self._entries(old), self._entries(new)
         try:
             if not fits:
@@ -162,7 +166,7 @@ class TargetMaps:
             raise
         self._bitmap, self._pid_bits = bitmap, pid_bits
         self._config = cfg
-        self._settings = (max_payload_bytes, wakeup_bytes, records)
+        self._settings = (max_payload_bytes, wakeup_bytes, records, sample)
         self.current = new
         if self.on_change:
             self.on_change()

@@ -205,7 +205,8 @@ class Nettap:
                 if self.probes.sep.records is not None:     # (None: all attached for good)
                     self.probes.set_records(config.kinds)
                 self.target_maps.apply(resolved, config.max_payload_bytes,
-                                       capture_filter.wakeup_thresholds(old.ring_bytes), config.kinds)
+                                       capture_filter.wakeup_thresholds(old.ring_bytes), config.kinds,
+                                       config.sample)
                 # TLS uprobes on or off; when on, on the libssl files of the
                 # processes started since the last look too
                 self.probes.set_tls(config.tls, self._tls_processes if config.tls_attach == "targets" else None)

@@ -49,6 +49,9 @@ def listing(cap: Capture, conns: List[Conn], out) -> None:
               f"{n['eof']} eof, {n['log']} log" + (f", {life}" if life else "")
               + (f", {n['dns']} dns (--dns lists them)" if n["dns"] else "")
               + (f", {n['dlopen']} dlopen" if n["dlopen"] else "") + "\n")
+    if any(n > 1 for n in cap.samples):          # capture.sample_connections, from the owner records
+        out.write("sampled: " + ", ".join(f"1 in {n} connections ({k} owner record(s))"
+                                          for n, k in sorted(cap.samples.items())) + "\n")
     if cap.no_conn:
         out.write(f"{cap.no_conn} chunk(s) without a connection (conn_id 0: nettap's connection table "
                   f"was full): in no stream\n")

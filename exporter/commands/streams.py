@@ -48,12 +48,15 @@ SCHEMAS["clock"] = {"ts_ns": (int, _U64), "real_ns": (int, _U64),          # pip
                     "drops": (dict, None), "lost": (dict, None)}
 SCHEMAS["start"] = SCHEMAS["stop"] = {"ts_ns": (int, _U64), "time": (str, None),   # a run's start and stop
                                       "pid": (int, _U64)}                          # (sinks.mark_line)
+# Fields added to a kind after nettap wrote files without them: read as this value there.
+ADDED = {("owner", "sample"): 1}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
     "reset": lambda r: f"reset {'sent' if r['direction'] == 'egress' else 'received'} in {r['state']}",
     "owner": lambda r: (f"owner pid {r['pid']} tid {r['tid']} ({r['comm']}), cgroup {r['cgroup_id']}, "
-                        f"learnt at its {r['via'].replace('_', ' ')}"),
+                        f"learnt at its {r['via'].replace('_', ' ')}"
+                        + (f", 1 in {r['sample']} connections sampled" if r["sample"] > 1 else "")),
     "error": lambda r: f"error {r['errno_name']} in {r['state']}",
     "destroy": lambda r: (f"destroyed in {r['state']}: {r['bytes_acked']} B acknowledged, "
                           f"{r['bytes_received']} B received, {r['segs_out']} segments out, {r['segs_in']} in, "
@@ -124,6 +127,9 @@ def _check(rec, where: str, problems: Problems) -> Optional[dict]:
     if schema is None:
         problems.add(f"of unknown type {json.dumps(kind)}", where)
         return None
+    for (k, f), default in ADDED.items():
+        if k == kind and f not in rec:
+            rec[f] = default
     for f, (t, top) in schema.items():         # a number past what its C type holds is not nettap's
         v = rec.get(f)
         if not isinstance(v, t) or isinstance(v, bool) or (t is int and not 0 <= v <= top):
@@ -340,6 +346,7 @@ class Capture:
         self.marks: List[Tuple[str, str, int]] = []   # (start or stop, time, pid) in file order
         self.no_conn = 0                        # chunks of connections nettap had no room for
         self.dns: List[dict] = []               # the dns records, in file order (nettap read --dns)
+        self.samples: Dict[int, int] = {}       # capture.sample_connections -> owner records decided under it
         self._portless: Dict[tuple, tuple] = {}  # key without the local port -> key
 
     def add(self, rec: dict, keep: bool = False) -> None:
@@ -360,6 +367,8 @@ class Capture:
             n = [sum(v for v in rec[k].values() if isinstance(v, int)) for k in ("drops", "lost")]
             self.clocks.append((rec["real_ns"], n[0], n[1]))
             return
+        if kind == "owner":
+            self.samples[rec["sample"]] = self.samples.get(rec["sample"], 0) + 1
         if kind in LIFECYCLE:                   # a socket's life, by its conn_id
             self.events.setdefault(rec["conn_id"], []).append((rec["ts_ns"], escape(LIFECYCLE[kind](rec))))
             return

@@ -47,6 +47,7 @@ OBS_ERRORS = 264
 OBS_RETRANS = 520
 OBS_TIMERS = 528
 OBS_WAKEUPS = 576
+OBS_SAMPLED = 584
 OBS_ROWS = 1024
 TARGET_PID = 1
 TARGET_CGROUP = 2
@@ -114,12 +115,12 @@ NAMES = {
 MAPS = ('tls_calls', 'go_tls_calls')
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns', 'go_tls_write', 'go_tls_read')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
-OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'retrans': (520, 528), 'timers': (528, 576), 'wakeups': (576, 1024)}    # rows NETTAP_OBS_*: name -> (first, end)
+OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'retrans': (520, 528), 'timers': (528, 576), 'wakeups': (576, 584), 'sampled': (584, 1024)}    # rows NETTAP_OBS_*: name -> (first, end)
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
 # (name, offset, C type, elements, bytes, JSON form, comment); nested parts flattened.
 STRUCTS = {
-    'nettap_capture_config': (32, (
+    'nettap_capture_config': (40, (
         ('flags', 0, '__u32', 1, 4, '', 'NETTAP_TARGET_* present'),
         ('cgroup_levels', 4, '__u32', 1, 4, '', 'bit n: a cgroup target sits at level n'),
         ('max_payload_bytes', 8, '__u32', 1, 4, '', 'payload captured per call, <= 64 KiB'),
@@ -128,6 +129,8 @@ STRUCTS = {
         ('wakeup_check_bytes', 20, '__u32', 1, 4, '', "capture_chunks: look at the ring's fill once a CPU has published this much since its last look (0: at every call)"),
         ('obs_wakeup_bytes', 24, '__u32', 1, 4, '', "obs_events: the wakeup threshold, as eof's"),
         ('records', 28, '__u32', 1, 4, '', 'bit (1 << NETTAP_KIND_*): the record kinds asked for (capture.records); the others are not published'),
+        ('sample_threshold', 32, '__u32', 1, 4, '', "capture.sample_connections N: a connection is kept when its tuple's hash is below 2^32 / N (0: every one)"),
+        ('sample_connections', 36, '__u32', 1, 4, '', 'N itself (1: every connection), for the owner record'),
     )),
     'nettap_probe_counters': (32, (
         ('calls', 0, '__u64', 1, 8, '', ''),
@@ -234,7 +237,7 @@ STRUCTS = {
         ('netns', 64, '__u32', 1, 4, '', "inode of the socket's network namespace"),
         ('pad0', 68, '__u32', 1, 4, '-', ''),
     )),
-    'nettap_owner': (96, (
+    'nettap_owner': (104, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
         ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
         ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
@@ -250,6 +253,8 @@ STRUCTS = {
         ('saddr', 48, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 64, '__u8', 16, 16, 'addr', 'remote address'),
         ('comm', 80, 'char', 16, 16, 'text', "the owner's thread's task name"),
+        ('sample', 96, '__u32', 1, 4, '', '1 in sample connections captured (capture.sample_connections then)'),
+        ('pad1', 100, '__u32', 1, 4, '-', ''),
     )),
     'nettap_error': (80, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
@@ -456,4 +461,4 @@ RECORDS = {
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 104, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104, 'dns': 632}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 112, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104, 'dns': 632}

@@ -42,6 +42,9 @@ class LifecycleCollector(Collector):
         (CounterMetricFamily, "nettap_tcp_probes",
          "Probes captured sockets' timers sent: zero-window probes (window) and keepalive probes (keepalive).",
          ["probe"]),
+        (CounterMetricFamily, "nettap_capture_sampled_out",
+         "Sockets a target matched that capture.sample_connections left out, counted as each was decided "
+         "(at its birth, its connect, or its accept: not a socket older than its target).", []),
     ]
     # bpf/timer.bpf.h's buckets of behind_jiffies: 0, then below 2^b for b of 1..8
     BEHIND_LE = ("0", "1", "3", "7", "15", "31", "63", "127", "255", "+Inf")
@@ -55,7 +58,7 @@ class LifecycleCollector(Collector):
         return families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        states, resets, errors, retrans, behind, probes = families(self.SPECS)
+        states, resets, errors, retrans, behind, probes, sampled = families(self.SPECS)
         rows = self.read()
         # bpf/tcp.h's blocks of rows and names of values (NETTAP_OBS_*, NETTAP_RETRANS_*, ...), generated
         block = {name: rows[first:end] for name, (first, end) in tcp_h.OBS_BLOCKS.items()}
@@ -75,7 +78,8 @@ class LifecycleCollector(Collector):
             behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(own[15]))
         for probe, name in tcp_h.NAMES["WAKEUP"].items():
             probes.add_metric([name], int(block["wakeups"][probe]))
-        return [states, resets, errors, retrans, behind, probes]
+        sampled.add_metric([], int(block["sampled"][0]))
+        return [states, resets, errors, retrans, behind, probes, sampled]
 
     def _state(self, n: int) -> str:
         return self.state_names[n] if 0 < n < len(self.state_names) else str(n)

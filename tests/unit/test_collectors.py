@@ -92,6 +92,7 @@ def lifecycle_rows():
     rows[tcp_h.OBS_ERRORS + 255] = 1
     rows[tcp_h.OBS_RETRANS + tcp_h.RETRANS_RTO] = 2
     rows[tcp_h.OBS_RETRANS + tcp_h.RETRANS_TLP] = 3
+    rows[tcp_h.OBS_SAMPLED] = 7
     at = tcp_h.OBS_TIMERS + tcp_h.TIMER_KEEPALIVE * 16            # keepalives 0, 0, 2 and 300 jiffies behind
     rows[at + 0], rows[at + 2], rows[at + 9], rows[at + 15] = 2, 1, 1, 302
     rows[tcp_h.OBS_WAKEUPS + tcp_h.WAKEUP_WINDOW] = 4

@@ -157,7 +157,8 @@ ROOT_MSG = "output.path: must name a file inside output.root (/var/lib/nettap; r
      "output.pth: unknown key (expected one of type, path, root, max_bytes, backups, queue_bytes, queue_records, "
      "mode)"),
     ("capture: {max_bytes: 1}",
-     "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls, tls_attach, dns, records)"),
+     "capture.max_bytes: unknown key (expected one of max_payload_bytes, tls, tls_attach, dns, records, "
+     "sample_connections)"),
     ("capture: {dns: 1}", "capture.dns: must be true or false, got 1"),
     ("capture: {tls: 1}", "capture.tls: must be true or false, got 1"),
     ("capture: {tls: 'yes'}", "capture.tls: must be true or false, got 'yes'"),

@@ -85,10 +85,10 @@ def test_struct_layout_matches_btf(btf, cname):
 def test_known_struct_sizes(btf):
     assert {c: _struct(btf, c)["size"] for c in LAYOUTS} == {
         "nettap_hdr": 24, "nettap_chunk": 504, "nettap_eof": 128, "nettap_log": 72, "nettap_state": 72,
-        "nettap_reset": 72, "nettap_owner": 96, "nettap_error": 80, "nettap_destroy": 96,
+        "nettap_reset": 72, "nettap_owner": 104, "nettap_error": 80, "nettap_destroy": 96,
         "nettap_tls_handshake": 96, "nettap_dlopen": 72, "nettap_retransmit": 80, "nettap_synack_retransmit": 72,
         "nettap_timer": 80, "nettap_probe": 80, "nettap_segment": 96, "nettap_dns": 624,
-        "nettap_capture_config": 32, "nettap_probe_counters": 32}
+        "nettap_capture_config": 40, "nettap_probe_counters": 32}
 
 
 def test_ring_records_are_the_c_structs():
@@ -107,7 +107,7 @@ def test_ring_strides():
     assert {r: R.stride(d) for r, d in R.RECORDS.items()} == {
         "capture_chunks": 512, "capture_eof": 136, "logs": 80, "dlopen": 80, "segments": 104, "dns": 632}
     assert {k: R.stride(d) for k, d in R.DTYPES.items()} == {
-        "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 80, "owner": 104, "error": 88,
+        "chunk": 512, "eof": 136, "log": 80, "state": 80, "reset": 80, "owner": 112, "error": 88,
         "destroy": 104, "tls_handshake": 104, "dlopen": 80, "retransmit": 88,
         "synack_retransmit": 80, "timer": 88, "probe": 88, "segment": 104, "dns": 632}
 
@@ -136,7 +136,7 @@ def test_header_parsed():
     # every #define of the header but the include guard was read as an integer
     lines = re.findall(r"^#define[ \t]+(\w+)\b(?!\()", HEADER.read_text(), flags=re.M)
     assert sorted(DEFINES) == sorted(n for n in lines if n != "NETTAP_TCP_H")
-    assert len(DEFINES) == 88
+    assert len(DEFINES) == 89
 
 
 def test_chunk_sizes():

@@ -163,6 +163,22 @@ def test_a_connections_life_is_shown_before_its_streams(tmp_path, capsys):
     assert out.splitlines()[6].startswith("==> egress 192.0.2.1:40000 -> 192.0.2.2:80: 4 bytes")
 
 
+def test_a_sampled_owner_names_its_rate(tmp_path, capsys):
+    """capture.sample_connections: the owner's sample is in the listing and
+    the connection's life; an owner line written before the field existed
+    (the test above) reads as 1 in 1."""
+    owner = ('{"cgroup_id":42,"comm":"curl","conn_id":9,"daddr":"192.0.2.2","dport":80,"family":"ipv4",'
+             '"netns":1,"pid":1,"sample":4,"saddr":"192.0.2.1","sport":40000,"tid":3,"ts_ns":600,'
+             '"type":"owner","via":"connect"}\n')
+    f = tmp_path / "c.jsonl"
+    f.write_bytes(_chunk() + owner.encode())
+    rc, out, err = run(capsys, str(f))
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[-1] == "sampled: 1 in 4 connections (1 owner record(s))"
+    rc, out, err = run(capsys, str(f), "--conn", "9")
+    assert "learnt at its connect, 1 in 4 connections sampled" in out
+
+
 def test_text_stream_marks_the_truncated_call_and_the_gap(capsys):
     rc, out, err = run(capsys, *NEWEST_FIRST, "--conn", "2")
     assert rc == 0

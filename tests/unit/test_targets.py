@@ -391,14 +391,17 @@ def config_index(log):
 
 
 def decode_config(value):
-    """struct nettap_capture_config (bpf/tcp.h): eight u32; the sixth, how
+    """struct nettap_capture_config (bpf/tcp.h): ten u32; the sixth, how
     often a CPU looks at capture_chunks' fill, follows from its threshold;
-    the eighth, the record kinds, is every kind unless the apply names them."""
-    assert len(value) == 32
+    the eighth, the record kinds, is every kind unless the apply names them;
+    the last two, sampling, off (threshold 0, 1 in 1) unless it asks."""
+    assert len(value) == 40
     d = dict(zip(("flags", "cgroup_levels", "max_payload_bytes", "wakeup_bytes", "eof_wakeup_bytes",
-                  "wakeup_check_bytes", "obs_wakeup_bytes", "records"), struct.unpack("<IIIIIIII", value)))
+                  "wakeup_check_bytes", "obs_wakeup_bytes", "records", "sample_threshold", "sample_connections"),
+                 struct.unpack("<IIIIIIIIII", value)))
     assert d.pop("wakeup_check_bytes") == wakeup_check_bytes(d["wakeup_bytes"])
     assert d.pop("records") == 0b11111111111111110     # NETTAP_KIND_* 1 .. 16
+    assert (d.pop("sample_threshold"), d.pop("sample_connections")) == (0, 1)
     return d
 
 
