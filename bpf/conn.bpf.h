@@ -45,13 +45,15 @@ struct conn {
 		} connector;
 	};
 	__u32 pid;
-	__u8 closed;   /* reached TCP_CLOSE, its eof published: kept until the socket is
+	__u8 closed;  /* reached TCP_CLOSE, its eof published: kept until the socket is
 		       * destroyed (a reset it sends follows its CLOSE), then removed */
-	__u8 pending;  /* CONN_PENDING_*: a new socket under capture.sample_connections,
+	__u8 pending; /* CONN_PENDING_*: a new socket under capture.sample_connections,
 		       * decided once its tuple is whole (lifecycle.bpf.c): nothing
 		       * published yet */
-	__u8 owned;    /* its owner record is published (obs.bpf.h) */
-	__u8 segments; /* the segments it receives are recorded (retransmit.bpf.c) */
+	__u8 owned;   /* its owner record is published (obs.bpf.h) */
+	__u32 wants;  /* bit (1 << NETTAP_KIND_*): the record kinds its targets ask for,
+		       * decided with its capture (filter.bpf.h: target_kinds; 0:
+		       * capture.records) */
 };
 
 /* conn.pending: which first state waits for the socket's tuple */

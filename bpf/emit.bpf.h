@@ -298,7 +298,7 @@ static __always_inline void emit_call(struct inflight *in, struct nettap_probe_c
 	__u64 id = bpf_get_current_pid_tgid();
 
 	__sync_fetch_and_add(&c->bytes, ret);
-	if (!kind_wanted(cfg, NETTAP_KIND_CHUNK)) /* the bytes counted, the offsets advanced */
+	if (!conn_wants(cfg, cn, NETTAP_KIND_CHUNK)) /* the bytes counted, the offsets advanced */
 		return;
 	hdr->flags = flags;
 	if (cn) {

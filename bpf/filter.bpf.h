@@ -28,11 +28,21 @@ static __always_inline struct nettap_capture_config *active_config(void)
 	return cfg;
 }
 
-/* Does the config ask for records of this kind (capture.records)? kind is a
- * constant at every call. */
+/* Does the config ask for records of this kind (capture.records, with every
+ * target's records:)? kind is a constant at every call. */
 static __always_inline bool kind_wanted(const struct nettap_capture_config *cfg, const __u32 kind)
 {
 	return cfg && (cfg->records & (1U << kind));
+}
+
+/* Does this connection's record of this kind go out? What its targets ask
+ * (conn.wants, decided with its capture), else what the config asks. */
+static __always_inline bool conn_wants(const struct nettap_capture_config *cfg,
+				       const struct conn *cn, const __u32 kind)
+{
+	if (cn && cn->wants)
+		return cn->wants & (1U << kind);
+	return kind_wanted(cfg, kind);
 }
 
 /* Index of a single set bit: debruijn32[(bit * 0x077CB531) >> 27]. */
@@ -43,26 +53,34 @@ NETTAP_SHARED const __u8 debruijn32[32] NETTAP_INIT({
 });
 // clang-format on
 
-/* A target map's entry found: capture asks only that it is there; another
- * want (NETTAP_MATCH_SEGMENTS) that its value has that bit. want is a
- * constant at every call, so the capture filter's code is as it was. */
-static __always_inline bool match(const void *v, const __u8 want)
+/* A target map's entry found: the call's target. Its value (NETTAP_MATCH_*)
+ * says what the target asks, read where a connection is decided
+ * (target_kinds); want is NETTAP_MATCH_CAPTURE at every call. */
+static __always_inline bool match(const void *v, const __u32 want)
 {
-	return v && (want == NETTAP_MATCH_CAPTURE || (*(const __u8 *)v & want));
+	return v && (want == NETTAP_MATCH_CAPTURE || (*(const __u32 *)v & want));
 }
 
-/* The task-level targets (pid, cgroup): does the current task match one
- * that wants this? */
-static __always_inline bool task_matches_for(struct nettap_capture_config *cfg, const __u8 want)
+/* The task-level targets (pid, cgroup): the OR of the values of those that
+ * name the current task (0: none). first: stop at the first (the filter's
+ * question: is it captured?); else every one (what do they ask?). */
+static __always_inline __u32 task_targets(struct nettap_capture_config *cfg, const bool first)
 {
+	__u32 out = 0, *v;
+
 	if (cfg->flags & NETTAP_TARGET_PID) {
 		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 		__u32 word = (tgid >> 6) & 1023;
 		__u64 *bits = bpf_map_lookup_elem(&capture_pid_bits, &word);
 
-		if (bits && (*bits & (1ULL << (tgid & 63))) &&
-		    match(bpf_map_lookup_elem(&capture_pids, &tgid), want))
-			return true;
+		if (bits && (*bits & (1ULL << (tgid & 63)))) {
+			v = bpf_map_lookup_elem(&capture_pids, &tgid);
+			if (v) {
+				out |= *v;
+				if (first)
+					return out;
+			}
+		}
 	}
 	if (cfg->flags & NETTAP_TARGET_CGROUP) {
 		__u32 levels = cfg->cgroup_levels;
@@ -78,86 +96,118 @@ static __always_inline bool task_matches_for(struct nettap_capture_config *cfg, 
 			__u64 cg = current_ancestor_cgroup_id(lvl);
 
 			levels &= levels - 1;
-			if (cg && match(bpf_map_lookup_elem(&capture_cgroups, &cg), want))
-				return true;
+			v = cg ? bpf_map_lookup_elem(&capture_cgroups, &cg) : NULL;
+			if (v) {
+				out |= *v;
+				if (first)
+					return out;
+			}
 		}
 	}
-	return false;
+	return out;
 }
 
 static __always_inline bool task_matches(struct nettap_capture_config *cfg)
 {
-	return task_matches_for(cfg, NETTAP_MATCH_CAPTURE);
+	return task_targets(cfg, true) != 0;
 }
 
-/* capture_ports: words 0..1023 the captured ports, 1024..2047 those whose
- * sockets' segments are recorded. */
-static __always_inline bool port_matches(__u16 port, const __u8 want)
+/* capture_ports: the captured ports. */
+static __always_inline bool port_matches(__u16 port, const __u32 want)
 {
-	__u32 word = (port >> 6) + (want == NETTAP_MATCH_CAPTURE ? 0 : 1024);
+	__u32 word = port >> 6;
 	__u64 *bits = bpf_map_lookup_elem(&capture_ports, &word);
 
 	return bits && (*bits & (1ULL << (port & 63)));
 }
 
-/* Is this socket's network namespace a target that wants this? */
-static __always_inline bool netns_matches(struct sock *sk, const bool btf, const __u8 want)
+static __always_inline __u32 netns_inum(struct sock *sk, const bool btf)
 {
-	__u32 inum = btf ? sk->__sk_common.skc_net.net->ns.inum
-			 : BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	return btf ? sk->__sk_common.skc_net.net->ns.inum
+		   : BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+}
+
+/* Is this socket's network namespace a target? */
+static __always_inline bool netns_matches(struct sock *sk, const bool btf, const __u32 want)
+{
+	__u32 inum = netns_inum(sk, btf);
 
 	return match(bpf_map_lookup_elem(&capture_netns, &inum), want);
 }
 
-/* The socket-level targets (netns, port): does this socket match one that
- * wants this? */
-static __always_inline bool sock_matches_for(struct nettap_capture_config *cfg, struct sock *sk,
-					     const bool btf, const __u8 want)
+/* A socket's ports: the local one, and the remote one in network order. */
+struct port_pair {
+	__be16 dport;
+	__u16 sport;
+};
+
+static __always_inline struct port_pair sock_ports(struct sock *sk, const bool btf)
 {
-	if ((cfg->flags & NETTAP_TARGET_NETNS) && netns_matches(sk, btf, want))
+	struct port_pair p = {};
+
+	if (btf) {
+		p.sport = sk->__sk_common.skc_num;
+		p.dport = sk->__sk_common.skc_dport;
+	} else if (bpf_core_field_offset(struct sock_common, skc_num) ==
+		   bpf_core_field_offset(struct sock_common, skc_dport) + 2) {
+		/* the port pair (skc_portpair): one read */
+		bpf_probe_read_kernel(&p, sizeof(p),
+				      (void *)sk +
+					      bpf_core_field_offset(struct sock_common, skc_dport));
+	} else {
+		p.sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+		p.dport = BPF_CORE_READ(sk, __sk_common.skc_dport);
+	}
+	return p;
+}
+
+/* The socket-level targets (netns, port): does this socket match one? */
+static __always_inline bool sock_matches(struct nettap_capture_config *cfg, struct sock *sk,
+					 const bool btf)
+{
+	if ((cfg->flags & NETTAP_TARGET_NETNS) && netns_matches(sk, btf, NETTAP_MATCH_CAPTURE))
 		return true;
 	if (cfg->flags & NETTAP_TARGET_PORT) {
-		struct {
-			__be16 dport;
-			__u16 sport;
-		} p = {};
+		struct port_pair p = sock_ports(sk, btf);
 
-		if (btf) {
-			p.sport = sk->__sk_common.skc_num;
-			p.dport = sk->__sk_common.skc_dport;
-		} else if (bpf_core_field_offset(struct sock_common, skc_num) ==
-			   bpf_core_field_offset(struct sock_common, skc_dport) + 2) {
-			/* the port pair (skc_portpair): one read */
-			bpf_probe_read_kernel(&p, sizeof(p),
-					      (void *)sk + bpf_core_field_offset(struct sock_common,
-										 skc_dport));
-		} else {
-			p.sport = BPF_CORE_READ(sk, __sk_common.skc_num);
-			p.dport = BPF_CORE_READ(sk, __sk_common.skc_dport);
-		}
-		if (port_matches(p.sport, want) || port_matches(bpf_ntohs(p.dport), want))
+		if (port_matches(p.sport, NETTAP_MATCH_CAPTURE) ||
+		    port_matches(bpf_ntohs(p.dport), NETTAP_MATCH_CAPTURE))
 			return true;
 	}
 	return false;
 }
 
-static __always_inline bool sock_matches(struct nettap_capture_config *cfg, struct sock *sk,
-					 const bool btf)
-{
-	return sock_matches_for(cfg, sk, btf, NETTAP_MATCH_CAPTURE);
-}
-
-/* Does a target that records segments match a captured socket? task: in
- * its owner's task, where the task targets apply too. 0 or 1, for
- * conn.segments. */
-static __always_inline __u8 segments_match(const struct sock *sk, const bool btf, const bool task)
+/* The record kinds the targets matching a captured socket ask for (bit
+ * 1 << NETTAP_KIND_*), the OR of their entries: for conn.wants, once a
+ * connection. task: in its owner's task, where the task targets apply too. */
+static __always_inline __u32 target_kinds(const struct sock *sk, const bool btf, const bool task)
 {
 	struct nettap_capture_config *cfg = active_config();
+	__u32 out = 0, key, *v;
 
-	if (!cfg || !(cfg->flags & NETTAP_TARGET_SEGMENTS))
+	if (!cfg)
 		return 0;
-	return (task && task_matches_for(cfg, NETTAP_MATCH_SEGMENTS)) ||
-	       sock_matches_for(cfg, (struct sock *)sk, btf, NETTAP_MATCH_SEGMENTS);
+	if (task)
+		out = task_targets(cfg, false);
+	if (cfg->flags & NETTAP_TARGET_NETNS) {
+		key = netns_inum((struct sock *)sk, btf);
+		v = bpf_map_lookup_elem(&capture_netns, &key);
+		if (v)
+			out |= *v;
+	}
+	if (cfg->flags & NETTAP_TARGET_PORT) {
+		struct port_pair p = sock_ports((struct sock *)sk, btf);
+
+		key = p.sport;
+		v = bpf_map_lookup_elem(&capture_port_kinds, &key);
+		if (v)
+			out |= *v;
+		key = bpf_ntohs(p.dport);
+		v = bpf_map_lookup_elem(&capture_port_kinds, &key);
+		if (v)
+			out |= *v;
+	}
+	return out & ~NETTAP_MATCH_CAPTURE;
 }
 
 static __always_inline bool sock_is_tcp(struct sock *sk, const bool btf)

@@ -19,7 +19,7 @@ static __always_inline void publish_eof(const struct sock *sk, struct conn *cn, 
 	__u64 id;
 
 	cfg = bpf_map_lookup_elem(&capture_config, &zero);
-	if (!kind_wanted(cfg, NETTAP_KIND_EOF))
+	if (!conn_wants(cfg, cn, NETTAP_KIND_EOF))
 		return;
 	e = bpf_ringbuf_reserve(&capture_eof, sizeof(*e), 0);
 	if (!e) {
@@ -91,11 +91,11 @@ static __always_inline struct conn *state_decide(const struct sock *sk, int olds
 	cn->pending = pending;
 	if (!active) {
 		cn->pid = 0;
-		cn->segments = segments_match(sk, true, false);
+		cn->wants = target_kinds(sk, true, false);
 	} else if (pending) {
 		__u64 id = bpf_get_current_pid_tgid();
 
-		cn->segments = segments_match(sk, true, true);
+		cn->wants = target_kinds(sk, true, true);
 		cn->connector.cgroup_id = bpf_get_current_cgroup_id();
 		cn->connector.tid = (__u32)id;
 		bpf_get_current_comm(cn->connector.comm, sizeof(cn->connector.comm));

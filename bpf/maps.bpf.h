@@ -24,8 +24,8 @@ NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory grows with use */
 	__uint(max_entries, 1024);
-	__type(key, __u32); /* tgid */
-	__type(value, __u8);
+	__type(key, __u32);   /* tgid */
+	__type(value, __u32); /* NETTAP_MATCH_CAPTURE | the kinds it asks (tcp.h) */
 } capture_pids SEC(".maps");
 
 NETTAP_SHARED struct {
@@ -33,7 +33,7 @@ NETTAP_SHARED struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1024);
 	__type(key, __u64); /* cgroup v2 id */
-	__type(value, __u8);
+	__type(value, __u32);
 } capture_cgroups SEC(".maps");
 
 NETTAP_SHARED struct {
@@ -41,7 +41,7 @@ NETTAP_SHARED struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1024);
 	__type(key, __u32); /* network namespace inode */
-	__type(value, __u8);
+	__type(value, __u32);
 } capture_netns SEC(".maps");
 
 /* A 65536-bit prefilter of capture_pids: bit (tgid & 63) of word
@@ -65,15 +65,24 @@ NETTAP_SHARED struct {
 	__type(value, __u64);
 } ring_unchecked SEC(".maps");
 
-/* Two 65536-bit port bitmaps: bit (port & 63) of word (port >> 6), the
- * captured ports; of word 1024 + (port >> 6), those whose sockets'
- * segments are recorded. */
+/* A 65536-bit port bitmap: bit (port & 63) of word (port >> 6), the
+ * captured ports (what every call's filter reads). */
 NETTAP_SHARED struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2048);
+	__uint(max_entries, 1024);
 	__type(key, __u32);
 	__type(value, __u64);
 } capture_ports SEC(".maps");
+
+/* A port target's entry, as capture_pids': what it asks. Read once a
+ * connection, where its capture is decided (filter.bpf.h: target_kinds). */
+NETTAP_SHARED struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1024);
+	__type(key, __u32); /* port */
+	__type(value, __u32);
+} capture_port_kinds SEC(".maps");
 
 /* ---- counters ---------------------------------------------------------- */
 

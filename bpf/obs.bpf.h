@@ -18,7 +18,7 @@ static __always_inline void *obs_reserve(__u32 size, const __u32 kind, const str
 	struct nettap_hdr *h;
 	__u32 zero = 0;
 
-	if (!kind_wanted(bpf_map_lookup_elem(&capture_config, &zero), kind))
+	if (!conn_wants(bpf_map_lookup_elem(&capture_config, &zero), cn, kind))
 		return NULL;
 	h = bpf_ringbuf_reserve(&obs_events, size, 0);
 	if (!h) {
@@ -122,8 +122,7 @@ static __always_inline void publish_owner(const struct sock *sk, struct conn *cn
 					  const bool btf)
 {
 	cn->owned = 1;
-	if (!cn->segments) /* in its owner's task: the task targets decide too */
-		cn->segments = segments_match(sk, btf, true);
+	cn->wants |= target_kinds(sk, btf, true); /* in its owner's task: the task targets too */
 	owner_record(sk, cn, via, btf, false);
 }
 

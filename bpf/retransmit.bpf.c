@@ -130,7 +130,7 @@ int BPF_PROG(tcp_synack_retransmit, const struct sock *sk, const struct request_
 /*
  * The segments an established captured socket receives
  * (tcp:tcp_probe, at the top of tcp_rcv_established), for the sockets of a
- * target with segments on (conn.segments, decided in the socket's owner's
+ * target that asks for segments (conn.wants, decided in the socket's owner's
  * task: publish_owner, or at a passive open by the socket targets). A high
  * rate: records on a ring of their own, segments, so that a flood of them
  * costs no lifecycle record its room on obs_events.
@@ -175,7 +175,7 @@ int BPF_PROG(tcp_segment, struct sock *sk, struct sk_buff *skb)
 	if (!cfg || !(cfg->flags & NETTAP_TARGET_SEGMENTS))
 		return 0;
 	cn = captured_conn(sk);
-	if (!cn || !cn->segments)
+	if (!cn || !(cn->wants & (1U << NETTAP_KIND_SEGMENT)))
 		return 0;
 	r = bpf_ringbuf_reserve(&segments, sizeof(*r), 0);
 	if (!r) {

@@ -99,9 +99,10 @@
 #define NETTAP_TARGET_PORT     (1U << 3)
 #define NETTAP_TARGET_SEGMENTS (1U << 4) /* a target records its sockets' segments */
 
-/* A target map's value (capture_pids, _cgroups, _netns): what it asks */
-#define NETTAP_MATCH_CAPTURE  1 /* capture its sockets (every target) */
-#define NETTAP_MATCH_SEGMENTS 2 /* and record the segments they receive */
+/* A target map's value (capture_pids, _cgroups, _netns, _port_kinds): what
+ * it asks. This bit, and bit (1 << NETTAP_KIND_*) of each record kind its
+ * sockets publish (its records:, else capture.records; conn.wants). */
+#define NETTAP_MATCH_CAPTURE 1
 
 /* Payload bytes in one chunk: sizeof(struct nettap_chunk) == 504, stride 512. */
 #define NETTAP_CHUNK_DATA	   396

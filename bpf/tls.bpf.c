@@ -129,7 +129,7 @@ static __always_inline int tls_handshake_exit(long ret, const bool fast)
 		__sync_fetch_and_add(&c->calls, 1);
 		__sync_fetch_and_add(&c->returns, 1);
 	}
-	if (!kind_wanted(cfg, NETTAP_KIND_TLS_HANDSHAKE))
+	if (!conn_wants(cfg, cn, NETTAP_KIND_TLS_HANDSHAKE))
 		return 0;
 	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
 	if (!r) {

@@ -30,33 +30,27 @@ MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's captu
 # capture.records: the kinds (lines' "type") about a connection (capture.md#which-records-capturerecords)
 RECORD_KINDS = tuple(k for _n, k in sorted(NAMES["KIND"].items()) if k not in ("log", "dlopen", "dns"))
 DEFAULT_RECORDS = ("chunk", "eof", "reset", "owner", "error", "tls_handshake", "retransmit", "synack_retransmit")
-# capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so
-# they count in its RSS as well as in the map's kernel memory.
-# capture_eof: 15,420 eof records (136 bytes each in the ring), sized for a
-# node's connection-rate burst: 50,000 captured connections/s with both ends
-# captured is 100,000 records/s. The ring wakes the drain once a quarter of
-# it is pending (3,855 records, 39 ms at that rate: exporter.capture.filter.
-# wakeup_thresholds), and the drain may leave records in it while the sink
-# catches up until it is half full (exporter.capture.pipeline): that leaves a late
-# drain (a busy node schedules it late) 116 ms of ring to run in. The
-# prober's storm (20,000 connections x 3 rounds, 2 records a connection)
-# reached about 10,000 connections/s here from Python clients; 256 KiB
-# (2,048 records, 20 ms at 100,000/s), drained on the chunk ring's
-# threshold, dropped records in every round.
-# obs_events: state records (80 bytes in the ring, about five a connection):
-# 13,107 of them, a second of 2,600 connections/s with both ends captured.
-# dns: 1,659 dns records (632 bytes each in the ring), woken at a quarter
-# full (bpf/dns.bpf.c): 1.2 s of 500 queries/s and their answers left for a
-# late drain (a busy node's, or the first message's), where 128 KiB (207
+# capture_chunks: 16384 chunk records. Its pages are mapped into nettap, so they count in its RSS as well as in the
+# map's kernel memory.
+# capture_eof: 15,420 eof records (136 bytes each in the ring), sized for a node's connection-rate burst: 50,000
+# captured connections/s with both ends captured is 100,000 records/s. The ring wakes the drain once a quarter of it
+# is pending (3,855 records, 39 ms at that rate: exporter.capture.filter.wakeup_thresholds), and the drain may
+# leave records in it while the sink catches up until it is half full (exporter.capture.pipeline): that leaves a
+# late drain (a busy node schedules it late) 116 ms of ring to run in. The prober's storm (20,000 connections x 3
+# rounds, 2 records a connection) reached about 10,000 connections/s here from Python clients; 256 KiB (2,048
+# records, 20 ms at 100,000/s), drained on the chunk ring's threshold, dropped records in every round.
+# obs_events: state records (80 bytes in the ring, about five a connection): 13,107 of them, a second of 2,600
+# connections/s with both ends captured.
+# dns: 1,659 dns records (632 bytes each in the ring), woken at a quarter full (bpf/dns.bpf.c): 1.2 s of 500
+# queries/s and their answers left for a late drain (a busy node's, or the first message's), where 128 KiB (207
 # records) dropped some of 500 queries/s sent in bursts (bench/dns.py).
 DEFAULT_RING_BYTES = {"capture_chunks": 8 << 20, "capture_eof": 2 << 20, "logs": 64 << 10, "obs_events": 1 << 20,
                       "dlopen": 64 << 10, "segments": 256 << 10, "dns": 1 << 20}
-# The user-space queue between drain and sink holds JSON lines, bounded in
-# their bytes, so a burst of large payloads cannot grow nettap's memory past
-# it; when it is full, records wait in their ring (resident already). 4 MiB
-# is ~11,000 lines of 64-byte chunks or ~2,900 of full 400-byte chunks. Peak
-# RSS is about idle RSS + the rings + this + one read's lines; measured with
-# bench/storm_c.py --bytes 4000 --chunk-ring 8388608 (docs/benchmarks.md): under 64 MB.
+# The user-space queue between drain and sink holds JSON lines, bounded in their bytes, so a burst of large payloads
+# cannot grow nettap's memory past it; when it is full, records wait in their ring (resident already). 4 MiB is
+# ~11,000 lines of 64-byte chunks or ~2,900 of full 400-byte chunks. Peak RSS is about idle RSS + the rings + this +
+# one read's lines; measured with bench/storm_c.py --bytes 4000 --chunk-ring 8388608 (docs/benchmarks.md): under 64
+# MB.
 DEFAULT_QUEUE_BYTES = 4 << 20
 # Captured payload is other processes' traffic: only nettap's user reads it
 # unless the config says otherwise (0640 for a log shipper's group).
@@ -159,7 +153,8 @@ BPF_STATS = Section("diagnostics.bpfStats",
     Key("scope", Choice(*STATS_SCOPES), "own", "node: also every other BPF program on the node"))
 TOP = Section("",
     Key("captures", as_written("list of port, pid, cgroup or netns items"), None,
-        "a call is captured if it matches any item (segments: true on an item: also its segments)"),
+        "a call is captured if it matches any item (on an item, segments: true: also its segments; records: "
+        "its own capture.records)"),
     Key("capture", CAPTURE, None), Key("output", OUTPUT, None), Key("rings", RINGS_SECTION, None),
     Key("diagnostics", Section("diagnostics", Key("bpfStats", BPF_STATS, None)), None),
     Key("log_level", Choice(*LOG_LEVELS), "info", "overridden by --log.level"),
@@ -168,9 +163,10 @@ TOP = Section("",
 
 # namedtuples, not dataclasses: this module is on the path to the probes
 # being attached, and importing dataclasses (and typing) costs ~15 ms there.
-class Target(namedtuple("Target", "kind value segments", defaults=(False,))):
-    """kind: pid | cgroup | netns | port; value: int for pid/port, a path (or an inode
-    for netns) otherwise; segments: record the segments its sockets receive."""
+class Target(namedtuple("Target", "kind value segments records", defaults=(False, None))):
+    """kind: pid | cgroup | netns | port; value: int for pid/port, a path (or an inode for netns)
+    otherwise; segments: record the segments its sockets receive; records: the record kinds its
+    sockets publish (parse: its own records:, else capture.records; with segment if segments)."""
 
     __slots__ = ()
 
@@ -201,7 +197,7 @@ class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_s
     def kinds(self) -> frozenset:
         """The record kinds in force: capture.records, and segment where a
         target asks for its sockets' segments."""
-        return frozenset(self.records) | ({"segment"} if any(t.segments for t in self.captures) else set())
+        return frozenset(self.records).union(*(t.records or () for t in self.captures))
 
     @property
     def ring_bytes(self) -> dict:
@@ -212,27 +208,30 @@ DEFAULT = Config()
 
 
 def _target(item, key: str) -> Target:
-    """One of TARGET_KINDS, and segments: true|false (default false)."""
-    kinds = [k for k in item if k != "segments"] if isinstance(item, dict) else ()
+    """One of TARGET_KINDS, segments: true|false (default false), records: its own capture.records."""
+    kinds = [k for k in item if k not in ("segments", "records")] if isinstance(item, dict) else ()
     if len(kinds) != 1:
         raise ConfigError(f"{key}: must be a mapping with exactly one of {', '.join(TARGET_KINDS)} "
-                          f"(and optionally segments), got {quote(item)}")
+                          f"(and optionally segments, records), got {quote(item)}")
     kind, v, seg = kinds[0], item[kinds[0]], item.get("segments", False)
+    rec = _records(item["records"], f"{key}.records") if "records" in item else None
+    if rec == ():
+        raise ConfigError(f"{key}.records: must name a record kind at least (or all)")
     if kind not in TARGET_KINDS:
         raise ConfigError(f"{key}.{key_name(kind)}: unknown capture kind (expected one of {', '.join(TARGET_KINDS)})")
     if not isinstance(seg, bool):
         raise ConfigError(f"{key}.segments: must be true or false, got {quote(seg)}")
     k = f"{key}.{kind}"
     if kind == "port":
-        return Target(kind, Int(1, 65535)(v, k), seg)
+        return Target(kind, Int(1, 65535)(v, k), seg, rec)
     if kind == "pid":
-        return Target(kind, Int(1, 2**22 - 1)(v, k), seg)     # PID_MAX_LIMIT - 1
+        return Target(kind, Int(1, 2**22 - 1)(v, k), seg, rec)     # PID_MAX_LIMIT - 1
     if kind == "netns" and isinstance(v, int) and not isinstance(v, bool):
-        return Target(kind, Int(1, 2**32 - 1)(v, k), seg)
+        return Target(kind, Int(1, 2**32 - 1)(v, k), seg, rec)
     path = Str()(v, k)
     if not path.startswith("/"):
         raise ConfigError(f"{k}: must be an absolute path, got {quote(path)}")
-    return Target(kind, path, seg)
+    return Target(kind, path, seg, rec)
 
 
 def _queue_bytes(out: dict) -> int:
@@ -262,8 +261,10 @@ def parse(doc) -> Config:
     cap = CAPTURE.mapping(top.get("capture"))
     max_payload, tls, dns, tls_attach, records, sample = (CAPTURE.get(cap, k) for k in (
         "max_payload_bytes", "tls", "dns", "tls_attach", "records", "sample_connections"))
-    if "segment" in records:        # every target's sockets' segments
-        captures = tuple(t._replace(segments=True) for t in captures)
+    # each target's kinds: its own records:, else capture.records; and segment with segments: true
+    captures = tuple(t._replace(segments=seg, records=tuple(k for k in RECORD_KINDS if k in (t.records or records)
+                                                            or k == "segment" and seg))
+                     for t, seg in ((t, t.segments or "segment" in (t.records or records)) for t in captures))
 
     out = OUTPUT.mapping(top.get("output"))
     otype = OUTPUT.get(out, "type")

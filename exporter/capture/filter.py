@@ -18,7 +18,7 @@ import select
 import threading
 
 from exporter.capture import sampling
-from exporter.capture.targets import TARGET_MAPS, Resolved, start_time
+from exporter.capture.targets import TARGET_MAPS, Resolved, kind_bits, start_time
 from exporter.config import ConfigError
 from exporter.kernel import maps, tcp_h
 from exporter.util.wakeup import Wakeup
@@ -60,12 +60,6 @@ def config_bytes(**fields) -> bytes:
 ALL_KINDS = tuple(tcp_h.NAMES["KIND"].values())
 
 
-def kind_bits(kinds) -> int:
-    """capture_config.records: bit (1 << NETTAP_KIND_*) of each kind named."""
-    by_name = {name: n for n, name in tcp_h.NAMES["KIND"].items()}
-    return sum(1 << by_name[k] for k in set(kinds))
-
-
 def wakeup_check_bytes(threshold: int, cpus: int | None = None) -> int:
     """Ring bytes a CPU publishes on capture_chunks between two looks at the
     ring's fill (each look is a helper call reading two cache lines the
@@ -100,7 +94,7 @@ class TargetMaps:
         self.capacity = {name: (map_info or {})[name][3] for _, name, _ in TARGET_MAPS
                          if name in (map_info or {})}
         self.current = Resolved()
-        self._bitmap = [0] * 2048            # capture_ports: the captured ports, then those with segments
+        self._bitmap = [0] * 1024            # capture_ports: the captured ports
         self._pid_bits = [0] * 1024          # capture_pid_bits: capture_pids' prefilter
         self._config = bytes(tcp_h.STRUCTS["nettap_capture_config"][0])   # as last written (starts zeroed)
         self._settings = None                # (max_payload_bytes, wakeup_bytes, records, sample) of the last apply
@@ -132,11 +126,9 @@ class TargetMaps:
         undo: list = []
         fits = all(len(set(getattr(old, a)) | set(getattr(new, a))) <= self.capacity.get(name, 1 << 62)
                    for a, name, _ in TARGET_MAPS)
-        bitmap = [0] * 2048
+        bitmap = [0] * 1024
         for p in new.ports:
             bitmap[p >> 6] |= 1 << (p & 63)
-            if ("port", p) in new.segments:
-                bitmap[1024 + (p >> 6)] |= 1 << (p & 63)
         pid_bits = pid_bitmap(new.pids)
         cfg = config_bytes(flags=new.flags, cgroup_levels=new.cgroup_levels, max_payload_bytes=max_payload_bytes,
                            wakeup_bytes=wakeup_bytes["capture_chunks"], eof_wakeup_bytes=wakeup_bytes["capture_eof"],
@@ -175,12 +167,13 @@ class TargetMaps:
     @staticmethod
     def _entries(r: Resolved) -> dict:
         """(map, key) -> value of the hash maps' entries for r's targets: what
-        each asks (bpf/tcp.h NETTAP_MATCH_*)."""
+        each asks (bpf/tcp.h NETTAP_MATCH_*: a bit, and its record kinds')."""
         def ask(kind, v):
-            return bytes([tcp_h.MATCH_CAPTURE | (tcp_h.MATCH_SEGMENTS if (kind, v) in r.segments else 0)])
+            return _u32(tcp_h.MATCH_CAPTURE | r.kinds.get((kind, v), 0))
         out = {("capture_pids", _u32(p)): ask("pid", p) for p in r.pids}
         out.update({("capture_cgroups", _u64(c)): ask("cgroup", c) for c in r.cgroups})
         out.update({("capture_netns", _u32(n)): ask("netns", n) for n in r.netns})
+        out.update({("capture_port_kinds", _u32(p)): ask("port", p) for p in r.ports})
         return out
 
     def _remove_stale(self, was: dict, now: dict, undo: list) -> None:

@@ -16,14 +16,21 @@ import os
 
 from exporter.util.mounts import read as read_mountinfo
 from exporter.config import ConfigError
-from exporter.kernel.tcp_h import (MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, TARGET_CGROUP, TARGET_NETNS, TARGET_PID,
-                                   TARGET_PORT, TARGET_SEGMENTS)
+from exporter.kernel.tcp_h import (KIND_SEGMENT, MAX_CGROUP_LEVEL, MAX_CGROUP_LEVELS, NAMES, TARGET_CGROUP,
+                                   TARGET_NETNS, TARGET_PID, TARGET_PORT, TARGET_SEGMENTS)
 
 log = logging.getLogger(__name__)
 
 # The hash maps holding each kind of target (bpf/maps.bpf.h), and the kind's name.
 TARGET_MAPS = (("pids", "capture_pids", "pid"), ("cgroups", "capture_cgroups", "cgroup"),
-               ("netns", "capture_netns", "netns"))
+               ("netns", "capture_netns", "netns"), ("ports", "capture_port_kinds", "port"))
+_KIND_NUMBERS = {name: n for n, name in NAMES["KIND"].items()}
+
+
+def kind_bits(kinds) -> int:
+    """bit (1 << NETTAP_KIND_*) of each record kind named (capture_config.records,
+    a target entry's value, conn.wants)."""
+    return sum(1 << _KIND_NUMBERS[k] for k in set(kinds))
 
 
 class Resolved:
@@ -31,14 +38,14 @@ class Resolved:
     on the path to attaching the probes)."""
 
     def __init__(self, pids=None, cgroups=None, netns=None, ports=None, pid_starts=None,
-                 cgroup_paths=None, gone=None, segments=None):
+                 cgroup_paths=None, gone=None, kinds=None):
         self.pids = set(pids or ())
         self.cgroups = dict(cgroups or {})          # cgroup id -> level
         self.netns = set(netns or ())
         self.ports = set(ports or ())
-        # the (kind, pid | cgroup id | netns inode | port) targets, of those
-        # above, whose sockets' segments are recorded
-        self.segments = set(segments or ())
+        # (kind, pid | cgroup id | netns inode | port) of those above -> the
+        # record kinds its sockets publish (kind_bits; absent: none asked)
+        self.kinds = dict(kinds or {})
         # Identity: pid -> its process's start time (clock ticks after boot),
         # config path -> cgroup id; and the (kind, value) targets the config
         # lists whose process exited or cgroup was removed (not in the maps).
@@ -53,25 +60,26 @@ class Resolved:
         ids = {self.cgroup_paths[p] for p in paths if p in self.cgroup_paths}
         keep_paths = {p: c for p, c in self.cgroup_paths.items() if p not in paths}
         ids -= set(keep_paths.values())          # another listed path names the same cgroup
-        seg = {(k, v) for k, v in self.segments if not (k == "pid" and v in pids or k == "cgroup" and v in ids)}
+        kinds = {(k, v): m for (k, v), m in self.kinds.items()
+                 if not (k == "pid" and v in pids or k == "cgroup" and v in ids)}
         return Resolved(self.pids - pids, {c: l for c, l in self.cgroups.items() if c not in ids},
                         self.netns, self.ports, {p: t for p, t in self.pid_starts.items() if p not in pids},
-                        keep_paths, self.gone | set(gone), seg)
+                        keep_paths, self.gone | set(gone), kinds)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Resolved) and (self.pids, self.cgroups, self.netns, self.ports, self.segments) == \
-            (other.pids, other.cgroups, other.netns, other.ports, other.segments)
+        return isinstance(other, Resolved) and (self.pids, self.cgroups, self.netns, self.ports, self.kinds) == \
+            (other.pids, other.cgroups, other.netns, other.ports, other.kinds)
 
     def __repr__(self) -> str:
         return (f"Resolved(pids={self.pids}, cgroups={self.cgroups}, netns={self.netns}, ports={self.ports}"
-                + (f", segments={sorted(self.segments, key=str)}" if self.segments else "")
+                + (f", kinds={dict(sorted(self.kinds.items(), key=str))}" if self.kinds else "")
                 + (f", gone={self.gone}" if self.gone else "") + ")")
 
     @property
     def flags(self) -> int:
         return ((TARGET_PID if self.pids else 0) | (TARGET_CGROUP if self.cgroups else 0)
                 | (TARGET_NETNS if self.netns else 0) | (TARGET_PORT if self.ports else 0)
-                | (TARGET_SEGMENTS if self.segments else 0))
+                | (TARGET_SEGMENTS if any(m >> KIND_SEGMENT & 1 for m in self.kinds.values()) else 0))
 
     @property
     def cgroup_levels(self) -> int:
@@ -259,8 +267,8 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
             elif t.kind == "netns":
                 key = netns_inode(t.value, proc)
                 r.netns.add(key)
-            if t.segments:
-                r.segments.add((t.kind, key))
+            if t.records:
+                r.kinds[t.kind, key] = r.kinds.get((t.kind, key), 0) | kind_bits(t.records)
         except ConfigError as e:
             raise ConfigError(f"captures[{i}].{t.kind}: {e}") from None
     levels = sorted(set(r.cgroups.values()))

@@ -3,6 +3,7 @@ owner, chunks and eof (8 lines for a request on a new connection with both
 ends captured), not its state and destroy lines, and leaves the programs
 only the other kinds need unattached; a reload asking for every kind
 attaches them again; a kind left out is not published but still counted."""
+import os
 import socket
 from collections import Counter
 
@@ -100,3 +101,29 @@ def test_every_kind_when_asked_and_a_kind_left_out_is_counted_not_published(nett
     assert all((e["tx_bytes"], e["rx_bytes"]) == (SIZE, SIZE) for e in eofs), eofs
     sent = after["tcp_sendmsg"]["bytes"] - before["tcp_sendmsg"]["bytes"]
     assert sent == 10 * SIZE and after["tcp_sendmsg"]["chunks"] == before["tcp_sendmsg"]["chunks"]
+
+
+def test_each_target_its_own_records(nettap_run, mode):
+    """records: on a target: its sockets publish those kinds, the others'
+    capture.records; a socket two targets match publishes what either asks
+    (decided with its capture); the programs follow the union."""
+    lst_all, port_all = _listener()
+    lst_eof, port_eof = _listener()
+    try:
+        run = nettap_run({"captures": [{"port": port_all, "records": "all"}, {"port": port_eof, "records": ["eof"]},
+                                       {"pid": os.getpid(), "records": ["chunk"]}],
+                          "capture": {"records": ["owner"]}})
+        assert all(_states(run)[p] == ("tp_btf", True) for p in KINDS_OFF), _states(run)
+        _drive(lst_all, 5)
+        _drive(lst_eof, 5)
+        lines, _ = run.finish()
+    finally:
+        lst_all.close()
+        lst_eof.close()
+    every, _ = _kinds(lines, port_all)
+    # every kind (segments too) of port_all's connections; the pid target's chunks are among them
+    assert (every["state"], every["destroy"], every["owner"], every["chunk"], every["eof"]) == (50, 10, 10, 20, 10)
+    assert every["segment"] > 0, every
+    # port_eof's: its eof, and the chunks the pid target (this process) asks for: not the owner capture.records
+    # names (no target of theirs takes it)
+    assert _kinds(lines, port_eof)[0] == {"eof": 10, "chunk": 20}, _kinds(lines, port_eof)[0]

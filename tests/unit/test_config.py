@@ -53,9 +53,12 @@ def refused(text: str) -> str:
 
 
 def test_full_config():
+    d = config.DEFAULT_RECORDS      # each target's kinds: capture.records; with segment where it asks
     assert config.loads(FULL) == Config(
-        captures=(Target("pid", 4242), Target("cgroup", "/sys/fs/cgroup/system.slice/nginx.service"),
-                  Target("netns", "/var/run/netns/blue"), Target("netns", 4026531840), Target("port", 443, True)),
+        captures=(Target("pid", 4242, False, d),
+                  Target("cgroup", "/sys/fs/cgroup/system.slice/nginx.service", False, d),
+                  Target("netns", "/var/run/netns/blue", False, d), Target("netns", 4026531840, False, d),
+                  Target("port", 443, True, tuple(k for k in config.RECORD_KINDS if k in d + ("segment",)))),
         max_payload_bytes=65736,
         output=Output("jsonl", "/var/log/nettap/capture.jsonl", 4096, 0, 65536, 0o640, "/var/log/nettap"),
         rings=(("capture_chunks", 1 << 30), ("capture_eof", 4096), ("logs", 8192), ("obs_events", 1 << 20),
@@ -70,6 +73,20 @@ def test_full_config_accessors():
     assert [str(t) for t in cfg.captures] == [
         "pid=4242", "cgroup=/sys/fs/cgroup/system.slice/nginx.service", "netns=/var/run/netns/blue",
         "netns=4026531840", "port=443 (segments)"]
+
+
+def test_a_targets_own_records():
+    """records: on a target replaces capture.records for its sockets; segments:
+    true adds segment; Config.kinds is the union (what the programs follow)."""
+    cfg = config.loads("captures: [{port: 80, records: all}, {pid: 1, records: [eof], segments: true}, {port: 81}]\n"
+                       "capture: {records: [owner]}\n")
+    assert [t.records for t in cfg.captures] == [config.RECORD_KINDS, ("eof", "segment"), ("owner",)]
+    assert cfg.kinds == frozenset(config.RECORD_KINDS)
+    assert config.loads("captures: [{port: 80, records: [segment]}]").captures[0].segments is True
+    assert refused("captures: [{port: 80, records: []}]") == \
+        "captures[0].records: must name a record kind at least (or all)"
+    assert refused("captures: [{port: 80, records: [bytes]}]").startswith(
+        "captures[0].records: unknown record kind 'bytes'")
 
 
 @pytest.mark.parametrize("text", ["{}", "---\n", "# only a comment\n", "captures: []\n", "captures:\n"])
@@ -144,14 +161,14 @@ ROOT_MSG = "output.path: must name a file inside output.root (/var/lib/nettap; r
      "captures[0].proc: unknown capture kind (expected one of pid, cgroup, netns, port)"),
     ("captures: [{pid: 1, port: 2}]",
      "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
-     "(and optionally segments), got {'pid': 1, 'port': 2}"),
+     "(and optionally segments, records), got {'pid': 1, 'port': 2}"),
     ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
-     "(and optionally segments), got {}"),
+     "(and optionally segments, records), got {}"),
     ("captures: [{port: 80, segments: 1}]", "captures[0].segments: must be true or false, got 1"),
     ("captures: [{segments: true}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
-                                    "(and optionally segments), got {'segments': True}"),
+                                    "(and optionally segments, records), got {'segments': True}"),
     ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
-     "(and optionally segments), got 7"),
+     "(and optionally segments, records), got 7"),
     ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level, ingest)"),
     ("output: {pth: /x}",
      "output.pth: unknown key (expected one of type, path, root, max_bytes, backups, queue_bytes, queue_records, "

@@ -355,7 +355,8 @@ def test_cgroup_levels_bits():
 # ---- TargetMaps.apply: order of the writes ------------------------------------
 
 FDS = {"capture_pids": 11, "capture_cgroups": 12, "capture_netns": 13, "capture_ports": 14,
-       "capture_config": 15, "capture_pid_bits": 16}
+       "capture_config": 15, "capture_pid_bits": 16, "capture_port_kinds": 17}
+SEG = 1 << tcp_h.KIND_SEGMENT          # a target entry's bit for segment records
 NAMES = {v: k for k, v in FDS.items()}
 
 
@@ -429,8 +430,11 @@ def test_apply_first(calls):
     assert after == []                                     # nothing to delete
     assert all(c[0] == "update" for c in before)
     assert {c[2] for c in before if c[1] == "capture_pids"} == {u32(100), u32(200)}
-    assert [c[2:] for c in before if c[1] == "capture_cgroups"] == [(u64(7), b"\1")]
-    assert [c[2:] for c in before if c[1] == "capture_netns"] == [(u32(4026531992), b"\1")]
+    assert [c[2:] for c in before if c[1] == "capture_cgroups"] == [(u64(7), u32(1))]
+    assert [c[2:] for c in before if c[1] == "capture_netns"] == [(u32(4026531992), u32(1))]
+    # each port target's entry (read where a connection is decided): what it asks
+    assert {c[2]: c[3] for c in before if c[1] == "capture_port_kinds"} == dict.fromkeys(map(u32, (80, 443, 8080)),
+                                                                                      u32(1))
     ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in before if c[1] == "capture_ports"}
     assert ports == {1: 1 << (80 - 64), 6: 1 << (443 - 384), 126: 1 << (8080 - 126 * 64)}
     assert all(len(c[3]) == 8 for c in before if c[1] == "capture_ports")
@@ -450,7 +454,8 @@ def test_apply_change_adds_before_config_deletes_after(calls):
     before, after = calls[:ci], calls[ci + 1:]
     assert all(c[0] == "update" for c in before) and all(c[0] == "delete" for c in after if c[1] != "capture_pid_bits")
     assert sorted((c[1], c[2]) for c in before if c[1] not in ("capture_ports", "capture_pid_bits")) == sorted([
-        ("capture_pids", u32(300)), ("capture_cgroups", u64(9)), ("capture_netns", u32(3))])
+        ("capture_pids", u32(300)), ("capture_cgroups", u64(9)), ("capture_netns", u32(3)),
+        ("capture_port_kinds", u32(81)), ("capture_port_kinds", u32(8080))])
     # the pids' prefilter: word (pid >> 6) & 1023, bit pid & 63, before the config
     # (300 added, before the config; 100's bit cleared after it, with the entries)
     pid_bits = [(int.from_bytes(c[2], "little"), port_word(c[3])) for c in calls if c[1] == "capture_pid_bits"]
@@ -458,7 +463,7 @@ def test_apply_change_adds_before_config_deletes_after(calls):
     assert calls.index(("update", "capture_pid_bits", u32(1), u64(0))) > ci
     assert sorted(c for c in after if c[1] != "capture_pid_bits") == sorted([
         ("delete", "capture_pids", u32(100)), ("delete", "capture_cgroups", u64(7)),
-        ("delete", "capture_netns", u32(1))])
+        ("delete", "capture_netns", u32(1)), ("delete", "capture_port_kinds", u32(443))])
     # port words: word 1 (80 -> 80, 81) changed, word 6 (443 gone) changed to 0, word 126 new
     ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in before if c[1] == "capture_ports"}
     assert ports == {1: (1 << 16) | (1 << 17), 6: 0, 126: 1 << (8080 - 126 * 64)}
@@ -489,8 +494,7 @@ def test_apply_ports_only_changed_words(calls):
     tm.apply(Resolved(), 4096, WAKE)                             # all cleared: zeros written
     words = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in calls if c[1] == "capture_ports"}
     assert words == {0: 0, 1: 0, 1023: 0}
-    assert decode_config(calls[-1][3])["flags"] == 0
-    assert calls[-1][1] == "capture_config"
+    assert decode_config(calls[config_index(calls)][3])["flags"] == 0
 
 
 def test_apply_to_empty_deletes_everything_after_config(calls):
@@ -525,37 +529,37 @@ def test_apply_failure_keeps_previous_state(calls, monkeypatch):
     monkeypatch.setattr(maps, "update", lambda fd, key, value, flags=0: log.append((NAMES[fd], key)))
     monkeypatch.setattr(maps, "delete", lambda fd, key: log.append(("delete", NAMES[fd], key)))
     tm.apply(Resolved(pids={1, 2}, ports={80}), 4096, WAKE)
-    assert log == [("capture_pids", u32(2)), ("capture_ports", u32(1)), ("capture_pid_bits", u32(0)),
-                   ("capture_config", u32(0))]
+    assert log == [("capture_pids", u32(2)), ("capture_port_kinds", u32(80)), ("capture_ports", u32(1)),
+                   ("capture_pid_bits", u32(0)), ("capture_config", u32(0))]
 
 
-def test_segments_ask_more_of_their_entries(calls):
-    """A target with segments on: its entry's value has NETTAP_MATCH_SEGMENTS
-    (3), a port's bit is set in the second bitmap too (words 1024+), and the
-    config's flags say some target wants segments. Turning it off rewrites
-    the entry (1) and clears the bit, before the config; a failed write
-    restores what each entry asked."""
+def test_kinds_ask_more_of_their_entries(calls):
+    """A target's record kinds are in its entry's value (NETTAP_MATCH_CAPTURE,
+    bit 0, and 1 << NETTAP_KIND_* each): a port's in capture_port_kinds; the
+    config's flags say some target wants segments. Asking less rewrites the
+    entries, before the config."""
     tm = TargetMaps(FDS)
-    tm.apply(Resolved(pids={1, 2}, netns={5}, ports={80, 443}, segments={("pid", 2), ("netns", 5), ("port", 80)}),
-             4096, WAKE)
+    tm.apply(Resolved(pids={1, 2}, netns={5}, ports={80, 443}, kinds={("pid", 2): SEG, ("netns", 5): SEG,
+                                                                      ("port", 80): SEG}), 4096, WAKE)
     pids = {c[2]: c[3] for c in calls if c[1] == "capture_pids"}
-    assert pids == {u32(1): b"\1", u32(2): b"\3"}
-    assert [c[3] for c in calls if c[1] == "capture_netns"] == [b"\3"]
+    assert pids == {u32(1): u32(1), u32(2): u32(1 | SEG)}
+    assert [c[3] for c in calls if c[1] == "capture_netns"] == [u32(1 | SEG)]
+    assert {c[2]: c[3] for c in calls if c[1] == "capture_port_kinds"} == {u32(80): u32(1 | SEG), u32(443): u32(1)}
     ports = {int.from_bytes(c[2], "little"): port_word(c[3]) for c in calls if c[1] == "capture_ports"}
-    assert ports == {1: 1 << 16, 6: 1 << (443 - 384), 1025: 1 << 16}
+    assert ports == {1: 1 << 16, 6: 1 << (443 - 384)}
     flags = decode_config(calls[config_index(calls)][3])["flags"]
     assert flags & tcp_h.TARGET_SEGMENTS and flags & tcp_h.TARGET_PID
     calls.clear()
     tm.apply(Resolved(pids={1, 2}, netns={5}, ports={80, 443}), 4096, WAKE)
     ci = config_index(calls)
     assert sorted(c[1:] for c in calls[:ci]) == sorted([
-        ("capture_netns", u32(5), b"\1"), ("capture_pids", u32(2), b"\1"), ("capture_ports", u32(1025), u64(0))])
+        ("capture_netns", u32(5), u32(1)), ("capture_pids", u32(2), u32(1)), ("capture_port_kinds", u32(80), u32(1))])
     assert calls[ci + 1:] == [] and not decode_config(calls[ci][3])["flags"] & tcp_h.TARGET_SEGMENTS
 
 
-def test_a_failed_segments_change_restores_each_entry(calls, monkeypatch):
+def test_a_failed_kinds_change_restores_each_entry(calls, monkeypatch):
     tm = TargetMaps(FDS)
-    tm.apply(Resolved(pids={1, 2}, segments={("pid", 1)}), 4096, WAKE)
+    tm.apply(Resolved(pids={1, 2}, kinds={("pid", 1): SEG}), 4096, WAKE)
     calls.clear()
     real = maps.update
 
@@ -565,24 +569,28 @@ def test_a_failed_segments_change_restores_each_entry(calls, monkeypatch):
         real(fd, key, value, flags)
     monkeypatch.setattr(maps, "update", fail_on_config)
     with pytest.raises(OSError):
-        tm.apply(Resolved(pids={1, 2, 3}, segments={("pid", 2)}), 4096, WAKE)
-    # written: 1 -> 1, 2 -> 3, 3 new; undone: each back as it was, 3 deleted
+        tm.apply(Resolved(pids={1, 2, 3}, kinds={("pid", 2): SEG}), 4096, WAKE)
+    # written: 1 -> 1, 2 -> 1 | SEG, 3 new; undone: each back as it was, 3 deleted
     done = [c for c in calls if c[1] == "capture_pids"]
-    assert done[:3] == [("update", "capture_pids", u32(1), b"\1"), ("update", "capture_pids", u32(2), b"\3"),
-                        ("update", "capture_pids", u32(3), b"\1")]
-    assert sorted(done[3:]) == sorted([("update", "capture_pids", u32(1), b"\3"),
-                                      ("update", "capture_pids", u32(2), b"\1"),
+    assert done[:3] == [("update", "capture_pids", u32(1), u32(1)), ("update", "capture_pids", u32(2), u32(1 | SEG)),
+                        ("update", "capture_pids", u32(3), u32(1))]
+    assert sorted(done[3:]) == sorted([("update", "capture_pids", u32(1), u32(1 | SEG)),
+                                      ("update", "capture_pids", u32(2), u32(1)),
                                       ("delete", "capture_pids", u32(3))])
-    assert tm.current.segments == {("pid", 1)}
+    assert tm.current.kinds == {("pid", 1): SEG}
 
 
-def test_segments_resolved_per_target(tmp_path):
-    r = resolve([Target("port", 80, True), Target("port", 443), Target("pid", os.getpid(), True)])
-    assert r.segments == {("port", 80), ("pid", os.getpid())} and r.ports == {80, 443}
+def test_kinds_resolved_per_target(tmp_path):
+    from exporter.capture.targets import kind_bits
+    r = resolve([Target("port", 80, True, ("eof", "segment")), Target("port", 443, False, ("chunk",)),
+                 Target("pid", os.getpid(), True, ("segment",)), Target("port", 80, False, ("owner",))])
+    # a target named twice asks for what either names
+    assert r.kinds == {("port", 80): kind_bits(("eof", "segment", "owner")), ("port", 443): kind_bits(("chunk",)),
+                       ("pid", os.getpid()): SEG} and r.ports == {80, 443}
     assert r.flags & tcp_h.TARGET_SEGMENTS
-    assert not resolve([Target("port", 80)]).flags & tcp_h.TARGET_SEGMENTS
+    assert not resolve([Target("port", 80, False, ("chunk",))]).flags & tcp_h.TARGET_SEGMENTS
     gone = r.without({("pid", os.getpid())})
-    assert gone.segments == {("port", 80)}
+    assert ("pid", os.getpid()) not in gone.kinds and len(gone.kinds) == 2
 
 
 def test_more_cgroup_levels_than_the_kernel_matches_refused(tmp_path):
