@@ -15,14 +15,15 @@
 #include "maps.bpf.h"
 #include "core_fixes.bpf.h"
 
-#define AF_INET	     2
-#define AF_INET6     10
-#define IPPROTO_TCP  6
-#define SOCK_STREAM  1
-#define TCP_SYN_SENT 2
-#define TCP_SYN_RECV 3
-#define TCP_CLOSE    7
-#define TCP_LISTEN   10
+#define AF_INET		2
+#define AF_INET6	10
+#define IPPROTO_TCP	6
+#define SOCK_STREAM	1
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_SENT	2
+#define TCP_SYN_RECV	3
+#define TCP_CLOSE	7
+#define TCP_LISTEN	10
 
 struct conn {
 	__u64 id;
@@ -45,15 +46,16 @@ struct conn {
 		} connector;
 	};
 	__u32 pid;
-	__u8 closed;  /* reached TCP_CLOSE, its eof published: kept until the socket is
+	__u8 closed;	      /* reached TCP_CLOSE, its eof published: kept until the socket is
 		       * destroyed (a reset it sends follows its CLOSE), then removed */
-	__u8 pending; /* CONN_PENDING_*: a new socket under capture.sample_connections,
+	__u8 pending;	      /* CONN_PENDING_*: a new socket under capture.sample_connections,
 		       * decided once its tuple is whole (lifecycle.bpf.c): nothing
 		       * published yet */
-	__u8 owned;   /* its owner record is published (obs.bpf.h) */
-	__u32 wants;  /* bit (1 << NETTAP_KIND_*): the record kinds its targets ask for,
+	__u8 owned;	      /* its owner record is published (obs.bpf.h) */
+	__u32 wants;	      /* bit (1 << NETTAP_KIND_*): the record kinds its targets ask for,
 		       * decided with its capture (filter.bpf.h: target_kinds; 0:
 		       * capture.records) */
+	__u32 established_us; /* start_ns to ESTABLISHED (lifecycle.bpf.c), for its eof */
 };
 
 /* conn.pending: which first state waits for the socket's tuple */

@@ -38,7 +38,7 @@ static __always_inline void publish_eof(const struct sock *sk, struct conn *cn, 
 		e->tid = (__u32)id;
 		e->oldstate = oldstate;
 		e->pad0 = 0;
-		__builtin_memset(e->pad1, 0, sizeof(e->pad1));
+		e->established_us = cn->established_us;
 		read_addrs((struct sock *)sk, false, &e->ports, &e->addrs);
 		bpf_get_current_comm(e->comm, sizeof(e->comm));
 		bpf_ringbuf_submit(e, cfg ? wakeup_flags(&capture_eof, NETTAP_RING_CAPTURE_EOF,
@@ -133,6 +133,11 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
 	if (!cn->owned && cn->pid)
 		publish_owner(sk, cn, NETTAP_VIA_CONNECT, false);
 	publish_state(sk, cn, oldstate, newstate);
+	if (newstate == TCP_ESTABLISHED && !cn->established_us) {
+		__u64 us = (bpf_ktime_get_ns() - cn->start_ns) / 1000;
+
+		cn->established_us = us ? (us < 0xffffffff ? us : 0xffffffff) : 1;
+	}
 	if (newstate == TCP_CLOSE) {
 		publish_eof(sk, cn, oldstate);
 		cn->closed = 1;

@@ -294,7 +294,8 @@ struct NETTAP_RECORD("eof", "capture_eof") nettap_eof {
 	__u8 pad0 NETTAP_JSON("-");
 	struct nettap_addrs addrs;
 	char comm[16] NETTAP_JSON("text"); /* task that moved the socket to TCP_CLOSE */
-	__u8 pad1[4] NETTAP_JSON("-");
+	__u32 established_us; /* from start_ns to ESTABLISHED: its handshake, where capture began
+			       * at its first state (0: not seen established) */
 };
 
 /* ring obs_events: a captured socket changed TCP state (sock:inet_sock_set_state);

@@ -49,7 +49,7 @@ SCHEMAS["clock"] = {"ts_ns": (int, _U64), "real_ns": (int, _U64),          # pip
 SCHEMAS["start"] = SCHEMAS["stop"] = {"ts_ns": (int, _U64), "time": (str, None),   # a run's start and stop
                                       "pid": (int, _U64)}                          # (sinks.mark_line)
 # Fields added to a kind after nettap wrote files without them: read as this value there.
-ADDED = {("owner", "sample"): 1}
+ADDED = {("owner", "sample"): 1, ("eof", "established_us"): 0}
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",

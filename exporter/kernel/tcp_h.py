@@ -191,7 +191,7 @@ STRUCTS = {
         ('saddr', 76, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 92, '__u8', 16, 16, 'addr', 'remote address'),
         ('comm', 108, 'char', 16, 16, 'text', 'task that moved the socket to TCP_CLOSE'),
-        ('pad1', 124, '__u8', 4, 4, '-', ''),
+        ('established_us', 124, '__u32', 1, 4, '', 'from start_ns to ESTABLISHED: its handshake, where capture began at its first state (0: not seen established)'),
     )),
     'nettap_log': (72, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),

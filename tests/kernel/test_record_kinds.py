@@ -65,10 +65,14 @@ def test_the_default_records_of_a_request_on_a_new_connection(nettap_run, mode):
         lines, _ = run.finish()
     finally:
         lst.close()
-    kinds, _ = _kinds(lines, port)
+    kinds, mine = _kinds(lines, port)
     # per connection: each end's owner, its request or answer both ways, its eof
     assert kinds == {"owner": 2 * CONNS, "chunk": 4 * CONNS, "eof": 2 * CONNS}, kinds
     assert sum(kinds.values()) / CONNS == 8
+    # what the state lines said of a normal life, in its eof: its handshake, how it ended
+    eofs = [l for l in mine if l["type"] == "eof"]
+    assert all(0 < e["established_us"] < 10_000_000 for e in eofs), eofs
+    assert {e["oldstate"] for e in eofs} == {"FIN_WAIT2", "LAST_ACK"}, {e["oldstate"] for e in eofs}
     # the state changes are counted still (nettap_tcp_state_changes_total): 5 a socket
     states_counted = int(sum(obs[tcp_h.OBS_STATES:tcp_h.OBS_STATES + 256]))
     assert states_counted >= 10 * CONNS, states_counted
