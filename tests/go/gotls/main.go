@@ -2,6 +2,10 @@
 // only (GO111MODULE=off). Everything printed to stdout is one line per event, so a test reads
 // it line by line: "listening PORT", "ok SIZE", "status CODE LEN", "done", "ns MEDIAN MEAN".
 //
+// Mode api is the resource document's workload (shared/seeds/000: "a Go HTTP application making
+// outbound TLS calls", bench/seeds.py): a plain HTTP server whose every GET /call makes one
+// HTTPS GET of BACKEND/size/N (a keep-alive transport, HTTP/1.1) and answers with its body.
+//
 // Message bytes: msg(i, size)[k] = (i*131 + k*7 + size) % 251 for k in 0..size-1, i the
 // message's index (tests/gobuild.py: msg() computes the same bytes in Python).
 package main
@@ -214,12 +218,45 @@ func httpsGet(args []string) {
 	fmt.Println("done")
 }
 
+// apiServer is mode api (see the top): plain HTTP in, one TLS call out a request.
+func apiServer(args []string) {
+	fs := flag.NewFlagSet("api", flag.ExitOnError)
+	backend := fs.String("backend", "", "https://host:port of an https-server")
+	size := fs.Int("size", 512, "bytes asked of the backend per call")
+	cfg := tlsConfig(fs, args, false)
+	tr := &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 256}
+	cl := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	url := fmt.Sprintf("%s/size/%d", *backend, *size)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail("listen: %v", err)
+	}
+	fmt.Printf("listening %d\n", ln.Addr().(*net.TCPAddr).Port)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/call" {
+			http.NotFound(w, r)
+			return
+		}
+		resp, err := cl.Get(url)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Length", resp.Header.Get("Content-Length"))
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	})
+	fail("serve: %v", http.Serve(ln, h))
+}
+
 func main() {
 	if len(os.Args) < 2 {
-		fail("usage: %s echo-server|echo-client|https-server|https-get|sink-server|write-loop [flags]", os.Args[0])
+		fail("usage: %s echo-server|echo-client|https-server|https-get|sink-server|write-loop|api [flags]", os.Args[0])
 	}
 	modes := map[string]func([]string){"echo-server": echoServer, "echo-client": echoClient,
-		"https-server": httpsServer, "https-get": httpsGet, "sink-server": sinkServer, "write-loop": writeLoop}
+		"https-server": httpsServer, "https-get": httpsGet, "sink-server": sinkServer, "write-loop": writeLoop,
+		"api": apiServer}
 	run, ok := modes[os.Args[1]]
 	if !ok {
 		fail("unknown mode %q", os.Args[1])
