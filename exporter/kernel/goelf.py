@@ -227,6 +227,14 @@ def _inspect(img: Image):
                  offsets=offsets, offsets_from=source, stripped=".symtab" not in img.sections)
 
 
+def warm() -> None:
+    """Import what inspect() reads a file with (pyelftools, capstone), ahead of any file: the TLS
+    worker times each file against tls.DEADLINE, and the first Go program's would pay these
+    (0.1-0.2 s here, seconds in an emulated guest under load: a CI guest skipped its file once)."""
+    import capstone                                      # noqa: F401
+    from elftools.elf.elffile import ELFFile             # noqa: F401
+
+
 def inspect(path: str):
     """A GoTls for the Go program at ``path`` that links crypto/tls, None for a file that is
     not Go or has no crypto/tls; raises Refused for one nettap cannot probe (see the reasons

@@ -1,6 +1,5 @@
-"""The files the TLS uprobes are on: libssl files (tls.py) and Go
-executables (gotls.py), opened (libfiles.py), attached and released by a
-thread of their own, within bounds any user's processes cannot push.
+"""The files the TLS uprobes are on: libssl files (tls.py) and Go executables (gotls.py), opened
+(libfiles.py), attached and released by a thread of their own, within bounds no user's processes push.
 
 A uprobe traps in every process that maps its file, so only the files the
 targets' processes map or run are attached (every process's with
@@ -9,12 +8,11 @@ before its socket exists, is in force): looked for at start, at each target
 change, when a target maps libssl or runs a program (the dlopen ring) and
 every tls.SWEEP_INTERVAL; detached when none of them uses it any more.
 
-Every file is opened, parsed and attached by nettap-tls, never by the drain
-thread or a reload: a file that does not answer (a FUSE server that never
-replies, a process whose maps stay locked) costs that thread, abandoned
-after tls.DEADLINE, and nothing else. Bounds: tls.MAX_FILES attached at
-once, tls.MAX_USER_FILES of them brought by one user other than root,
-tls.FD_RESERVE fds left free. Each refusal is counted by reason
+Every file is opened, parsed and attached by nettap-tls, never by the drain thread or a reload: a
+file that does not answer (a FUSE server that never replies, a process whose maps stay locked) costs
+that thread, abandoned after tls.DEADLINE (its imports made before: goelf.warm), and nothing else.
+Bounds: tls.MAX_FILES attached at once, tls.MAX_USER_FILES of them brought by one user other than
+root, tls.FD_RESERVE fds left free. Each refusal is counted by reason
 (nettap_tls_files_refused_total) and logged once a minute.
 """
 from __future__ import annotations
@@ -174,6 +172,9 @@ class TlsProbes:
             log.error("TLS: %d files or processes never answered; no more libssl files are attached", MAX_ABANDONED)
 
     def _run(self, gen: int) -> None:
+        if "go_tls_layout" in self.map_fds:     # before any file's DEADLINE: seconds in an emulated guest
+            from exporter.kernel import goelf
+            goelf.warm()
         while True:
             with self._cv:
                 while (gen == self._gen and not self._closed and not self._pids and self._asked == self._done
