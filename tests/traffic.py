@@ -145,3 +145,22 @@ class ClientProcess:
         self.p.stdin.flush()
         assert self.p.stdout.readline().strip() == "done"
         self.p.wait(timeout)
+
+
+def requests(lst: socket.socket, n: int, size: int) -> list:
+    """n connections to lst, one after another: a request of size bytes, an
+    answer as long, the client closes first, then the server. Returns each
+    connection's client port."""
+    port, ports = lst.getsockname()[1], []
+    for _ in range(n):
+        c = socket.create_connection(("127.0.0.1", port))
+        a, _ = lst.accept()
+        c.sendall(b"q" * size)
+        assert a.recv(size, socket.MSG_WAITALL) == b"q" * size
+        a.sendall(b"a" * size)
+        assert c.recv(size, socket.MSG_WAITALL) == b"a" * size
+        ports.append(c.getsockname()[1])
+        c.close()
+        assert a.recv(1) == b""
+        a.close()
+    return ports

@@ -8,6 +8,7 @@ import socket
 from collections import Counter
 
 import pytest
+from traffic import requests
 
 from exporter import config
 from exporter.kernel import tcp_h
@@ -31,17 +32,7 @@ def _listener(n: int = CONNS):
 
 
 def _drive(lst, n: int = CONNS) -> None:
-    port = lst.getsockname()[1]
-    for _ in range(n):
-        c = socket.create_connection(("127.0.0.1", port))
-        a, _ = lst.accept()
-        c.sendall(b"q" * SIZE)
-        assert a.recv(SIZE, socket.MSG_WAITALL) == b"q" * SIZE
-        a.sendall(b"a" * SIZE)
-        assert c.recv(SIZE, socket.MSG_WAITALL) == b"a" * SIZE
-        c.close()
-        assert a.recv(1) == b""
-        a.close()
+    requests(lst, n, SIZE)
 
 
 def _kinds(lines, port):

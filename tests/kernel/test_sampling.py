@@ -12,6 +12,7 @@ import threading
 from collections import Counter
 
 import pytest
+from traffic import requests
 
 from exporter.capture import sampling
 from exporter.kernel import tcp_h
@@ -26,21 +27,8 @@ SIZE = 64
 
 
 def _drive(lst, n: int = CONNS) -> list:
-    """n connections to lst: a request, an answer, the client closes first.
-    Returns each connection's client port."""
-    port, ports = lst.getsockname()[1], []
-    for _ in range(n):
-        c = socket.create_connection(("127.0.0.1", port))
-        a, _ = lst.accept()
-        c.sendall(b"q" * SIZE)
-        assert a.recv(SIZE, socket.MSG_WAITALL) == b"q" * SIZE
-        a.sendall(b"a" * SIZE)
-        assert c.recv(SIZE, socket.MSG_WAITALL) == b"a" * SIZE
-        ports.append(c.getsockname()[1])
-        c.close()
-        assert a.recv(1) == b""
-        a.close()
-    return ports
+    """n requests on new connections (traffic.requests); their client ports."""
+    return requests(lst, n, SIZE)
 
 
 def _check(run, lst, records) -> tuple:
