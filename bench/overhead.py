@@ -19,7 +19,8 @@ Printed per run and per case (the median of its runs): requests/s, latency
 p50 and p99, nginx CPU (utime+stime of its master and workers, % of one
 core: this includes the probes' kernel time on nginx's own syscalls),
 nettap CPU (% of one core), records nettap drained and lost, and in D the
-kernel's BPF run time a second (nettap_bpf_program_run_time_seconds_total).
+kernel's BPF run time a second (nettap_bpf_program_run_time_seconds_total),
+and a request's share of it by program.
 The A/A spread (max - min over the A runs) is the noise floor the deltas
 are printed against. Writes a plot of the latency distributions per case
 to bench/out/overhead.png (matplotlib: `pip install -e .[bench]`).
@@ -177,7 +178,8 @@ def run(a, case: str, loadgen: str, nginx: subprocess.Popen, tmp: str, nport: in
             rt1 = label_values(m1, "nettap_bpf_program_run_time_seconds_total")
             rt0 = label_values(m0, "nettap_bpf_program_run_time_seconds_total")
             runs = family_sum(m1, "nettap_bpf_program_runs_total") - family_sum(m0, "nettap_bpf_program_runs_total")
-            bpf = sum(v - rt0.get(k, 0) for k, v in rt1.items())
+            res["bpf_progs"] = {k: v - rt0.get(k, 0) for k, v in rt1.items()}     # s of kernel time each
+            bpf = sum(res["bpf_progs"].values())
             res["bpf"] = bpf / wall
             res["bpf_ns_run"] = bpf / runs * 1e9 if runs else float("nan")
             res["bpf_runs"] = runs / wall
@@ -341,6 +343,11 @@ def report(results: list, a) -> None:
               f"{statistics.median(r['bpf_ns_run'] for r in d):.0f} ns a run, "
               f"{bpf / rps * 1e9:,.0f} ns a request; bpfStats on: "
               f"{'yes' if all(r['bpf_stats_on'] for r in d) else 'NO'})")
+        # a request's kernel time by program: each run's seconds over its requests, the median of D's runs
+        per = {p: statistics.median(r["bpf_progs"].get(p, 0) / (r["rps"] * r["wall"]) * 1e9 for r in d)
+               for p in {p for r in d for p in r["bpf_progs"]}}
+        print("     by program, ns a request: " + ", ".join(f"{p} {ns:,.0f}" for p, ns in
+                                                          sorted(per.items(), key=lambda kv: -kv[1]) if ns >= 1))
 
 
 if __name__ == "__main__":
