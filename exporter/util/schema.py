@@ -189,3 +189,28 @@ def table(section: Section) -> str:
         cells = [f"`{key}`", text, f"`{shown}`" if shown else "", doc]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(out) + "\n"
+
+
+def json_schema(section: Section) -> dict:
+    """A JSON Schema (draft-07) of a section: its keys and their types, unknown keys refused;
+    what a :class:`Check` of the parser's own accepts is left to the parser. For the Helm
+    chart's values.schema.json (deploy/kubernetes/render.py), so a misspelt key is refused
+    at install, not by the running nettap."""
+    props = {}
+    for k in section.keys.values():
+        c = k.check
+        if isinstance(c, Section):
+            s = json_schema(c)
+        elif isinstance(c, Int):
+            s = {"type": "integer", "minimum": c.lo, "maximum": c.hi}
+        elif isinstance(c, Bool):
+            s = {"type": "boolean"}
+        elif isinstance(c, Choice):
+            s = {"enum": list(c.choices)}
+        elif isinstance(c, Str):
+            s = {"type": "string", "minLength": 1}
+        else:
+            s = {}
+        doc = k.doc or (c.text if not isinstance(c, Section) else "")
+        props[k.name] = {"description": doc, **s} if doc else s
+    return {"type": "object", "additionalProperties": False, "properties": props}
