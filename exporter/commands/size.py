@@ -6,8 +6,14 @@ Every figure is one instant query at one evaluation time over the range
 ``nettap_build_info``; the rules that turn figures into requests are the
 ``*_RULE`` texts below, printed with the figures so a reader can redo them.
 
-A DaemonSet has one pod spec for every node: the patch (``-o yaml``) takes,
-for each resource, the largest of the per-node answers.
+The capture and nettap ingest are sized apart, each from its own process's
+series: both serve ``nettap_build_info``, ``process_*`` and ``nettap_cgroup_*``;
+the ingest's targets are those that also serve ``nettap_ingest_connected``
+(whatever their job label), the capture's are the others.
+
+A DaemonSet has one pod spec for every node: the patch (``-o yaml``) and the
+Helm values (``-o helm``) take, for each container and resource, the largest
+of the per-node answers.
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ CPU_RULE = ("request = p95 of user CPU, rounded up to 5m (at least 10m); "
             "limit = 2 x the highest rate, rounded up to 50m (at least 100m: start-up and reloads), "
             "4 x when throttled in more than 1 % of CFS periods (the peak seen was held down by the limit)")
 THROTTLED_HIGH = 0.01
+CAPTURE, INGEST = "capture", "ingest"
+CONTAINERS = {CAPTURE: "nettap", INGEST: "nettap-ingest"}      # the DaemonSet's containers
 QUANTILES = (0.5, 0.95, 0.99)
 
 
@@ -50,6 +58,7 @@ class Node:
     calls: Optional[float] = None
     bpf: Dict[str, float] = field(default_factory=dict)       # p50, p95, max (cores)
     bpf_coverage: Optional[float] = None                      # share of the range with run times
+    role: str = CAPTURE                                       # or INGEST: nettap ingest's process
 
     # --- the rules
     def mem_peak(self) -> Optional[float]:
@@ -124,16 +133,25 @@ class Prometheus:
 
 
 def measure(prom: Prometheus, rng: str, window: str, step: str, selector: str = "") -> List[Node]:
+    """The capture's nodes, then the ingest's (each sorted by instance)."""
     sel = "{" + selector + "}"
     nettap = f"group by (instance) (last_over_time(nettap_build_info{sel}[{rng}]))"
-
-    def q(expr: str) -> Dict[str, float]:
-        return prom.vector(f"({expr}) and on (instance) {nettap}")
-
-    nodes = {i: Node(i) for i in prom.vector(nettap)}
-    if not nodes:
+    ingest = f"group by (instance) (last_over_time(nettap_ingest_connected{sel}[{rng}]))"
+    if not prom.vector(nettap):
         raise SizeError(f"no nettap series (nettap_build_info{sel}) in Prometheus at {prom.url} "
                         f"over the {rng} to {_iso(prom.at)}")
+    return (_measure(prom, CAPTURE, f"{nettap} unless on (instance) {ingest}", rng, window, step, sel)
+            + _measure(prom, INGEST, f"{ingest} and on (instance) {nettap}", rng, window, step, sel))
+
+
+def _measure(prom: Prometheus, role: str, group: str, rng: str, window: str, step: str, sel: str) -> List[Node]:
+    """The figures of one role's targets (group: a query giving their instances)."""
+    def q(expr: str) -> Dict[str, float]:
+        return prom.vector(f"({expr}) and on (instance) ({group})")
+
+    nodes = {i: Node(i, role=role) for i in prom.vector(group)}
+    if not nodes:
+        return []
 
     def put(attr: str, values: Dict[str, float], key: Optional[str] = None) -> None:
         for inst, v in values.items():
@@ -151,20 +169,21 @@ def measure(prom: Prometheus, rng: str, window: str, step: str, selector: str = 
     put("mem_limit", q(f"max by (instance) (last_over_time(nettap_cgroup_memory_limit_bytes{sel}[{rng}]))"))
     put("oom_kills", q(f"sum by (instance) (increase(nettap_cgroup_memory_oom_kills_total{sel}[{rng}]))"))
     cpu = f"sum by (instance) (rate(process_cpu_seconds_total{sel}[{window}]))"
-    bpf = f"sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{sel}[{window}]))"
     for qt in QUANTILES:
         put("cpu", q(f"quantile_over_time({qt}, ({cpu})[{rng}:{step}])"), f"p{round(qt * 100)}")
     put("cpu", q(f"max_over_time(({cpu})[{rng}:{step}])"), "max")
-    for qt in (0.5, 0.95):
-        put("bpf", q(f"quantile_over_time({qt}, ({bpf})[{rng}:{step}])"), f"p{round(qt * 100)}")
-    put("bpf", q(f"max_over_time(({bpf})[{rng}:{step}])"), "max")
-    put("bpf_coverage", q(f"count_over_time(({bpf})[{rng}:{step}]) / on (instance) "
-                          f"count_over_time((group by (instance) (nettap_build_info{sel}))[{rng}:{step}])"))
-    for attr, metric in (("periods", "nettap_cgroup_cpu_periods_total"),
-                         ("throttled_periods", "nettap_cgroup_cpu_throttled_periods_total"),
-                         ("throttled_seconds", "nettap_cgroup_cpu_throttled_seconds_total"),
-                         ("drops", "nettap_ringbuf_drops_total"),
-                         ("calls", "nettap_probe_calls_total")):
+    counters = [("periods", "nettap_cgroup_cpu_periods_total"),
+                ("throttled_periods", "nettap_cgroup_cpu_throttled_periods_total"),
+                ("throttled_seconds", "nettap_cgroup_cpu_throttled_seconds_total")]
+    if role == CAPTURE:                 # the capture's own: its BPF programs, its rings and probes
+        bpf = f"sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{sel}[{window}]))"
+        for qt in (0.5, 0.95):
+            put("bpf", q(f"quantile_over_time({qt}, ({bpf})[{rng}:{step}])"), f"p{round(qt * 100)}")
+        put("bpf", q(f"max_over_time(({bpf})[{rng}:{step}])"), "max")
+        put("bpf_coverage", q(f"count_over_time(({bpf})[{rng}:{step}]) / on (instance) "
+                              f"count_over_time((group by (instance) (nettap_build_info{sel}))[{rng}:{step}])"))
+        counters += [("drops", "nettap_ringbuf_drops_total"), ("calls", "nettap_probe_calls_total")]
+    for attr, metric in counters:
         put(attr, q(f"sum by (instance) (increase({metric}{sel}[{rng}]))"))
     return sorted(nodes.values(), key=lambda n: n.instance)
 
@@ -213,9 +232,11 @@ def describe(n: Node, window: str) -> List[str]:
     else:
         throttled = (f"throttled in {_count(n.throttled_periods)} of {_count(n.periods)} CFS periods "
                      f"({ratio * 100:.2f} %), {n.throttled_seconds or 0:.3f} s")
-    out.append(f"          {throttled}; ring drops {_count(n.drops)}")
+    out.append(f"          {throttled}" + (f"; ring drops {_count(n.drops)}" if n.role == CAPTURE else ""))
     if "p95" not in c:
         out.append(f"          no CPU rate: the rate window ({window}) must hold two scrapes (--window)")
+    if n.role == INGEST:                # no BPF program of its own
+        return out
     if n.bpf:
         b = n.bpf
         out += [f"  kernel  BPF time in nettap's programs (rate of nettap_bpf_program_run_time_seconds_total "
@@ -245,38 +266,82 @@ def daemonset(nodes: List[Node]) -> Dict[str, Optional[int]]:
             "mem_request": top(Node.mem_request), "mem_limit": top(Node.mem_limit_suggested)}
 
 
+def _roles(nodes: List[Node]) -> Dict[str, List[Node]]:
+    """{role: its nodes}, capture first, of the roles that have any."""
+    out = {role: [n for n in nodes if n.role == role] for role in CONTAINERS}
+    return {role: ns for role, ns in out.items() if ns}
+
+
+def _spec(d: Dict[str, Optional[int]]) -> str:
+    return (f"requests cpu {_cpu(d['cpu_request'])} memory {_mem(d['mem_request'])}; "
+            f"limits cpu {_cpu(d['cpu_limit'])} memory {_mem(d['mem_limit'])}")
+
+
 def text(nodes: List[Node], prom_url: str, at: float, rng: str, window: str, step: str) -> str:
-    lines = [f"nettap size: {len(nodes)} node(s), the {rng} to {_iso(at)} (rate window {window}, step {step}), "
-             f"from {prom_url}", ""]
-    for n in nodes:
+    roles = _roles(nodes)
+    cap, ing = roles.get(CAPTURE, []), roles.get(INGEST, [])
+    lines = [f"nettap size: {len(cap)} node(s)" + (f" and {len(ing)} nettap ingest(s)" if ing else "")
+             + f", the {rng} to {_iso(at)} (rate window {window}, step {step}), from {prom_url}", ""]
+    for n in cap:
         lines += [f"node {n.instance}"] + describe(n, window) + [""]
-    b = busiest(nodes)
-    d = daemonset(nodes)
-    lines += [f"busiest node: {b.instance} (highest p95 user CPU): requests cpu {_cpu(b.cpu_request())} "
-              f"memory {_mem(b.mem_request())}; limits cpu {_cpu(b.cpu_limit())} "
-              f"memory {_mem(b.mem_limit_suggested())}",
-              f"DaemonSet (one spec for every node: the largest per-node figure): "
-              f"requests cpu {_cpu(d['cpu_request'])} memory {_mem(d['mem_request'])}; "
-              f"limits cpu {_cpu(d['cpu_limit'])} memory {_mem(d['mem_limit'])}",
-              "  -o yaml prints it as a patch for deploy/kubernetes/daemonset.yaml", "",
-              f"memory rule: {MEM_RULE}", f"cpu rule: {CPU_RULE}"]
+    if cap:
+        b = busiest(cap)
+        lines += [f"busiest node: {b.instance} (highest p95 user CPU): requests cpu {_cpu(b.cpu_request())} "
+                  f"memory {_mem(b.mem_request())}; limits cpu {_cpu(b.cpu_limit())} "
+                  f"memory {_mem(b.mem_limit_suggested())}",
+                  f"DaemonSet (one spec for every node: the largest per-node figure): {_spec(daemonset(cap))}", ""]
+    for n in ing:
+        lines += [f"nettap ingest {n.instance}"] + describe(n, window) + [""]
+    if ing:
+        lines += [f"DaemonSet's nettap-ingest container (the largest per-node figure): {_spec(daemonset(ing))}", ""]
+    lines += ["-o yaml prints it as a patch for deploy/kubernetes/daemonset.yaml, -o helm as values for "
+              "deploy/helm/nettap", "", f"memory rule: {MEM_RULE}", f"cpu rule: {CPU_RULE}"]
     return "\n".join(lines) + "\n"
+
+
+def resources(nodes: List[Node], what: str) -> Dict[str, dict]:
+    """{role: requests and limits} for each role that has nodes: the one spec of each container."""
+    out = {}
+    for role, ns in _roles(nodes).items():
+        d = daemonset(ns)
+        if None in d.values():
+            raise SizeError(f"not enough data for {what}: the {role}'s "
+                            + ", ".join(k for k, v in d.items() if v is None) + " missing (see the text output)")
+        out[role] = {"requests": {"cpu": _cpu(d["cpu_request"]), "memory": _mem(d["mem_request"])},
+                     "limits": {"cpu": _cpu(d["cpu_limit"]), "memory": _mem(d["mem_limit"])}}
+    return out
+
+
+def _head(nodes: List[Node], prom_url: str, at: float, rng: str) -> str:
+    roles = _roles(nodes)
+    head = f"# nettap size: {len(roles.get(CAPTURE, []))} node(s)"
+    if INGEST in roles:
+        return head + f" and {len(roles[INGEST])} nettap ingest(s), the {rng} to {_iso(at)}, from {prom_url}\n"
+    return (head + f", the {rng} to {_iso(at)}, from {prom_url}\n"
+            "# No nettap ingest series (nettap_ingest_connected) over the range: its container is not sized.\n")
 
 
 def yaml_patch(nodes: List[Node], prom_url: str, at: float, rng: str) -> str:
     import yaml
-    d = daemonset(nodes)
-    if None in d.values():
-        raise SizeError("not enough data for a patch: " + ", ".join(k for k, v in d.items() if v is None)
-                        + " missing (see the text output)")
-    res = {"requests": {"cpu": _cpu(d["cpu_request"]), "memory": _mem(d["mem_request"])},
-           "limits": {"cpu": _cpu(d["cpu_limit"]), "memory": _mem(d["mem_limit"])}}
-    patch = {"spec": {"template": {"spec": {"containers": [{"name": "nettap", "resources": res}]}}}}
-    head = (f"# nettap size: {len(nodes)} node(s), the {rng} to {_iso(at)}, from {prom_url}\n"
-            "# Strategic-merge patch for deploy/kubernetes/daemonset.yaml (containers merge by name):\n"
-            "#   kubectl -n nettap patch daemonset nettap --patch-file THIS_FILE\n"
-            "# or list it under patches: in deploy/kubernetes/kustomization.yaml.\n")
-    return head + yaml.safe_dump(patch, sort_keys=False)
+    res = resources(nodes, "a patch")
+    patch = {"spec": {"template": {"spec": {"containers": [
+        {"name": CONTAINERS[role], "resources": r} for role, r in res.items()]}}}}
+    return (_head(nodes, prom_url, at, rng)
+            + "# Strategic-merge patch for deploy/kubernetes/daemonset.yaml (containers merge by name):\n"
+              "#   kubectl -n nettap patch daemonset nettap --patch-file THIS_FILE\n"
+              "# or list it under patches: in deploy/kubernetes/kustomization.yaml.\n"
+            + yaml.safe_dump(patch, sort_keys=False))
+
+
+def helm_values(nodes: List[Node], prom_url: str, at: float, rng: str) -> str:
+    """capture.resources and ingest.resources for deploy/helm/nettap: each container its own
+    (they win over ebpf.nettap.resources, the one block for both)."""
+    import yaml
+    res = resources(nodes, "the values")
+    return (_head(nodes, prom_url, at, rng)
+            + "# Helm values for deploy/helm/nettap, each container from its own series:\n"
+              "#   helm upgrade nettap deploy/helm/nettap --reuse-values -f THIS_FILE\n"
+            + yaml.safe_dump({role: {"resources": r} for role, r in res.items()}, sort_keys=False))
 
 
 def _args(argv: Sequence[str]) -> argparse.Namespace:
@@ -292,8 +357,9 @@ def _args(argv: Sequence[str]) -> argparse.Namespace:
                    help="extra label matchers for nettap's series, e.g. 'job=\"nettap\",cluster=\"eu1\"'")
     p.add_argument("--at", type=_when, metavar="TIME",
                    help="end of the range: unix seconds or UTC 2006-01-02T15:04:05Z (default: now)")
-    p.add_argument("-o", "--output", choices=("text", "yaml"), default="text",
-                   help="text (default), or yaml: a patch for deploy/kubernetes/daemonset.yaml")
+    p.add_argument("-o", "--output", choices=("text", "yaml", "helm"), default="text",
+                   help="text (default); yaml: a patch for deploy/kubernetes/daemonset.yaml; helm: "
+                   "capture.resources and ingest.resources for deploy/helm/nettap")
     return p.parse_args(argv)
 
 
@@ -314,8 +380,10 @@ def main(argv: Sequence[str]) -> int:
     prom = Prometheus(a.prometheus, at)
     try:
         nodes = measure(prom, a.rng, a.window, a.step, a.selector)
-        out = (yaml_patch(nodes, a.prometheus, at, a.rng) if a.output == "yaml"
-               else text(nodes, a.prometheus, at, a.rng, a.window, a.step))
+        if a.output == "text":
+            out = text(nodes, a.prometheus, at, a.rng, a.window, a.step)
+        else:
+            out = (yaml_patch if a.output == "yaml" else helm_values)(nodes, a.prometheus, at, a.rng)
     except SizeError as e:
         out = None
         print(f"nettap size: {e}", file=sys.stderr)

@@ -69,6 +69,71 @@ def test_yaml_patch_merges_by_container_name():
         size.yaml_patch([node(cpu={})], "http://p", 0, "7d")
 
 
+def ingest_node(**kw):
+    base = dict(instance="a:42425", rss_peak=36 * MiB, cgroup_peak=30 * MiB, oom_kills=0,
+                cpu={"p50": 0.002, "p95": 0.004, "p99": 0.01, "max": 0.08},
+                periods=500, throttled_periods=0, throttled_seconds=0, role=size.INGEST)
+    base.update(kw)
+    return Node(**base)
+
+
+def test_the_ingest_is_sized_apart_from_its_own_figures():
+    """nettap ingest's targets get their own blocks and container line, without the capture's
+    kernel, ring and probe figures, and never count as the capture's nodes."""
+    out = size.text([node(), ingest_node()], "http://prom:9090", 1796137200, "7d", "5m", "1m")
+    assert out.startswith("nettap size: 1 node(s) and 1 nettap ingest(s), the 7d to 2026-12-01T15:00:00Z")
+    assert "busiest node: a:42424" in out
+    blk = out.split("nettap ingest a:42425\n")[1].split("\n\n")[0]
+    assert "memory  request 48Mi  limit 96Mi" in blk                     # 36 MiB x 1.25 -> 48
+    assert "cpu     request 10m  limit 200m" in blk                      # p95 4m -> at least 10m
+    assert "throttled in 0 of 500 CFS periods (0.00 %), 0.000 s" in blk
+    assert "ring drops" not in blk and "kernel" not in blk and "bpfStats" not in blk
+    assert ("DaemonSet's nettap-ingest container (the largest per-node figure): requests cpu 10m memory 48Mi; "
+            "limits cpu 200m memory 96Mi") in out
+    assert ("DaemonSet (one spec for every node: the largest per-node figure): requests cpu 15m memory 80Mi; "
+            "limits cpu 100m memory 160Mi") in out
+
+
+def test_patch_and_helm_values_size_each_container_from_its_own_series():
+    nodes = [node(), node(instance="b", rss_peak=200 * MiB), ingest_node(), ingest_node(instance="b:42425",
+                                                                                       rss_peak=50 * MiB)]
+    capture = {"requests": {"cpu": "15m", "memory": "256Mi"}, "limits": {"cpu": "100m", "memory": "512Mi"}}
+    ingest = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
+    c = yaml.safe_load(size.yaml_patch(nodes, "http://p", 0, "7d"))["spec"]["template"]["spec"]["containers"]
+    assert c == [{"name": "nettap", "resources": capture}, {"name": "nettap-ingest", "resources": ingest}]
+    out = size.helm_values(nodes, "http://p", 0, "7d")
+    assert out.startswith("# nettap size: 2 node(s) and 2 nettap ingest(s), the 7d to 1970-01-01T00:00:00Z")
+    assert "helm upgrade nettap deploy/helm/nettap --reuse-values -f THIS_FILE" in out
+    assert yaml.safe_load(out) == {"capture": {"resources": capture}, "ingest": {"resources": ingest}}
+    # No ingest series: the capture's values alone, and the comment says why.
+    out = size.helm_values(nodes[:2], "http://p", 0, "7d")
+    assert yaml.safe_load(out) == {"capture": {"resources": capture}}
+    assert "# No nettap ingest series (nettap_ingest_connected) over the range" in out
+    with pytest.raises(size.SizeError, match="not enough data for the values: the ingest's cpu_request"):
+        size.helm_values([node(), ingest_node(cpu={})], "http://p", 0, "7d")
+
+
+def test_main_asks_each_role_its_own_queries(capsys):
+    """Through Prometheus's API: the ingest's figures are asked of the ingest's targets only, and
+    none of the capture's own (BPF time, ring drops, probe calls); -o helm prints both."""
+    figures = {"process_resident_memory_bytes": str(40 * MiB), "process_cpu_seconds_total": "0.02"}
+    prom = _PromLike(lambda q: next((v for k, v in figures.items() if k in q), "0"), ingest=True)
+    try:
+        rc = size.main(["--prometheus", prom.url, "--at", "1796137200", "-o", "helm"])
+    finally:
+        prom.close()
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    res = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}}
+    assert yaml.safe_load(out) == {"capture": {"resources": res}, "ingest": {"resources": res}}
+    ingest_group = "(group by (instance) (last_over_time(nettap_ingest_connected"
+    asked = [q for q in prom.queries if ingest_group in q and not q.startswith("group by")]
+    theirs = [q for q in asked if "unless on (instance)" not in q]
+    assert theirs and not [q for q in theirs if "nettap_bpf_program" in q or "nettap_ringbuf" in q
+                           or "nettap_probe" in q]
+    assert any("nettap_bpf_program_run_time_seconds_total" in q and "unless on (instance)" in q for q in prom.queries)
+
+
 def test_at_accepts_unix_seconds_and_utc():
     assert size._args(["--prometheus", "u", "--at", "2026-12-01T15:00:00Z"]).at == 1796137200
     assert size._args(["--prometheus", "u", "--at", "12.5"]).at == 12.5
@@ -78,20 +143,33 @@ def test_at_accepts_unix_seconds_and_utc():
 
 class _PromLike:
     """A real HTTP server answering /api/v1/query as Prometheus does: the
-    nettap_build_info group with 1, every other query with ``value``."""
+    capture's targets (a:42424) for the nettap_build_info group, the ingest's
+    (a:42425, when given) for the nettap_ingest_connected group, and for every
+    other query ``value`` (a str, or a function of the query), for the target
+    whose group the query is kept to. ``queries`` lists what was asked."""
 
-    def __init__(self, value: str):
+    def __init__(self, value, ingest: bool = False):
         import http.server
         import json
         import threading
         from urllib.parse import parse_qs, urlparse
+        answer = value if callable(value) else (lambda q: value)
+        self.queries = queries = []
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 q = parse_qs(urlparse(self.path).query)["query"][0]
-                v = "1" if q.startswith("group by (instance)") else value
+                queries.append(q)
+                if q.startswith("group by (instance) (last_over_time(nettap_build_info"):
+                    result = [("a:42424", "1")]
+                elif q.startswith("group by (instance) (last_over_time(nettap_ingest_connected"):
+                    result = [("a:42425", "1")] if ingest else []
+                elif "and on (instance) (group by (instance) (last_over_time(nettap_ingest_connected" in q:
+                    result = [("a:42425", answer(q))]
+                else:
+                    result = [("a:42424", answer(q))]
                 body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-                    {"metric": {"instance": "a:42424"}, "value": [0, v]}]}}).encode()
+                    {"metric": {"instance": i}, "value": [0, v]} for i, v in result]}}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
