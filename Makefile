@@ -4,6 +4,9 @@
 #   make test   run the whole test suite (unit, kernel, end-to-end), as root
 ARGS ?=
 PYTEST_ARGS ?=
+# make image: the image's name (push it where your nodes pull from: IMAGE=<registry>/nettap)
+IMAGE ?= nettap
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 run:
 	scripts/run.sh $(ARGS)
@@ -23,9 +26,15 @@ demo:
 	@scripts/setup.sh test
 	.venv/bin/python scripts/demo.py
 
+# The Dockerfile's image, tagged with nettap's version and carrying the commit it was built
+# from; then docker push $(IMAGE):$(VERSION), and point the Helm chart's image.repository
+# (or kustomization.yaml's images:) at it.
+image:
+	docker build --build-arg NETTAP_REVISION=$$(git rev-parse HEAD) -t $(IMAGE):$(VERSION) .
+
 bench:
 	@scripts/setup.sh test
 	.venv/bin/python bench/storm.py
 	.venv/bin/python bench/probe_cost.py
 
-.PHONY: run test bpf render demo bench
+.PHONY: run test bpf render demo image bench

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The README's second command (and CI's): set up what testing needs, then check
-# the committed BPF objects and rendered mixin are fresh, run every test on this
-# machine's kernel, then the kernel tests on Debian's stock kernels in qemu guests
+# the committed BPF objects, rendered mixin and deployment files (the PrometheusRule,
+# the Helm chart's rules and config schema) are fresh, run every test on this machine's
+# kernel, then the kernel tests on Debian's stock kernels in qemu guests
 # (scripts/kernel_matrix.py; its table and logs land in $NETTAP_MATRIX_OUT) with the
 # host's e2e tests beside them, and end with a table of how long each stage took
 # (scripts/stages.py).
@@ -36,6 +37,7 @@ mark set-up
 .venv/bin/python tests/gobuild.py > "$out/gobuild.log" 2>&1 & gobuild=$!
 make -s -C bpf check
 .venv/bin/python alerts/render.py --check
+.venv/bin/python deploy/kubernetes/render.py --check
 mark checks
 rc=0
 if [ $host = 1 ]; then

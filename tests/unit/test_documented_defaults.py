@@ -25,6 +25,7 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 DAEMONSET = ROOT / "deploy" / "kubernetes" / "daemonset.yaml"
 CONFIGMAP = ROOT / "deploy" / "kubernetes" / "configmap.yaml"
 COMPOSE_CONFIG = ROOT / "deploy" / "compose" / "nettap.yaml"
+CHART_VALUES = ROOT / "deploy" / "helm" / "nettap" / "values.yaml"
 MIB = 1 << 20
 
 
@@ -69,6 +70,10 @@ DOCUMENTED = {
     "README minimal config": (_readme_config, {("captures",), ("output", "type"), ("output", "path")}),
     "ConfigMap": (_configmap_config, {("captures",), ("output", "type"), ("output", "path"), ("output", "mode"),
                                       ("ingest", "servers"), ("ingest", "stream", "replicas")}),
+    # The chart's ingest.servers, not its config, names the engine.
+    "Helm chart's ebpf.configuration": (lambda: yaml.safe_load(CHART_VALUES.read_text())["ebpf"]["configuration"],
+                                        {("captures",), ("output", "type"), ("output", "path"), ("output", "mode"),
+                                         ("ingest", "stream", "replicas")}),
     "compose config": (lambda: yaml.safe_load(COMPOSE_CONFIG.read_text()),
                        {("captures",), ("output", "type"), ("output", "path"), ("output", "max_bytes"),
                         ("output", "backups"), ("ingest", "servers"), ("ingest", "stream", "max_bytes")}),
