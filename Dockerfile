@@ -22,11 +22,13 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.m[d] ./
 COPY exporter ./exporter
 # setup.py ships the BPF objects inside the package (exporter/bpf), and writes the revision
-# into exporter/_revision.py: the context has no .git, so pass it:
-#   docker build --build-arg NETTAP_REVISION=$(git rev-parse HEAD) ...  (else "unknown")
+# and branch into exporter/_revision.py (nettap --version): the context has no .git, so pass them:
+#   docker build --build-arg NETTAP_REVISION=$(git rev-parse HEAD) \
+#     --build-arg NETTAP_BRANCH=$(git rev-parse --abbrev-ref HEAD) ...  (else "unknown")
 COPY bpf/*.bpf.o ./bpf/
 ARG NETTAP_REVISION=unknown
-ENV NETTAP_REVISION=$NETTAP_REVISION
+ARG NETTAP_BRANCH=unknown
+ENV NETTAP_REVISION=$NETTAP_REVISION NETTAP_BRANCH=$NETTAP_BRANCH
 RUN test -f README.md || echo "nettap" > README.md \
  && python3 -m venv /opt/nettap/venv \
  && /opt/nettap/venv/bin/pip install --no-cache-dir --disable-pip-version-check . \

@@ -25,7 +25,7 @@ OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
 TARGET_KINDS = ("pid", "cgroup", "netns", "port")
 TLS_ATTACH = ("targets", "node")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")     # warn: Prometheus' spelling
 MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's capture can hold (bpf/tcp.h)
 # capture.records: the kinds (lines' "type") about a connection (capture.md#which-records-capturerecords)
 RECORD_KINDS = tuple(k for _n, k in sorted(NAMES["KIND"].items()) if k not in ("log", "dlopen", "dns"))

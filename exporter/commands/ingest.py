@@ -16,6 +16,7 @@ MIN_LINES = 1024             # --check-config refuses an engine whose messages h
 
 
 def _args(argv: list) -> argparse.Namespace:
+    from exporter.commands.cli import LOG_LEVELS, Version
     p = argparse.ArgumentParser(prog="nettap ingest",
                                 description="Forward the capture's JSON-lines files to NATS JetStream, "
                                             "checkpointing only what the engine acknowledged.")
@@ -27,13 +28,14 @@ def _args(argv: list) -> argparse.Namespace:
                    help="TLS and basic auth for the endpoint (the exporter-toolkit format)")
     p.add_argument("--check-config", action="store_true",
                    help="validate the config, connect to the engine, check the stream, and exit")
-    p.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warning", "error"),
+    p.add_argument("--log.level", dest="log_level", choices=LOG_LEVELS,
                    help="override the config's log_level")
     p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt")
     p.add_argument("--nice", type=int, default=10, metavar="N",
                    help="lower ingest's CPU priority by N (default 10; 0 keeps it): under a storm the "
                         "capture's drain, whose rings are small, must win the CPU over ingest, whose "
                         "buffer is the files")
+    p.add_argument("--version", action=Version)
     return p.parse_args(argv)
 
 

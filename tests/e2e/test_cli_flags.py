@@ -36,6 +36,17 @@ def test_log_level_and_json_format(tmp_path):
     assert "deprecated" not in "".join(lines)
 
 
+def test_log_level_warn_starts(tmp_path):
+    """warn, as Prometheus and its exporters spell it."""
+    n = Nettap(tmp_path, {"captures": []}, args=["--log.level", "warn"])
+    try:
+        assert "nettap_build_info{" in n.metrics_text()
+    finally:
+        n.stop()
+    log = (tmp_path / "nettap.log").read_text()
+    assert "level=info" not in log and "invalid choice" not in log, log
+
+
 def test_logfmt_is_the_default(tmp_path):
     n = Nettap(tmp_path, {"captures": []})
     n.stop()
