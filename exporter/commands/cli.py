@@ -55,8 +55,9 @@ def _args(argv: list | None) -> argparse.Namespace:
                                 description="A lean eBPF TCP collector that tells exactly what running it costs.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS_HELP)
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
-    p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
-                   help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
+    p.add_argument("--web.listen-address", dest="listen", action="append", metavar="HOST:PORT",
+                   help="address of /metrics, /stats, /healthz, /readyz (default :42424); repeat it to "
+                        "listen on several")
     p.add_argument("--web.config.file", dest="web_config", metavar="FILE",
                    help="TLS and basic auth for the endpoint, in the Prometheus exporter-toolkit format "
                         "(reloaded on change and on SIGHUP)")
@@ -80,9 +81,14 @@ def _args(argv: list | None) -> argparse.Namespace:
                    help="path of the metrics (default /metrics)")
     p.add_argument("--version", action=Version)
     args = p.parse_args(argv)
-    if not args.telemetry_path.startswith("/"):
-        p.error(f"--web.telemetry-path must start with '/', got {args.telemetry_path!r}")
+    args.listen = args.listen or [":42424"]
+    check_telemetry_path(p, args.telemetry_path)
     return args
+
+
+def check_telemetry_path(p: argparse.ArgumentParser, path: str) -> None:
+    if not path.startswith("/"):
+        p.error(f"--web.telemetry-path must start with '/', got {path!r}")
 
 
 def _decode(path: str, ring: str) -> int:

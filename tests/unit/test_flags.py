@@ -1,5 +1,7 @@
-"""--version (the daemon's and ingest's), laid out as Prometheus' tools print
-theirs, from the fields nettap_build_info has; and --log.level's spellings."""
+"""The daemon's and ingest's flags as parsed: --version, laid out as
+Prometheus' tools print theirs from the fields nettap_build_info has;
+--log.level's spellings; --web.listen-address repeated; ingest's
+--web.telemetry-path."""
 from __future__ import annotations
 
 import logging
@@ -67,3 +69,20 @@ def test_log_level_spellings(spelling, level, monkeypatch):
 
 def test_cli_and_config_spell_the_levels_alike():
     assert cli.LOG_LEVELS == config.LOG_LEVELS
+
+
+def test_listen_address_repeated_keeps_each():
+    assert cli._args([]).listen == [":42424"]
+    assert cli._args(["--web.listen-address", "127.0.0.1:9", "--web.listen-address", "[::1]:9"]).listen == [
+        "127.0.0.1:9", "[::1]:9"]
+    assert ingest._args(["--config", "x"]).listen == [":42425"]
+    assert ingest._args(["--config", "x", "--web.listen-address", "127.0.0.1:9",
+                         "--web.listen-address", "10.0.0.1:9"]).listen == ["127.0.0.1:9", "10.0.0.1:9"]
+
+
+def test_ingest_telemetry_path(capsys):
+    assert ingest._args(["--config", "x"]).telemetry_path == "/metrics"
+    assert ingest._args(["--config", "x", "--web.telemetry-path", "/x/metrics"]).telemetry_path == "/x/metrics"
+    with pytest.raises(SystemExit) as e:
+        ingest._args(["--config", "x", "--web.telemetry-path", "metrics"])
+    assert e.value.code == 2 and "--web.telemetry-path must start with '/', got 'metrics'" in capsys.readouterr().err
