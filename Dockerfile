@@ -19,7 +19,8 @@ RUN apt-get update \
 WORKDIR /src
 # README.md is the package's long description (pyproject.toml's readme); the glob keeps
 # the build working in a tree that has none yet.
-COPY pyproject.toml setup.py README.m[d] ./
+COPY pyproject.toml setup.py README.m[d] LICENSE ./
+COPY LICENSES ./LICENSES
 COPY exporter ./exporter
 # setup.py ships the BPF objects inside the package (exporter/bpf), and writes the revision
 # and branch into exporter/_revision.py (nettap --version): the context has no .git, so pass them:
@@ -71,5 +72,5 @@ CMD ["--web.listen-address", ":42424"]
 
 LABEL org.opencontainers.image.title="nettap" \
       org.opencontainers.image.description="A lean eBPF TCP collector that tells exactly what running it costs" \
-      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.licenses="Apache-2.0 AND (LGPL-2.1 OR BSD-2-Clause)" \
       org.opencontainers.image.version="0.1.0"
