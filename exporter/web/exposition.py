@@ -75,6 +75,17 @@ def _value(v) -> str:
     return floatToGoString(f)
 
 
+def _sample(s, seen: dict, kept: dict, build, escaping: str) -> str:
+    """``name{labels} value``: the text before the value as the last scrape
+    kept it (or this one, a series given twice), else built."""
+    key = (s.name, *s.labels.items())
+    prefix = seen.get(key) or kept.get(key)
+    if prefix is None:
+        prefix = build(s.name, s.labels, escaping)
+    seen[key] = prefix
+    return prefix + _value(s.value)
+
+
 class TextRenderer:
     """The library's generate_latest functions with the label texts of the
     last scrape kept, per format and escaping. One per registry; safe when
@@ -108,12 +119,7 @@ class TextRenderer:
                     f"# TYPE {escape_metric_name(mname, escaping)} {mtype}\n")
                 om: Dict[str, List[str]] = {}
                 for s in metric.samples:
-                    key = (s.name, *s.labels.items())
-                    prefix = seen.get(key) or kept.get(key)
-                    if prefix is None:
-                        prefix = _text_prefix(s.name, s.labels, escaping)
-                    seen[key] = prefix
-                    line = prefix + _value(s.value)
+                    line = _sample(s, seen, kept, _text_prefix, escaping)
                     if s.timestamp is not None:
                         line += f" {int(float(s.timestamp) * 1000):d}"
                     suffix = s.name[len(name):]
@@ -152,12 +158,7 @@ class TextRenderer:
                 for s in metric.samples:
                     if s.native_histogram or s.value is None:
                         raise _Library()
-                    key = (s.name, *s.labels.items())
-                    prefix = seen.get(key) or kept.get(key)
-                    if prefix is None:
-                        prefix = _om_prefix(s.name, s.labels, escaping)
-                    seen[key] = prefix
-                    line = prefix + _value(s.value)
+                    line = _sample(s, seen, kept, _om_prefix, escaping)
                     if s.timestamp is not None:
                         line += f" {s.timestamp}"
                     if s.exemplar:
