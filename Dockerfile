@@ -19,14 +19,17 @@ RUN apt-get update \
 WORKDIR /src
 # README.md is the package's long description (pyproject.toml's readme); the glob keeps
 # the build working in a tree that has none yet.
-COPY pyproject.toml setup.py README.m[d] ./
+COPY pyproject.toml setup.py README.m[d] LICENSE ./
+COPY LICENSES ./LICENSES
 COPY exporter ./exporter
 # setup.py ships the BPF objects inside the package (exporter/bpf), and writes the revision
-# into exporter/_revision.py: the context has no .git, so pass it:
-#   docker build --build-arg NETTAP_REVISION=$(git rev-parse HEAD) ...  (else "unknown")
+# and branch into exporter/_revision.py (nettap --version): the context has no .git, so pass them:
+#   docker build --build-arg NETTAP_REVISION=$(git rev-parse HEAD) \
+#     --build-arg NETTAP_BRANCH=$(git rev-parse --abbrev-ref HEAD) ...  (else "unknown")
 COPY bpf/*.bpf.o ./bpf/
 ARG NETTAP_REVISION=unknown
-ENV NETTAP_REVISION=$NETTAP_REVISION
+ARG NETTAP_BRANCH=unknown
+ENV NETTAP_REVISION=$NETTAP_REVISION NETTAP_BRANCH=$NETTAP_BRANCH
 RUN test -f README.md || echo "nettap" > README.md \
  && python3 -m venv /opt/nettap/venv \
  && /opt/nettap/venv/bin/pip install --no-cache-dir --disable-pip-version-check . \
@@ -69,5 +72,5 @@ CMD ["--web.listen-address", ":42424"]
 
 LABEL org.opencontainers.image.title="nettap" \
       org.opencontainers.image.description="A lean eBPF TCP collector that tells exactly what running it costs" \
-      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.licenses="Apache-2.0 AND (LGPL-2.1 OR BSD-2-Clause)" \
       org.opencontainers.image.version="0.1.0"

@@ -7,13 +7,19 @@ keeps numpy off the scrape path, so an install without a C compiler and
 Python's headers fails here. jsonl.h holds what the first two share.
 
 A built (non-editable) package also gets the BPF objects (bpf/*.bpf.o, as
-exporter/bpf/) and exporter/_revision.py, the git revision it was built from
-($NETTAP_REVISION, e.g. a Docker build argument, else `git rev-parse HEAD`):
-installed, it has neither the checkout's bpf/ nor its .git. An editable
+exporter/bpf/) and exporter/_revision.py, what it was built from for
+`nettap --version` and nettap_build_info (exporter/util/revision.py): the git
+revision and branch ($NETTAP_REVISION and $NETTAP_BRANCH, e.g. Docker build
+arguments, else git's), the builder ($NETTAP_BUILD_USER, else user@host) and
+the date (UTC, from $SOURCE_DATE_EPOCH where a reproducible build sets it).
+Installed, it has neither the checkout's bpf/ nor its .git. An editable
 install runs from the checkout and finds both there."""
+import getpass
 import glob
 import os
+import socket
 import subprocess
+import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
@@ -21,16 +27,26 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _revision():
-    rev = os.environ.get("NETTAP_REVISION", "").strip()
-    if rev:
-        return rev
+def _git(*args):
     try:
-        out = subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(["git", "-C", HERE, *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _built():
+    """{name: value} for exporter/_revision.py."""
+    try:
+        user = f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):          # no passwd entry for the uid (a container build)
+        user = "unknown"
+    when = time.gmtime(int(os.environ.get("SOURCE_DATE_EPOCH") or time.time()))
+    return {"REVISION": os.environ.get("NETTAP_REVISION", "").strip() or _git("rev-parse", "HEAD") or "unknown",
+            "BRANCH": os.environ.get("NETTAP_BRANCH", "").strip() or _git("rev-parse", "--abbrev-ref", "HEAD")
+            or "unknown",
+            "BUILD_USER": os.environ.get("NETTAP_BUILD_USER", "").strip() or user,
+            "BUILD_DATE": time.strftime("%Y%m%d-%H:%M:%S", when)}        # as Prometheus' promu writes it
 
 
 class BuildPy(build_py):
@@ -45,10 +61,9 @@ class BuildPy(build_py):
         self.mkpath(os.path.join(pkg, "bpf"))
         for f in objects:
             self.copy_file(f, os.path.join(pkg, "bpf", os.path.basename(f)))
-        rev = _revision()
-        if rev:
-            with open(os.path.join(pkg, "_revision.py"), "w") as f:
-                f.write(f'"""Written by setup.py at build time."""\nREVISION = {rev!r}\n')
+        with open(os.path.join(pkg, "_revision.py"), "w") as f:
+            f.write('"""Written by setup.py at build time."""\n'
+                    + "".join(f"{k} = {v!r}\n" for k, v in _built().items()))
 
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]

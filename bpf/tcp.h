@@ -59,7 +59,7 @@
 #define NETTAP_PROBE_SSL_WRITE	   2 /* SSL_write, SSL_write_ex: plaintext sent */
 #define NETTAP_PROBE_SSL_READ	   3 /* SSL_read, SSL_read_ex: plaintext received */
 #define NETTAP_PROBE_SSL_HANDSHAKE 4 /* SSL_do_handshake (SSL_connect, SSL_accept call it) */
-#define NETTAP_PROBE_DNS	   5 /* DNS messages over UDP (bpf/dns.bpf.c) */
+#define NETTAP_PROBE_DNS	   5 /* DNS messages over UDP and TCP (bpf/dns.bpf.c) */
 #define NETTAP_PROBE_GO_TLS_WRITE  6 /* Go's crypto/tls.(*Conn).Write: plaintext sent */
 #define NETTAP_PROBE_GO_TLS_READ   7 /* Go's crypto/tls.(*Conn).Read: plaintext received */
 #define NETTAP_PROBE_COUNT	   8

@@ -25,7 +25,7 @@ OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
 TARGET_KINDS = ("pid", "cgroup", "netns", "port")
 TLS_ATTACH = ("targets", "node")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")     # warn: Prometheus' spelling
 MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's capture can hold (bpf/tcp.h)
 # capture.records: the kinds (lines' "type") about a connection (capture.md#which-records-capturerecords)
 RECORD_KINDS = tuple(k for _n, k in sorted(NAMES["KIND"].items()) if k not in ("log", "dlopen", "dns"))
@@ -130,7 +130,7 @@ CAPTURE = Section("capture",
         "targets: TLS uprobes only on the files the targets' processes map or execute (with a port target, "
         "as node); node: on every libssl file and Go program of the node, a trap in every process's TLS "
         "calls (capture.md#tls)"),
-    Key("dns", Bool(), False, "captured workloads' DNS over UDP (capture.md#dns)"),
+    Key("dns", Bool(), False, "captured workloads' DNS over UDP and TCP (capture.md#dns)"),
     Key("records", Check(_records, "all, or a list of record kinds"), list(DEFAULT_RECORDS),
         "the record kinds published (all: every one); programs only the others need are not attached "
         "(capture.md#which-records-capturerecords)", "[" + ", ".join(DEFAULT_RECORDS) + "]"),

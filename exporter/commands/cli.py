@@ -6,8 +6,6 @@ import argparse
 import os
 import sys
 
-from exporter import __version__
-
 COMMANDS_HELP = """commands (each has its own --help):
   nettap read FILE...   read capture files back: list connections, print a connection's
                         bytes (--conn ID, --hex), write a pcap for Wireshark (--pcap OUT)
@@ -21,6 +19,26 @@ COMMANDS_HELP = """commands (each has its own --help):
 
 # Old spellings still accepted, each with one warning once logging is set up.
 RENAMED = {"--log-level": "--log.level"}
+
+
+class Version(argparse.Action):
+    """--version: the build's fields, as Prometheus' tools print them
+    (exporter/metrics/buildinfo.py, nettap_build_info's source too); read
+    only when asked (it may run git)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default,
+                         help=help or "print the version and build information and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from exporter.metrics.buildinfo import version_text
+        sys.stdout.write(version_text(parser.prog))
+        parser.exit()
+
+
+# --log.level: Prometheus' spellings (warn) and Python's (warning); config.LOG_LEVELS's, without
+# importing the config (PyYAML) before the kernel is probed
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
 
 
 class _Renamed(argparse.Action):
@@ -37,8 +55,9 @@ def _args(argv: list | None) -> argparse.Namespace:
                                 description="A lean eBPF TCP collector that tells exactly what running it costs.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS_HELP)
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in config, captures nothing)")
-    p.add_argument("--web.listen-address", dest="listen", default=":42424", metavar="HOST:PORT",
-                   help="address of /metrics, /stats, /healthz, /readyz (default :42424)")
+    p.add_argument("--web.listen-address", dest="listen", action="append", metavar="HOST:PORT",
+                   help="address of /metrics, /stats, /healthz, /readyz (default :42424); repeat it to "
+                        "listen on several")
     p.add_argument("--web.config.file", dest="web_config", metavar="FILE",
                    help="TLS and basic auth for the endpoint, in the Prometheus exporter-toolkit format "
                         "(reloaded on change and on SIGHUP)")
@@ -55,16 +74,21 @@ def _args(argv: list | None) -> argparse.Namespace:
                    help="decode raw ring records from FILE to JSON lines on stdout, and exit")
     p.add_argument("--ring", default="capture_chunks", help="with --decode: the ring the records come from")
     p.add_argument("--log.level", "--log-level", dest="log_level", action=_Renamed,
-                   choices=("debug", "info", "warning", "error"), help="override the config's log_level")
+                   choices=LOG_LEVELS, help="override the config's log_level")
     p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt",
                    help="log lines as logfmt key=value pairs (default) or one JSON object each")
     p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics", metavar="PATH",
                    help="path of the metrics (default /metrics)")
-    p.add_argument("--version", action="version", version=f"nettap {__version__}")
+    p.add_argument("--version", action=Version)
     args = p.parse_args(argv)
-    if not args.telemetry_path.startswith("/"):
-        p.error(f"--web.telemetry-path must start with '/', got {args.telemetry_path!r}")
+    args.listen = args.listen or [":42424"]
+    check_telemetry_path(p, args.telemetry_path)
     return args
+
+
+def check_telemetry_path(p: argparse.ArgumentParser, path: str) -> None:
+    if not path.startswith("/"):
+        p.error(f"--web.telemetry-path must start with '/', got {path!r}")
 
 
 def _decode(path: str, ring: str) -> int:

@@ -16,25 +16,32 @@ MIN_LINES = 1024             # --check-config refuses an engine whose messages h
 
 
 def _args(argv: list) -> argparse.Namespace:
+    from exporter.commands.cli import LOG_LEVELS, Version, check_telemetry_path
     p = argparse.ArgumentParser(prog="nettap ingest",
                                 description="Forward the capture's JSON-lines files to NATS JetStream, "
                                             "checkpointing only what the engine acknowledged.")
     p.add_argument("--config", metavar="FILE", required=True,
                    help="nettap's config file: its output (the files) and ingest sections")
-    p.add_argument("--web.listen-address", dest="listen", default=":42425", metavar="HOST:PORT",
-                   help="address of /metrics, /healthz, /readyz (default :42425)")
+    p.add_argument("--web.listen-address", dest="listen", action="append", metavar="HOST:PORT",
+                   help="address of /metrics, /healthz, /readyz (default :42425); repeat it to listen on several")
+    p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics", metavar="PATH",
+                   help="path of the metrics (default /metrics)")
     p.add_argument("--web.config.file", dest="web_config", metavar="FILE",
                    help="TLS and basic auth for the endpoint (the exporter-toolkit format)")
     p.add_argument("--check-config", action="store_true",
                    help="validate the config, connect to the engine, check the stream, and exit")
-    p.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warning", "error"),
+    p.add_argument("--log.level", dest="log_level", choices=LOG_LEVELS,
                    help="override the config's log_level")
     p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt")
     p.add_argument("--nice", type=int, default=10, metavar="N",
                    help="lower ingest's CPU priority by N (default 10; 0 keeps it): under a storm the "
                         "capture's drain, whose rings are small, must win the CPU over ingest, whose "
                         "buffer is the files")
-    return p.parse_args(argv)
+    p.add_argument("--version", action=Version)
+    args = p.parse_args(argv)
+    args.listen = args.listen or [":42425"]
+    check_telemetry_path(p, args.telemetry_path)
+    return args
 
 
 def load(path: str):
@@ -133,14 +140,15 @@ def _serve(args, cfg, s, web) -> int:
             why = svc.publisher.last_error
             return "not connected to the engine" + (f" (the last attempt failed: {why}; see the log)" if why else "")
         return None if svc.publisher.ready else "connected; the stream is not usable yet (see the log)"
+    from exporter.web.listen import ListenError, described
     try:
-        srv = serve(args.listen, reg, svc.state, not_ready, web)
-    except (OSError, ValueError) as e:
-        print(f"nettap ingest: cannot listen on {args.listen}: {e}", file=sys.stderr)
+        srv = serve(args.listen, reg, svc.state, not_ready, web, telemetry_path=args.telemetry_path)
+    except ListenError as e:
+        print(f"nettap ingest: {e}", file=sys.stderr)
         return 1
     log.info("nettap ingest %s: forwarding %s (+%d backups) to %s, stream %s, node %s; listening on %s",
              __version__, cfg.output.path, cfg.output.backups, ",".join(s.servers), s.stream.name, s.node,
-             args.listen)
+             described(srv.addresses))
 
     async def run():
         stopping = asyncio.Event()

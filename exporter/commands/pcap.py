@@ -1,14 +1,16 @@
 """Captured connections as a pcap file: synthesized IPv4/IPv6 TCP segments
 (handshake, data at the sequence numbers of the stream offsets, ACKs, FINs)
-that Wireshark and tshark dissect and follow. The segments and the file
-are made by dpkt (see pyproject.toml for why dpkt)."""
+that Wireshark and tshark dissect and follow, at the wall-clock times of the
+capture's clock track. The segments and the file are made by dpkt (see
+pyproject.toml for why dpkt)."""
 from __future__ import annotations
 
 import heapq
 import os
 import socket
+from bisect import bisect_right
 from decimal import Decimal
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import dpkt
 
@@ -107,12 +109,35 @@ def packets(c: Conn) -> Iterator[Tuple[int, bytes]]:
         yield t, pkt(first, F.TH_ACK)
 
 
-def write_pcap(conns: List[Conn], path: str) -> Tuple[int, int, List[str]]:
-    """Write the connections' packets, merged in time order, to path.
-    Returns (packets written, connections written, notes: those left out,
-    those whose payload is TLS plaintext). A file with TLS plaintext is
-    pcapng, so that a comment can say which packets were decrypted."""
+NO_CLOCK = ("no clock line in the input (files of a nettap before the clock track): packet times are "
+            "CLOCK_MONOTONIC, since boot (Wireshark shows 1970)")
+
+
+def wall_clock(track: Sequence[Tuple[int, int]]) -> Optional[Callable[[int], int]]:
+    """ts_ns (CLOCK_MONOTONIC) -> CLOCK_REALTIME ns, by the clock track's
+    lines (ts_ns, real_ns: the two clocks read together, about once a
+    second, exporter/capture/pipeline.py): the offset of the last line at or
+    before ts_ns, or of the first line for a time before them all. None
+    without a line."""
+    if not track:
+        return None
+    track = sorted(track)
+    at = [t for t, _ in track]
+    offsets = [real - t for t, real in track]
+    return lambda ts: ts + offsets[max(0, bisect_right(at, ts) - 1)]
+
+
+def write_pcap(conns: List[Conn], path: str, track: Sequence[Tuple[int, int]] = ()) -> Tuple[int, int, List[str]]:
+    """Write the connections' packets, merged in time order, to path, at
+    wall-clock times by track (the clock lines' (ts_ns, real_ns); without
+    one, at CLOCK_MONOTONIC, and a note says so). Returns (packets written,
+    connections written, notes: those left out, those whose payload is TLS
+    plaintext). A file with TLS plaintext is pcapng, so that a comment can
+    say which packets were decrypted."""
     notes, chosen, seen = [], [], {}
+    wall = wall_clock(track)
+    if wall is None:
+        notes.append(NO_CLOCK)
     for c in conns:
         try:
             af = socket.AF_INET6 if c.family == "ipv6" else socket.AF_INET
@@ -132,6 +157,8 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, int, List[str]]:
                          f"libssl calls) is its payload, in place of the encrypted bytes on the wire")
     n = 0
     merged = heapq.merge(*[((ts, bool(c.tls), p) for ts, p in packets(c)) for c in chosen], key=lambda x: x[0])
+    if wall is not None:
+        merged = _in_wall_time(merged, wall)
     with os.fdopen(outpath.create_for_writing(path), "wb") as f:
         if not any(c.tls for c in chosen):
             w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
@@ -150,7 +177,17 @@ def write_pcap(conns: List[Conn], path: str) -> Tuple[int, int, List[str]]:
     return n, len(chosen), notes
 
 
+def _in_wall_time(merged, wall: Callable[[int], int]):
+    """The packets at wall-clock times, never going back: a step of the wall
+    clock between two clock lines (NTP setting it) must not reorder them."""
+    last = 0
+    for ts, tls, p in merged:
+        last = min(max(last, wall(ts)), _U64)       # (a file's ts_ns near 2^64 is not nettap's clock)
+        yield last, tls, p
+
+
 _PCAP_MAX_NS = (1 << 32) * 1_000_000_000 - 1     # a pcap record's time: u32 seconds, u32 nanoseconds
+_U64 = (1 << 64) - 1                              # a pcapng record's: u64 nanoseconds
 _DECRYPTED = "TLS plaintext decrypted by nettap: read from the process's libssl calls, not from the wire"
 
 

@@ -202,7 +202,7 @@ def _args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--pid", type=int, action="append", default=[], help="only connections a call of this process moved")
     p.add_argument("--pcap", metavar="OUT",
                    help="write the connections as synthesized TCP segments to the pcap file OUT "
-                        "(Wireshark, tshark; times are CLOCK_MONOTONIC)")
+                        "(Wireshark, tshark), at wall-clock times from the capture's clock lines")
     p.add_argument("--nats", metavar="URL", action="append", default=[],
                    help="read the stream nettap ingest wrote instead of files (nats://[user:password@]host:port; "
                         "repeatable: a cluster's nodes)")
@@ -291,7 +291,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.pcap:
         from exporter.commands.pcap import write_pcap
         try:
-            n, written, notes = write_pcap(conns, args.pcap)
+            n, written, notes = write_pcap(conns, args.pcap, cap.clock_track)
         except OSError as e:
             print(f"nettap read: cannot write {escape(args.pcap)}: {e.strerror}", file=sys.stderr)
             return 1

@@ -173,16 +173,16 @@ def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
     _logging(args.log_level or cfg.log_level, args.log_format)
     for old, new in renamed:
         log.warning("%s is deprecated: use %s", old, new)
-    sock = imports = None
+    socks = imports = None
     if not args.preflight:
         # Bind before loading anything: a port in use fails now, not after
         # the load. Served once the collector is up; until then a client
         # waits in the listen backlog.
-        from exporter.web.listen import bind
+        from exporter.web.listen import ListenError, bind_all
         try:
-            sock = bind(args.listen)
-        except (OSError, ValueError) as e:
-            print(f"nettap: cannot listen on {args.listen}: {e}", file=sys.stderr)
+            socks = bind_all(args.listen)
+        except ListenError as e:
+            print(f"nettap: {e}", file=sys.stderr)
             return 1
         # What the server and the daemon import (~50 ms: the client
         # library, http.server) is imported while the kernel verifies the
@@ -204,7 +204,7 @@ def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
     from exporter.web.server import serve
     endpoint = Endpoint(args.config, args.telemetry_path)
     srv = serve(args.listen, endpoint, endpoint.stats, endpoint.not_ready, web, endpoint.landing,
-                telemetry_path=args.telemetry_path, start=False, sock=sock)
+                telemetry_path=args.telemetry_path, start=False, sock=socks)
     app = _daemon(cfg, probes, args.log_level)
     if isinstance(app, int):
         return app
@@ -217,9 +217,8 @@ def run(args, cfg, web, mechanisms, early_hup: EarlyHangup, renamed=()) -> int:
         signal.signal(sig, lambda *_: stop.set())
     endpoint.set(app)
     threading.Thread(target=srv.serve_forever, name="nettap-http", daemon=True).start()
-    host, port = srv.server_address[:2]
-    log.info("nettap %s listening on %s (%s); probes: %s; captures: %s", __version__,
-             f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+    from exporter.web.listen import described
+    log.info("nettap %s listening on %s (%s); probes: %s; captures: %s", __version__, described(srv.addresses),
              web.current.describe() if web else "TLS off; basic auth off",
              ", ".join(f"{p}={m}" for p, m in _mechanisms(app).items()),
              ", ".join(map(str, cfg.captures)) or "none (add captures: to a config file)")

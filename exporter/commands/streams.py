@@ -341,6 +341,7 @@ class Capture:
         self.conns: Dict[tuple, Conn] = {}
         self.counts = dict.fromkeys(SCHEMAS, 0)
         self.clocks: List[Tuple[int, int, int]] = []      # (real_ns, kernel drops, lost after) per clock line
+        self.clock_track: List[Tuple[int, int]] = []      # (ts_ns, real_ns) per clock line: wall time
         self.events: Dict[int, List[Tuple[int, str]]] = {}    # conn_id -> its life's (ts_ns, text), in order
         self.logs: Dict[str, int] = {}
         self.marks: List[Tuple[str, str, int]] = []   # (start or stop, time, pid) in file order
@@ -366,6 +367,7 @@ class Capture:
         if kind == "clock":
             n = [sum(v for v in rec[k].values() if isinstance(v, int)) for k in ("drops", "lost")]
             self.clocks.append((rec["real_ns"], n[0], n[1]))
+            self.clock_track.append((rec["ts_ns"], rec["real_ns"]))
             return
         if kind == "owner":
             self.samples[rec["sample"]] = self.samples.get(rec["sample"], 0) + 1

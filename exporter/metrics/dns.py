@@ -21,7 +21,7 @@ class DnsCollector(Collector):
         (HistogramMetricFamily, "nettap_dns_latency_seconds",
          "Seconds from a captured DNS query to its answer (answered queries).", []),
         (CounterMetricFamily, "nettap_dns_malformed",
-         "Messages to or from UDP port 53 of captured workloads that were not DNS or could not be read.", []),
+         "Messages to or from port 53 (UDP or TCP) of captured workloads that were not DNS or could not be read.", []),
         (CounterMetricFamily, "nettap_dns_responses_unmatched",
          "DNS answers captured workloads received for no query seen on that socket (sent before capture, "
          "or answered after the timeout).", []),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Tuple
+from typing import List, Sequence, Tuple
 
 BACKLOG = 1024          # listen(2) backlog (the kernel caps it at net.core.somaxconn)
 
@@ -51,3 +51,40 @@ def bind(addr: str, backlog: int = BACKLOG) -> socket.socket:
         except OSError:                 # no IPv6 on this host
             pass
     return _listening(socket.AF_INET, (host, port), backlog)
+
+
+class ListenError(Exception):
+    """An address that cannot be listened on; str(): which one, and why."""
+
+    def __init__(self, addr: str, why: Exception):
+        super().__init__(f"cannot listen on {addr}: {why}")
+        self.addr, self.why = addr, why
+
+
+def bind_all(addrs: Sequence[str], backlog: int = BACKLOG) -> List[socket.socket]:
+    """A listening socket for each --web.listen-address, in order (the
+    exporter toolkit serves every address it is given). Raises ListenError
+    for the first malformed address (before any is bound) or the first the
+    kernel refuses (in use, not local, given twice); then none stays bound."""
+    for addr in addrs:
+        try:
+            parse_listen(addr)
+        except ValueError as e:
+            raise ListenError(addr, e) from None
+    socks: List[socket.socket] = []
+    try:
+        for addr in addrs:
+            try:
+                socks.append(bind(addr, backlog))
+            except OSError as e:
+                raise ListenError(addr, e) from None
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+def described(addresses) -> str:
+    """getsockname() addresses as a log line names them: 127.0.0.1:9, [::]:9."""
+    return ", ".join(f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}" for a in addresses)

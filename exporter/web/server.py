@@ -1,4 +1,5 @@
-"""The HTTP endpoint: /metrics, /stats, /, /healthz, /readyz."""
+"""The HTTP endpoint: /metrics, /stats, /, /healthz and /readyz (also as
+Prometheus' own /-/healthy and /-/ready)."""
 from __future__ import annotations
 
 import json
@@ -6,13 +7,14 @@ import logging
 import socket
 import threading
 import weakref
+import zlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, Union
 
 from exporter import __version__
 from exporter.web import landing as landing_page
 from exporter.web.exposition import TextRenderer
-from exporter.web.listen import bind, parse_listen  # noqa: F401 (parse_listen: this module's before)
+from exporter.web.listen import bind_all, parse_listen  # noqa: F401 (parse_listen: this module's before)
 from exporter.web.transport import Handler, HttpCollector, Limits, Server
 
 log = logging.getLogger(__name__)
@@ -21,6 +23,27 @@ log = logging.getLogger(__name__)
 _COLLECTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # One text renderer per registry (it keeps the registry's label texts between scrapes).
 _RENDERERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# zlib's fastest level: the golden /metrics (23 KB) in 0.55 ms to 5.4 KB, where level 6 takes
+# 0.77 ms for 4.8 KB; a scrape's bytes matter less than the node's CPU.
+GZIP_LEVEL = 1
+
+
+def gzip_accepted(header: Optional[str]) -> bool:
+    """Does an Accept-Encoding header take gzip (RFC 9110 12.5.3: a coding
+    with q=0 is refused; a bare * is not taken for gzip, as Go's promhttp)?"""
+    for part in (header or "").split(","):
+        coding, *params = [p.strip() for p in part.split(";")]
+        if coding.lower() not in ("gzip", "x-gzip"):
+            continue
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
 
 @dataclass(frozen=True)
 class _Site:
@@ -37,8 +60,17 @@ class _Site:
 class _Routes(Handler):
     """nettap's paths, answered from the server's site."""
     extra = ()
+    coding = "identity"         # the answer's Content-Encoding, for the log line
 
-    def _send(self, code: int, body: bytes, ctype: str, headers=()) -> None:
+    def _send(self, code: int, body: bytes, ctype: str, headers=(), compress: bool = False) -> None:
+        """compress: gzip body if the client takes it (the metrics, as Go's promhttp)."""
+        if compress:
+            headers = (*headers, ("Vary", "Accept-Encoding"))
+            if gzip_accepted(self.headers.get("Accept-Encoding")):
+                # wbits 31: the gzip container (zlib.compress releases the GIL while it works)
+                body, self.coding = zlib.compress(body, GZIP_LEVEL, wbits=31), "gzip"
+                headers = (*headers, ("Content-Encoding", "gzip"))
+        self.size = len(body)
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -79,15 +111,15 @@ class _Routes(Handler):
         try:
             if path == site.telemetry_path:
                 encoder, ctype = site.renderer.encoder(self.headers.get("Accept"))
-                self._send(200, encoder(site.registry), ctype)
+                self._send(200, encoder(site.registry), ctype, compress=True)
             elif path == "/stats":
                 self._send(200, json.dumps(site.stats(), indent=2, sort_keys=True).encode() + b"\n",
                            "application/json")
             elif path == "/":
                 self._send(200, landing_page.render(site.landing()).encode(), "text/html; charset=utf-8")
-            elif path == "/healthz":
+            elif path in ("/healthz", "/-/healthy"):
                 self._send(200, b"ok\n", text)
-            elif path == "/readyz":
+            elif path in ("/readyz", "/-/ready"):
                 why = site.readiness()
                 if why is None:
                     self._send(200, b"ready\n", text)
@@ -103,25 +135,35 @@ class _Routes(Handler):
 
     do_HEAD = do_GET
 
+    def log_request(self, code="-", size="-") -> None:
+        # the request, the status, the bytes sent and how they were encoded
+        self.log_message('"%s" %s %s %s', self.requestline, code, getattr(self, "size", size), self.coding)
+
     def log_message(self, fmt, *args) -> None:
         log.debug("%s " + fmt, self.address_string(), *args)
 
 
-def serve(addr: str, registry, stats: Callable[[], dict],
+def serve(addr: Union[str, Sequence[str]], registry, stats: Callable[[], dict],
           readiness: Callable[[], Optional[str]], web=None,
           landing: Optional[Callable[[], dict]] = None, telemetry_path: str = "/metrics",
-          start: bool = True, limits: Optional[Limits] = None, sock: Optional[socket.socket] = None) -> Server:
+          start: bool = True, limits: Optional[Limits] = None,
+          sock: Union[socket.socket, Sequence[socket.socket], None] = None) -> Server:
     """Start serving in a background thread; readiness() returns None when
-    ready, else the reason it is not. web: a webconfig.Web (TLS, basic
+    ready, else the reason it is not. addr: one --web.listen-address or
+    several, all served by the one server. web: a webconfig.Web (TLS, basic
     auth, headers), read anew for each connection and request. landing():
     the document of the page at / (exporter/web/landing.py); without it the
     page has the version and the links. telemetry_path: where the
     metrics are (--web.telemetry-path). start=False: bound and listening,
-    served once the caller runs srv.serve_forever. sock: the socket
+    served once the caller runs srv.serve_forever. sock: the socket(s)
     listen.bind made for addr already (the daemon binds before it imports
     this module)."""
     limits = limits or Limits()
-    srv = Server(sock or bind(addr, limits.backlog), _Routes, limits)
+    if sock is None:
+        socks = bind_all([addr] if isinstance(addr, str) else addr, limits.backlog)
+    else:
+        socks = [sock] if isinstance(sock, socket.socket) else list(sock)
+    srv = Server(socks, _Routes, limits)
     srv.web = web
     renderer = _RENDERERS.get(registry)
     if renderer is None:

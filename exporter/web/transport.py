@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from socketserver import TCPServer
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -98,12 +98,21 @@ class _Conn:
         self.keep = False                       # after it: the next request (else close)
 
 
+_LISTENER = object()            # the parking selector's mark of a listening socket
+
+
 class Server(TCPServer):
     allow_reuse_address = True
     web = None                  # a webconfig.Web: TLS and basic auth in force
 
-    def __init__(self, sock: socket.socket, handler, limits: Limits = Limits()):
-        """sock: bound and listening (exporter.web.listen.bind)."""
+    def __init__(self, socks: Union[socket.socket, List[socket.socket]], handler, limits: Limits = Limits()):
+        """socks: bound and listening (exporter.web.listen.bind), one or
+        several (--web.listen-address given more than once). The first is
+        socketserver's, accepted by serve_forever's loop; the others are
+        accepted by the parking thread, in its selector, into the same
+        parking, workers and limits."""
+        socks = [socks] if isinstance(socks, socket.socket) else list(socks)
+        sock, self.more_sockets = socks[0], socks[1:]
         self.limits = limits
         self.rejected = {r: 0 for r in REASONS}
         # accept() failing with EMFILE would spin the accept loop: stay well under the limit.
@@ -119,6 +128,9 @@ class Server(TCPServer):
         self._sweep_at = 0.0                        # the next parked connection's deadline
         self._wakeup = Wakeup()
         self._sel.register(self._wakeup, selectors.EVENT_READ, None)
+        for more in self.more_sockets:
+            more.setblocking(False)
+            self._sel.register(more, selectors.EVENT_READ, _LISTENER)
         self._threads: list = []
         super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
         self.socket.close()                         # the one TCPServer made, never bound
@@ -165,6 +177,8 @@ class Server(TCPServer):
             for key, _ in self._sel.select(max(0.0, min(1.0, self._sweep_at - time.monotonic()))):
                 if key.data is None:
                     self._wakeup.drain()
+                elif key.data is _LISTENER:
+                    self._accept(key.fileobj)
                 elif key.data.out is not None:
                     self._flush(key.data)
                 else:
@@ -191,6 +205,22 @@ class Server(TCPServer):
                     self._drop(c)                    # an idle keep-alive connection: normal
         for c in list(self._conns.values()):
             self._drop(c)
+
+    def _accept(self, listener: socket.socket) -> None:
+        """Connections on one of more_sockets, handed over as serve_forever's (64 at most: parked ones wait)."""
+        for _ in range(64):
+            try:
+                request, addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:                 # EMFILE, ENOBUFS: the next select tries again
+                log.debug("accept on %s failed: %s", listener.getsockname(), e)
+                return
+            self.process_request(request, addr)
+
+    @property
+    def addresses(self) -> list:                 # every address served, as getsockname() has it
+        return [self.server_address, *(s.getsockname() for s in self.more_sockets)]
 
     def _admit(self, c: _Conn) -> None:
         if len(self._conns) >= self._max_conns:
@@ -368,6 +398,8 @@ class Server(TCPServer):
                 t.join(5)
         self._sel.close()
         self._wakeup.close()
+        for more in self.more_sockets:
+            more.close()
 
 
 def _gone(sock) -> bool:

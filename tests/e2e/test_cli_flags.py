@@ -36,6 +36,17 @@ def test_log_level_and_json_format(tmp_path):
     assert "deprecated" not in "".join(lines)
 
 
+def test_log_level_warn_starts(tmp_path):
+    """warn, as Prometheus and its exporters spell it."""
+    n = Nettap(tmp_path, {"captures": []}, args=["--log.level", "warn"])
+    try:
+        assert "nettap_build_info{" in n.metrics_text()
+    finally:
+        n.stop()
+    log = (tmp_path / "nettap.log").read_text()
+    assert "level=info" not in log and "invalid choice" not in log, log
+
+
 def test_logfmt_is_the_default(tmp_path):
     n = Nettap(tmp_path, {"captures": []})
     n.stop()
@@ -54,6 +65,52 @@ def test_telemetry_path(tmp_path):
         n.stop()
     r = run(["--web.telemetry-path", "metrics", "--check-config"])
     assert r.returncode == 2 and "--web.telemetry-path must start with '/'" in r.stderr
+
+
+def test_several_listen_addresses(tmp_path):
+    """--web.listen-address repeated: every address served (as the exporter
+    toolkit), each named in the start line; one in use refuses the start."""
+    import re
+    second = free_port()
+    n = Nettap(tmp_path, {"captures": []}, args=["--web.listen-address", f"127.0.0.1:{second}"])
+    try:
+        for port in (n.port, second):
+            assert requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=5).text == "ready\n"
+            assert "nettap_build_info{" in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        log = (tmp_path / "nettap.log").read_text()
+        assert re.search(rf" listening on 127\.0\.0\.1:{n.port}, 127\.0\.0\.1:{second} ", log), log
+        r = run(["--web.listen-address", f"127.0.0.1:{free_port()}", "--web.listen-address", f"127.0.0.1:{second}"])
+        assert r.returncode == 1
+        assert r.stderr.startswith(f"nettap: cannot listen on 127.0.0.1:{second}: [Errno 98] Address already in use")
+    finally:
+        n.stop()
+
+
+def test_ingest_telemetry_path_and_listen_addresses(tmp_path):
+    """nettap ingest's endpoint takes the daemon's web flags; it serves
+    before it reaches an engine (none here)."""
+    import gzip
+    cfg = tmp_path / "ingest.yaml"
+    out = tmp_path / "capture.jsonl"
+    cfg.write_text(json.dumps({"output": {"type": "jsonl", "path": str(out), "root": str(tmp_path)},
+                               "ingest": {"servers": [f"nats://127.0.0.1:{free_port()}"], "node": "n"}}))
+    ports = [free_port(), free_port()]
+    with open(tmp_path / "ingest.log", "wb") as log:
+        p = subprocess.Popen([sys.executable, "-m", "exporter", "ingest", "--config", str(cfg),
+                              "--web.telemetry-path", "/x/metrics", *(f"--web.listen-address=127.0.0.1:{port}"
+                                                                      for port in ports)],
+                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            for port in ports:
+                url = f"http://127.0.0.1:{port}"
+                wait_for(lambda u=url: requests.get(u + "/-/healthy", timeout=1).ok, timeout=30, what="ingest up")
+                with requests.get(url + "/x/metrics", stream=True, timeout=5) as r:
+                    assert r.status_code == 200 and r.headers["Content-Encoding"] == "gzip"
+                    assert b"nettap_ingest_connected 0.0" in gzip.decompress(r.raw.read(decode_content=False))
+                assert requests.get(url + "/metrics", timeout=5).status_code == 404
+        finally:
+            p.terminate()
+            p.wait(30)
 
 
 def test_missing_bpf_object_says_so(tmp_path):

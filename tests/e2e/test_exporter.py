@@ -43,8 +43,8 @@ SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 def stack(tmp_path):
     made = []
 
-    def make(cfg):
-        n = Nettap(tmp_path, cfg)
+    def make(cfg, args=()):
+        n = Nettap(tmp_path, cfg, args=args)
         made.append(n)
         p = Prometheus(tmp_path, {"nettap": f"127.0.0.1:{n.port}"})
         made.append(p)
@@ -73,6 +73,18 @@ def test_seed_queries_return_series_with_expected_labels(stack):
     assert all(0 < float(r["value"][1]) < 1e-3 for r in per_run)
     assert wait_for(lambda: prom.query('rate(process_cpu_seconds_total{job="nettap"}[1m])'), what="cpu")
     assert prom.query('sum(rate(nettap_bpf_program_run_time_seconds_total[1m]))')
+
+
+def test_prometheus_scrapes_compressed(stack, tmp_path):
+    """Prometheus asks for gzip (Accept-Encoding: gzip on every scrape): it
+    gets it, and reads the samples out of it. The debug log line of each
+    answer says how it was encoded."""
+    n, prom = stack({"captures": []}, args=["--log.level", "debug"])
+    wait_for(lambda: prom.query('scrape_samples_scraped{job="nettap"} > 50'), what="samples scraped")
+    assert prom.query('nettap_build_info{job="nettap"} == 1') and prom.query('up{job="nettap"} == 1')
+    log = (tmp_path / "nettap.log").read_text()
+    answers = re.findall(r'GET /metrics HTTP/1\.1\\?" 200 (\d+) (\w+)', log)
+    assert answers and all(coding == "gzip" for _, coding in answers), answers
 
 
 def test_promtool_accepts_the_exposition(tmp_path):

@@ -5,7 +5,9 @@ gives back exactly the bytes each side sent."""
 import glob
 import socket
 import threading
+import time
 
+import dpkt
 import pytest
 
 from conftest import emulated
@@ -90,7 +92,6 @@ def follow(pcap, stream):
 
 
 def _follow_dpkt(pcap):
-    import dpkt
     sent = {}
     with open(pcap, "rb") as f:
         for _, pkt in dpkt.pcap.Reader(f):
@@ -142,6 +143,9 @@ def test_pcap_of_a_real_capture_follows_back_to_the_bytes_sent(nettap_run, tmp_p
     assert rc == 0, err
     assert "is the other end of conn" in err        # one TCP connection, captured at both ends: once
     assert follow(pcap, 0) == {ep(ex.cport): client_bytes, ep(ex.port): server_bytes}
+    with open(pcap, "rb") as f:                      # dated now (the clock track's wall time), not since boot
+        first = float(next(iter(dpkt.pcap.Reader(f)))[0])
+    assert abs(first - time.time()) < 600, first
     for conn in {r[0] for r in rows}:                # and each end alone
         rc, _, err = nettap_read(capsys, *files, "--conn", conn, "--pcap", str(pcap))
         assert rc == 0 and "other end" not in err, err

@@ -182,7 +182,7 @@ def fixture_collectors():
         "cgroup": CgroupCollector(proc_root=str(cg / "proc"), cgroup_root=str(cg / "sys" / "fs" / "cgroup")),
         "config": ReloadCollector(ReloadState(last_ok=True, last_success=1764460800.0,
                                               successes=3, failures=1)),
-        "build": BuildInfoCollector(revision=lambda: REVISION),
+        "build": BuildInfoCollector(rev=lambda: REVISION),
         "targets": TargetsCollector(SimpleNamespace(gone_total={"pid": 2, "cgroup": 1})),
         "tls": TlsFilesCollector(lambda: {"files": 3, "refused": {"user_limit": 12, "not_mapped": 1}}),
     }

@@ -245,8 +245,8 @@ ROOT_MSG = "output.path: must name a file inside output.root (/var/lib/nettap; r
     ("diagnostics: {bpfStats: {enabled: 'yes'}}", "diagnostics.bpfStats.enabled: must be true or false, got 'yes'"),
     ("diagnostics: {bpfStats: {enabled: 1}}", "diagnostics.bpfStats.enabled: must be true or false, got 1"),
     ("diagnostics: {bpfStats: {scope: all}}", "diagnostics.bpfStats.scope: must be one of own, node, got 'all'"),
-    ("log_level: verbose", "log_level: must be one of debug, info, warning, error, got 'verbose'"),
-    ("log_level: DEBUG", "log_level: must be one of debug, info, warning, error, got 'DEBUG'"),
+    ("log_level: verbose", "log_level: must be one of debug, info, warn, warning, error, got 'verbose'"),
+    ("log_level: DEBUG", "log_level: must be one of debug, info, warn, warning, error, got 'DEBUG'"),
 ])
 def test_refused(text, msg):
     assert refused(text) == msg
@@ -364,7 +364,7 @@ def test_too_many_nodes_refused():
 
 def test_refused_value_quoted_bounded():
     msg = refused("log_level: " + "v" * 100_000 + "\n")
-    assert msg.startswith("log_level: must be one of debug, info, warning, error, got 'vvvv")
+    assert msg.startswith("log_level: must be one of debug, info, warn, warning, error, got 'vvvv")
     assert "..." in msg and len(msg) < 160
 
 

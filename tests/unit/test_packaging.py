@@ -8,6 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from exporter import __version__
 from exporter.util.revision import revision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,14 +34,17 @@ def test_revision_unknown_outside_a_checkout(tmp_path):
 
 
 def test_wheel_ships_the_objects_and_the_revision(tmp_path):
+    built = {"SOURCE_DATE_EPOCH": "1700000000", "NETTAP_BUILD_USER": "ci@builder"}     # as a release build sets them
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "--disable-pip-version-check", "-w", str(tmp_path / "dist"), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, env={**os.environ, **built})
     wheel, = (tmp_path / "dist").glob("nettap-*.whl")
-    head = _git("rev-parse", "HEAD")
+    head, branch = _git("rev-parse", "HEAD"), _git("rev-parse", "--abbrev-ref", "HEAD")
     with zipfile.ZipFile(wheel) as z:
         assert z.read("exporter/bpf/tcp.bpf.o") == (ROOT / "bpf" / "tcp.bpf.o").read_bytes()
-        assert f"REVISION = {head!r}" in z.read("exporter/_revision.py").decode()
+        assert z.read("exporter/_revision.py").decode().splitlines()[1:] == [
+            f"REVISION = {head!r}", f"BRANCH = {branch!r}", "BUILD_USER = 'ci@builder'",
+            "BUILD_DATE = '20231114-22:13:20'"]
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                     "--disable-pip-version-check", "--target", str(site), str(wheel)],
@@ -48,7 +52,10 @@ def test_wheel_ships_the_objects_and_the_revision(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("NETTAP_BPF_DIR", "PYTHONPATH")}
     out = subprocess.run([sys.executable, "-c", "from exporter.kernel import loader; "
                           "from exporter.util import revision; "
-                          "print(loader.BPF_DIR); print(revision.revision())"],
+                          "from exporter.metrics.buildinfo import version_text; "
+                          "print(loader.BPF_DIR); print(revision.revision()); print(version_text('nettap'))"],
                          cwd=tmp_path, env={**env, "PYTHONPATH": str(site)}, check=True,
-                         capture_output=True, text=True, timeout=60).stdout.split()
-    assert out == [str(site / "exporter" / "bpf"), head]
+                         capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert out[:2] == [str(site / "exporter" / "bpf"), head]
+    assert out[2:5] == [f"nettap, version {__version__} (branch: {branch}, revision: {head})",
+                        "  build user:       ci@builder", "  build date:       20231114-22:13:20"]

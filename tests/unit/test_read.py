@@ -276,7 +276,7 @@ def test_pcap_ipv6_segments_carry_stream_offsets(tmp_path, capsys):
     assert acks == [(443, 101), (443, 5101), (50000, 301), (50000, 606), (443, 5105)]
     assert not any(fl & F.TH_FIN for _, fl, *_ in seen)            # no eof: still open
     ts = [t for t, _ in pk]
-    assert ts == sorted(ts) and ts[3] == pytest.approx(5.001, abs=1e-9)   # ts_ns, in seconds
+    assert ts == sorted(ts) and ts[3] == pytest.approx((make.REAL0 + 1 * make.MS) / 1e9, abs=1e-6)   # wall time
 
 
 MISSING = "[{} bytes missing in capture file]\0".format
@@ -317,9 +317,58 @@ def test_pcap_keeps_one_end_of_a_connection_captured_at_both(tmp_path, capsys):
     rc, _, err = run(capsys, str(f), "--pcap", str(tmp_path / "loop.pcap"))
     assert rc == 0
     assert err.splitlines() == [
+        f"nettap read: {pcap.NO_CLOCK}",                # a file without the clock track
         "nettap read: conn 6 is the other end of conn 5 (the same TCP connection): left out of the pcap",
         f"nettap read: wrote 7 packets of 1 connection(s) to {tmp_path / 'loop.pcap'}"]
     assert tshark_follow(tmp_path / "loop.pcap", 0) == {0: ("127.0.0.1:41000", b"ping"), 1: ("127.0.0.1:6000", b"pong")}
+
+
+def _times_ns(path) -> list:
+    """Each packet's time in a nanosecond pcap, exactly (dpkt's are floats)."""
+    import struct
+    data, out, at = Path(path).read_bytes(), [], 24
+    assert data[:4] == b"\x4d\x3c\xb2\xa1"          # little-endian, nanoseconds
+    while at < len(data):
+        sec, nsec, caplen, _ = struct.unpack_from("<IIII", data, at)
+        out.append(sec * 10**9 + nsec)
+        at += 16 + caplen
+    return out
+
+
+def test_pcap_times_are_the_clock_tracks_wall_time(tmp_path, capsys):
+    """Each packet at CLOCK_REALTIME by the clock line before it (the first
+    line's offset before any): Wireshark shows the capture's date, not 1970."""
+    from datetime import datetime, timezone
+    out = tmp_path / "c1.pcap"
+    rc, _, err = run(capsys, *NEWEST_FIRST, "--port", "80", "--port", "443", "--pcap", str(out))
+    assert rc == 0 and pcap.NO_CLOCK not in err, err
+    t, pk = _times_ns(out), _packets(out)
+    assert len(t) == len(pk) and t == sorted(t)
+    first_data = {(ip.data.sport, ip.data.seq): ns for ns, (_, ip) in zip(t, pk) if ip.data.data}
+    assert t[0] == make.REAL0 - 3000                    # conn 1's SYN, 3 us before its first call (at REAL0)
+    assert first_data[40000, 1] == make.REAL0           # its request, the records' t
+    assert first_data[443, 601] == make.REAL0 + 40 * make.MS + make.DRIFT     # after the second clock line
+    assert datetime.fromtimestamp(t[0] / 1e9, timezone.utc).date().isoformat() == "2026-12-06"
+
+
+@pytest.mark.parametrize("flags", [[], ["tls"]], ids=["pcap", "pcapng"])
+def test_a_pcap_of_a_capture_made_now_is_dated_today(tmp_path, capsys, flags):
+    """A capture whose clock line says now: its first packet is dated today,
+    in the pcap and in the pcapng of TLS plaintext alike."""
+    import time
+    from datetime import datetime, timezone
+    real = time.time_ns()
+    f = tmp_path / "now.jsonl"
+    clock = {"drops": {}, "lost": {}, "real_ns": real, "ts_ns": 7_000_000_000, "type": "clock"}
+    f.write_bytes((json.dumps(clock) + "\n").encode() + _chunk(ts_ns=7_000_000_500, flags=flags))
+    out = tmp_path / "now.pcap"
+    rc, _, err = run(capsys, str(f), "--pcap", str(out))
+    assert rc == 0 and pcap.NO_CLOCK not in err, err
+    with open(out, "rb") as fh:
+        reader = dpkt.pcapng.Reader(fh) if flags else dpkt.pcap.Reader(fh)
+        first = float(next(iter(reader))[0])
+    assert first == pytest.approx((real + 500 - 3000) / 1e9, abs=1e-6)
+    assert datetime.fromtimestamp(first, timezone.utc).date() == datetime.fromtimestamp(real / 1e9, timezone.utc).date()
 
 
 def _chunk(**kw):

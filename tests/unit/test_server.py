@@ -2,6 +2,7 @@
 and the HTTP endpoints served from a background thread on a free loopback port."""
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 
@@ -11,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from exporter import __version__
 from exporter.web import listen
-from exporter.web.server import parse_listen, serve
+from exporter.web.server import gzip_accepted, parse_listen, serve
 
 
 @pytest.mark.parametrize("addr, want", [
@@ -63,6 +64,46 @@ def test_bind_refuses_a_port_in_use_and_a_bad_address():
         assert e.value.errno == 98                           # EADDRINUSE
     with pytest.raises(ValueError):
         listen.bind("localhost")
+
+
+def _free_port() -> int:
+    with listen.bind("127.0.0.1:0") as s:
+        return s.getsockname()[1]
+
+
+def test_an_address_given_twice_is_refused_naming_it_and_none_stays_bound():
+    port = _free_port()
+    addr = f"127.0.0.1:{port}"
+    with pytest.raises(listen.ListenError) as e:
+        listen.bind_all([addr, addr])
+    assert str(e.value) == f"cannot listen on {addr}: [Errno 98] Address already in use"
+    with pytest.raises(listen.ListenError) as e:                 # parsed before any is bound
+        listen.bind_all([addr, "localhost"])
+    assert str(e.value) == ("cannot listen on localhost: --web.listen-address: expected HOST:PORT or "
+                            "[IPV6]:PORT, got 'localhost'")
+    listen.bind(addr).close()                                    # the first was let go
+
+
+def test_several_listen_addresses_served_by_one_server(http):
+    app = App()
+    addrs = ["127.0.0.1:0", "127.0.0.1:0"] + (["[::1]:0"] if _ipv6() else [])
+    srv = serve(addrs, app.registry, app.stats, app.not_ready)
+    try:
+        served = srv.addresses
+        assert len(served) == len(addrs) and len({a[1] for a in served}) == len(addrs)
+        assert listen.described(served).startswith(f"127.0.0.1:{served[0][1]}, 127.0.0.1:{served[1][1]}")
+        for host, port, *_ in served:
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            for _ in range(2):                                    # keep-alive on each
+                r = http.get(url + "/healthz", timeout=10)
+                assert (r.status_code, r.text) == (200, "ok\n")
+            assert "nettap_test_events_total 3.0" in gzip.decompress(_raw(url, "/metrics", "gzip")[2]).decode()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    for host, port, *_ in served:                                 # every one closed
+        with pytest.raises(OSError):
+            socket.create_connection((host, port), timeout=5).close()
 
 
 def test_serve_on_a_socket_bound_before():
@@ -151,6 +192,39 @@ def test_metrics_openmetrics(base, http):
     assert r.text.endswith("# EOF\n")
 
 
+def _raw(base, path, encoding, accept="text/plain"):
+    """(status, headers, the body as it was sent)."""
+    with requests.get(base + path, headers={"Accept-Encoding": encoding, "Accept": accept}, stream=True,
+                      timeout=10) as r:
+        return r.status_code, r.headers, r.raw.read(decode_content=False)
+
+
+@pytest.mark.parametrize("accept", ["text/plain", "application/openmetrics-text"])
+def test_metrics_gzip_decodes_to_the_plain_answer(base, accept):
+    code, plain_headers, plain = _raw(base, "/metrics", "identity", accept)
+    gz_code, headers, gz = _raw(base, "/metrics", "gzip", accept)
+    assert code == gz_code == 200 and "Content-Encoding" not in plain_headers
+    assert headers["Content-Encoding"] == "gzip" and headers["Vary"] == plain_headers["Vary"] == "Accept-Encoding"
+    assert headers["Content-Type"] == plain_headers["Content-Type"]
+    assert int(headers["Content-Length"]) == len(gz) and gz[:2] == b"\x1f\x8b"
+    assert gzip.decompress(gz) == plain and b"nettap_test_events_total 3.0\n" in plain
+    head = requests.head(base + "/metrics", headers={"Accept-Encoding": "gzip"}, timeout=10)
+    assert head.headers["Content-Encoding"] == "gzip" and head.content == b""
+
+
+def test_only_the_metrics_are_compressed(base):
+    code, headers, body = _raw(base, "/stats", "gzip")
+    assert code == 200 and "Content-Encoding" not in headers and json.loads(body)
+
+
+@pytest.mark.parametrize("header, taken", [
+    ("gzip", True), ("GZIP", True), ("x-gzip", True), ("deflate, gzip;q=0.5", True), ("gzip ; q=1.0", True),
+    ("gzip;q=0", False), ("gzip;q=0.000", False), ("gzip;q=x", False), ("identity", False), ("*", False),
+    ("br, deflate", False), ("", False), (None, False), ("gzipx", False)])
+def test_gzip_accepted(header, taken):
+    assert gzip_accepted(header) is taken
+
+
 def test_metrics_with_query_string(base, http):
     r = http.get(base + "/metrics?name[]=x", timeout=10)
     assert r.status_code == 200
@@ -184,6 +258,16 @@ def test_landing_error_is_500(base, http, app):
 def test_healthz(base, http):
     r = http.get(base + "/healthz", timeout=10)
     assert (r.status_code, r.text, r.headers["Content-Type"]) == (200, "ok\n", "text/plain; charset=utf-8")
+
+
+def test_prometheus_health_paths(base, http, app):
+    r = http.get(base + "/-/healthy", timeout=10)
+    assert (r.status_code, r.text) == (200, "ok\n")
+    r = http.get(base + "/-/ready", timeout=10)
+    assert (r.status_code, r.text) == (503, "not ready: probes not attached\n")
+    app.why = None
+    assert (http.get(base + "/-/ready", timeout=10).status_code, http.get(base + "/readyz", timeout=10).text) == (
+        200, "ready\n")
 
 
 def test_readyz_flips(base, http, app):

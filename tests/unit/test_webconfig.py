@@ -219,6 +219,17 @@ def test_tls(tmp_path, pki, endpoint):
     assert get(f"https://localhost:{port}/healthz", verify=str(pki / "ca.crt")).text == "ok\n"
 
 
+def test_tls_metrics_gzip(tmp_path, pki, endpoint):
+    import gzip
+    port = endpoint(Web(webconfig.load(tls_file(tmp_path, pki))))
+    url, ca = f"https://127.0.0.1:{port}/metrics", str(pki / "ca.crt")
+    plain = get(url, verify=ca, headers={"Accept-Encoding": "identity"})
+    with requests.get(url, verify=ca, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=10) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(r.raw.read(decode_content=False)) == plain.content
+    assert "Content-Encoding" not in plain.headers and b"nettap_http_connections_rejected_total" in plain.content
+
+
 def test_mtls_requires_a_certificate_from_the_client_ca(tmp_path, pki, endpoint):
     web = Web(webconfig.load(tls_file(tmp_path, pki, f"  client_auth_type: RequireAndVerifyClientCert\n"
                                                      f"  client_ca_file: {pki}/ca.crt\n")))
