@@ -17,10 +17,11 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-ALERTS = REPO / "alerts"
-DASHBOARDS = REPO / "dashboards"
+MIXIN = REPO / "mixin"
+RENDERED = MIXIN / "rendered"
+DASHBOARDS = RENDERED / "dashboards"
 RUNBOOK = REPO / "docs" / "runbook.md"
-RENDERED_RULES = [ALERTS / "nettap-alerts.yaml", ALERTS / "nettap-rules.yaml"]
+RENDERED_RULES = [RENDERED / "nettap-alerts.yaml", RENDERED / "nettap-rules.yaml"]
 DASHBOARD_FILES = ["nettap-overview.json", "nettap-bpf-programs.json", "nettap-sizing.json"]
 
 RUNBOOK_PREFIX = "https://github.com/nettap/nettap/blob/main/docs/runbook.md#"
@@ -31,7 +32,7 @@ GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": 
 
 
 def _load_render():
-    spec = importlib.util.spec_from_file_location("nettap_mixin_render", ALERTS / "render.py")
+    spec = importlib.util.spec_from_file_location("nettap_mixin_render", MIXIN / "render.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,7 +49,7 @@ def _rules(path):
 
 
 def _alerts():
-    return [r for _, r in _rules(ALERTS / "nettap-alerts.yaml")]
+    return [r for _, r in _rules(RENDERED / "nettap-alerts.yaml")]
 
 
 def _dashboards():
@@ -106,10 +107,10 @@ def dashboard_queries(include_variables=False):
 def test_rendered_files_are_fresh():
     render = _load_render()
     files = render.render()
-    assert set(files) == {"alerts/nettap-alerts.yaml", "alerts/nettap-rules.yaml"} | {
-        "dashboards/" + n for n in DASHBOARD_FILES
+    assert set(files) == {"mixin/rendered/nettap-alerts.yaml", "mixin/rendered/nettap-rules.yaml"} | {
+        "mixin/rendered/dashboards/" + n for n in DASHBOARD_FILES
     }
-    assert render.stale(files) == [], "stale rendered files: run python alerts/render.py"
+    assert render.stale(files) == [], "stale rendered files: run python mixin/render.py"
 
 
 def test_render_check_names_the_stale_file(tmp_path, monkeypatch, capsys):
@@ -120,16 +121,16 @@ def test_render_check_names_the_stale_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(render, "REPO", tmp_path)
     assert render.main(["--check"]) == 0
 
-    sizing = tmp_path / "dashboards" / "nettap-sizing.json"
+    sizing = tmp_path / "mixin" / "rendered" / "dashboards" / "nettap-sizing.json"
     sizing.write_text(sizing.read_text().replace("nettap / Sizing", "edited by hand"))
     assert render.main(["--check"]) == 1
     err = capsys.readouterr().err
-    assert "dashboards/nettap-sizing.json" in err and "nettap-overview" not in err
+    assert "mixin/rendered/dashboards/nettap-sizing.json" in err and "nettap-overview" not in err
 
 
 def test_render_check_cli_passes_on_the_committed_files():
     proc = subprocess.run(
-        [sys.executable, str(ALERTS / "render.py"), "--check"],
+        [sys.executable, str(MIXIN / "render.py"), "--check"],
         capture_output=True, text=True, check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -144,13 +145,13 @@ def test_promtool_check_rules():
 
 
 def test_promtool_test_rules():
-    proc = subprocess.run([_promtool(), "test", "rules", str(ALERTS / "tests.yaml")],
+    proc = subprocess.run([_promtool(), "test", "rules", str(MIXIN / "tests.yaml")],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_every_alert_has_a_firing_and_a_quiet_case():
-    tests = yaml.safe_load((ALERTS / "tests.yaml").read_text())["tests"]
+    tests = yaml.safe_load((MIXIN / "tests.yaml").read_text())["tests"]
     fired, quiet, fired_variants = set(), set(), set()
     for t in tests:
         for case in t.get("alert_rule_test", []):
@@ -206,7 +207,7 @@ def test_rule_groups_are_small_and_names_unique():
 
 
 def test_recording_rule_names():
-    for _, rule in _rules(ALERTS / "nettap-rules.yaml"):
+    for _, rule in _rules(RENDERED / "nettap-rules.yaml"):
         level, metric, operation = rule["record"].split(":")
         assert re.fullmatch(r"[a-z_]+", level) and re.fullmatch(r"[a-z0-9_]+", operation)
         assert metric.startswith("nettap_") and not metric.endswith("_total"), rule["record"]
