@@ -5,6 +5,7 @@ Needs the `jsonnet` and `PyYAML` packages and promtool (Debian `prometheus`); no
 `dashboard_queries()` is also the end-to-end tests' list of every dashboard query.
 """
 
+import functools
 import importlib.util
 import json
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _jsonnet
 import pytest
 import yaml
 
@@ -24,11 +26,17 @@ RUNBOOK = REPO / "docs" / "runbook.md"
 RENDERED_RULES = [RENDERED / "nettap-alerts.yaml", RENDERED / "nettap-rules.yaml"]
 DASHBOARD_FILES = ["nettap-overview.json", "nettap-bpf-programs.json", "nettap-sizing.json"]
 
-RUNBOOK_PREFIX = "https://github.com/nettap/nettap/blob/main/docs/runbook.md#"
 SEVERITIES = {"critical", "warning", "info"}
 MAX_GROUP_RULES = 20   # big groups evaluate slowly and read badly; split by concern instead
 # Values that may stand for Grafana's template variables in end-to-end queries.
 GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "1m"}
+
+
+@functools.lru_cache(maxsize=None)
+def _config():
+    """The mixin's _config, with its defaults."""
+    return json.loads(_jsonnet.evaluate_snippet(
+        str(MIXIN / "config"), "(import 'mixin.libsonnet')._config"))
 
 
 def _load_render():
@@ -182,9 +190,22 @@ def test_alert_style(alert):
     assert alert["labels"]["severity"] in SEVERITIES
     ann = alert["annotations"]
     assert set(ann) == {"summary", "description", "runbook_url"}
-    assert "{{" not in ann["summary"] and ann["summary"].endswith("."), "summary: static, a sentence"
+    # mixtool lint's alert-summary-style (^[A-Z].+\.$) and alert-summary-templating, as
+    # monitoring.mixins.dev's guidelines: a static sentence, a capital first, a period last.
+    assert re.fullmatch(r"[A-Z].+\.", ann["summary"]), f"summary: a sentence: {ann['summary']!r}"
+    assert "{{" not in ann["summary"], "summary: static"
     assert "{{" in ann["description"], "description: templated"
-    assert ann["runbook_url"] == RUNBOOK_PREFIX + name.lower()
+    assert ann["runbook_url"] == _config()["runbookURLPattern"] % name.lower()
+
+
+def test_runbook_url_pattern_reaches_an_anchor_of_the_runbook():
+    """runbookURLPattern names docs/runbook.md, and each alert's link lands on a heading there."""
+    pattern = _config()["runbookURLPattern"]
+    assert pattern.count("%s") == 1 and pattern.endswith("/docs/runbook.md#%s"), pattern
+    anchors = _runbook_anchors()
+    for alert in _alerts():
+        url = alert["annotations"]["runbook_url"]
+        assert url.split("#", 1)[1] in anchors, f"{alert['alert']}: {url} has no heading in docs/runbook.md"
 
 
 def test_runbook_has_a_section_per_alert_and_no_orphans():
