@@ -259,7 +259,12 @@ def test_dashboard_style(name):
     for panel in _panels(dash):
         g = panel["gridPos"]
         assert g["x"] + g["w"] <= 24
-        if panel["type"] in ("row", "text"):
+        if panel["type"] == "row":
+            continue
+        # Grafana dashboard-linter's panel-title-description-rule (mixtool lint runs it): the
+        # (i) beside the title says what the panel shows.
+        assert panel["title"] and panel.get("description"), f"{name}: {panel['title']}: no description"
+        if panel["type"] == "text":
             continue
         assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']}: no unit"
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -295,6 +300,21 @@ def test_ingest_row_selects_the_ingest_job():
         else:
             assert 'job="nettap-ingest", instance=~"$ingest_instance"' in expr, expr
             assert "$job" not in expr and "$instance" not in expr, expr
+
+
+def test_records_drained_names_every_kind_of_every_ring():
+    """The Records drained panel (by ring and kind) tells which records each ring carries, as
+    docs/metrics.md does for obs_events: every kind of exporter/capture/records.py's table."""
+    from exporter.capture.records import RING_KINDS
+    panel = next(p for p in _panels(_dashboards()["nettap-overview.json"]) if p["title"] == "Records drained")
+    metrics_md = (REPO / "docs" / "metrics.md").read_text()
+    row = next(line for line in metrics_md.splitlines() if "`nettap_ringbuf_records_drained_by_kind_total`" in line)
+    for ring, kinds in RING_KINDS.items():
+        assert ring in panel["description"]
+        for kind in kinds:
+            assert re.search(rf"\b{kind}\b", panel["description"]), f"Records drained: no {kind} ({ring})"
+            if ring == "obs_events":
+                assert re.search(rf"\b{kind}\b", row), f"docs/metrics.md: obs_events' {kind} not named"
 
 
 def test_dashboard_queries_are_plain_promql(tmp_path):
