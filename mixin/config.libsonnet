@@ -86,6 +86,14 @@
     // The ingest target cannot be scraped. No absent() rule: the ingest is optional (a node
     // may keep the capture's files for itself), so having no ingest target is not an alert.
     ingestDownFor: '5m',
+    // The ingest's resident memory (process_resident_memory_bytes) over the memory limit of its
+    // own cgroup (nettap_cgroup_memory_limit_bytes), both from its own /metrics: the alert
+    // needs no cAdvisor, and stays silent where the ingest runs without a limit. RSS, not the
+    // cgroup's usage: the ingest reads the capture's files, whose page cache the usage counts
+    // and the kernel reclaims before it kills. Its RSS is bounded by design (30-40 MB, plus
+    // ~2.5 MB per MiB of ingest.max_in_flight_bytes): near the limit, a limit too low or a leak.
+    ingestMemoryNearLimitRatio: 0.9,
+    ingestMemoryNearLimitFor: '15m',
 
     // --- Exporter health ---------------------------------------------------------------
 

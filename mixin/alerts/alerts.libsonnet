@@ -212,6 +212,23 @@
             description: cfg.ingestDisconnectedDescription,
           },
         },
+        {
+          // From the ingest's own series, so that it fires without cAdvisor (compose, the
+          // local demo, systemd): NettapMemoryNearLimit's source="kubernetes" rule sees the
+          // ingest container too, its source="nettap" rule only the capture.
+          alert: 'NettapIngestMemoryNearLimit',
+          expr: |||
+            process_resident_memory_bytes{%(nettapIngestSelector)s}
+              / (nettap_cgroup_memory_limit_bytes{%(nettapIngestSelector)s} > 0)
+            > %(ingestMemoryNearLimitRatio)g
+          ||| % cfg,
+          'for': cfg.ingestMemoryNearLimitFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The nettap ingest is close to its memory limit; the OOM killer is next.',
+            description: 'The resident memory of nettap ingest on {{ $labels.instance }} is {{ $value | humanizePercentage }} of its memory limit.',
+          },
+        },
       ]),
 
       group('nettap-workloads', [

@@ -103,9 +103,10 @@ local lib = import 'lib.libsonnet';
             lib.timeseries('Ingest process CPU (cores)', 'short', [
               lib.target(q('rate(process_cpu_seconds_total{%(ingestSel)s}[$__rate_interval])'), '{{instance}}'),
             ], description="nettap ingest's own CPU (its container's own requests and limits). It rises while a backlog drains."),
-            lib.timeseries('Ingest RSS', 'bytes', [
-              lib.target(q('process_resident_memory_bytes{%(ingestSel)s}'), '{{instance}}'),
-            ], description='Resident memory of nettap ingest. The lines in flight to the engine are bounded by ingest.max_in_flight_bytes.'),
+            lib.timeseries('Ingest RSS vs. limit', 'bytes', [
+              lib.target(q('process_resident_memory_bytes{%(ingestSel)s}'), '{{instance}} RSS'),
+              lib.target(q('nettap_cgroup_memory_limit_bytes{%(ingestSel)s}'), '{{instance}} limit'),
+            ], description="Resident memory of nettap ingest, and the memory limit of its own cgroup (no limit line when unlimited): NettapIngestMemoryNearLimit fires above %(ingestMemoryNearLimitRatio)g of it. The lines in flight to the engine are bounded by ingest.max_in_flight_bytes." % cfg),
           ],
         },
         {
