@@ -125,7 +125,7 @@
     // DNS queries of the captured workloads (capture.dns) that end in SERVFAIL or get no answer
     // within 5 s (rcode="timeout"), per query answered or timed out, over rateInterval, above
     // this ratio while at least capturedDnsFailuresMinRate of them fail a second (a node that
-    // resolves a name a minute is not judged on one lost datagram): their resolver fails them.
+    // resolves a name a minute is not judged on one lost query): their resolver fails them.
     // NXDOMAIN and the other rcodes are answers about the name, not failures.
     capturedDnsFailuresRatio: 0.05,
     capturedDnsFailuresMinRate: 0.05,
@@ -155,8 +155,8 @@
     oomKilledFor: '1m',
     // Working set above the memory request: an early eviction candidate under node memory
     // pressure. The advice: request at least the working set. The floor quoted in the alert is
-    // deploy/kubernetes' request: nettap's idle RSS measures ~47 MB with the 8 MiB chunk ring
-    // (bench/storm.py); the reference collector of the seed needed 512Mi.
+    // deploy/kubernetes' request: nettap's idle RSS measures 31.5-31.8 MB (bench/storm.py
+    // --idle, docs/benchmarks.md); the reference collector of the seed needed 512Mi.
     memoryRequestBelowUsageFor: '30m',
     memoryRequestMinimum: '128Mi',
 

@@ -267,9 +267,10 @@
           },
         },
         {
-          // About the captured workloads' resolvers, not nettap: their DNS queries over UDP
-          // end in SERVFAIL or go unanswered for 5 s (rcode="timeout"). NXDOMAIN is the
-          // resolver's answer about the name, not a failure of the resolver.
+          // About the captured workloads' resolvers, not nettap: their DNS queries, over UDP or
+          // TCP (docs/capture.md, DNS), end in SERVFAIL or go unanswered for 5 s
+          // (rcode="timeout"). NXDOMAIN is the resolver's answer about the name, not a failure
+          // of the resolver.
           alert: 'NettapCapturedDnsFailures',
           expr: |||
             (

@@ -139,7 +139,7 @@ local lib = import 'lib.libsonnet';
           panels: [
             lib.timeseries('DNS queries by response code', 'ops', [
               lib.target(q('sum by (instance, rcode) (rate(nettap_dns_queries_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{rcode}}'),
-            ], description='DNS queries the captured workloads sent over UDP to port 53 (capture.dns), counted when their answer came, by its response code: NOERROR, NXDOMAIN (no such name: an answer, often a search list walked), SERVFAIL (the resolver failed), REFUSED, ...; timeout, no answer within 5 s. NettapCapturedDnsFailures fires when SERVFAIL and timeout together exceed %g%% of them.' % (100 * cfg.capturedDnsFailuresRatio)),
+            ], description='DNS queries the captured workloads sent over UDP or TCP to port 53 (capture.dns), counted when their answer came, by its response code: NOERROR, NXDOMAIN (no such name: an answer, often a search list walked), SERVFAIL (the resolver failed), REFUSED, ...; timeout, no answer within 5 s. NettapCapturedDnsFailures fires when SERVFAIL and timeout together exceed %g%% of them.' % (100 * cfg.capturedDnsFailuresRatio)),
             lib.timeseries('DNS latency p99', 's', [
               lib.target(q('histogram_quantile(0.99, sum by (instance, le) (rate(nettap_dns_latency_seconds_bucket{%(sel)s}[$__rate_interval])))'), '{{instance}}'),
             ], description="Seconds from a captured workload's DNS query to its answer, 99th percentile (answered queries only: timeouts are in the panel beside). A node-local cache answers in well under a millisecond, a resolver across the network in milliseconds to tens of them."),

@@ -317,6 +317,21 @@ def test_records_drained_names_every_kind_of_every_ring():
                 assert re.search(rf"\b{kind}\b", row), f"docs/metrics.md: obs_events' {kind} not named"
 
 
+def test_sizing_guidance_quotes_the_idle_benchmark():
+    """The Sizing dashboard's idle RSS is the one docs/benchmarks.md prints for the command it names."""
+    text = (MIXIN / "dashboards" / "sizing.md").read_text()
+    m = re.search(r"([0-9.]+(?:–[0-9.]+)?) MB idle RSS", text)
+    assert m and "`bench/storm.py --idle`" in text, "sizing.md: the idle RSS and its command"
+    assert m.group(1) + " MB" in (REPO / "docs" / "benchmarks.md").read_text(), m.group(1)
+
+
+def test_dns_is_not_said_udp_only():
+    """capture.dns captures DNS over UDP and over TCP (docs/capture.md, DNS)."""
+    for path in MIXIN.rglob("*.libsonnet"):
+        prose = " ".join(path.read_text().replace("//", " ").split())   # comments' lines joined
+        assert not re.search(r"over UDP(?! or TCP)", prose), path
+
+
 def test_dashboard_queries_are_plain_promql(tmp_path):
     """Every query, with Grafana's variables substituted, parses as PromQL (promtool parses
     rule expressions, so each becomes a recording rule of a throwaway file)."""
