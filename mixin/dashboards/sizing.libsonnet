@@ -18,6 +18,13 @@ local lib = import 'lib.libsonnet';
     local peakKernel = 'max_over_time(sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))[$__range:])',
     local peakRSS = 'max_over_time(process_resident_memory_bytes{%(sel)s}[$__range])',
     local peakCgroup = 'max_over_time(nettap_cgroup_memory_usage_bytes{%(sel)s}[$__range])',
+    // sizing.md links the runbook's section as published; a runbookURLPattern of one's own
+    // (a wiki) replaces that link too.
+    local guidance = std.strReplace(
+      importstr 'sizing.md',
+      'https://github.com/nettap/nettap/blob/main/docs/runbook.md#sizing-nettap',
+      $._config.runbookURLPattern % 'sizing-nettap'
+    ),
 
     'nettap-sizing.json': lib.dashboard(
       cfg,
@@ -114,7 +121,7 @@ local lib = import 'lib.libsonnet';
         {
           title: 'Guidance',
           panels: [
-            lib.text('Sizing nettap', importstr 'sizing.md', description='How to set the requests and limits from the panels above.', h=16),
+            lib.text('Sizing nettap', guidance, description='How to set the requests and limits from the panels above.', h=16),
           ],
         },
       ],

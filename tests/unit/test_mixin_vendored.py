@@ -91,3 +91,7 @@ def test_vendored_mixin_takes_a_users_config(project):
         "https://wiki.example/nettap#" + r["alert"].lower() for r in rules}
     overview = json.dumps(got["dashboards"]["nettap-overview.json"])
     assert 'job=\\"my-nettap\\"' in overview
+    sizing = got["dashboards"]["nettap-sizing.json"]
+    guidance = next(p for p in sizing["panels"] if p["type"] == "text")["options"]["content"]
+    assert "https://wiki.example/nettap#sizing-nettap" in guidance
+    assert "docs/runbook.md#sizing-nettap" not in guidance
