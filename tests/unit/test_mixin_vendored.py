@@ -37,7 +37,8 @@ def _vendor(project):
     """Vendors mixin/ into project/vendor as jb would; returns the import path to use."""
     if shutil.which("jb"):
         spec = {"version": 1, "legacyImports": True,
-                "dependencies": [{"source": {"local": {"directory": str(MIXIN)}}, "version": ""}]}
+                "dependencies": [{"source": {"local": {"directory": os.path.relpath(MIXIN, project)}},
+                                  "version": ""}]}
         (project / "jsonnetfile.json").write_text(json.dumps(spec))
         subprocess.run(["jb", "install"], cwd=project, check=True, capture_output=True, timeout=120)
         return "mixin/mixin.libsonnet"
