@@ -19,7 +19,7 @@ bpf:
 	$(MAKE) -C bpf
 
 render:
-	.venv/bin/python alerts/render.py
+	.venv/bin/python mixin/render.py
 	.venv/bin/python deploy/kubernetes/render.py
 
 demo:

@@ -14,7 +14,7 @@ It starts, as child processes:
 - a NATS server with JetStream (Debian's nats-server) on 127.0.0.1:4222, and
   ``nettap ingest`` publishing the capture's files to it, on 127.0.0.1:42425;
 - Prometheus (Debian's /usr/bin/prometheus) scraping nettap, the ingest and itself every
-  5s, loading the mixin's rendered rules from alerts/, alerting to
+  5s, loading the mixin's rendered rules from mixin/rendered/, alerting to
 - Alertmanager (Debian's /usr/bin/prometheus-alertmanager), clustering off.
 
 Every file it writes (configs, Prometheus' and Alertmanager's storage, NATS' store,
@@ -54,7 +54,7 @@ PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 NATS_SERVER = "/usr/sbin/nats-server"
 LOADGEN = ROOT / "deploy" / "compose" / "loadgen.py"
-RULES = (ROOT / "alerts" / "nettap-alerts.yaml", ROOT / "alerts" / "nettap-rules.yaml")
+RULES = (ROOT / "mixin" / "rendered" / "nettap-alerts.yaml", ROOT / "mixin" / "rendered" / "nettap-rules.yaml")
 WORKLOAD_PORT = 8000
 SCRAPE_INTERVAL = "5s"
 CLONE_NEWNET = 0x40000000

@@ -36,7 +36,7 @@ mark set-up
 # a test that needs one waits for it (a lock), and the guests' packed tree carries them.
 .venv/bin/python tests/gobuild.py > "$out/gobuild.log" 2>&1 & gobuild=$!
 make -s -C bpf check
-.venv/bin/python alerts/render.py --check
+.venv/bin/python mixin/render.py --check
 .venv/bin/python deploy/kubernetes/render.py --check
 mark checks
 rc=0

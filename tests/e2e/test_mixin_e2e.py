@@ -21,7 +21,7 @@ from traffic import ClientProcess, Server, send_messages
 from unit.test_mixin import dashboard_queries
 
 pytestmark = pytest.mark.e2e
-RULES = [ROOT / "alerts/nettap-alerts.yaml", ROOT / "alerts/nettap-rules.yaml"]
+RULES = [ROOT / "mixin/rendered/nettap-alerts.yaml", ROOT / "mixin/rendered/nettap-rules.yaml"]
 # Series other exporters provide (cAdvisor, kube-state-metrics, node_exporter): absent here.
 FOREIGN = re.compile(r"\b(container_\w+|kube_\w+|node_\w+)\b")
 
@@ -117,7 +117,7 @@ class Webhook:
 def test_drops_alert_fires_and_reaches_alertmanager(tmp_path):
     # The mixin's alerts, rendered with test timing: no `for`, 20 s windows.
     rendered = _jsonnet.evaluate_snippet("test", """
-        local m = (import 'alerts/mixin.libsonnet') + { _config+:: { ringBufferDropsFor: '0s', rateInterval: '20s' } };
+        local m = (import 'mixin/mixin.libsonnet') + { _config+:: { ringBufferDropsFor: '0s', rateInterval: '20s' } };
         m.prometheusAlerts""", jpathdir=[str(ROOT)])
     rules = tmp_path / "alerts.yaml"
     rules.write_text(yaml.safe_dump(json.loads(rendered)))

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 K8S = REPO / "deploy" / "kubernetes"
-ALERTS = [REPO / "alerts" / "nettap-alerts.yaml", REPO / "alerts" / "nettap-rules.yaml"]
+ALERTS = [REPO / "mixin" / "rendered" / "nettap-alerts.yaml", REPO / "mixin" / "rendered" / "nettap-rules.yaml"]
 SERVICES = {"nettap", "nettap-ingest", "nats", "prometheus", "alertmanager", "grafana", "cadvisor", "web", "loadgen"}
 # nettap's measured idle footprint (RSS 55-70 MB): the memory request must cover it.
 MEASURED_WORKING_SET = 70 << 20
@@ -533,7 +533,7 @@ def test_service_and_podmonitor_select_the_pods(manifests):
     assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics"]
     # The mixin selects job="nettap": the job label comes from this pod label.
     assert labels[pm["spec"]["jobLabel"]] == "nettap"
-    assert 'job="nettap"' in (REPO / "alerts" / "nettap-alerts.yaml").read_text()
+    assert 'job="nettap"' in (REPO / "mixin" / "rendered" / "nettap-alerts.yaml").read_text()
     # The ingest: its own port and job="nettap-ingest" (the mixin's nettapIngestSelector), set by
     # relabeling over the operator's default job name (<namespace>/<PodMonitor name>).
     pm = pms["nettap-ingest"]
@@ -541,8 +541,8 @@ def test_service_and_podmonitor_select_the_pods(manifests):
     assert ep["port"] == "ingest-metrics" and "jobLabel" not in pm["spec"]
     after = _relabel({"job": "nettap/nettap-ingest", "__meta_kubernetes_pod_node_name": "node-1"}, ep["relabelings"])
     assert after["job"] == INGEST_JOB and after["node"] == "node-1"
-    assert f"nettapIngestSelector: 'job=\"{INGEST_JOB}\"'" in (REPO / "alerts" / "config.libsonnet").read_text()
-    assert f'job="{INGEST_JOB}"' in (REPO / "alerts" / "nettap-alerts.yaml").read_text()
+    assert f"nettapIngestSelector: 'job=\"{INGEST_JOB}\"'" in (REPO / "mixin" / "config.libsonnet").read_text()
+    assert f'job="{INGEST_JOB}"' in (REPO / "mixin" / "rendered" / "nettap-alerts.yaml").read_text()
 
 
 # ---- the local demo's generated configs ---------------------------------------------------

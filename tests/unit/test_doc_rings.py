@@ -15,7 +15,7 @@ from exporter.config import DEFAULT_RING_BYTES
 from exporter.kernel.tcp_h import RINGS
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted([*ROOT.glob("docs/*.md"), ROOT / "README.md", *ROOT.glob("dashboards/*.md")])
+DOCS = sorted([*ROOT.glob("docs/*.md"), ROOT / "README.md", *ROOT.glob("mixin/dashboards/*.md")])
 NAME = re.compile(r"(?<![\w.\-/])(" + "|".join(map(re.escape, RINGS)) + r")(?![\w\-/])")
 # What may stand between two names of one list: quotes, commas, bars, colons, brackets, numbers,
 # percentages, white space (newlines: a table's rows), a list item's dash, and one "and" or "or".

@@ -1,5 +1,5 @@
 """The README stays a README (at most 250 lines: the manual lives in docs/),
-and every relative link in it and in docs/*.md reaches a file that exists
+and every relative link in it, in mixin/README.md and in docs/*.md reaches a file that exists
 and, with a #fragment, a heading of that file (GitHub's anchors)."""
 import re
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, ROOT / "mixin" / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 README_MAX_LINES = 250
 
 

@@ -190,7 +190,7 @@ def test_ingest_disabled_is_metrics_only_without_nats(chart):
     assert [p["name"] for p in docs[("Service", "nettap")]["spec"]["ports"]] == ["metrics"]
     assert [k for k in docs if k[0] == "PodMonitor"] == [("PodMonitor", "nettap")]
     mixin = [g["name"] for f in ("nettap-alerts.yaml", "nettap-rules.yaml")
-             for g in yaml.safe_load((REPO / "alerts" / f).read_text())["groups"]]
+             for g in yaml.safe_load((REPO / "mixin" / "rendered" / f).read_text())["groups"]]
     assert [g["name"] for g in docs[("PrometheusRule", "nettap")]["spec"]["groups"]] == \
         [g for g in mixin if g != "nettap-ingest"]
     assert "annotations" not in docs[("DaemonSet", "nettap")]["spec"]["template"]["metadata"]

@@ -5,6 +5,7 @@ Needs the `jsonnet` and `PyYAML` packages and promtool (Debian `prometheus`); no
 `dashboard_queries()` is also the end-to-end tests' list of every dashboard query.
 """
 
+import functools
 import importlib.util
 import json
 import re
@@ -13,25 +14,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _jsonnet
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-ALERTS = REPO / "alerts"
-DASHBOARDS = REPO / "dashboards"
+MIXIN = REPO / "mixin"
+RENDERED = MIXIN / "rendered"
+DASHBOARDS = RENDERED / "dashboards"
 RUNBOOK = REPO / "docs" / "runbook.md"
-RENDERED_RULES = [ALERTS / "nettap-alerts.yaml", ALERTS / "nettap-rules.yaml"]
+RENDERED_RULES = [RENDERED / "nettap-alerts.yaml", RENDERED / "nettap-rules.yaml"]
 DASHBOARD_FILES = ["nettap-overview.json", "nettap-bpf-programs.json", "nettap-sizing.json"]
 
-RUNBOOK_PREFIX = "https://github.com/nettap/nettap/blob/main/docs/runbook.md#"
 SEVERITIES = {"critical", "warning", "info"}
 MAX_GROUP_RULES = 20   # big groups evaluate slowly and read badly; split by concern instead
 # Values that may stand for Grafana's template variables in end-to-end queries.
 GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "1m"}
 
 
+@functools.lru_cache(maxsize=None)
+def _config():
+    """The mixin's _config, with its defaults."""
+    return json.loads(_jsonnet.evaluate_snippet(
+        str(MIXIN / "config"), "(import 'mixin.libsonnet')._config"))
+
+
 def _load_render():
-    spec = importlib.util.spec_from_file_location("nettap_mixin_render", ALERTS / "render.py")
+    spec = importlib.util.spec_from_file_location("nettap_mixin_render", MIXIN / "render.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,7 +57,7 @@ def _rules(path):
 
 
 def _alerts():
-    return [r for _, r in _rules(ALERTS / "nettap-alerts.yaml")]
+    return [r for _, r in _rules(RENDERED / "nettap-alerts.yaml")]
 
 
 def _dashboards():
@@ -106,10 +115,10 @@ def dashboard_queries(include_variables=False):
 def test_rendered_files_are_fresh():
     render = _load_render()
     files = render.render()
-    assert set(files) == {"alerts/nettap-alerts.yaml", "alerts/nettap-rules.yaml"} | {
-        "dashboards/" + n for n in DASHBOARD_FILES
+    assert set(files) == {"mixin/rendered/nettap-alerts.yaml", "mixin/rendered/nettap-rules.yaml"} | {
+        "mixin/rendered/dashboards/" + n for n in DASHBOARD_FILES
     }
-    assert render.stale(files) == [], "stale rendered files: run python alerts/render.py"
+    assert render.stale(files) == [], "stale rendered files: run python mixin/render.py"
 
 
 def test_render_check_names_the_stale_file(tmp_path, monkeypatch, capsys):
@@ -120,16 +129,16 @@ def test_render_check_names_the_stale_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(render, "REPO", tmp_path)
     assert render.main(["--check"]) == 0
 
-    sizing = tmp_path / "dashboards" / "nettap-sizing.json"
+    sizing = tmp_path / "mixin" / "rendered" / "dashboards" / "nettap-sizing.json"
     sizing.write_text(sizing.read_text().replace("nettap / Sizing", "edited by hand"))
     assert render.main(["--check"]) == 1
     err = capsys.readouterr().err
-    assert "dashboards/nettap-sizing.json" in err and "nettap-overview" not in err
+    assert "mixin/rendered/dashboards/nettap-sizing.json" in err and "nettap-overview" not in err
 
 
 def test_render_check_cli_passes_on_the_committed_files():
     proc = subprocess.run(
-        [sys.executable, str(ALERTS / "render.py"), "--check"],
+        [sys.executable, str(MIXIN / "render.py"), "--check"],
         capture_output=True, text=True, check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -144,13 +153,13 @@ def test_promtool_check_rules():
 
 
 def test_promtool_test_rules():
-    proc = subprocess.run([_promtool(), "test", "rules", str(ALERTS / "tests.yaml")],
+    proc = subprocess.run([_promtool(), "test", "rules", str(MIXIN / "tests.yaml")],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_every_alert_has_a_firing_and_a_quiet_case():
-    tests = yaml.safe_load((ALERTS / "tests.yaml").read_text())["tests"]
+    tests = yaml.safe_load((MIXIN / "tests.yaml").read_text())["tests"]
     fired, quiet, fired_variants = set(), set(), set()
     for t in tests:
         for case in t.get("alert_rule_test", []):
@@ -181,9 +190,22 @@ def test_alert_style(alert):
     assert alert["labels"]["severity"] in SEVERITIES
     ann = alert["annotations"]
     assert set(ann) == {"summary", "description", "runbook_url"}
-    assert "{{" not in ann["summary"] and ann["summary"].endswith("."), "summary: static, a sentence"
+    # mixtool lint's alert-summary-style (^[A-Z].+\.$) and alert-summary-templating, as
+    # monitoring.mixins.dev's guidelines: a static sentence, a capital first, a period last.
+    assert re.fullmatch(r"[A-Z].+\.", ann["summary"]), f"summary: a sentence: {ann['summary']!r}"
+    assert "{{" not in ann["summary"], "summary: static"
     assert "{{" in ann["description"], "description: templated"
-    assert ann["runbook_url"] == RUNBOOK_PREFIX + name.lower()
+    assert ann["runbook_url"] == _config()["runbookURLPattern"] % name.lower()
+
+
+def test_runbook_url_pattern_reaches_an_anchor_of_the_runbook():
+    """runbookURLPattern names docs/runbook.md, and each alert's link lands on a heading there."""
+    pattern = _config()["runbookURLPattern"]
+    assert pattern.count("%s") == 1 and pattern.endswith("/docs/runbook.md#%s"), pattern
+    anchors = _runbook_anchors()
+    for alert in _alerts():
+        url = alert["annotations"]["runbook_url"]
+        assert url.split("#", 1)[1] in anchors, f"{alert['alert']}: {url} has no heading in docs/runbook.md"
 
 
 def test_runbook_has_a_section_per_alert_and_no_orphans():
@@ -206,7 +228,7 @@ def test_rule_groups_are_small_and_names_unique():
 
 
 def test_recording_rule_names():
-    for _, rule in _rules(ALERTS / "nettap-rules.yaml"):
+    for _, rule in _rules(RENDERED / "nettap-rules.yaml"):
         level, metric, operation = rule["record"].split(":")
         assert re.fullmatch(r"[a-z_]+", level) and re.fullmatch(r"[a-z0-9_]+", operation)
         assert metric.startswith("nettap_") and not metric.endswith("_total"), rule["record"]
@@ -237,7 +259,12 @@ def test_dashboard_style(name):
     for panel in _panels(dash):
         g = panel["gridPos"]
         assert g["x"] + g["w"] <= 24
-        if panel["type"] in ("row", "text"):
+        if panel["type"] == "row":
+            continue
+        # Grafana dashboard-linter's panel-title-description-rule (mixtool lint runs it): the
+        # (i) beside the title says what the panel shows.
+        assert panel["title"] and panel.get("description"), f"{name}: {panel['title']}: no description"
+        if panel["type"] == "text":
             continue
         assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']}: no unit"
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -273,6 +300,36 @@ def test_ingest_row_selects_the_ingest_job():
         else:
             assert 'job="nettap-ingest", instance=~"$ingest_instance"' in expr, expr
             assert "$job" not in expr and "$instance" not in expr, expr
+
+
+def test_records_drained_names_every_kind_of_every_ring():
+    """The Records drained panel (by ring and kind) tells which records each ring carries, as
+    docs/metrics.md does for obs_events: every kind of exporter/capture/records.py's table."""
+    from exporter.capture.records import RING_KINDS
+    panel = next(p for p in _panels(_dashboards()["nettap-overview.json"]) if p["title"] == "Records drained")
+    metrics_md = (REPO / "docs" / "metrics.md").read_text()
+    row = next(line for line in metrics_md.splitlines() if "`nettap_ringbuf_records_drained_by_kind_total`" in line)
+    for ring, kinds in RING_KINDS.items():
+        assert ring in panel["description"]
+        for kind in kinds:
+            assert re.search(rf"\b{kind}\b", panel["description"]), f"Records drained: no {kind} ({ring})"
+            if ring == "obs_events":
+                assert re.search(rf"\b{kind}\b", row), f"docs/metrics.md: obs_events' {kind} not named"
+
+
+def test_sizing_guidance_quotes_the_idle_benchmark():
+    """The Sizing dashboard's idle RSS is the one docs/benchmarks.md prints for the command it names."""
+    text = (MIXIN / "dashboards" / "sizing.md").read_text()
+    m = re.search(r"([0-9.]+(?:–[0-9.]+)?) MB idle RSS", text)
+    assert m and "`bench/storm.py --idle`" in text, "sizing.md: the idle RSS and its command"
+    assert m.group(1) + " MB" in (REPO / "docs" / "benchmarks.md").read_text(), m.group(1)
+
+
+def test_dns_is_not_said_udp_only():
+    """capture.dns captures DNS over UDP and over TCP (docs/capture.md, DNS)."""
+    for path in MIXIN.rglob("*.libsonnet"):
+        prose = " ".join(path.read_text().replace("//", " ").split())   # comments' lines joined
+        assert not re.search(r"over UDP(?! or TCP)", prose), path
 
 
 def test_dashboard_queries_are_plain_promql(tmp_path):

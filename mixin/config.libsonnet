@@ -86,6 +86,14 @@
     // The ingest target cannot be scraped. No absent() rule: the ingest is optional (a node
     // may keep the capture's files for itself), so having no ingest target is not an alert.
     ingestDownFor: '5m',
+    // The ingest's resident memory (process_resident_memory_bytes) over the memory limit of its
+    // own cgroup (nettap_cgroup_memory_limit_bytes), both from its own /metrics: the alert
+    // needs no cAdvisor, and stays silent where the ingest runs without a limit. RSS, not the
+    // cgroup's usage: the ingest reads the capture's files, whose page cache the usage counts
+    // and the kernel reclaims before it kills. Its RSS is bounded by design (30-40 MB, plus
+    // ~2.5 MB per MiB of ingest.max_in_flight_bytes): near the limit, a limit too low or a leak.
+    ingestMemoryNearLimitRatio: 0.9,
+    ingestMemoryNearLimitFor: '15m',
 
     // --- Exporter health ---------------------------------------------------------------
 
@@ -117,7 +125,7 @@
     // DNS queries of the captured workloads (capture.dns) that end in SERVFAIL or get no answer
     // within 5 s (rcode="timeout"), per query answered or timed out, over rateInterval, above
     // this ratio while at least capturedDnsFailuresMinRate of them fail a second (a node that
-    // resolves a name a minute is not judged on one lost datagram): their resolver fails them.
+    // resolves a name a minute is not judged on one lost query): their resolver fails them.
     // NXDOMAIN and the other rcodes are answers about the name, not failures.
     capturedDnsFailuresRatio: 0.05,
     capturedDnsFailuresMinRate: 0.05,
@@ -147,8 +155,8 @@
     oomKilledFor: '1m',
     // Working set above the memory request: an early eviction candidate under node memory
     // pressure. The advice: request at least the working set. The floor quoted in the alert is
-    // deploy/kubernetes' request: nettap's idle RSS measures ~47 MB with the 8 MiB chunk ring
-    // (bench/storm.py); the reference collector of the seed needed 512Mi.
+    // deploy/kubernetes' request: nettap's idle RSS measures 31.5-31.8 MB (bench/storm.py
+    // --idle, docs/benchmarks.md); the reference collector of the seed needed 512Mi.
     memoryRequestBelowUsageFor: '30m',
     memoryRequestMinimum: '128Mi',
 

@@ -45,13 +45,13 @@ local lib = import 'lib.libsonnet';
                 sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))
                   / (sum by (instance) (rate(nettap_node_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval])) > 0)
               |||), '{{instance}}'),
-            ], max=1),
+            ], description="Kernel time in nettap's BPF programs over that of every BPF program on the node: what watching costs next to what the node runs anyway.", max=1),
             lib.timeseries('Top 10 programs by kernel CPU (cores)', 'short', [
               lib.target(q('topk(10, sum by (program, owner) (rate(nettap_node_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval])))'), '{{owner}}/{{program}}'),
-            ]),
+            ], description='The ten programs of the node, whoever loaded them, spending the most kernel time.'),
             lib.timeseries('Top 10 programs by runs', 'ops', [
               lib.target(q('topk(10, sum by (program, owner) (rate(nettap_node_bpf_program_runs_total{%(sel)s}[$__rate_interval])))'), '{{owner}}/{{program}}'),
-            ]),
+            ], description='The ten programs of the node running most often: each run is paid by the process whose syscall or event triggered it.'),
             lib.timeseries('Top 10 programs by time per run', 's', [
               lib.target(q(|||
                 topk(10,
@@ -62,7 +62,7 @@ local lib = import 'lib.libsonnet';
             ], description='Expensive per run is cheap in total when the program rarely runs: read with runs/s.'),
             lib.timeseries('Programs loaded', 'short', [
               lib.target(q('sum by (owner, type) (nettap_node_bpf_programs{%(sel)s})'), '{{owner}} {{type}}'),
-            ], stack=true),
+            ], description='BPF programs loaded on the node, by the process that loaded them and by program type.', stack=true),
           ],
         },
       ],

@@ -127,9 +127,10 @@
   },
 
   // Markdown. Text panels show no data, so they carry no unit and no datasource.
-  text(title, content, w=24, h=8):: {
+  text(title, content, description, w=24, h=8):: {
     type: 'text',
     title: title,
+    description: description,
     options: { mode: 'markdown', content: content },
     gridW:: w,
     gridH:: h,

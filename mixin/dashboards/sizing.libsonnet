@@ -18,6 +18,13 @@ local lib = import 'lib.libsonnet';
     local peakKernel = 'max_over_time(sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))[$__range:])',
     local peakRSS = 'max_over_time(process_resident_memory_bytes{%(sel)s}[$__range])',
     local peakCgroup = 'max_over_time(nettap_cgroup_memory_usage_bytes{%(sel)s}[$__range])',
+    // sizing.md links the runbook's section as published; a runbookURLPattern of one's own
+    // (a wiki) replaces that link too.
+    local guidance = std.strReplace(
+      importstr 'sizing.md',
+      'https://github.com/nettap/nettap/blob/main/docs/runbook.md#sizing-nettap',
+      $._config.runbookURLPattern % 'sizing-nettap'
+    ),
 
     'nettap-sizing.json': lib.dashboard(
       cfg,
@@ -77,7 +84,7 @@ local lib = import 'lib.libsonnet';
               { name: 'peak RSS', unit: 'bytes' },
               { name: 'peak cgroup memory', unit: 'bytes' },
               { name: 'cgroup memory limit', unit: 'bytes' },
-            ], sortBy='peak process CPU (cores)'),
+            ], description="Each node's peaks over the range, the busiest by process CPU first, with the memory limit nettap reads from its own cgroup.", sortBy='peak process CPU (cores)'),
             lib.table('Requests and limits in force, per container', 'short', [
               lib.target(q('max by (%(kubeLabels)s) (max_over_time(rate(container_cpu_usage_seconds_total{%(cadvisor)s}[$__rate_interval])[$__range:]))'), instant=true, format='table'),
               lib.target(q('max by (%(kubeLabels)s) (kube_pod_container_resource_requests{%(ksm)s, resource="cpu"})'), instant=true, format='table'),
@@ -102,19 +109,19 @@ local lib = import 'lib.libsonnet';
               lib.target(q('rate(process_cpu_seconds_total{%(sel)s}[$__rate_interval])'), '{{instance}}'),
               lib.target(q('max(kube_pod_container_resource_requests{%(ksm)s, resource="cpu"})'), 'request'),
               lib.target(q('max(kube_pod_container_resource_limits{%(ksm)s, resource="cpu"})'), 'limit'),
-            ]) + lib.dashed(['request', 'limit']),
+            ], description="nettap's process CPU per node against the CPU request and limit in force (kube-state-metrics, dashed).") + lib.dashed(['request', 'limit']),
             lib.timeseries('Memory vs. request and limit', 'bytes', [
               lib.target(q('process_resident_memory_bytes{%(sel)s}'), '{{instance}} RSS'),
               lib.target(q('max(kube_pod_container_resource_requests{%(ksm)s, resource="memory"})'), 'request'),
               lib.target(q('max(kube_pod_container_resource_limits{%(ksm)s, resource="memory"})'), 'limit'),
               lib.target(q('max(nettap_cgroup_memory_limit_bytes{%(sel)s})'), 'cgroup limit'),
-            ]) + lib.dashed(['request', 'limit', 'cgroup limit']),
+            ], description="nettap's RSS per node against the memory request and limit in force (kube-state-metrics) and the limit of its own cgroup (dashed).") + lib.dashed(['request', 'limit', 'cgroup limit']),
           ],
         },
         {
           title: 'Guidance',
           panels: [
-            lib.text('Sizing nettap', importstr 'sizing.md', h=16),
+            lib.text('Sizing nettap', guidance, description='How to set the requests and limits from the panels above.', h=16),
           ],
         },
       ],

@@ -36,7 +36,7 @@ local lib = import 'lib.libsonnet';
             ], description='Whether the last configuration (re)load succeeded. A refused file leaves the previous one in force.', h=6, mappings=lib.boolMapping('failed', 'red', 'ok', 'green')),
             lib.stat('Since last good config', 's', [
               lib.target(q('time() - nettap_config_last_reload_success_timestamp_seconds{%(sel)s}'), '{{instance}}', instant=true),
-            ], h=6),
+            ], description='Time since the configuration last loaded successfully: at start, or the last edit nettap accepted.', h=6),
             lib.table('Probe attach mechanisms', 'none', [
               lib.target(q('nettap_probe_attached{%(sel)s}'), instant=true, format='table'),
             ], description='How each probe is attached (fentry, kprobe, tracepoint); "none" means it failed and captures nothing.', w=8, h=6, hide=['job', 'Value']),
@@ -51,7 +51,7 @@ local lib = import 'lib.libsonnet';
             ], description='If calls keep climbing while chunks published flattens, the pipeline is falling behind.'),
             lib.timeseries('Bytes processed', 'Bps', [
               lib.target(q('sum by (probe) (rate(nettap_probe_bytes_processed_total{%(sel)s}[$__rate_interval]))'), '{{probe}}'),
-            ]),
+            ], description='Bytes the captured sockets sent and received through each probed call (plaintext for the TLS probes).'),
             lib.timeseries('Ring buffer drops', 'ops', [
               lib.target(q('sum by (instance, ring) (rate(nettap_ringbuf_drops_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{ring}}'),
             ], description='Records dropped because a ring-buffer reserve failed. Drops on capture_chunks are lost captured data.', w=8),
@@ -60,14 +60,14 @@ local lib = import 'lib.libsonnet';
             ], description='Bytes produced but not yet consumed, over the ring size. Reserves fail when it reaches 100%.', w=8, max=1),
             lib.timeseries('Records drained', 'ops', [
               lib.target(q('sum by (ring, kind) (rate(nettap_ringbuf_records_drained_by_kind_total{%(sel)s}[$__rate_interval]))'), '{{ring}} {{kind}}'),
-            ], description='Records user space reads from each ring, by kind (obs_events carries state, owner, reset, error, destroy and tls_handshake records; dlopen, the libssl files processes map while capture.tls is on).', w=8),
+            ], description='Records user space reads from each ring, by kind. obs_events carries ten: state, reset, owner, error, destroy, tls_handshake, retransmit, synack_retransmit, timer and probe; every other ring one of its own: chunk (capture_chunks), eof (capture_eof), log (logs), dlopen (the libssl files processes map while capture.tls is on), segment (segments) and dns (dns).', w=8),
             lib.timeseries('Records lost after the ring', 'ops', [
               lib.target(q('sum by (instance, stage) (rate(nettap_records_lost_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{stage}}'),
             ], description='queue: user-space queue full; sink: sink write failed; decode: record failed to decode.'),
             lib.timeseries('Sink records written', 'ops', [
               lib.target(q('sum by (sink) (rate(nettap_sink_records_written_total{%(sel)s}[$__rate_interval]))'), '{{sink}} written'),
               lib.target(q('sum by (sink) (rate(nettap_sink_errors_total{%(sel)s}[$__rate_interval]))'), '{{sink}} errors'),
-            ]),
+            ], description='Records each sink wrote, and its failed writes: their records are lost (stage sink of Records lost after the ring).'),
           ],
         },
         {
@@ -103,9 +103,10 @@ local lib = import 'lib.libsonnet';
             lib.timeseries('Ingest process CPU (cores)', 'short', [
               lib.target(q('rate(process_cpu_seconds_total{%(ingestSel)s}[$__rate_interval])'), '{{instance}}'),
             ], description="nettap ingest's own CPU (its container's own requests and limits). It rises while a backlog drains."),
-            lib.timeseries('Ingest RSS', 'bytes', [
-              lib.target(q('process_resident_memory_bytes{%(ingestSel)s}'), '{{instance}}'),
-            ], description='Resident memory of nettap ingest. The lines in flight to the engine are bounded by ingest.max_in_flight_bytes.'),
+            lib.timeseries('Ingest RSS vs. limit', 'bytes', [
+              lib.target(q('process_resident_memory_bytes{%(ingestSel)s}'), '{{instance}} RSS'),
+              lib.target(q('nettap_cgroup_memory_limit_bytes{%(ingestSel)s}'), '{{instance}} limit'),
+            ], description="Resident memory of nettap ingest, and the memory limit of its own cgroup (no limit line when unlimited): NettapIngestMemoryNearLimit fires above %(ingestMemoryNearLimitRatio)g of it. The lines in flight to the engine are bounded by ingest.max_in_flight_bytes." % cfg),
           ],
         },
         {
@@ -138,7 +139,7 @@ local lib = import 'lib.libsonnet';
           panels: [
             lib.timeseries('DNS queries by response code', 'ops', [
               lib.target(q('sum by (instance, rcode) (rate(nettap_dns_queries_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{rcode}}'),
-            ], description='DNS queries the captured workloads sent over UDP to port 53 (capture.dns), counted when their answer came, by its response code: NOERROR, NXDOMAIN (no such name: an answer, often a search list walked), SERVFAIL (the resolver failed), REFUSED, ...; timeout, no answer within 5 s. NettapCapturedDnsFailures fires when SERVFAIL and timeout together exceed %g%% of them.' % (100 * cfg.capturedDnsFailuresRatio)),
+            ], description='DNS queries the captured workloads sent over UDP or TCP to port 53 (capture.dns), counted when their answer came, by its response code: NOERROR, NXDOMAIN (no such name: an answer, often a search list walked), SERVFAIL (the resolver failed), REFUSED, ...; timeout, no answer within 5 s. NettapCapturedDnsFailures fires when SERVFAIL and timeout together exceed %g%% of them.' % (100 * cfg.capturedDnsFailuresRatio)),
             lib.timeseries('DNS latency p99', 's', [
               lib.target(q('histogram_quantile(0.99, sum by (instance, le) (rate(nettap_dns_latency_seconds_bucket{%(sel)s}[$__rate_interval])))'), '{{instance}}'),
             ], description="Seconds from a captured workload's DNS query to its answer, 99th percentile (answered queries only: timeouts are in the panel beside). A node-local cache answers in well under a millisecond, a resolver across the network in milliseconds to tens of them."),
@@ -152,7 +153,7 @@ local lib = import 'lib.libsonnet';
             ], description="The exporter process's own CPU: what container CPU accounting and kubectl top see.", w=8),
             lib.timeseries('nettap RSS', 'bytes', [
               lib.target(q('process_resident_memory_bytes{%(sel)s}'), '{{instance}}'),
-            ], w=8),
+            ], description="Resident memory of the capture's process (nettap ingest's is in the Ingest row). BPF maps are kernel memory (BPF map memory): only the ring pages nettap has read from count here.", w=8),
             lib.timeseries('Kernel BPF CPU (cores)', 'short', [
               lib.target(q('sum by (instance) (rate(nettap_bpf_program_run_time_seconds_total{%(sel)s}[$__rate_interval]))'), '{{instance}}'),
             ], description="Kernel time in nettap's BPF programs, charged to whichever process made the syscall, not to nettap. Needs bpfStats on.", w=8),
@@ -177,10 +178,10 @@ local lib = import 'lib.libsonnet';
             ], description='What running nettap costs the node, in cores. Absent while bpfStats is off (the kernel part is unknown then).', w=8),
             lib.timeseries('BPF map memory', 'bytes', [
               lib.target(q('sum by (map) (nettap_bpf_map_memory_bytes{%(sel)s})'), '{{map}}'),
-            ], stack=true),
+            ], description="Kernel memory of each of nettap's BPF maps, rings included, charged to nettap's cgroup (Linux 5.11+). Of it, nettap's RSS counts only the ring pages it has read from.", stack=true),
             lib.timeseries('BPF map fill', 'percentunit', [
               lib.target(q('nettap_bpf_map_entries{%(sel)s} / (nettap_bpf_map_max_entries{%(sel)s} > 0)'), '{{instance}} {{map}}'),
-            ], max=1),
+            ], description='Entries in use over the most a hash map holds. At 100% inserts fail and what they follow is not captured (NettapBPFMapFull).', max=1),
           ],
         },
         {

@@ -47,7 +47,7 @@
           'for': cfg.ringBufferDropsFor,
           labels: { severity: 'critical' },
           annotations: {
-            summary: 'nettap is losing captured data: a ring buffer reserve is failing.',
+            summary: 'Captured data is being lost: a nettap ring buffer reserve is failing.',
             description: 'nettap on {{ $labels.instance }} dropped {{ printf "%%.2f" $value }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s: captured payload is being lost.' % cfg,
           },
         },
@@ -59,7 +59,7 @@
           'for': cfg.ringBufferDropsFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'nettap is dropping events: a ring buffer reserve is failing.',
+            summary: 'Events are being dropped: a nettap ring buffer reserve is failing.',
             description: 'nettap on {{ $labels.instance }} dropped {{ printf "%%.2f" $value }} records/s from ring {{ $labels.ring }} over the last %(rateInterval)s.' % cfg,
           },
         },
@@ -92,7 +92,7 @@
           'for': cfg.pipelineFallingBehindFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'nettap user space is not keeping up with the chunks its probes publish.',
+            summary: 'The user space of nettap is not keeping up with the chunks its probes publish.',
             description: 'nettap on {{ $labels.instance }} drained only {{ $value | humanizePercentage }} of the chunks its probes published over the last %(rateInterval)s.' % cfg,
           },
         },
@@ -104,7 +104,7 @@
           'for': cfg.recordsLostFor,
           labels: { severity: 'critical' },
           annotations: {
-            summary: 'nettap is losing captured records after reading them from the ring.',
+            summary: 'Captured records are lost after nettap read them from the ring.',
             description: 'nettap on {{ $labels.instance }} lost {{ printf "%%.2f" $value }} records/s at stage {{ $labels.stage }} over the last %(rateInterval)s.' % cfg,
           },
         },
@@ -150,7 +150,7 @@
           'for': cfg.tlsFilesRefusedFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'nettap leaves libssl files unattached: their TLS plaintext is not captured.',
+            summary: 'Some libssl files are left unattached: their TLS plaintext is not captured.',
             description: 'nettap on {{ $labels.instance }} refused {{ printf "%%.0f" $value }} libssl files over the last %(rateInterval)s for a bound (files attached at once, files of one user, or fds kept for reloads): processes using them have no TLS capture.' % cfg,
           },
         },
@@ -168,7 +168,7 @@
           'for': cfg.ingestDownFor,
           labels: { severity: 'critical' },
           annotations: {
-            summary: "nettap ingest cannot be scraped: its node's records may not be reaching the engine.",
+            summary: "The nettap ingest cannot be scraped: its node's records may not be reaching the engine.",
             description: "Prometheus has failed to scrape nettap ingest on {{ $labels.instance }} for %(ingestDownFor)s; the capture's files are its only buffer until it is back." % cfg,
           },
         },
@@ -180,7 +180,7 @@
           'for': cfg.ingestRecordsLostFor,
           labels: { severity: 'critical' },
           annotations: {
-            summary: 'nettap ingest is losing records: they will never reach the engine.',
+            summary: 'The nettap ingest is losing records: they will never reach the engine.',
             description: 'nettap ingest on {{ $labels.instance }} lost about {{ printf "%%.0f" $value }} records for reason {{ $labels.reason }} over the last %(rateInterval)s.' % cfg,
           },
         },
@@ -196,7 +196,7 @@
           'for': cfg.ingestBacklogFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: "nettap ingest is falling behind; the capture's oldest file will be rotated away unsent.",
+            summary: "The nettap ingest is falling behind; the capture's oldest file will be rotated away unsent.",
             description: cfg.ingestBacklogDescription,
           },
         },
@@ -208,8 +208,25 @@
           'for': cfg.ingestDisconnectedFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'nettap ingest is not connected to the engine (NATS); its backlog grows.',
+            summary: 'The nettap ingest is not connected to the engine (NATS); its backlog grows.',
             description: cfg.ingestDisconnectedDescription,
+          },
+        },
+        {
+          // From the ingest's own series, so that it fires without cAdvisor (compose, the
+          // local demo, systemd): NettapMemoryNearLimit's source="kubernetes" rule sees the
+          // ingest container too, its source="nettap" rule only the capture.
+          alert: 'NettapIngestMemoryNearLimit',
+          expr: |||
+            process_resident_memory_bytes{%(nettapIngestSelector)s}
+              / (nettap_cgroup_memory_limit_bytes{%(nettapIngestSelector)s} > 0)
+            > %(ingestMemoryNearLimitRatio)g
+          ||| % cfg,
+          'for': cfg.ingestMemoryNearLimitFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The nettap ingest is close to its memory limit; the OOM killer is next.',
+            description: 'The resident memory of nettap ingest on {{ $labels.instance }} is {{ $value | humanizePercentage }} of its memory limit.',
           },
         },
       ]),
@@ -250,9 +267,10 @@
           },
         },
         {
-          // About the captured workloads' resolvers, not nettap: their DNS queries over UDP
-          // end in SERVFAIL or go unanswered for 5 s (rcode="timeout"). NXDOMAIN is the
-          // resolver's answer about the name, not a failure of the resolver.
+          // About the captured workloads' resolvers, not nettap: their DNS queries, over UDP or
+          // TCP (docs/capture.md, DNS), end in SERVFAIL or go unanswered for 5 s
+          // (rcode="timeout"). NXDOMAIN is the resolver's answer about the name, not a failure
+          // of the resolver.
           alert: 'NettapCapturedDnsFailures',
           expr: |||
             (
@@ -281,7 +299,7 @@
           'for': cfg.exporterDownFor,
           labels: { severity: 'critical' },
           annotations: {
-            summary: 'nettap cannot be scraped: nothing is captured or measured on its node.',
+            summary: 'Prometheus cannot scrape nettap: nothing is captured or measured on its node.',
             description: 'Prometheus has failed to scrape nettap on {{ $labels.instance }} for %(exporterDownFor)s.' % cfg,
           },
         },
@@ -306,7 +324,7 @@
           'for': cfg.restartingFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'nettap keeps restarting; captures are lost at every restart.',
+            summary: 'The nettap process keeps restarting; captures are lost at every restart.',
             description: 'nettap on {{ $labels.instance }} restarted {{ $value }} times in the last %(restartsWindow)s.' % cfg,
           },
         },
@@ -318,7 +336,7 @@
           'for': cfg.configReloadFailedFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'nettap refused its configuration; the previous one is still in force.',
+            summary: 'A configuration of nettap was refused; the previous one is still in force.',
             description: 'The last configuration reload of nettap on {{ $labels.instance }} failed.',
           },
         },
@@ -357,7 +375,7 @@
           'for': cfg.kernelBPFCPUFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: "nettap's BPF programs use more kernel CPU than budgeted.",
+            summary: "The BPF programs of nettap use more kernel CPU than budgeted.",
             description: "nettap's BPF programs on {{ $labels.instance }} use {{ printf \"%.2f\" $value }} cores of kernel time, charged to the processes making the syscalls, not to nettap's cgroup.",
           },
         },
@@ -374,7 +392,7 @@
           'for': cfg.cpuThrottlingFor,
           labels: { severity: 'warning', source: 'nettap' },
           annotations: {
-            summary: 'nettap is CPU-throttled; throttling precedes ring-buffer drops.',
+            summary: 'The nettap process is CPU-throttled; throttling precedes ring-buffer drops.',
             description: '{{ $value | humanizePercentage }} of the CFS periods of nettap on {{ $labels.instance }} were throttled over the last %(rateInterval)s.' % cfg,
           },
         },
@@ -388,7 +406,7 @@
           'for': cfg.cpuThrottlingFor,
           labels: { severity: 'warning', source: 'kubernetes' },
           annotations: {
-            summary: 'nettap is CPU-throttled; throttling precedes ring-buffer drops.',
+            summary: 'The nettap process is CPU-throttled; throttling precedes ring-buffer drops.',
             description: '{{ $value | humanizePercentage }} of the CFS periods of container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} were throttled over the last %(rateInterval)s.' % cfg,
           },
         },
@@ -402,7 +420,7 @@
           'for': cfg.memoryNearLimitFor,
           labels: { severity: 'warning', source: 'nettap' },
           annotations: {
-            summary: 'nettap is close to its memory limit; the OOM killer is next.',
+            summary: 'The memory of nettap is close to its limit; the OOM killer is next.',
             description: 'The cgroup of nettap on {{ $labels.instance }} uses {{ $value | humanizePercentage }} of its memory limit.',
           },
         },
@@ -417,7 +435,7 @@
           'for': cfg.memoryNearLimitFor,
           labels: { severity: 'warning', source: 'kubernetes' },
           annotations: {
-            summary: 'nettap is close to its memory limit; the OOM killer is next.',
+            summary: 'The memory of nettap is close to its limit; the OOM killer is next.',
             description: 'Container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} has a working set of {{ $value | humanizePercentage }} of its memory limit.',
           },
         },
@@ -469,7 +487,7 @@
           'for': cfg.memoryRequestBelowUsageFor,
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'nettap uses more memory than it requests: an early eviction candidate.',
+            summary: 'A nettap container uses more memory than it requests: an early eviction candidate.',
             description: 'Container {{ $labels.container }} in pod {{ $labels.namespace }}/{{ $labels.pod }} has a working set of {{ $value | humanize1024 }}B, above its memory request; set the request to at least the working set (%(memoryRequestMinimum)s minimum).' % cfg,
           },
         },
