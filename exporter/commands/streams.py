@@ -50,13 +50,27 @@ SCHEMAS["start"] = SCHEMAS["stop"] = {"ts_ns": (int, _U64), "time": (str, None),
                                       "pid": (int, _U64)}                          # (sinks.mark_line)
 # Fields added to a kind after nettap wrote files without them: read as this value there.
 ADDED = {("owner", "sample"): 1, ("eof", "established_us"): 0}
+def pod_text(r: dict) -> str:
+    """An owner line's pod and container (docs/kubernetes.md), "" when it has none."""
+    if not isinstance(r.get("pod_uid"), str):
+        return ""
+    pod = f"{r['namespace']}/{r['pod']}" if isinstance(r.get("pod"), str) and "namespace" in r else ""
+    text = f"pod {pod} (uid {r['pod_uid']})" if pod else f"pod uid {r['pod_uid']}"
+    if isinstance(r.get("container_id"), str):
+        name = r.get("container")
+        text += f", container {name} (id {r['container_id'][:12]})" if isinstance(name, str) \
+            else f", container id {r['container_id'][:12]}"
+    return text
+
+
 # What a connection's life records say, in a line each (nettap read --conn).
 LIFECYCLE = {
     "state": lambda r: f"{r['oldstate']} -> {r['newstate']}",
     "reset": lambda r: f"reset {'sent' if r['direction'] == 'egress' else 'received'} in {r['state']}",
     "owner": lambda r: (f"owner pid {r['pid']} tid {r['tid']} ({r['comm']}), cgroup {r['cgroup_id']}, "
                         f"learnt at its {r['via'].replace('_', ' ')}"
-                        + (f", 1 in {r['sample']} connections sampled" if r["sample"] > 1 else "")),
+                        + (f", 1 in {r['sample']} connections sampled" if r["sample"] > 1 else "")
+                        + (f", {pod_text(r)}" if "pod_uid" in r else "")),
     "error": lambda r: f"error {r['errno_name']} in {r['state']}",
     "destroy": lambda r: (f"destroyed in {r['state']}: {r['bytes_acked']} B acknowledged, "
                           f"{r['bytes_received']} B received, {r['segs_out']} segments out, {r['segs_in']} in, "
@@ -347,6 +361,7 @@ class Capture:
         self.no_conn = 0                        # chunks of connections nettap had no room for
         self.dns: List[dict] = []               # the dns records, in file order (nettap read --dns)
         self.samples: Dict[int, int] = {}       # capture.sample_connections -> owner records decided under it
+        self.pods: Dict[int, str] = {}          # conn_id -> its owner's pod and container (owner lines)
         self._portless: Dict[tuple, tuple] = {}  # key without the local port -> key
 
     def add(self, rec: dict, keep: bool = False) -> None:
@@ -369,6 +384,8 @@ class Capture:
             return
         if kind == "owner":
             self.samples[rec["sample"]] = self.samples.get(rec["sample"], 0) + 1
+            if "pod_uid" in rec:
+                self.pods[rec["conn_id"]] = pod_text(rec)
         if kind in LIFECYCLE:                   # a socket's life, by its conn_id
             self.events.setdefault(rec["conn_id"], []).append((rec["ts_ns"], escape(LIFECYCLE[kind](rec))))
             return
