@@ -46,11 +46,11 @@ def cgroup_root(setting: str) -> tuple:
     from exporter.capture.targets import cgroup2_mounts, cgroup_id_level
     from exporter.config import ConfigError
     root = setting
-    if setting == "auto":
-        mounts = cgroup2_mounts()
+    if setting == "auto":                # the mount with the kubelet's cgroups (in a pod: the host's, not its own)
+        mounts = [m for m, _ in cgroup2_mounts()]
         if not mounts:
             return None, 0
-        root = mounts[0][0]
+        root = next((m for m in mounts if kubecgroups.kubepods_dirs(m)), mounts[0])
     try:
         return root, cgroup_id_level(root)[1]
     except (ConfigError, OSError) as e:

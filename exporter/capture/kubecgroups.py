@@ -35,12 +35,13 @@ def _dirs(path: str):
 
 
 def kubepods_dirs(root: str) -> list:
-    """(path, depth) of the kubelet's top cgroups: kubepods at most two levels below root."""
+    """(path, depth) of the kubelet's top cgroups: kubepods at most two levels
+    below root (a kubelet's --cgroup-root: kind's kubelet.slice, /k8s)."""
     out = []
     for name, path, _ in _dirs(root):
         if is_kubepods(name):
             out.append((path, 1))
-        elif name.endswith(".slice") or name == "kubelet":
+        else:
             out += [(p, 2) for n, p, _ in _dirs(path) if is_kubepods(n)]
     return out
 

@@ -8,85 +8,27 @@ from __future__ import annotations
 
 import json
 import socket
-import ssl
-import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from exporter.capture.kubelet import Kubelet, Malformed, pod_list
+from fakekubelet import TOKEN, FakeKubelet, make_cert
 
 PODS = (Path(__file__).parent / "fixtures" / "kubelet" / "pods.json").read_bytes()
-TOKEN = "eyJhbGciOiJSUzI1NiJ9.test-token"
-
-
-class FakeKubelet(ThreadingHTTPServer):
-    """GET /pods over TLS: 401 without the bearer token; else as mode says."""
-    daemon_threads = True
-
-    def __init__(self, cert, key):
-        super().__init__(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        self.socket = ctx.wrap_socket(self.socket, server_side=True)
-        self.mode, self.body, self.requests = "ok", PODS, 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def url(self):
-        return f"https://127.0.0.1:{self.server_address[1]}/pods"
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-    def do_GET(self):
-        srv = self.server
-        srv.requests += 1
-        if self.path != "/pods" or self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return self._answer(401, b"Unauthorized")
-        if srv.mode == "slow":                    # the headers, then a byte a tenth of a second
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(srv.body)))
-            self.end_headers()
-            for b in srv.body[:60]:
-                self.wfile.write(bytes([b]))
-                self.wfile.flush()
-                time.sleep(0.1)
-            return None
-        if srv.mode == "forbidden":
-            return self._answer(403, b'Forbidden (user=system:serviceaccount:nettap:nettap, verb=get, '
-                                     b'resource=nodes, subresource=proxy)')
-        return self._answer(200, srv.body)
-
-    def _answer(self, status, body):
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    d = tmp_path_factory.mktemp("kubelet-tls")
-    key, crt = d / "k.pem", d / "c.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", key, "-out", crt, "-days", "1", "-subj", "/CN=node-a",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    return str(crt), str(key)
+    return make_cert(tmp_path_factory.mktemp("kubelet-tls"))
 
 
 @pytest.fixture
 def kubelet(cert):
-    srv = FakeKubelet(*cert)
+    srv = FakeKubelet(*cert, body=PODS)
     yield srv
-    srv.shutdown()
-    srv.server_close()
+    srv.close()
 
 
 @pytest.fixture
