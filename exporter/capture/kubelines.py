@@ -122,14 +122,14 @@ class Lines:
 
     def __init__(self, node, workloads: Workloads | None = None):
         self.node, self.workloads = node, workloads
-        self._texts: dict = {}               # cgroup id -> (kubelet generation, texts) or None
+        self._texts: dict = {}               # cgroup id -> (the kubelet's list it was made from, texts)
         self.failures = 0                    # batches left as written because an edit failed
 
     def _texts_of(self, cid: int, pid: int):
         """(before daddr, before netns, before saddr, workload key) of a
         cgroup, or None when it is no pod's."""
         k = self.node.kubelet
-        gen = k.generation if k is not None else -1
+        gen = (id(k), k.generation) if k is not None else None     # a list replaced, or a new kubelet
         hit = self._texts.get(cid)
         if hit is not None and hit[0] == gen:
             return hit[1]
