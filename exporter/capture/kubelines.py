@@ -22,7 +22,6 @@ import threading
 
 OWNER = b'"type":"owner"'
 RESET = b'"type":"reset"'
-_CGROUP = re.compile(rb'^\{"cgroup_id":(\d+),')
 _CONN = re.compile(rb',"conn_id":(\d+),')
 _PID = re.compile(rb',"pid":(\d+),')
 _EOF = re.compile(rb'"conn_id":(\d+),.*?"rx_bytes":(\d+),"rx_calls":(\d+),.*?"tx_bytes":(\d+),"tx_calls":(\d+),')
@@ -125,36 +124,36 @@ class Lines:
         self._texts: dict = {}               # cgroup id -> (the kubelet's list it was made from, texts)
         self.failures = 0                    # batches left as written because an edit failed
 
-    def _texts_of(self, cid: int, pid: int):
+    def _texts_of(self, cid: int, line: bytes):
         """(before daddr, before netns, before saddr, workload key) of a
-        cgroup, or None when it is no pod's."""
+        cgroup (each insertion with the key it goes before), or None when it
+        is no pod's; kept per cgroup (but a v1 node's, by process)."""
         k = self.node.kubelet
         gen = (id(k), k.generation) if k is not None else None     # a list replaced, or a new kubelet
         hit = self._texts.get(cid)
         if hit is not None and hit[0] == gen:
             return hit[1]
-        ident = self.node.identity(cid, pid)
-        if ident is None:
-            return None
-        ns, pod, cont = self.node.names(ident)
-        texts = ((b',"container":' + _s(cont) if cont else b"")
-                 + (b',"container_id":' + _s(ident.container_id) if ident.container_id else b""),
-                 b',"namespace":' + _s(ns) if ns else b"",
-                 (b',"pod":' + _s(pod) if pod else b"") + b',"pod_uid":' + _s(ident.pod_uid),
-                 (ns, pod or ident.pod_uid, cont or ident.container_id))
+        p = _PID.search(line)
+        ident = self.node.identity(cid, int(p.group(1)) if p else 0)
+        texts = None
+        if ident is not None:
+            ns, pod, cont = self.node.names(ident)
+            texts = ((b',"container":' + _s(cont) if cont else b"")
+                     + (b',"container_id":' + _s(ident.container_id) if ident.container_id else b"") + b',"daddr":',
+                     (b',"namespace":' + _s(ns) if ns else b"") + b',"netns":',
+                     (b',"pod":' + _s(pod) if pod else b"") + b',"pod_uid":' + _s(ident.pod_uid) + b',"saddr":',
+                     (ns, pod or ident.pod_uid, cont or ident.container_id))
         cg = self.node.cgroups.get(cid)
-        if cg is not None and cg.identity is ident:     # the cgroup's (not a v1 node's process's): kept
-            if len(self._texts) >= MAX_CACHED:
+        if cg is not None and cg.identity is ident or ident is None and self.node.cgroups:
+            if len(self._texts) >= MAX_CACHED:      # the cgroup's (not a v1 node's process's): kept
                 self._texts.clear()
             self._texts[cid] = (gen, texts)
         return texts
 
     def owner(self, line: bytes) -> bytes:
-        m = _CGROUP.match(line)
-        if not m:
+        if not line.startswith(b'{"cgroup_id":'):
             return line
-        p = _PID.search(line)
-        texts = self._texts_of(int(m.group(1)), int(p.group(1)) if p else 0)
+        texts = self._texts_of(int(line[13:line.index(b",", 13)]), line)
         if texts is None:
             return line
         a, b, c, key = texts
@@ -162,19 +161,21 @@ class Lines:
             conn = _CONN.search(line)
             if conn:
                 self.workloads.owner(int(conn.group(1)), key)
-        line = line.replace(b',"daddr":', a + b',"daddr":', 1)
-        line = line.replace(b',"netns":', b + b',"netns":', 1)
-        return line.replace(b',"saddr":', c + b',"saddr":', 1)
+        return line.replace(b',"daddr":', a, 1).replace(b',"netns":', b, 1).replace(b',"saddr":', c, 1)
 
     def obs_events(self, data: bytes) -> bytes:
         """A batch of obs_events lines, its owner lines with their pod."""
         out, done = [], 0
-        for start, end in _lines(data, OWNER):
+        find, rfind, owner = data.find, data.rfind, self.owner
+        i = find(OWNER)
+        while i >= 0:
+            start, end = rfind(b"\n", 0, i) + 1, find(b"\n", i) + 1 or len(data)
             line = data[start:end]
-            new = self.owner(line)
+            new = owner(line)
             if new is not line:
                 out += (data[done:start], new)
                 done = end
+            i = find(OWNER, end)
         if self.workloads is not None:
             self.workloads.reset_lines(data)
         if not out:
