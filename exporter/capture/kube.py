@@ -94,6 +94,8 @@ class Node:
                                        settings.timeout_seconds, settings.max_bytes)
                 if previous is not None:
                     self.kubelet.pods = previous.pods
+                if self.wake_kubelet:            # asked now, not at the end of the old poll interval
+                    self.wake_kubelet()
             else:
                 log.info("kubernetes: no kubelet to ask (kubernetes.kubelet_url %s%s): pods are known by their "
                          "UIDs and containers by their ids only", settings.kubelet_url,
