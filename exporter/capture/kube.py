@@ -30,13 +30,16 @@ MAX_UNKNOWN = 1 << 16       # cgroup ids known to be no pod's, remembered (then 
 
 
 def kubelet_url(setting: str, env=os.environ) -> str | None:
-    """kubernetes.kubelet_url as a URL, or None: auto is the node's kubelet
-    (NODE_NAME from the downward API) where NODE_NAME is set."""
+    """kubernetes.kubelet_url as a URL, or None: auto is the node's kubelet,
+    at NODE_IP (the downward API's status.hostIP: a pod may not resolve its
+    node's name) or else NODE_NAME (spec.nodeName), where one is set."""
     if setting == "off":
         return None
     if setting == "auto":
-        node = env.get("NODE_NAME", "").strip()
-        return f"https://{node}:10250/pods" if node else None
+        ip, name = env.get("NODE_IP", "").strip(), env.get("NODE_NAME", "").strip()
+        if ":" in ip:
+            ip = f"[{ip}]"                   # an IPv6 node
+        return f"https://{ip or name}:10250/pods" if ip or name else None
     return setting
 
 
@@ -99,7 +102,7 @@ class Node:
             else:
                 log.info("kubernetes: no kubelet to ask (kubernetes.kubelet_url %s%s): pods are known by their "
                          "UIDs and containers by their ids only", settings.kubelet_url,
-                         ", NODE_NAME unset" if settings.kubelet_url == "auto" else "")
+                         ", neither NODE_IP nor NODE_NAME set" if settings.kubelet_url == "auto" else "")
             if previous is not None:
                 previous.close()
         if old is None or old.cgroup_root != settings.cgroup_root:

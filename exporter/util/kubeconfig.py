@@ -87,8 +87,8 @@ def _url(v, key: str) -> str:
 
 KUBERNETES = Section("kubernetes",
     Key("kubelet_url", Check(_url, "auto, off, or an https URL"), "auto",
-        "the node's kubelet's pod list (names, labels): auto is https://$NODE_NAME:10250/pods where NODE_NAME is "
-        "set (the downward API), else none; without it, records carry pod UIDs and container ids only"),
+        "the node's kubelet's pod list (names, labels): auto is https://$NODE_IP:10250/pods, else $NODE_NAME's, "
+        "where the downward API sets one, else none; without it, records carry pod UIDs and container ids only"),
     Key("token_file", Str(), f"{SA}/token", "the bearer token sent to the kubelet (read at each poll: it rotates)"),
     Key("ca_file", Str(), f"{SA}/ca.crt", "the CA the kubelet's certificate is checked against"),
     Key("insecure_skip_verify", Bool(), False, "do not check the kubelet's certificate (a self-signed one)"),

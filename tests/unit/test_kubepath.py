@@ -142,3 +142,12 @@ def test_identity_of_a_new_cgroup_scans_once_and_remembers_unknown_ids(tmp_path,
     assert node.identity(other) is None and node.identity(other) is None
     assert node.scans == scans + 2            # the unknown id scanned for once
     assert node.names(node.identity(ino[SYSTEMD[0]])) == ("", "", "")
+
+
+def test_the_kubelets_url_from_the_downward_api():
+    from exporter.capture.kube import kubelet_url
+    assert kubelet_url("auto", {"NODE_IP": "10.0.0.11", "NODE_NAME": "node-a"}) == "https://10.0.0.11:10250/pods"
+    assert kubelet_url("auto", {"NODE_IP": "fd00::11"}) == "https://[fd00::11]:10250/pods"
+    assert kubelet_url("auto", {"NODE_NAME": "node-a"}) == "https://node-a:10250/pods"
+    assert kubelet_url("auto", {}) is None and kubelet_url("off", {"NODE_NAME": "a"}) is None
+    assert kubelet_url("https://k:10250/pods", {}) == "https://k:10250/pods"
