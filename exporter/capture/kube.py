@@ -108,7 +108,7 @@ class Node:
         if old is None or old.cgroup_root != settings.cgroup_root:
             self.root, self.root_level = cgroup_root(settings.cgroup_root)
             self.present = self.root is not None and bool(kubecgroups.kubepods_dirs(self.root))
-            self._scanned_at = -MIN_RESCAN
+            self._scanned_at, self._unknown = -MIN_RESCAN, set()
             self.scan()
 
     # -- cgroups --
@@ -146,6 +146,11 @@ class Node:
                 self._unknown.clear()
             self._unknown.add(cid)
         return cg
+
+    def no_pods(self, cid: int) -> bool:
+        """Whether cgroup cid is known to be no pod's (a scan made after it
+        existed did not find it)."""
+        return cid in self._unknown
 
     def identity(self, cid: int, pid: int = 0):
         """The kubepath.Identity of a cgroup id (else, on a node whose pods

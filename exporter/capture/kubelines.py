@@ -129,7 +129,8 @@ class Lines:
         cgroup (each insertion with the key it goes before), or None when it
         is no pod's; kept per cgroup (but a v1 node's, by process)."""
         k = self.node.kubelet
-        gen = (id(k), k.generation) if k is not None else None     # a list replaced, or a new kubelet
+        # a list replaced, a new kubelet, the cgroups changed
+        gen = (id(k), k.generation if k is not None else 0, self.node.generation)
         hit = self._texts.get(cid)
         if hit is not None and hit[0] == gen:
             return hit[1]
@@ -144,7 +145,7 @@ class Lines:
                      (b',"pod":' + _s(pod) if pod else b"") + b',"pod_uid":' + _s(ident.pod_uid) + b',"saddr":',
                      (ns, pod or ident.pod_uid, cont or ident.container_id))
         cg = self.node.cgroups.get(cid)
-        if cg is not None and cg.identity is ident or ident is None and self.node.cgroups:
+        if cg is not None and cg.identity is ident or ident is None and self.node.no_pods(cid):
             if len(self._texts) >= MAX_CACHED:      # the cgroup's (not a v1 node's process's): kept
                 self._texts.clear()
             self._texts[cid] = (gen, texts)

@@ -102,3 +102,20 @@ def test_workloads_counted_from_owner_eof_and_reset_lines_capped(tmp_path):
         {("shop", "checkout-1", "api", "sent"): 12, ("shop", "checkout-1", "api", "received"): 14}
     assert fams["nettap_kubernetes_series_folded"].samples[0].value == 1
     assert fams["nettap_kubernetes_line_edit_failures"].samples[0].value == 3
+
+
+def test_an_owner_seen_before_its_cgroup_is_named_once_the_cgroup_is_seen(tmp_path, monkeypatch):
+    """A container started after the last scan, its owner line within the
+    scan's rate limit: unnamed then, but not taken for no pod's."""
+    node, _, _ = _node(tmp_path)
+    lines = Lines(node)
+    cdir = tmp_path / POD / f"cri-containerd-{'7' * 64}.scope"
+    os.makedirs(cdir)
+    new = os.stat(cdir).st_ino
+    node._scanned_at = float("inf")              # a scan just made: none now
+    assert "pod_uid" not in json.loads(lines.obs_events(_owner(new)))
+    node._scanned_at = float("-inf")
+    assert json.loads(lines.obs_events(_owner(new)))["container_id"] == "7" * 64
+    node._scanned_at = float("-inf")
+    assert "pod_uid" not in json.loads(lines.obs_events(_owner(4242)))        # scanned for: no pod's
+    assert node.no_pods(4242)
