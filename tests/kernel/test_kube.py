@@ -90,21 +90,29 @@ def one_client(srv, container: str, count: int) -> ClientProcess:
     return cl
 
 
-@pytest.mark.parametrize("layout", ["systemd", "cgroupfs"])
-def test_pod_target_names_its_records_and_metrics_and_follows_a_new_pod(nettap_run, mode, kubelet, layout):
+# (layout, the target, what it is named as, whether it names the container's cgroup or the pod's)
+TARGETS = {"systemd": ("systemd", {"namespace": "shop", "pod": "checkout-*"}, "namespace=shop,pod=checkout-*", False),
+           "cgroupfs": ("cgroupfs", {"namespace": "shop", "pod": "checkout-*"}, "namespace=shop,pod=checkout-*", False),
+           "container": ("systemd", {"namespace": "shop", "labels": {"app": "checkout"}, "container": "api"},
+                         "namespace=shop,label app=checkout,container=api", True)}
+
+
+@pytest.mark.parametrize("case", list(TARGETS))
+def test_pod_target_names_its_records_and_metrics_and_follows_a_new_pod(nettap_run, mode, kubelet, case):
+    layout, target, text, by_container = TARGETS[case]
     uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
     h = Hierarchy(layout)
     srv = Server()
     try:
         pod_dir, container = h.add_pod(uid, cid)
         kubelet.body = pod_list(pod("shop", "checkout-1", uid, {"app": "checkout"}, {"api": cid}))
-        target = {"namespace": "shop", "pod": "checkout-*"}
         run = nettap_run({"captures": [{"kubernetes": target}],
                           "kubernetes": {"kubelet_url": kubelet.url, "token_file": kubelet.files[0],
                                          "ca_file": kubelet.files[1], "poll_seconds": 1,
                                          "cgroup_root": cgroup_v2_root(), "cgroup_poll_ms": 100},
                           "metrics": {"kubernetes_labels": True}})
-        wait_until(lambda: os.stat(pod_dir).st_ino in kernel_cgroups(run), what="the pod's cgroup in the filter")
+        wait_until(lambda: kernel_cgroups(run) == {os.stat(container if by_container else pod_dir).st_ino},
+                   what="the target's cgroup in the filter")
         outside = ClientProcess(srv.port, N, S)          # not in the pod: not captured
         outside.go()
         first = one_client(srv, container, 2)
@@ -113,7 +121,7 @@ def test_pod_target_names_its_records_and_metrics_and_follows_a_new_pod(nettap_r
         who = (("container", "api"), ("namespace", "shop"), ("pod", "checkout-1"))
         assert m[("nettap_kubernetes_connections_total", who)] == 1
         assert m[("nettap_kubernetes_bytes_total", tuple(sorted(who + (("direction", "sent"),))))] == N * S
-        assert m[("nettap_targets_kubernetes_cgroups", (("target", "namespace=shop,pod=checkout-*"),))] == 1
+        assert m[("nettap_targets_kubernetes_cgroups", (("target", text),))] == 1
 
         # a rollout: the pod deleted (gone from the kubelet's list: out of the filter, its cgroup still
         # there), another listed under a new UID before the runtime makes its cgroups (seen by the watch)
@@ -124,7 +132,8 @@ def test_pod_target_names_its_records_and_metrics_and_follows_a_new_pod(nettap_r
                    what="the deleted pod out of the filter")
         h.remove_pod(pod_dir)
         pod_dir2, container2 = h.add_pod(uid2, cid2)
-        wait_until(lambda: kernel_cgroups(run) == {os.stat(pod_dir2).st_ino}, what="the new pod's cgroup alone")
+        wait_until(lambda: kernel_cgroups(run) == {os.stat(container2 if by_container else pod_dir2).st_ino},
+                   what="the new pod's cgroup alone")
         second = one_client(srv, container2, 3)
         lines, _ = run.finish()
         assert run.app.reloads.failures == 0
