@@ -16,14 +16,14 @@ from collections import namedtuple
 
 import yaml
 
-from exporter.util import outpath
+from exporter.util import kubeconfig, outpath
 from exporter.util.schema import (MAX_QUOTED, Bool, Check, Choice, ConfigError, Int, Key, Section, Str,
                                   as_written, key_name, quote)
 from exporter.kernel.tcp_h import CHUNK_DATA, MAX_CHUNKS_PER_CALL, NAMES, RINGS, STRIDES
 
 OUTPUT_TYPES = ("jsonl", "stdout", "none")
 STATS_SCOPES = ("own", "node")
-TARGET_KINDS = ("pid", "cgroup", "netns", "port")
+TARGET_KINDS = ("pid", "cgroup", "netns", "port", "kubernetes")
 TLS_ATTACH = ("targets", "node")
 LOG_LEVELS = ("debug", "info", "warn", "warning", "error")     # warn: Prometheus' spelling
 MAX_PAYLOAD_BYTES = MAX_CHUNKS_PER_CALL * CHUNK_DATA     # what one call's capture can hold (bpf/tcp.h)
@@ -152,11 +152,12 @@ BPF_STATS = Section("diagnostics.bpfStats",
     Key("enabled", Bool(), False, "kernel BPF run-time statistics (nettap_bpf_program_*)"),
     Key("scope", Choice(*STATS_SCOPES), "own", "node: also every other BPF program on the node"))
 TOP = Section("",
-    Key("captures", as_written("list of port, pid, cgroup or netns items"), None,
+    Key("captures", as_written("list of port, pid, cgroup, netns or kubernetes items"), None,
         "a call is captured if it matches any item (on an item, segments: true: also its segments; records: "
         "its own capture.records)"),
     Key("capture", CAPTURE, None), Key("output", OUTPUT, None), Key("rings", RINGS_SECTION, None),
     Key("diagnostics", Section("diagnostics", Key("bpfStats", BPF_STATS, None)), None),
+    Key("kubernetes", kubeconfig.KUBERNETES, None), Key("metrics", kubeconfig.METRICS, None),
     Key("log_level", Choice(*LOG_LEVELS), "info", "overridden by --log.level"),
     Key("ingest", as_written("mapping"), None, "nettap ingest's section (below); the capture keeps it as written"))
 
@@ -164,9 +165,9 @@ TOP = Section("",
 # namedtuples, not dataclasses: this module is on the path to the probes
 # being attached, and importing dataclasses (and typing) costs ~15 ms there.
 class Target(namedtuple("Target", "kind value segments records", defaults=(False, None))):
-    """kind: pid | cgroup | netns | port; value: int for pid/port, a path (or an inode for netns)
-    otherwise; segments: record the segments its sockets receive; records: the record kinds its
-    sockets publish (parse: its own records:, else capture.records; with segment if segments)."""
+    """kind: pid | cgroup | netns | port | kubernetes; value: int for pid/port, a path (or an inode for
+    netns), a kubeconfig.Selector for kubernetes; segments: record the segments its sockets receive;
+    records: the record kinds its sockets publish (its own records:, else capture.records; segment if segments)."""
 
     __slots__ = ()
 
@@ -185,12 +186,12 @@ class Output(namedtuple("Output", "type path max_bytes backups queue_bytes mode 
 
 
 class Config(namedtuple("Config", "captures max_payload_bytes output rings bpf_stats_enabled "
-                                  "bpf_stats_scope log_level tls ingest dns tls_attach records sample",
+                                  "bpf_stats_scope log_level tls ingest dns tls_attach records sample kube",
                         defaults=((), CAPTURE.default("max_payload_bytes"), Output(),
                                   tuple(DEFAULT_RING_BYTES.items()), BPF_STATS.default("enabled"),
                                   BPF_STATS.default("scope"), TOP.default("log_level"), CAPTURE.default("tls"),
                                   None, CAPTURE.default("dns"), CAPTURE.default("tls_attach"),
-                                  tuple(CAPTURE.default("records")), 1))):
+                                  tuple(CAPTURE.default("records")), 1, kubeconfig.Kube()))):
     __slots__ = ()
 
     @property
@@ -222,10 +223,9 @@ def _target(item, key: str) -> Target:
     if not isinstance(seg, bool):
         raise ConfigError(f"{key}.segments: must be true or false, got {quote(seg)}")
     k = f"{key}.{kind}"
-    if kind == "port":
-        return Target(kind, Int(1, 65535)(v, k), seg, rec)
-    if kind == "pid":
-        return Target(kind, Int(1, 2**22 - 1)(v, k), seg, rec)     # PID_MAX_LIMIT - 1
+    if kind in ("port", "pid", "kubernetes"):           # pid: up to PID_MAX_LIMIT - 1
+        check = {"port": Int(1, 65535), "pid": Int(1, 2**22 - 1), "kubernetes": kubeconfig.selector}[kind]
+        return Target(kind, check(v, k), seg, rec)
     if kind == "netns" and isinstance(v, int) and not isinstance(v, bool):
         return Target(kind, Int(1, 2**32 - 1)(v, k), seg, rec)
     path = Str()(v, k)
@@ -301,7 +301,7 @@ def parse(doc) -> Config:
     if ingest is not None and not isinstance(ingest, dict):
         raise ConfigError(f"ingest: must be a mapping, got {type(ingest).__name__}")
     return Config(captures, max_payload, output, tuple(ring_bytes.items()), enabled, scope, level, tls, ingest,
-                  dns, tls_attach, records, sample)
+                  dns, tls_attach, records, sample, kubeconfig.settings(top.get("kubernetes"), top.get("metrics")))
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: 4x faster

@@ -163,6 +163,14 @@ class TargetMaps:
         if self.on_change:
             self.on_change()
 
+    def reapply(self, new: Resolved) -> bool:
+        """Make new the targets in force with the settings of the last apply
+        (kubernetes targets followed between reloads); False before any."""
+        if self._settings is None:
+            return False
+        self.apply(new, *self._settings)
+        return True
+
     # -- the transaction's steps, each recording how to undo itself --
     @staticmethod
     def _entries(r: Resolved) -> dict:

@@ -50,12 +50,14 @@ from exporter.capture.targets import Resolved, start_time, tgid
 PF_KTHREAD = 0x00200000        # include/linux/sched.h
 
 
-def processes(resolved: Resolved, proc: str = "/proc", cgroup_root: str | None = None) -> set[int]:
+def processes(resolved: Resolved, proc: str = "/proc", cgroup_root: str | None = None,
+              more_cgroups: dict | None = None) -> set[int]:
     """The tgids of the live user processes the targets in resolved name.
     cgroup_root: read each cgroup target's path below this directory (a
-    fake tree's root; None: the paths as the config wrote them)."""
+    fake tree's root; None: the paths as the config wrote them).
+    more_cgroups: path -> id of cgroups matched otherwise (kubernetes targets)."""
     found = {p for p in resolved.pids if _same(proc, p, resolved.pid_starts.get(p))}
-    for path, cid in resolved.cgroup_paths.items():
+    for path, cid in {**resolved.cgroup_paths, **(more_cgroups or {})}.items():
         if cid in resolved.cgroups:
             found |= cgroup_processes(cgroup_root + path if cgroup_root else path, cid, proc)
     if resolved.netns or resolved.ports:

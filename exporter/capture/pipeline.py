@@ -79,10 +79,16 @@ class Pipeline:
     def __init__(self, rings: Dict[str, RingMemory], sink: Optional[Sink],
                  queue_bytes: int = 4 << 20, poll_interval: float = POLL_INTERVAL,
                  drops: Optional[Callable[[], Dict[str, int]]] = None, clock_interval: float = CLOCK_INTERVAL,
-                 watch: Optional[Dict[str, Callable[[object], None]]] = None):
+                 watch: Optional[Dict[str, Callable[[object], None]]] = None,
+                 edit: Optional[Dict[str, Callable[[bytes], bytes]]] = None):
         """watch: ring -> a function the drain thread gives each batch of that
         ring's records (a numpy array, copied out of the ring), before they
-        are formatted: the rings user space acts on (logs always)."""
+        are formatted: the rings user space acts on (logs always). edit: ring
+        -> a function given each batch of that ring's JSON lines, returning
+        them as they are to be written (kubelines: the owner lines' pods);
+        may change at run time."""
+        self.edit: Dict[str, Callable[[bytes], bytes]] = dict(edit or {})
+        self.edit_failures = 0                   # batches written as formatted because their edit failed
         self.rings = rings
         self.watch: Dict[str, Callable[[object], None]] = {"logs": self._log_bpf_problems, **(watch or {})}
         self._drops = drops                      # ring -> records the kernel dropped, since load
@@ -150,6 +156,8 @@ class Pipeline:
                     b = ring.read(n)                    # counted (and logs kept), not formatted
                 elif self._room() or self._wait_for_room(deadline):
                     b = ring.read(n) if ring.name in self.watch else self._read_lines(ring, n)
+                    if b is not None and b.data and ring.name in self.edit:
+                        b.data = self._edited(ring.name, b.data)
                 elif deadline is None and ring.pending_bytes() * RING_HIGH <= ring.size:
                     waiting = True                      # leave them in the ring for now
                     break
@@ -181,6 +189,18 @@ class Pipeline:
             b = ring.read(n, discard=True)
             self._format_failed(ring.name, b.count if b else 0)
             return b
+
+    def _edited(self, ring: str, data: bytes) -> bytes:
+        """The ring's edit of data; data as it is if the edit fails (counted, logged)."""
+        try:
+            return self.edit[ring](data)
+        except Exception:
+            self.edit_failures += 1
+            now = time.monotonic()
+            if now - self._log_times.get(("edit", ring), -LOSS_LOG_INTERVAL) >= LOSS_LOG_INTERVAL:
+                self._log_times[("edit", ring)] = now
+                log.error("editing %s lines failed (written as formatted): %s", ring, traceback.format_exc().rstrip())
+            return data
 
     def _watched(self, ring: str, recs) -> None:
         """A watched ring's batch to its function, which must not stop the drain."""

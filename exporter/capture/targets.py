@@ -38,7 +38,7 @@ class Resolved:
     on the path to attaching the probes)."""
 
     def __init__(self, pids=None, cgroups=None, netns=None, ports=None, pid_starts=None,
-                 cgroup_paths=None, gone=None, kinds=None):
+                 cgroup_paths=None, gone=None, kinds=None, matched=None):
         self.pids = set(pids or ())
         self.cgroups = dict(cgroups or {})          # cgroup id -> level
         self.netns = set(netns or ())
@@ -52,6 +52,8 @@ class Resolved:
         self.pid_starts = dict(pid_starts or {})
         self.cgroup_paths = dict(cgroup_paths or {})
         self.gone = set(gone or ())
+        # kubernetes targets: the target (its text) -> the cgroup ids it matched (exporter/capture/kube.py)
+        self.matched = dict(matched or {})
 
     def without(self, gone) -> "Resolved":
         """A copy with the gone (kind, value) targets taken out of the maps' sets."""
@@ -64,7 +66,7 @@ class Resolved:
                  if not (k == "pid" and v in pids or k == "cgroup" and v in ids)}
         return Resolved(self.pids - pids, {c: l for c, l in self.cgroups.items() if c not in ids},
                         self.netns, self.ports, {p: t for p, t in self.pid_starts.items() if p not in pids},
-                        keep_paths, self.gone | set(gone), kinds)
+                        keep_paths, self.gone | set(gone), kinds, self.matched)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Resolved) and (self.pids, self.cgroups, self.netns, self.ports, self.kinds) == \
@@ -229,11 +231,15 @@ def start_time(proc: str, pid: int) -> int | None:
         return None
 
 
-def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None) -> Resolved:
+def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None, kube=None,
+            log_gone: bool = True) -> Resolved:
     """previous: the targets in force. A pid or cgroup target it held (or
     already had as gone) whose process exited or cgroup was removed is
-    reported as gone (logged, not in the maps), not refused: the config may
-    still list it. A new target that does not exist is refused."""
+    reported as gone (logged unless not log_gone, not in the maps), not
+    refused: the config may still list it. A new target that does not exist
+    is refused. kube: an exporter.capture.kube.Node, which a kubernetes target
+    is matched against (the cgroups of the node's pods it names now; none
+    without one)."""
     r = Resolved()
     prev = previous or Resolved()
     for i, t in enumerate(targets):
@@ -267,6 +273,13 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
             elif t.kind == "netns":
                 key = netns_inode(t.value, proc)
                 r.netns.add(key)
+            elif t.kind == "kubernetes":
+                found = kube.match(t.value) if kube is not None else {}
+                r.cgroups.update(found)
+                r.matched[str(t.value)] = sorted(found)
+                for cid in found if t.records else ():
+                    r.kinds["cgroup", cid] = r.kinds.get(("cgroup", cid), 0) | kind_bits(t.records)
+                continue
             if t.records:
                 r.kinds[t.kind, key] = r.kinds.get((t.kind, key), 0) | kind_bits(t.records)
         except ConfigError as e:
@@ -275,7 +288,7 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
     if len(levels) > MAX_CGROUP_LEVELS:
         raise ConfigError(f"captures: cgroup targets sit at {len(levels)} different levels {levels}; "
                           f"at most {MAX_CGROUP_LEVELS} are matched in the kernel")
-    for kind, value in sorted(r.gone, key=str):
+    for kind, value in sorted(r.gone, key=str) if log_gone else ():
         log.warning("captures: %s %s is gone (%s) and not captured; remove it from the config",
                     kind, value, "the process exited" if kind == "pid" else "the cgroup was removed")
     return r

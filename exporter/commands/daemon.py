@@ -14,7 +14,7 @@ from prometheus_client import gc_collector, platform_collector, process_collecto
 
 from exporter import __version__
 from exporter import config as config_mod
-from exporter.capture import filter as capture_filter, members, sinks, targets
+from exporter.capture import filter as capture_filter, kube, kubelines, members, sinks, targets
 from exporter.kernel.bpfstats import STATE_PROBE, StatsSwitch, own_programs
 from exporter.metrics.cgroup import CgroupCollector
 from exporter.metrics.programs import ProgramStatsCollector
@@ -22,6 +22,7 @@ from exporter.metrics.tls import TlsFilesCollector
 from exporter.metrics.buildinfo import BuildInfoCollector
 from exporter.metrics.dns import DnsCollector
 from exporter.metrics.guarded import Guarded
+from exporter.metrics.kubernetes import KubernetesCollector
 from exporter.metrics.lifecycle import LifecycleCollector
 from exporter.metrics.maps import MapCollector
 from exporter.metrics.pipeline import PipelineCollector
@@ -76,6 +77,9 @@ class Nettap:
         self.sink_totals = sinks.Totals()       # shared by every sink: counters never reset
         self.target_watch: Optional[capture_filter.TargetWatch] = None
         self.dns = DnsTracker(drops=lambda: self._drops.sum(RINGS.index("dns"))[""])
+        self.kube = kube.Node()                 # the node's pods (configured by apply)
+        self.kube_watch: Optional[kube.Watch] = None
+        self.workloads: Optional[kubelines.Workloads] = None
         try:
             fds = self.probes.map_fds
             self.target_maps = capture_filter.TargetMaps(fds, self.probes.map_info)
@@ -91,7 +95,7 @@ class Nettap:
             self.target_watch = capture_filter.TargetWatch(self.target_maps, self._lock).start()
             self.pipeline = Pipeline(self.rings, self._open_sink(config.output), config.output.queue_bytes,
                                      drops=self.drops, watch={"dlopen": self._libssl_mapped,
-                                                              "dns": self.dns.observe})
+                                                              "dns": self.dns.observe}, edit=self._kube_edits())
             self.pipeline.start()
             self.ready.set()
         except BaseException:
@@ -149,7 +153,8 @@ class Nettap:
             "config": {"path": config_path, "last_ok": r.last_ok, "last_success": r.last_success,
                        "last_failure": r.last_failure, "error": r.last_error,
                        "successes": r.successes, "failures": r.failures},
-            "captures": [{"kind": t.kind, "value": t.value, "gone": (t.kind, t.value) in cur.gone}
+            "captures": [{"kind": t.kind, "value": str(t.value) if t.kind == "kubernetes" else t.value,
+                          "gone": (t.kind, t.value) in cur.gone}
                          for t in self.config.captures],
             # As nettap_probe_attached reports them (metrics.pipeline.PipelineCollector).
             "probes": [{"probe": p, "mechanism": st.reported,
@@ -175,53 +180,105 @@ class Nettap:
         """Make config the one in force. Everything that can be refused is
         checked first (raises ConfigError, and then nothing changed)."""
         with self._lock:                # shared with the target watch, which drops gone targets
-            resolved = targets.resolve(config.captures, previous=self.target_maps.current)
-            self.target_maps.check(resolved)
-            old = self.config
-            sink = None
-            pending = []
-            if self.pipeline and config.output._replace(queue_bytes=0) != old.output._replace(queue_bytes=0):
-                if (config.output.type == "none") != (old.output.type == "none"):
-                    log.warning("output: switching between a sink and none takes effect at the next start")
-                    pending.append("output")
-                else:
-                    sink = self._open_sink(config.output)      # refused here, before anything changed
+            kube_was = (self.kube.settings, self.kube.watching)
+            self.kube.configure(config.kube, any(t.kind == "kubernetes" for t in config.captures))
             try:
-                try:
-                    self.stats_switch.set(config.bpf_stats_enabled)
-                except OSError as e:
-                    raise ConfigError(f"diagnostics.bpfStats.enabled: cannot switch statistics on: {e}") from None
-                changed = {r: n for r, n in config.ring_bytes.items() if old.ring_bytes.get(r) != n}
-                if changed:
-                    # A BPF ring's size is fixed when its map is created; only a restart
-                    # (new maps) changes it. The rest of the config applies now.
-                    log.warning("rings: %s take effect at the next start (a ring cannot be resized while loaded); "
-                                "running with %s", ", ".join(f"{r} {old.ring_bytes.get(r)} -> {n} bytes"
-                                                             for r, n in changed.items()),
-                                ", ".join(f"{r} {old.ring_bytes[r]}" for r in changed))
-                    pending.extend(f"rings.{r}" for r in changed)
-                # the programs the kinds asked for attached first: they are
-                # there before any socket is decided with them
-                if self.probes.sep.records is not None:     # (None: all attached for good)
-                    self.probes.set_records(config.kinds)
-                self.target_maps.apply(resolved, config.max_payload_bytes,
-                                       capture_filter.wakeup_thresholds(old.ring_bytes), config.kinds,
-                                       config.sample)
-                # TLS uprobes on or off; when on, on the libssl files of the
-                # processes started since the last look too
-                self.probes.set_tls(config.tls, self._tls_processes if config.tls_attach == "targets" else None)
-                self.probes.set_dns(config.dns)
+                self._apply_locked(config)
             except BaseException:
-                if sink:
-                    sink.close()
+                if kube_was[0] is not None:        # a refused config's settings do not stay
+                    self.kube.configure(*kube_was)
                 raise
-            if self.pipeline:
-                self.pipeline.queue_bytes = config.output.queue_bytes     # from the next batch on
+        self._kube_follow(config)
+
+    def _apply_locked(self, config: Config) -> None:
+        """apply()'s work, the lock held."""
+        resolved = targets.resolve(config.captures, previous=self.target_maps.current, kube=self.kube)
+        self.target_maps.check(resolved)
+        old = self.config
+        sink = None
+        pending = []
+        if self.pipeline and config.output._replace(queue_bytes=0) != old.output._replace(queue_bytes=0):
+            if (config.output.type == "none") != (old.output.type == "none"):
+                log.warning("output: switching between a sink and none takes effect at the next start")
+                pending.append("output")
+            else:
+                sink = self._open_sink(config.output)      # refused here, before anything changed
+        try:
+            try:
+                self.stats_switch.set(config.bpf_stats_enabled)
+            except OSError as e:
+                raise ConfigError(f"diagnostics.bpfStats.enabled: cannot switch statistics on: {e}") from None
+            changed = {r: n for r, n in config.ring_bytes.items() if old.ring_bytes.get(r) != n}
+            if changed:
+                # A BPF ring's size is fixed when its map is created; only a restart
+                # (new maps) changes it. The rest of the config applies now.
+                log.warning("rings: %s take effect at the next start (a ring cannot be resized while loaded); "
+                            "running with %s", ", ".join(f"{r} {old.ring_bytes.get(r)} -> {n} bytes"
+                                                         for r, n in changed.items()),
+                            ", ".join(f"{r} {old.ring_bytes[r]}" for r in changed))
+                pending.extend(f"rings.{r}" for r in changed)
+            # the programs the kinds asked for attached first: they are
+            # there before any socket is decided with them
+            if self.probes.sep.records is not None:     # (None: all attached for good)
+                self.probes.set_records(config.kinds)
+            self.target_maps.apply(resolved, config.max_payload_bytes,
+                                   capture_filter.wakeup_thresholds(old.ring_bytes), config.kinds,
+                                   config.sample)
+            # TLS uprobes on or off; when on, on the libssl files of the
+            # processes started since the last look too
+            self.probes.set_tls(config.tls, self._tls_processes if config.tls_attach == "targets" else None)
+            self.probes.set_dns(config.dns)
+        except BaseException:
             if sink:
-                self.pipeline.replace_sink(sink)
-            logging.getLogger().setLevel((self.log_level or config.log_level).upper())
-            self.config = config._replace(rings=old.rings)    # rings: as loaded
-            self.reloads.restart_pending = ", ".join(pending)
+                sink.close()
+            raise
+        if self.pipeline:
+            self.pipeline.queue_bytes = config.output.queue_bytes     # from the next batch on
+        if sink:
+            self.pipeline.replace_sink(sink)
+        logging.getLogger().setLevel((self.log_level or config.log_level).upper())
+        self.config = config._replace(rings=old.rings)    # rings: as loaded
+        self.reloads.restart_pending = ", ".join(pending)
+
+    # -- Kubernetes --
+    def _kube_edits(self) -> dict:
+        """The pipeline's edits of lines: owner lines' pods where this node
+        has any (or a kubelet, or a kubernetes target), and the workloads'
+        counts with metrics.kubernetes_labels."""
+        node = self.kube
+        if not (node.present or node.kubelet is not None or node.watching or self.workloads):
+            return {}
+        lines = kubelines.Lines(node, self.workloads)
+        return {"obs_events": lines.obs_events, **({"capture_eof": lines.capture_eof} if self.workloads else {})}
+
+    def _kube_follow(self, config: Config) -> None:
+        """After an apply: the workloads' counts as asked, the lines' edits,
+        and the watch once something needs the pods kept fresh."""
+        k = config.kube
+        if k.kubernetes_labels and self.workloads is None:
+            self.workloads = kubelines.Workloads(k.kubernetes_max_series)
+        elif not k.kubernetes_labels:
+            self.workloads = None
+        if self.workloads is not None:
+            self.workloads.max_series = k.kubernetes_max_series
+        if self.pipeline:
+            self.pipeline.edit = self._kube_edits()
+        if self.kube_watch is None and (self.kube.kubelet is not None or self.kube.watching):
+            self.kube_watch = kube.Watch(self.kube, self._kube_changed).start()
+
+    def _kube_changed(self) -> None:
+        """The node's pods changed (the kube watch): the kubernetes targets
+        resolved again into the kernel's filter, as a reload would."""
+        with self._lock:
+            cur = self.target_maps.current
+            try:
+                new = targets.resolve(self.config.captures, previous=cur, kube=self.kube, log_gone=False)
+                if new != cur or new.matched != cur.matched:
+                    self.target_maps.reapply(new)
+            except (ConfigError, OSError) as e:
+                self.kube.update_failures += 1
+                log.error("kubernetes: the targets' cgroups changed and the kernel's filter could not follow "
+                          "(%d times so far): %s", self.kube.update_failures, e)
 
     def _tls_processes(self):
         """capture.tls_attach: targets: the pids of the targets' processes (the
@@ -231,7 +288,7 @@ class Nettap:
         current = self.target_maps.current
         if current is None or current.ports:
             return None
-        return members.processes(current)
+        return members.processes(current, more_cgroups=self.kube.paths(current.cgroups))
 
     def _libssl_mapped(self, recs) -> None:
         """dlopen records (the drain thread): the TLS uprobes on the libssl
@@ -296,7 +353,9 @@ class Nettap:
             "maps": MapCollector(lambda: self.probes.map_fds, lambda: self.probes.map_info,
                                  self.known_map_entries, self.map_insert_failures),
             "cgroup": CgroupCollector(),
-            "targets": TargetsCollector(self.target_maps),
+            "targets": TargetsCollector(self.target_maps, lambda: self.kube.update_failures),
+            "kubernetes": KubernetesCollector(self.kube, lambda: self.workloads,
+                                              lambda: self.pipeline.edit_failures if self.pipeline else 0),
             "config": ReloadCollector(self.reloads),
             "tls": TlsFilesCollector(self.probes.tls_counts),
             "build": BuildInfoCollector(),
@@ -314,6 +373,10 @@ class Nettap:
         if self.target_watch:
             self.target_watch.stop()
             self.target_watch = None
+        if self.kube_watch:
+            self.kube_watch.stop()
+            self.kube_watch = None
+        self.kube.close()
         if self.pipeline:
             self.pipeline.stop()
             self.pipeline = None

@@ -127,13 +127,17 @@ def wall_clock(track: Sequence[Tuple[int, int]]) -> Optional[Callable[[int], int
     return lambda ts: ts + offsets[max(0, bisect_right(at, ts) - 1)]
 
 
-def write_pcap(conns: List[Conn], path: str, track: Sequence[Tuple[int, int]] = ()) -> Tuple[int, int, List[str]]:
+def write_pcap(conns: List[Conn], path: str, track: Sequence[Tuple[int, int]] = (),
+               pods: Optional[dict] = None) -> Tuple[int, int, List[str]]:
     """Write the connections' packets, merged in time order, to path, at
     wall-clock times by track (the clock lines' (ts_ns, real_ns); without
     one, at CLOCK_MONOTONIC, and a note says so). Returns (packets written,
     connections written, notes: those left out, those whose payload is TLS
-    plaintext). A file with TLS plaintext is pcapng, so that a comment can
-    say which packets were decrypted."""
+    plaintext). A file with TLS plaintext, or with connections of a pod
+    (pods: conn_id -> its pod and container, from the owner lines), is
+    pcapng, so that a comment can say which packets were decrypted, and a
+    connection's first packet whose it is."""
+    pods = pods or {}
     notes, chosen, seen = [], [], {}
     wall = wall_clock(track)
     if wall is None:
@@ -156,11 +160,11 @@ def write_pcap(conns: List[Conn], path: str, track: Sequence[Tuple[int, int]] = 
             notes.append(f"conn {c.conn_id}: its TLS plaintext (decrypted: read by nettap from the process's "
                          f"libssl calls) is its payload, in place of the encrypted bytes on the wire")
     n = 0
-    merged = heapq.merge(*[((ts, bool(c.tls), p) for ts, p in packets(c)) for c in chosen], key=lambda x: x[0])
+    merged = heapq.merge(*[_commented(c, pods.get(c.conn_id, "")) for c in chosen], key=lambda x: x[0])
     if wall is not None:
         merged = _in_wall_time(merged, wall)
     with os.fdopen(outpath.create_for_writing(path), "wb") as f:
-        if not any(c.tls for c in chosen):
+        if not any(c.tls or c.conn_id in pods for c in chosen):
             w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
             late = 0
             for ts, _, p in merged:
@@ -173,7 +177,7 @@ def write_pcap(conns: List[Conn], path: str, track: Sequence[Tuple[int, int]] = 
                 notes.append(f"{late} packet(s) timed past what a pcap holds (2^32 s): written at its last "
                              "second")
         else:
-            n = _write_pcapng(f, merged)
+            n = _write_pcapng(f, merged, any(c.tls for c in chosen))
     return n, len(chosen), notes
 
 
@@ -181,9 +185,9 @@ def _in_wall_time(merged, wall: Callable[[int], int]):
     """The packets at wall-clock times, never going back: a step of the wall
     clock between two clock lines (NTP setting it) must not reorder them."""
     last = 0
-    for ts, tls, p in merged:
+    for ts, note, p in merged:
         last = min(max(last, wall(ts)), _U64)       # (a file's ts_ns near 2^64 is not nettap's clock)
-        yield last, tls, p
+        yield last, note, p
 
 
 _PCAP_MAX_NS = (1 << 32) * 1_000_000_000 - 1     # a pcap record's time: u32 seconds, u32 nanoseconds
@@ -191,24 +195,34 @@ _U64 = (1 << 64) - 1                              # a pcapng record's: u64 nanos
 _DECRYPTED = "TLS plaintext decrypted by nettap: read from the process's libssl calls, not from the wire"
 
 
-def _write_pcapng(f, merged) -> int:
-    """pcapng, for a file with TLS plaintext in it: a comment on the file and
-    on each of those connections' packets says the payload was decrypted
+def _commented(c: Conn, pod: str):
+    """(ts_ns, the packet's comment, packet) of a connection's packets: its
+    first one says its pod, each of a TLS connection's that it is decrypted."""
+    for i, (ts, p) in enumerate(packets(c)):
+        notes = ([f"nettap conn {c.conn_id}: {pod}"] if pod and not i else []) + ([_DECRYPTED] if c.tls else [])
+        yield ts, "; ".join(notes), p
+
+
+def _write_pcapng(f, merged, tls: bool) -> int:
+    """pcapng, for a file with TLS plaintext or pods in it: a comment on the
+    file and on each of the TLS connections' packets says the payload was
+    decrypted, and on each pod's connection's first packet whose it is
     (classic pcap has no comments). Nanosecond timestamps, as the pcap."""
     P = dpkt.pcapng
 
     def opts(*pairs):
         return [P.PcapngOptionLE(code=c, data=d) for c, d in pairs] + [P.PcapngOptionLE(code=P.PCAPNG_OPT_ENDOFOPT)]
 
-    shb = P.SectionHeaderBlockLE(opts=opts((P.PCAPNG_OPT_COMMENT, _DECRYPTED.encode() + b" (some connections)"),
+    about = _DECRYPTED + " (some connections)" if tls else "the pods' connections named in their first packets"
+    shb = P.SectionHeaderBlockLE(opts=opts((P.PCAPNG_OPT_COMMENT, about.encode()),
                                            (P.PCAPNG_OPT_SHB_USERAPPL, b"nettap read")))
     idb = P.InterfaceDescriptionBlockLE(snaplen=262144, linktype=LINKTYPE_RAW,
                                         opts=opts((P.PCAPNG_OPT_IF_TSRESOL, b"\x09")))
     w = P.Writer(f, shb=shb, idb=idb)
     n = 0
-    for ts, tls, p in merged:
+    for ts, note, p in merged:
         epb = P.EnhancedPacketBlockLE(ts_high=ts >> 32, ts_low=ts & 0xFFFFFFFF, caplen=len(p), pkt_len=len(p),
-                                      pkt_data=p, opts=opts((P.PCAPNG_OPT_COMMENT, _DECRYPTED.encode())) if tls else [])
+                                      pkt_data=p, opts=opts((P.PCAPNG_OPT_COMMENT, note.encode())) if note else [])
         w.writepkt(epb)
         n += 1
     return n

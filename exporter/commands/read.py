@@ -291,7 +291,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.pcap:
         from exporter.commands.pcap import write_pcap
         try:
-            n, written, notes = write_pcap(conns, args.pcap, cap.clock_track)
+            n, written, notes = write_pcap(conns, args.pcap, cap.clock_track, full.pods)
         except OSError as e:
             print(f"nettap read: cannot write {escape(args.pcap)}: {e.strerror}", file=sys.stderr)
             return 1

@@ -19,6 +19,7 @@ import re
 from bisect import bisect_right
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from exporter.capture.kubelines import pod_text
 from exporter.kernel import tcp_h
 from exporter.util.logsafe import escape
 
@@ -56,7 +57,8 @@ LIFECYCLE = {
     "reset": lambda r: f"reset {'sent' if r['direction'] == 'egress' else 'received'} in {r['state']}",
     "owner": lambda r: (f"owner pid {r['pid']} tid {r['tid']} ({r['comm']}), cgroup {r['cgroup_id']}, "
                         f"learnt at its {r['via'].replace('_', ' ')}"
-                        + (f", 1 in {r['sample']} connections sampled" if r["sample"] > 1 else "")),
+                        + (f", 1 in {r['sample']} connections sampled" if r["sample"] > 1 else "")
+                        + (f", {pod_text(r)}" if "pod_uid" in r else "")),
     "error": lambda r: f"error {r['errno_name']} in {r['state']}",
     "destroy": lambda r: (f"destroyed in {r['state']}: {r['bytes_acked']} B acknowledged, "
                           f"{r['bytes_received']} B received, {r['segs_out']} segments out, {r['segs_in']} in, "
@@ -348,6 +350,7 @@ class Capture:
         self.no_conn = 0                        # chunks of connections nettap had no room for
         self.dns: List[dict] = []               # the dns records, in file order (nettap read --dns)
         self.samples: Dict[int, int] = {}       # capture.sample_connections -> owner records decided under it
+        self.pods: Dict[int, str] = {}          # conn_id -> its owner's pod and container (owner lines)
         self._portless: Dict[tuple, tuple] = {}  # key without the local port -> key
 
     def add(self, rec: dict, keep: bool = False) -> None:
@@ -371,6 +374,8 @@ class Capture:
             return
         if kind == "owner":
             self.samples[rec["sample"]] = self.samples.get(rec["sample"], 0) + 1
+            if "pod_uid" in rec:
+                self.pods[rec["conn_id"]] = pod_text(rec)
         if kind in LIFECYCLE:                   # a socket's life, by its conn_id
             self.events.setdefault(rec["conn_id"], []).append((rec["ts_ns"], escape(LIFECYCLE[kind](rec))))
             return

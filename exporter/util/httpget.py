@@ -16,7 +16,12 @@ SHOWN = 200              # characters of a server's own text put into a message
 
 
 class FetchError(Exception):
-    pass
+    """str(): what failed, short and safe to print; reason: why, in a word
+    (too_large, timeout, http, unreachable), for a caller that counts them."""
+
+    def __init__(self, text: str, reason: str = "unreachable"):
+        super().__init__(text)
+        self.reason = reason
 
 
 def shown(text: str, limit: int = SHOWN) -> str:
@@ -47,15 +52,17 @@ def get(url: str, params: Optional[dict] = None, deadline: float = 30.0, max_byt
                     break
                 body += part
                 if len(body) > max_bytes:
-                    raise FetchError(f"{url}: the answer is larger than {max_bytes} bytes")
+                    raise FetchError(f"{url}: the answer is larger than {max_bytes} bytes", "too_large")
                 if time.monotonic() > end:
-                    raise FetchError(f"{url}: no whole answer within {deadline:g} s")
+                    raise FetchError(f"{url}: no whole answer within {deadline:g} s", "timeout")
             if time.monotonic() > end:
-                raise FetchError(f"{url}: no whole answer within {deadline:g} s")
+                raise FetchError(f"{url}: no whole answer within {deadline:g} s", "timeout")
             if not 200 <= r.status_code < 300:
                 raise FetchError(f"{url}: HTTP {r.status_code}: "
-                                 f"{shown(bytes(body[:4 * SHOWN]).decode('utf-8', 'replace'))}")
+                                 f"{shown(bytes(body[:4 * SHOWN]).decode('utf-8', 'replace'))}", "http")
             return bytes(body)
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
         # reading r.raw raises urllib3's own errors (a read timeout, a cut body), not requests'
-        raise FetchError(f"cannot reach {url} ({type(e).__name__})") from None
+        timeout = isinstance(e, (requests.Timeout, urllib3.exceptions.TimeoutError))
+        raise FetchError(f"cannot reach {url} ({type(e).__name__})", "timeout" if timeout else "unreachable") \
+            from None

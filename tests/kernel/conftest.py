@@ -237,6 +237,20 @@ def dropped_children(lines):
             if s == [("LISTEN", "SYN_RECV"), ("SYN_RECV", "CLOSE")] and c not in busy}
 
 
+def kernel_cgroups(run) -> set:
+    """The cgroup ids in the kernel's capture_cgroups map now."""
+    return {int.from_bytes(k, "little") for k in maps.keys(run.app.probes.map_fds["capture_cgroups"], 8)}
+
+
+def wait_until(pred, timeout=60.0, what="condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.01)
+    pytest.fail(f"timed out waiting for {what}")
+
+
 def live_conn_ids(app):
     """The conn_ids in the kernel's connection table now (bpf/conn.bpf.h:
     struct conn starts with its id)."""

@@ -5,12 +5,11 @@ is one transaction within the maps' capacity."""
 import os
 import signal
 import subprocess
-import time
 import uuid
 
 import pytest
 
-from conftest import streams
+from conftest import kernel_cgroups, streams, wait_until
 from exporter.kernel import maps
 from exporter.config import ConfigError
 from helpers import cgroup_v2_root, move_to_cgroup, scratch_cgroup
@@ -22,19 +21,6 @@ N, S = 20, 1000
 
 def kernel_pids(run) -> set:
     return {int.from_bytes(k, "little") for k in maps.keys(run.app.probes.map_fds["capture_pids"], 4)}
-
-
-def kernel_cgroups(run) -> set:
-    return {int.from_bytes(k, "little") for k in maps.keys(run.app.probes.map_fds["capture_cgroups"], 8)}
-
-
-def wait_until(pred, timeout=60.0, what="condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.01)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def client_with_pid(pid: int, port: int) -> ClientProcess:

@@ -36,6 +36,7 @@ from exporter.metrics.pipeline import PipelineCollector
 from exporter.metrics.probes import ProbeCollector
 from exporter.metrics.reload import ReloadCollector
 from exporter.metrics.targets import TargetsCollector
+from exporter.metrics.kubernetes import KubernetesCollector
 from exporter.kernel.features import Feature
 from exporter.kernel.mechanisms import ProbeState
 from exporter.web.server import HttpCollector
@@ -183,7 +184,14 @@ def fixture_collectors():
         "config": ReloadCollector(ReloadState(last_ok=True, last_success=1764460800.0,
                                               successes=3, failures=1)),
         "build": BuildInfoCollector(rev=lambda: REVISION),
-        "targets": TargetsCollector(SimpleNamespace(gone_total={"pid": 2, "cgroup": 1})),
+        "targets": TargetsCollector(SimpleNamespace(gone_total={"pid": 2, "cgroup": 1}, current=SimpleNamespace(
+            matched={"namespace=shop,pod=checkout-*": [41, 42], "label app=cart": []})), lambda: 1),
+        "kubernetes": KubernetesCollector(
+            SimpleNamespace(kubelet=SimpleNamespace(results={"ok": 40, "timeout": 2, "http": 1}, pods={"u": 1},
+                                                    last_success=1764460800.0), cgroups={41: 1, 42: 2, 43: 3}),
+            lambda: SimpleNamespace(snapshot=lambda: ({("shop", "checkout-1", "api"): [3, 900, 1200, 6, 4, 1, 0],
+                                                       ("", "other", ""): [1, 10, 20, 1, 1, 0, 0]}, 1, 0)),
+            lambda: 0),
         "tls": TlsFilesCollector(lambda: {"files": 3, "refused": {"user_limit": 12, "not_mapped": 1}}),
     }
 

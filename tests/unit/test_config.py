@@ -158,18 +158,44 @@ ROOT_MSG = "output.path: must name a file inside output.root (/var/lib/nettap; r
     ("captures: [{netns: run/netns/blue}]",
      "captures[0].netns: must be an absolute path, got 'run/netns/blue'"),
     ("captures: [{proc: 1}]",
-     "captures[0].proc: unknown capture kind (expected one of pid, cgroup, netns, port)"),
+     "captures[0].proc: unknown capture kind (expected one of pid, cgroup, netns, port, kubernetes)"),
     ("captures: [{pid: 1, port: 2}]",
-     "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
+     "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, kubernetes "
      "(and optionally segments, records), got {'pid': 1, 'port': 2}"),
-    ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
+    ("captures: [{}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, kubernetes "
      "(and optionally segments, records), got {}"),
     ("captures: [{port: 80, segments: 1}]", "captures[0].segments: must be true or false, got 1"),
-    ("captures: [{segments: true}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
-                                    "(and optionally segments, records), got {'segments': True}"),
-    ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port "
+    ("captures: [{segments: true}]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, "
+                                    "kubernetes (and optionally segments, records), got {'segments': True}"),
+    ("captures: [{kubernetes: {container: api}}]", "captures[0].kubernetes: a container alone would name that "
+     "container in every pod of the node: give namespace, pod or labels too"),
+    ("captures: [{kubernetes: {}}]", "captures[0].kubernetes: must be a mapping of namespace, pod, labels, container "
+     "(at least one), got {}"),
+    ("captures: [{kubernetes: shop}]", "captures[0].kubernetes: must be a mapping of namespace, pod, labels, "
+     "container (at least one), got 'shop'"),
+    ("captures: [{kubernetes: {namespace: Shop}}]", "captures[0].kubernetes.namespace: must be a Kubernetes name "
+     "(lower case letters, digits, - and .), got 'Shop'"),
+    ("captures: [{kubernetes: {pod: 'a/b'}}]", "captures[0].kubernetes.pod: must be a pod name or a glob of one "
+     "(* ? [...]), got 'a/b'"),
+    ("captures: [{kubernetes: {namespace: a, nme: b}}]", "captures[0].kubernetes.nme: unknown key (expected one of "
+     "namespace, pod, labels, container)"),
+    ("captures: [{kubernetes: {labels: [app]}}]", "captures[0].kubernetes.labels: must be a mapping of label to "
+     "value, got ['app']"),
+    ("captures: [{kubernetes: {labels: {app: 3}}}]", "captures[0].kubernetes.labels.app: must be a label value (a "
+     "string of at most 63 letters, digits, - _ .), got 3"),
+    ("captures: [{kubernetes: {labels: {'a b': x}}}]", "captures[0].kubernetes.labels: 'a b' is not a label key"),
+    ("kubernetes: {kubelet_url: 'http://node:10255/pods'}", "kubernetes.kubelet_url: must be auto, off or an https "
+     "URL of the kubelet's /pods (its token is not sent in the clear), got 'http://node:10255/pods'"),
+    ("kubernetes: {poll_seconds: 0}", "kubernetes.poll_seconds: must be an integer from 1 to 3600, got 0"),
+    ("kubernetes: {pol_seconds: 1}", "kubernetes.pol_seconds: unknown key (expected one of kubelet_url, token_file, "
+     "ca_file, insecure_skip_verify, poll_seconds, timeout_seconds, max_bytes, cgroup_root, cgroup_poll_ms)"),
+    ("metrics: {kubernetes_labels: yes please}", "metrics.kubernetes_labels: must be true or false, got 'yes please'"),
+    ("metrics: {kubernetes_max_series: 0}", "metrics.kubernetes_max_series: must be an integer from 1 to 100000, "
+     "got 0"),
+    ("captures: [7]", "captures[0]: must be a mapping with exactly one of pid, cgroup, netns, port, kubernetes "
      "(and optionally segments, records), got 7"),
-    ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, log_level, ingest)"),
+    ("foo: 1", "foo: unknown key (expected one of captures, capture, output, rings, diagnostics, kubernetes, metrics, "
+     "log_level, ingest)"),
     ("output: {pth: /x}",
      "output.pth: unknown key (expected one of type, path, root, max_bytes, backups, queue_bytes, queue_records, "
      "mode)"),
@@ -526,3 +552,18 @@ def test_a_failed_parser_says_its_exit_status_and_last_words(tmp_path, monkeypat
 def test_output_path_is_taken_inside_the_root(text, path, root):
     out = config.loads("output: {type: jsonl, %s}" % text).output
     assert (out.path, out.root) == (path, root)
+
+
+def test_kubernetes_target_and_sections():
+    c = config.loads("captures: [{kubernetes: {namespace: shop, pod: 'checkout-*', labels: {app: checkout, tier: web}, "
+              "container: api}, records: [owner, eof]}]\nkubernetes: {kubelet_url: off, poll_seconds: 2}\n"
+              "metrics: {kubernetes_labels: true}")
+    t = c.captures[0]
+    assert (t.kind, t.value.namespace, t.value.pod, t.value.labels, t.value.container, t.records) == \
+        ("kubernetes", "shop", "checkout-*", (("app", "checkout"), ("tier", "web")), "api", ("eof", "owner"))
+    assert str(t.value) == "namespace=shop,pod=checkout-*,label app=checkout,label tier=web,container=api"
+    assert t.value.matches("shop", "checkout-1", {"app": "checkout", "tier": "web", "x": "y"})
+    assert not t.value.matches("shop", "checkout-1", {"app": "checkout"})
+    assert not t.value.matches("shop", "cart-1", {"app": "checkout", "tier": "web"})
+    assert (c.kube.kubelet_url, c.kube.poll_seconds, c.kube.kubernetes_labels) == ("off", 2, True)
+    assert config.loads("{}").kube.kubelet_url == "auto" and not config.loads("{}").kube.kubernetes_labels

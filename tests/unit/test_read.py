@@ -179,6 +179,35 @@ def test_a_sampled_owner_names_its_rate(tmp_path, capsys):
     assert "learnt at its connect, 1 in 4 connections sampled" in out
 
 
+def test_a_pods_owner_is_named_in_the_life_and_the_pcapng_comment(tmp_path, capsys):
+    """Issue 51: an owner line with its pod and container (docs/kubernetes.md)
+    names them in the connection's life, and a pcap of it is pcapng with
+    them in its first packet's comment; without the names, the ids."""
+    uid, cid = "0b6e4a3c-5f2d-4e8a-9c1b-7a2d3e4f5a6b", "2" * 64
+    owner = ('{"cgroup_id":42,"comm":"curl","conn_id":9,"container":"api","container_id":"%s","daddr":"192.0.2.2",'
+             '"dport":80,"family":"ipv4","namespace":"shop","netns":1,"pid":1,"pod":"checkout-1","pod_uid":"%s",'
+             '"sample":1,"saddr":"192.0.2.1","sport":40000,"tid":3,"ts_ns":600,"type":"owner","via":"connect"}\n'
+             % (cid, uid))
+    f = tmp_path / "c.jsonl"
+    f.write_bytes(_chunk() + owner.encode())
+    rc, out, err = run(capsys, str(f), "--conn", "9")
+    assert (rc, err) == (0, "")
+    text = f"pod shop/checkout-1 (uid {uid}), container api (id 222222222222)"
+    assert f"learnt at its connect, {text}" in out
+    rc, out, err = run(capsys, str(f), "--pcap", str(tmp_path / "p.pcap"))
+    assert rc == 0, err
+    # tshark reads each packet's comment (frame.comment): only the first packet's is set
+    p = subprocess.run(["tshark", "-r", str(tmp_path / "p.pcap"), "-T", "fields", "-e", "frame.comment"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    comments = p.stdout.splitlines()
+    assert len(comments) > 3 and comments[0] == f"nettap conn 9: {text}" and not any(comments[1:])
+    f.write_bytes(_chunk() + owner.replace('"container":"api",', "").replace('"namespace":"shop",', "")
+                  .replace('"pod":"checkout-1",', "").encode())
+    rc, out, err = run(capsys, str(f), "--conn", "9")
+    assert f"learnt at its connect, pod uid {uid}, container id 222222222222" in out
+
+
 def test_text_stream_marks_the_truncated_call_and_the_gap(capsys):
     rc, out, err = run(capsys, *NEWEST_FIRST, "--conn", "2")
     assert rc == 0

@@ -1,0 +1,100 @@
+"""The kubelet's pod list (exporter/capture/kubelet.py) from a real HTTPS
+server on loopback that checks a bearer token and answers PodList documents
+as a kubelet serves them (tests/unit/fixtures/kubelet/pods.json, written from
+the API reference's Pod and PodList), and answers slowly, refuses, answers
+malformed or huge documents: each poll bounded and counted, the last good
+list kept."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.capture.kubelet import Kubelet, Malformed, pod_list
+from fakekubelet import TOKEN, FakeKubelet, make_cert
+
+PODS = (Path(__file__).parent / "fixtures" / "kubelet" / "pods.json").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    return make_cert(tmp_path_factory.mktemp("kubelet-tls"))
+
+
+@pytest.fixture
+def kubelet(cert):
+    srv = FakeKubelet(*cert, body=PODS)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def token(tmp_path):
+    p = tmp_path / "token"
+    p.write_text(TOKEN + "\n")
+    return str(p)
+
+
+def test_pod_list_of_a_kubelets_answer():
+    pods = pod_list(PODS)
+    checkout = pods["0b6e4a3c-5f2d-4e8a-9c1b-7a2d3e4f5a6b"]
+    assert (checkout.namespace, checkout.name) == ("shop", "checkout-7d9f8b6c5-x2k4q")
+    assert checkout.labels == {"app": "checkout", "pod-template-hash": "7d9f8b6c5"}
+    assert checkout.containers == {"1" * 64: "migrate", "2" * 64: "api", "3" * 64: "envoy"}
+    assert pods["9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a"].containers == {"4" * 64: "redis"}     # cri-o://
+    assert pods["a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d"].containers == {}       # not started: no containerID
+
+
+@pytest.mark.parametrize("body", [b"<html>", b"[]", b'{"kind": "Pod", "items": []}', b'{"items": [{"spec": {}}]}',
+                                  b'{"items": [{"metadata": {"name": "a", "namespace": "b", "uid": 7}}]}',
+                                  b'{"items": [{"metadata": {"name": "a", "namespace": "b", "uid": "c", '
+                                  b'"labels": {"x": 1}}}]}', b"[" * 100000])
+def test_pod_list_refuses_what_is_no_pod_list(body):
+    with pytest.raises(Malformed):
+        pod_list(body)
+
+
+def test_polls_with_the_token_over_tls_and_keeps_the_last_good_list(kubelet, token, cert):
+    k = Kubelet(kubelet.url, token, cert[0], timeout=1.0, max_bytes=1 << 20)
+    assert k.poll() and k.generation == 1 and len(k.pods) == 3 and k.last_success > 0
+    good = k.pods
+    kubelet.body = b'{"kind": "PodList", "items": [{"metadata": {'            # cut short
+    assert not k.poll()
+    kubelet.body = json.dumps({"kind": "PodList", "items": [{"metadata": {"name": "x" * 100, "namespace": "n",
+                                                                          "uid": str(i)}} for i in range(20000)]})
+    kubelet.body = kubelet.body.encode()
+    assert len(kubelet.body) > 1 << 20 and not k.poll()                          # huge: refused at 1 MiB
+    kubelet.mode = "slow"
+    t0 = time.monotonic()
+    assert not k.poll()
+    assert time.monotonic() - t0 < 3                                             # bounded by the timeout
+    kubelet.mode = "forbidden"
+    assert not k.poll()
+    assert k.pods is good and k.generation == 1
+    assert {r: n for r, n in k.results.items() if n} == {"ok": 1, "malformed": 1, "too_large": 1, "timeout": 1,
+                                                          "http": 1}
+    kubelet.mode, kubelet.body = "ok", PODS
+    assert k.poll() and k.generation == 2
+    k.close()
+
+
+def test_refused_wrong_token_unreadable_token_and_an_untrusted_certificate(kubelet, token, tmp_path, cert):
+    with socket.socket() as s:                   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"https://127.0.0.1:{s.getsockname()[1]}/pods"
+    k = Kubelet(closed, token, cert[0], timeout=1.0)
+    assert not k.poll() and k.results["unreachable"] == 1
+    bad = tmp_path / "bad"
+    bad.write_text("nope")
+    k = Kubelet(kubelet.url, str(bad), cert[0], timeout=1.0)
+    assert not k.poll() and k.results["http"] == 1                              # 401
+    k = Kubelet(kubelet.url, str(tmp_path / "absent"), cert[0], timeout=1.0)
+    assert not k.poll() and k.results["token"] == 1
+    k = Kubelet(kubelet.url, token, None, timeout=1.0)                          # the system's CAs: not this one
+    assert not k.poll() and k.results["unreachable"] == 1 and kubelet.requests == 1
+    k = Kubelet(kubelet.url, token, None, insecure=True, timeout=1.0)
+    with pytest.warns(Warning):                                                  # urllib3 says it is unchecked
+        assert k.poll()
