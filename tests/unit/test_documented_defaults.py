@@ -69,7 +69,8 @@ DOCUMENTED = {
     "config reference": (_reference_config, {("captures",), ("output", "type"), ("output", "path")}),
     "README minimal config": (_readme_config, {("captures",), ("output", "type"), ("output", "path")}),
     "ConfigMap": (_configmap_config, {("captures",), ("output", "type"), ("output", "path"), ("output", "mode"),
-                                      ("ingest", "servers"), ("ingest", "stream", "replicas")}),
+                                      ("ingest", "servers"), ("ingest", "stream", "replicas"),
+                                      ("kubernetes", "kubelet_url")}),       # off: no RBAC, no token
     # The chart's ingest.servers, not its config, names the engine.
     "Helm chart's ebpf.configuration": (lambda: yaml.safe_load(CHART_VALUES.read_text())["ebpf"]["configuration"],
                                         {("captures",), ("output", "type"), ("output", "path"), ("output", "mode"),

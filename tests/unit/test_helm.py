@@ -235,7 +235,8 @@ def test_the_schema_refuses_a_misspelt_key_or_a_wrong_type(chart, values, messag
 
 
 @pytest.mark.parametrize("values", [{}, {"monitoring": {"enabled": True}},
-                                    {"ingest": {"enabled": False}, "monitoring": {"enabled": True}}])
+                                    {"ingest": {"enabled": False}, "monitoring": {"enabled": True}},
+                                    {"kubernetes": {"enabled": True}}])
 def test_lint_is_clean(values):
     """helm lint --strict: no warning, no error (its one note: the chart has no icon)."""
     report = helm.lint(CHART, values, strict=True, namespace="nettap")
@@ -243,12 +244,13 @@ def test_lint_is_clean(values):
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.parametrize("ingest", [True, False])
-def test_the_rendered_config_passes_check_config(chart, ingest, tmp_path):
+@pytest.mark.parametrize("ingest,kube", [(True, False), (False, False), (True, True)])
+def test_the_rendered_config_passes_check_config(chart, ingest, kube, tmp_path):
     """nettap --check-config on the ConfigMap's file, its node directory moved under tmp_path (the
     check makes the output's directory as the daemon would); nettap ingest's section as ingest
     parses it."""
-    text = nettap_yaml(render(chart, {"ingest": {"enabled": ingest}}))
+    text = nettap_yaml(render(chart, {"ingest": {"enabled": ingest}, "kubernetes": {"enabled": kube}}))
+    assert nettap_config.loads(text).kube.kubelet_url == ("auto" if kube else "off")
     cfg = yaml.safe_load(text)
     if ingest:
         s = ingest_settings.parse(cfg["ingest"], nettap_config.loads(text).output)
@@ -354,3 +356,35 @@ def test_the_sizing_tiers_in_values_are_the_runbooks():
     rows = re.findall(r"^    #   ((?:Up to |~)\S.*?)\s{2,}(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$",
                       (CHART / "values.yaml").read_text(), re.M)
     assert len(want) == 3 and [list(r) for r in rows] == want
+
+
+def test_kubernetes_enabled_gives_the_capture_alone_its_kubelet_access(chart):
+    """kubernetes.enabled: a ServiceAccount bound to get nodes/proxy and nodes/pods (the kubelet's
+    /pods) and nothing else; its token and the cluster's CA mounted in the capture container
+    only, with NODE_IP and NODE_NAME for kubelet_url auto; the kubelet's certificate not checked
+    unless asked. Off (the default): none of it, and the config's kubelet_url off."""
+    off = render(chart)
+    assert not [k for k in off if k[0] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    assert "serviceAccountName" not in pod(off) and pod(off)["automountServiceAccountToken"] is False
+    assert yaml.safe_load(nettap_yaml(off))["kubernetes"] == {"kubelet_url": "off"}
+    on = render(chart, {"kubernetes": {"enabled": True}})
+    role, binding = on[("ClusterRole", "nettap-kubelet-pods")], on[("ClusterRoleBinding", "nettap-kubelet-pods")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes/proxy", "nodes/pods"], "verbs": ["get"]}]
+    assert binding["roleRef"]["name"] == "nettap-kubelet-pods"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "nettap", "namespace": "nettap"}]
+    assert on[("ServiceAccount", "nettap")]["automountServiceAccountToken"] is False
+    spec = pod(on)
+    assert spec["serviceAccountName"] == "nettap" and spec["automountServiceAccountToken"] is False
+    c = containers(on)
+    mounts = {n: {m["mountPath"]: m["name"] for m in c[n].get("volumeMounts", [])} for n in c}
+    assert mounts["nettap"]["/var/run/secrets/kubernetes.io/serviceaccount"] == "kube-api-access"
+    assert "kube-api-access" not in mounts["nettap-ingest"].values()
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["nettap"]["env"]} == \
+        {"NODE_IP": "status.hostIP", "NODE_NAME": "spec.nodeName"}
+    vol = {v["name"]: v for v in spec["volumes"]}["kube-api-access"]["projected"]["sources"]
+    assert vol[0]["serviceAccountToken"]["path"] == "token" and vol[1]["configMap"]["name"] == "kube-root-ca.crt"
+    kube = nettap_config.loads(nettap_yaml(on)).kube
+    assert kube.kubelet_url == "auto" and kube.insecure_skip_verify is True
+    assert kube.token_file == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    strict = render(chart, {"kubernetes": {"enabled": True, "insecureSkipVerify": False}})
+    assert nettap_config.loads(nettap_yaml(strict)).kube.insecure_skip_verify is False

@@ -43,11 +43,18 @@ container's values>).
 
 {{/*
 nettap's config file: ebpf.configuration, with ingest.servers in its ingest section while
-ingest.enabled. Without the ingest: no ingest section (no NATS setting), and a jsonl output,
+ingest.enabled, and its kubernetes section off (kubelet_url: off) unless kubernetes.enabled. Without the ingest: no ingest section (no NATS setting), and a jsonl output,
 files no one would forward, becomes type none.
 */}}
 {{- define "nettap.config" -}}
 {{- $cfg := deepCopy (.Values.ebpf.configuration | default dict) -}}
+{{- $kube := deepCopy ($cfg.kubernetes | default dict) -}}
+{{- if not .Values.kubernetes.enabled -}}
+{{- $_ := set $kube "kubelet_url" "off" -}}
+{{- else if .Values.kubernetes.insecureSkipVerify -}}
+{{- $_ := set $kube "insecure_skip_verify" true -}}
+{{- end -}}
+{{- $_ := set $cfg "kubernetes" $kube -}}
 {{- if .Values.ingest.enabled -}}
 {{- $ingest := deepCopy ($cfg.ingest | default dict) -}}
 {{- $_ := set $ingest "servers" .Values.ingest.servers -}}
