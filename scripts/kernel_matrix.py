@@ -220,14 +220,16 @@ def install_modules(tree, release):
 # guest; unpacking the same files from a tar over 9p into tmpfs took 26-121 s a guest (the
 # emulated copy of 116 MiB), mounting the image takes under a second and reads only what is
 # imported. Left out: what no kernel test imports (the static libpython, pip, setuptools,
-# virtme-ng, jsonnet, the linter's 24 MB binary, tests of the libraries, the Go test programs
-# only unit tests run).
+# virtme-ng, jsonnet, the linter's 24 MB binary, Helm's engine, tests of the libraries, the Go test
+# programs only unit tests run).
 TREE = "guest-tree.img"
 STDLIB = f"/usr/lib/python{sys.version_info[0]}.{sys.version_info[1]}"
 TREE_EXCLUDE = ["config-*-linux-gnu", "lib2to3", "pydoc_data", "idlelib", "tkinter", "ensurepip",
                 "turtledemo", "site-packages/pip", "site-packages/setuptools", "site-packages/pkg_resources",
                 "site-packages/virtme", "site-packages/virtme_ng", "site-packages/_jsonnet*.so",
                 "site-packages/wheel", "site-packages/numpy/*/tests", ".git", "bin/ruff", "site-packages/ruff",
+                # Helm's engine (helm-python-sdk, 244 MB): the chart's unit tests only
+                "site-packages/helm_python",
                 # the Go programs only the unit tests read (tests/gobuild.py): the kernel tests run plain,
                 # stripped and pie builds
                 "gotls-pie_stripped-*", "gotls-boringcrypto-*", "notls-*", ".lock"]
