@@ -17,6 +17,12 @@ INVALID = "invalid"          # lines that are not a record with a "type" (a cut 
 # last; a string value holds no unescaped quote, so these bytes are a key.
 _KIND = re.compile(rb'.*"type":"([A-Za-z0-9_-]{1,%d})"[,}]' % KIND_NAME_MAX, re.DOTALL)
 _TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+# An owner message's Nettap-Pods header (docs/kubernetes.md): the pods its lines name, so that a
+# consumer of nettap.<node>.owner can pick a pod's connections by header. Its value is at most
+# PODS_MAX characters (header_room counts them); a pod's keys are the owner line's texts.
+PODS_MAX = 1024
+_POD_KEYS = tuple(re.compile(rb'"%s":"([^"\\]*)"' % k) for k in (b"namespace", b"pod", b"container"))
+_NOT_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def token(s: str) -> str:
@@ -76,6 +82,28 @@ def _split_lines(data) -> Dict[str, Tuple[bytes, int]]:
     return {k: (b"".join(v), len(v)) for k, v in groups.items()}
 
 
+def pods(payload) -> str:
+    """The Nettap-Pods header of a message of owner lines: each pod its lines name as
+    namespace/pod/container (namespace/pod without a container's name), distinct and sorted,
+    comma-separated, cut after the last whole one within PODS_MAX (then ",..."); "" where no
+    line names a pod (no kubelet: ids only)."""
+    data = bytes(payload)
+    if b'"pod":"' not in data:
+        return ""
+    seen = set()
+    for line in data.split(b"\n"):
+        if b'"pod":"' in line:
+            ns, pod, c = (_NOT_NAME.sub("_", m.group(1).decode("utf-8", "replace")) if m else ""
+                          for m in (k.search(line) for k in _POD_KEYS))
+            seen.add(f"{ns}/{pod}/{c}" if c else f"{ns}/{pod}")
+    out = ""
+    for p in sorted(seen):
+        if len(out) + len(p) + 1 > PODS_MAX - 4:
+            return out + ",..."
+        out = f"{out},{p}" if out else p
+    return out
+
+
 def region(fid: FileId, start: int, data, node: str, subject: str) -> Region:
     """The region of data (bytes or a memoryview of a read) read at start,
     as its messages; a payload may be a view of data. subject: the
@@ -83,7 +111,7 @@ def region(fid: FileId, start: int, data, node: str, subject: str) -> Region:
     r = Region(fid, start, start + len(data))
     where = f"{r.start}-{r.end}"
     for kind, (payload, n) in split(data).items():
-        headers = _headers(r, where, kind, node, n)
+        headers = _headers(r, where, kind, node, n, pods(payload) if kind == "owner" else "")
         r.messages.append(Message(r, kind, subject.format(node=node, kind=kind), payload, n,
                                   headers["Nats-Msg-Id"], headers))
         r.records += n
@@ -99,15 +127,20 @@ def header_bytes(headers: Dict[str, str]) -> int:
 
 def header_room(node: str, fid: FileId, kind: str = "k" * 32) -> int:
     """At most the bytes of the headers of a message of a region of fid
-    (the longest offsets and record count; a kind the longest _KIND takes)."""
+    (the longest offsets and record count; a kind the longest _KIND takes;
+    an owner message's, with the longest Nettap-Pods: one too large for its
+    region's limit is sent in parts, as any)."""
     most = 10 ** 19
     r = Region(fid, most, most)
-    return header_bytes(_headers(r, f"{most}-{most}", kind, node, most))
+    return header_bytes(_headers(r, f"{most}-{most}", kind, node, most, "p" * PODS_MAX if kind == "owner" else ""))
 
 
-def _headers(r: Region, where: str, kind: str, node: str, n: int) -> Dict[str, str]:
-    return {"Nats-Msg-Id": f"{node}:{r.fid}:{where}:{kind}", "Nettap-Node": node, "Nettap-File": str(r.fid),
-            "Nettap-Region": f"{r.start}-{r.end}", "Nettap-Records": str(n)}
+def _headers(r: Region, where: str, kind: str, node: str, n: int, pods_: str = "") -> Dict[str, str]:
+    h = {"Nats-Msg-Id": f"{node}:{r.fid}:{where}:{kind}", "Nettap-Node": node, "Nettap-File": str(r.fid),
+         "Nettap-Region": f"{r.start}-{r.end}", "Nettap-Records": str(n)}
+    if pods_:
+        h["Nettap-Pods"] = pods_
+    return h
 
 
 def parts(m: Message, data, node: str, most: int) -> Tuple[List[Message], int]:
@@ -122,7 +155,7 @@ def parts(m: Message, data, node: str, most: int) -> Tuple[List[Message], int]:
 
     def part(b: int) -> None:
         payload = b"".join(got)
-        headers = _headers(r, f"{a}-{b}", m.kind, node, len(got))
+        headers = _headers(r, f"{a}-{b}", m.kind, node, len(got), pods(payload) if m.kind == "owner" else "")
         out.append(Message(r, m.kind, m.subject, payload, len(got), headers["Nats-Msg-Id"], headers, (a, b)))
     data = bytes(data)
     for line in (data[i:j] for i, j in _lines(data)):

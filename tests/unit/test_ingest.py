@@ -80,6 +80,31 @@ def test_a_region_splits_by_kind_in_file_order_under_ids_naming_both_ends():
     assert [(m.msg_id, m.payload) for m in again.messages] == [(m.msg_id, m.payload) for m in r.messages]
 
 
+def test_an_owner_message_names_its_pods_in_a_header():
+    """Nettap-Pods on an owner message: the pods its lines name (docs/kubernetes.md), distinct and
+    sorted; none on other kinds or where no line names one; bounded, and within header_room."""
+    fid = FileId(1, 2, "ab")
+
+    def owner(i, ns="", pod="", c=""):
+        keys = (f'"container":"{c}",' if c else "") + (f'"namespace":"{ns}",' if ns else "") + \
+            (f'"pod":"{pod}","pod_uid":"u{i}",' if pod else "")
+        return f'{{"comm":"a","conn_id":{i},{keys}"type":"owner"}}\n'.encode()
+    data = (owner(1, "shop", "checkout-2", "api") + b'{"conn_id":1,"type":"chunk"}\n' + owner(2, "shop", "cart-1")
+            + owner(3) + owner(4, "shop", "checkout-2", "api") + owner(5, "a b", "x y", "z"))
+    r = batches.region(fid, 0, data, "n1", "nettap.{node}.{kind}")
+    got = {m.kind: m.headers for m in r.messages}
+    assert got["owner"]["Nettap-Pods"] == "a_b/x_y/z,shop/cart-1,shop/checkout-2/api"
+    assert "Nettap-Pods" not in got["chunk"]
+    assert "Nettap-Pods" not in batches.region(fid, 0, owner(3), "n1", "x").messages[0].headers
+    many = b"".join(owner(i, "ns", f"pod-{i:04}", "c") for i in range(200))
+    header = batches.pods(many)
+    assert len(header) <= batches.PODS_MAX and header.endswith(",...") and header.startswith("ns/pod-0000/c,")
+    m = batches.region(fid, 0, many, "n1", "x").messages[0]
+    assert batches.header_bytes(m.headers) <= batches.header_room("n1", fid, "owner")
+    parts, lost = batches.parts(m, many, "n1", 4096)
+    assert lost == 0 and len(parts) > 1 and all(p.headers["Nettap-Pods"] == batches.pods(p.payload) for p in parts)
+
+
 def test_stream_subjects_cover():
     assert _covers("nettap.*.*", "nettap.*.*") and _covers("nettap.>", "nettap.*.*")
     assert not _covers("nettap.n1.*", "nettap.*.*") and not _covers("other.>", "nettap.*.*")
