@@ -152,7 +152,14 @@ class Pipeline:
         for ring in self.rings.values():
             while True:
                 n = self.batch_records(ring.name)
-                if self.sink is None:
+                if self.sink is None and ring.name in self.edit:
+                    # no sink, but the pods' counts asked (metrics.kubernetes_labels): formatted for
+                    # the edit that counts them, then dropped
+                    b = self._read_lines(ring, n)
+                    if b is not None and b.data:
+                        self._edited(ring.name, b.data)
+                        b.data = b""
+                elif self.sink is None:
                     b = ring.read(n)                    # counted (and logs kept), not formatted
                 elif self._room() or self._wait_for_room(deadline):
                     b = ring.read(n) if ring.name in self.watch else self._read_lines(ring, n)

@@ -248,6 +248,8 @@ class Nettap:
         node = self.kube
         if not (node.present or node.kubelet is not None or node.watching or self.workloads):
             return {}
+        if self.config.output.type == "none" and not self.workloads:
+            return {}           # no lines to name pods in: without a sink only the counts need them
         lines = kubelines.Lines(node, self.workloads)
         return {"obs_events": lines.obs_events, **({"capture_eof": lines.capture_eof} if self.workloads else {})}
 

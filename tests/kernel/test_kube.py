@@ -158,3 +158,32 @@ def pod_target(nettap_run, kubelet, case):
             (u, c, "shop", name, "api")
         assert list(own) == sorted(own, key=str.encode)
         assert streams(lines, "egress")[own["conn_id"]] == payload(N * S)
+
+
+@pytest.mark.per_variant
+def test_metrics_only_counts_the_pods_without_a_sink(nettap_run, mode, kubelet):
+    """output none (the Helm chart's metrics-only install): no line is kept, and the pods' series
+    count all the same (the owner and eof lines formatted for them, then dropped)."""
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    h = Hierarchy("systemd")
+    srv = Server()
+    try:
+        pod_dir, container = h.add_pod(uid, cid)
+        kubelet.body = pod_list(pod("shop", "checkout-1", uid, {"app": "checkout"}, {"api": cid}))
+        run = nettap_run({"captures": [{"kubernetes": {"namespace": "shop", "pod": "checkout-*"}}],
+                          "output": {"type": "none"},
+                          "kubernetes": {"kubelet_url": kubelet.url, "token_file": kubelet.files[0],
+                                         "ca_file": kubelet.files[1], "poll_seconds": 1,
+                                         "cgroup_root": cgroup_v2_root(), "cgroup_poll_ms": 100},
+                          "metrics": {"kubernetes_labels": True}})
+        assert run.app.pipeline.sink is None
+        wait_until(lambda: kernel_cgroups(run) == {os.stat(pod_dir).st_ino}, what="the pod's cgroup in the filter")
+        one_client(srv, container, 1)
+        who = (("container", "api"), ("namespace", "shop"), ("pod", "checkout-1"))
+        sent = ("nettap_kubernetes_bytes_total", tuple(sorted(who + (("direction", "sent"),))))
+        wait_until(lambda: scrape(run.app).get(sent) == N * S, timeout=60, what="the pod's bytes counted")
+        assert scrape(run.app)[("nettap_kubernetes_connections_total", who)] == 1
+        run.app.close()
+    finally:
+        srv.close()
+        h.remove()
