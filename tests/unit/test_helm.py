@@ -359,8 +359,8 @@ def test_the_sizing_tiers_in_values_are_the_runbooks():
 
 
 def test_kubernetes_enabled_gives_the_capture_alone_its_kubelet_access(chart):
-    """kubernetes.enabled: a ServiceAccount bound to get nodes/proxy and nodes/pods (the kubelet's
-    /pods) and nothing else; its token and the cluster's CA mounted in the capture container
+    """kubernetes.enabled: a ServiceAccount bound to get nodes/pods (the kubelet's /pods) and
+    nothing else, nodes/proxy only where asked (older kubelets); its token and the cluster's CA mounted in the capture container
     only, with NODE_IP and NODE_NAME for kubelet_url auto; the kubelet's certificate not checked
     unless asked. Off (the default): none of it, and the config's kubelet_url off."""
     off = render(chart)
@@ -369,7 +369,9 @@ def test_kubernetes_enabled_gives_the_capture_alone_its_kubelet_access(chart):
     assert yaml.safe_load(nettap_yaml(off))["kubernetes"] == {"kubelet_url": "off"}
     on = render(chart, {"kubernetes": {"enabled": True}})
     role, binding = on[("ClusterRole", "nettap-kubelet-pods")], on[("ClusterRoleBinding", "nettap-kubelet-pods")]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes/proxy", "nodes/pods"], "verbs": ["get"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes/pods"], "verbs": ["get"]}]
+    proxy = render(chart, {"kubernetes": {"enabled": True, "nodesProxy": True}})
+    assert proxy[("ClusterRole", "nettap-kubelet-pods")]["rules"][0]["resources"] == ["nodes/pods", "nodes/proxy"]
     assert binding["roleRef"]["name"] == "nettap-kubelet-pods"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "nettap", "namespace": "nettap"}]
     assert on[("ServiceAccount", "nettap")]["automountServiceAccountToken"] is False
