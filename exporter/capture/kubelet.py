@@ -19,7 +19,8 @@ from exporter.util.httpget import FetchError, get, shown
 
 log = logging.getLogger(__name__)
 
-RESULTS = ("ok", "timeout", "unreachable", "http", "too_large", "malformed", "token")
+RESULTS = ("ok", "timeout", "unreachable", "http", "too_large", "malformed", "token", "error")
+ERROR_LOG_EVERY = 60.0      # s between two logs of an unexpected failure (a traceback), not one each poll
 # containerStatuses[].containerID: <runtime>://<id>
 _STATUSES = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
 
@@ -37,6 +38,14 @@ class Malformed(ValueError):
 def _str(v, what: str) -> str:
     if not isinstance(v, str):
         raise Malformed(f"{what} is not a string")
+    return v
+
+
+def _list(v, what: str) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise Malformed(f"{what} is not a list")
     return v
 
 
@@ -58,9 +67,11 @@ def pod_list(body: bytes) -> dict:
         if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
             raise Malformed(f"items[{i}].metadata.labels is not a mapping of strings")
         status = item.get("status") or {}
+        if not isinstance(status, dict):
+            raise Malformed(f"items[{i}].status is not a mapping")
         containers = {}
         for key in _STATUSES:
-            for c in (status.get(key) or []) if isinstance(status, dict) else ():
+            for c in _list(status.get(key), f"items[{i}].status.{key}"):
                 cid = c.get("containerID") if isinstance(c, dict) else None
                 if isinstance(cid, str) and "://" in cid:
                     containers[cid.split("://", 1)[1]] = _str(c.get("name"), f"items[{i}] container name")
@@ -85,6 +96,7 @@ class Kubelet:
         self.last_success = 0.0
         self.last_error = ""
         self._session = None
+        self._error_logged = -ERROR_LOG_EVERY
 
     def _token(self) -> str | None:
         if not self.token_file:
@@ -93,7 +105,21 @@ class Kubelet:
             return f.read(1 << 16).strip()
 
     def poll(self) -> bool:
-        """Ask the kubelet once; True when its list was taken."""
+        """Ask the kubelet once; True when its list was taken. Never raises:
+        an unexpected failure (a bug) is counted as "error", its traceback
+        logged at most every ERROR_LOG_EVERY s, and the next poll made."""
+        try:
+            return self._poll()
+        except Exception as e:               # noqa: BLE001 - the poller must outlive one bad answer
+            self.results["error"] += 1
+            now = time.monotonic()
+            if now - self._error_logged >= ERROR_LOG_EVERY:
+                self._error_logged = now
+                log.error("kubernetes: kubelet poll failed (error), keeping its last list (%d pods): %s",
+                          len(self.pods), shown(repr(e)), exc_info=True)
+            return False
+
+    def _poll(self) -> bool:
         import requests
         if self._session is None:
             self._session = requests.Session()

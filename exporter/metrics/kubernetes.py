@@ -23,7 +23,8 @@ class KubernetesCollector(Collector):
     SPECS = [
         (CounterMetricFamily, "nettap_kubernetes_kubelet_polls",
          "Polls of the kubelet's pod list by result: ok, timeout, unreachable, http (an error status), too_large, "
-         "malformed, token (its file unreadable); a failed poll keeps the last list.", ["result"]),
+         "malformed, token (its file unreadable), error (any other failure, logged); a failed poll keeps the last "
+         "list.", ["result"]),
         (GaugeMetricFamily, "nettap_kubernetes_kubelet_last_success_timestamp_seconds",
          "When the kubelet's pod list was last taken.", []),
         (GaugeMetricFamily, "nettap_kubernetes_pods", "Pods in the kubelet's last list.", []),

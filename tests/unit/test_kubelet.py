@@ -98,3 +98,45 @@ def test_refused_wrong_token_unreadable_token_and_an_untrusted_certificate(kubel
     k = Kubelet(kubelet.url, token, None, insecure=True, timeout=1.0)
     with pytest.warns(Warning):                                                  # urllib3 says it is unchecked
         assert k.poll()
+
+
+def test_pod_list_refuses_a_status_list_that_is_no_list():
+    good = json.loads(PODS)
+    good["items"][0]["status"]["containerStatuses"] = 5
+    with pytest.raises(Malformed, match=r"items\[0\].status.containerStatuses is not a list"):
+        pod_list(json.dumps(good).encode())
+
+
+def test_the_watch_keeps_polling_after_a_bad_answer_or_a_bug(kubelet, token, cert, tmp_path, monkeypatch):
+    """An answer pod_list cannot take, or any exception in a poll, is
+    counted and the next poll made: the list follows the kubelet again."""
+    from exporter.capture import kube
+    from exporter.util.kubeconfig import Kube
+    monkeypatch.setattr(kube, "MIN_RESCAN", 0.05)
+    bad = json.loads(PODS)
+    bad["items"][0]["status"]["containerStatuses"] = 5
+    kubelet.body = json.dumps(bad).encode()
+    real, calls = pod_list, []
+
+    def flaky(body):                             # the second answer meets a bug
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("a bug")
+        return real(body)
+    monkeypatch.setattr("exporter.capture.kubelet.pod_list", flaky)
+    node = kube.Node(Kube(kubelet_url=kubelet.url, token_file=token, ca_file=cert[0], poll_seconds=0,
+                          timeout_seconds=1, cgroup_root=str(tmp_path)))
+    changed = []
+    watch = kube.Watch(node, lambda: changed.append(node.kubelet.generation)).start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        kubelet.body = PODS
+        while not changed and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+        node.close()
+    assert changed and len(node.kubelet.pods) == 3
+    assert node.kubelet.results["malformed"] >= 1 and node.kubelet.results["error"] == 1
