@@ -54,6 +54,8 @@ class Resolved:
         self.gone = set(gone or ())
         # kubernetes targets: the target (its text) -> the cgroup ids it matched (exporter/capture/kube.py)
         self.matched = dict(matched or {})
+        # the same without the kubernetes targets' cgroups (with_kubernetes), or None
+        self.base: Resolved | None = None
 
     def without(self, gone) -> "Resolved":
         """A copy with the gone (kind, value) targets taken out of the maps' sets."""
@@ -64,9 +66,11 @@ class Resolved:
         ids -= set(keep_paths.values())          # another listed path names the same cgroup
         kinds = {(k, v): m for (k, v), m in self.kinds.items()
                  if not (k == "pid" and v in pids or k == "cgroup" and v in ids)}
-        return Resolved(self.pids - pids, {c: l for c, l in self.cgroups.items() if c not in ids},
-                        self.netns, self.ports, {p: t for p, t in self.pid_starts.items() if p not in pids},
-                        keep_paths, self.gone | set(gone), kinds, self.matched)
+        out = Resolved(self.pids - pids, {c: l for c, l in self.cgroups.items() if c not in ids},
+                       self.netns, self.ports, {p: t for p, t in self.pid_starts.items() if p not in pids},
+                       keep_paths, self.gone | set(gone), kinds, self.matched)
+        out.base = self.base.without(gone) if self.base is not None else None
+        return out
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Resolved) and (self.pids, self.cgroups, self.netns, self.ports, self.kinds) == \
@@ -274,21 +278,37 @@ def resolve(targets: list, proc: str = "/proc", previous: Resolved | None = None
                 key = netns_inode(t.value, proc)
                 r.netns.add(key)
             elif t.kind == "kubernetes":
-                found = kube.match(t.value) if kube is not None else {}
-                r.cgroups.update(found)
-                r.matched[str(t.value)] = sorted(found)
-                for cid in found if t.records else ():
-                    r.kinds["cgroup", cid] = r.kinds.get(("cgroup", cid), 0) | kind_bits(t.records)
-                continue
+                continue                     # matched below, on top of the others (with_kubernetes)
             if t.records:
                 r.kinds[t.kind, key] = r.kinds.get((t.kind, key), 0) | kind_bits(t.records)
         except ConfigError as e:
             raise ConfigError(f"captures[{i}].{t.kind}: {e}") from None
+    r = with_kubernetes(r, targets, kube)
+    for kind, value in sorted(r.gone, key=str) if log_gone else ():
+        log.warning("captures: %s %s is gone (%s) and not captured; remove it from the config",
+                    kind, value, "the process exited" if kind == "pid" else "the cgroup was removed")
+    return r
+
+
+def with_kubernetes(base: Resolved, targets: list, kube) -> Resolved:
+    """base (the other targets, as resolved at the last apply: its .base
+    where it has one) plus the cgroups the kubernetes targets of targets
+    match now: a pod's change touches only those, never re-resolves a pid,
+    cgroup or netns target (one whose path went away would stop it)."""
+    base = base.base if base.base is not None else base
+    r = Resolved(base.pids, base.cgroups, base.netns, base.ports, base.pid_starts, base.cgroup_paths, base.gone,
+                 base.kinds)
+    r.base = base
+    for t in targets:
+        if t.kind != "kubernetes":
+            continue
+        found = kube.match(t.value) if kube is not None else {}
+        r.cgroups.update(found)
+        r.matched[str(t.value)] = sorted(found)
+        for cid in found if t.records else ():
+            r.kinds["cgroup", cid] = r.kinds.get(("cgroup", cid), 0) | kind_bits(t.records)
     levels = sorted(set(r.cgroups.values()))
     if len(levels) > MAX_CGROUP_LEVELS:
         raise ConfigError(f"captures: cgroup targets sit at {len(levels)} different levels {levels}; "
                           f"at most {MAX_CGROUP_LEVELS} are matched in the kernel")
-    for kind, value in sorted(r.gone, key=str) if log_gone else ():
-        log.warning("captures: %s %s is gone (%s) and not captured; remove it from the config",
-                    kind, value, "the process exited" if kind == "pid" else "the cgroup was removed")
     return r

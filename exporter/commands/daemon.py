@@ -269,12 +269,13 @@ class Nettap:
             self.kube_watch = kube.Watch(self.kube, self._kube_changed).start()
 
     def _kube_changed(self) -> None:
-        """The node's pods changed (the kube watch): the kubernetes targets
-        resolved again into the kernel's filter, as a reload would."""
+        """The node's pods changed (the kube watch): the kubernetes targets'
+        cgroups matched again into the kernel's filter; the other targets
+        stay as resolved at the last apply."""
         with self._lock:
             cur = self.target_maps.current
             try:
-                new = targets.resolve(self.config.captures, previous=cur, kube=self.kube, log_gone=False)
+                new = targets.with_kubernetes(cur, self.config.captures, self.kube)
                 if new != cur or new.matched != cur.matched:
                     self.target_maps.reapply(new)
             except (ConfigError, OSError) as e:

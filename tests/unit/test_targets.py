@@ -7,6 +7,7 @@ import os
 import threading
 from pathlib import Path
 
+import shutil
 import struct
 
 import pytest
@@ -858,3 +859,35 @@ def test_initial_cgroup_namespace_is_recognised_by_its_inode(tmp_path):
     (tmp_path / "ns").write_text("")
     assert targets.in_initial_cgroup_ns(str(tmp_path / "ns")) is False
     assert targets.in_initial_cgroup_ns("/no/such/ns") is True   # no cgroup namespaces: paths are global
+
+
+def test_a_pods_change_rematches_only_the_kubernetes_targets(tmp_path):
+    """The daemon's _kube_changed: the kubernetes targets' cgroups replaced,
+    every other target kept as resolved at the last apply, even a netns
+    target whose namespace has no holder now (re-resolving it failed and
+    stopped the pod-following)."""
+    from exporter.util.kubeconfig import Selector
+
+    class Node:
+        def __init__(self, found):
+            self.found = found
+
+        def match(self, sel):
+            return self.found
+    proc = fake_netns_proc(tmp_path, {1: 4026531840, 77: 4026532001})
+    fake_proc(Path(proc), p123=123)
+    sel = Selector("shop", "checkout-*")
+    captures = [Target("netns", 4026532001, records=("owner",)), Target("pid", 123),
+                Target("kubernetes", sel, records=("eof",))]
+    cur = resolve(captures, proc=proc, kube=Node({11: 3}))
+    assert cur.cgroups == {11: 3} and cur.matched == {str(sel): [11]} and cur.pids == {123}
+    shutil.rmtree(proc + "/77")                             # the namespace's holder exited
+    with pytest.raises(ConfigError):
+        resolve(captures, proc=proc, previous=cur, kube=Node({12: 3}))
+    new = targets.with_kubernetes(cur, captures, Node({12: 3}))
+    assert new.netns == {4026532001} and new.cgroups == {12: 3} and new.matched == {str(sel): [12]}
+    assert new.pids == {123} and new.kinds == {("netns", 4026532001): targets.kind_bits(["owner"]),
+                                               ("cgroup", 12): targets.kind_bits(["eof"])}
+    again = targets.with_kubernetes(new.without({("pid", 123)}), captures, Node({13: 3}))
+    assert again.cgroups == {13: 3} and again.netns == {4026532001} and not again.pids   # gone stays gone
+    assert again.gone == {("pid", 123)}
