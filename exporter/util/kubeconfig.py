@@ -56,6 +56,9 @@ def selector(v, key: str) -> Selector:
     if bad:
         raise ConfigError(f"{key}.{quote(bad[0]) if not isinstance(bad[0], str) else bad[0]}: unknown key "
                           f"(expected one of {', '.join(keys)})")
+    if v.get("labels", None) == {} and not set(v) & {"namespace", "pod"}:     # an empty labels map is no selector
+        raise ConfigError(f"{key}.labels: an empty mapping would name every pod of the node: give a label, or "
+                          "namespace or pod")
     if set(v) == {"container"}:
         raise ConfigError(f"{key}: a container alone would name that container in every pod of the node: "
                           "give namespace, pod or labels too")

@@ -169,6 +169,10 @@ ROOT_MSG = "output.path: must name a file inside output.root (/var/lib/nettap; r
                                     "kubernetes (and optionally segments, records), got {'segments': True}"),
     ("captures: [{kubernetes: {container: api}}]", "captures[0].kubernetes: a container alone would name that "
      "container in every pod of the node: give namespace, pod or labels too"),
+    ("captures: [{kubernetes: {labels: {}, container: api}}]", "captures[0].kubernetes.labels: an empty mapping "
+     "would name every pod of the node: give a label, or namespace or pod"),
+    ("captures: [{kubernetes: {labels: {}}}]", "captures[0].kubernetes.labels: an empty mapping would name every pod "
+     "of the node: give a label, or namespace or pod"),
     ("captures: [{kubernetes: {}}]", "captures[0].kubernetes: must be a mapping of namespace, pod, labels, container "
      "(at least one), got {}"),
     ("captures: [{kubernetes: shop}]", "captures[0].kubernetes: must be a mapping of namespace, pod, labels, "
