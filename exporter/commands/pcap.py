@@ -134,7 +134,7 @@ def write_pcap(conns: List[Conn], path: str, track: Sequence[Tuple[int, int]] = 
     one, at CLOCK_MONOTONIC, and a note says so). Returns (packets written,
     connections written, notes: those left out, those whose payload is TLS
     plaintext). A file with TLS plaintext, or with connections of a pod
-    (pods: conn_id -> its pod and container, from the owner lines), is
+    (pods: Conn.key -> its pod and container, from the owner lines), is
     pcapng, so that a comment can say which packets were decrypted, and a
     connection's first packet whose it is."""
     pods = pods or {}
@@ -160,11 +160,11 @@ def write_pcap(conns: List[Conn], path: str, track: Sequence[Tuple[int, int]] = 
             notes.append(f"conn {c.conn_id}: its TLS plaintext (decrypted: read by nettap from the process's "
                          f"libssl calls) is its payload, in place of the encrypted bytes on the wire")
     n = 0
-    merged = heapq.merge(*[_commented(c, pods.get(c.conn_id, "")) for c in chosen], key=lambda x: x[0])
+    merged = heapq.merge(*[_commented(c, pods.get(c.key, "")) for c in chosen], key=lambda x: x[0])
     if wall is not None:
         merged = _in_wall_time(merged, wall)
     with os.fdopen(outpath.create_for_writing(path), "wb") as f:
-        if not any(c.tls or c.conn_id in pods for c in chosen):
+        if not any(c.tls or c.key in pods for c in chosen):
             w = dpkt.pcap.Writer(f, snaplen=262144, linktype=LINKTYPE_RAW, nano=True)
             late = 0
             for ts, _, p in merged:

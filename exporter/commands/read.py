@@ -16,8 +16,8 @@ from typing import Iterator, List
 
 from exporter.util.logsafe import escape
 from exporter.util.outpath import open_regular
-from exporter.commands.streams import (LIFECYCLE, Capture, Conn, Problems, Stream, capture_gaps, clock_losses,
-                                      endpoint, ordered, records, select)
+from exporter.commands.missed import capture_gaps, clock_losses
+from exporter.commands.streams import LIFECYCLE, Capture, Conn, Problems, Stream, endpoint, ordered, records, select
 
 # ---- text output ---------------------------------------------------------
 

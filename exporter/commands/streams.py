@@ -350,8 +350,11 @@ class Capture:
         self.no_conn = 0                        # chunks of connections nettap had no room for
         self.dns: List[dict] = []               # the dns records, in file order (nettap read --dns)
         self.samples: Dict[int, int] = {}       # capture.sample_connections -> owner records decided under it
-        self.pods: Dict[int, str] = {}          # conn_id -> its owner's pod and container (owner lines)
+        # Conn.key -> its owner's pod and container (owner lines): a conn_id
+        # alone restarts at 1 with each nettap run
+        self.pods: Dict[tuple, str] = {}
         self._portless: Dict[tuple, tuple] = {}  # key without the local port -> key
+        self._portless_pods: Dict[tuple, str] = {}  # the same -> a pod of an owner line without its port yet
 
     def add(self, rec: dict, keep: bool = False) -> None:
         kind = rec["type"]
@@ -375,7 +378,7 @@ class Capture:
         if kind == "owner":
             self.samples[rec["sample"]] = self.samples.get(rec["sample"], 0) + 1
             if "pod_uid" in rec:
-                self.pods[rec["conn_id"]] = pod_text(rec)
+                self._owner_pod(_key(rec), rec["ts_ns"], pod_text(rec))
         if kind in LIFECYCLE:                   # a socket's life, by its conn_id
             self.events.setdefault(rec["conn_id"], []).append((rec["ts_ns"], escape(LIFECYCLE[kind](rec))))
             return
@@ -392,45 +395,25 @@ class Capture:
         if c is None:
             c = self.conns[key] = Conn(key, rec, keep)
             self._portless[key[:3] + key[4:]] = key
+            pod = self._portless_pods.pop(key[:3] + key[4:], None)
+            if pod is not None and key not in self.pods:
+                self.pods[key] = pod
         c.add(rec)
 
-
-def capture_gaps(marks: List[Tuple[str, str, int]]) -> List[str]:
-    """What no nettap captured, from the runs' start and stop lines in file
-    order: a stop, or a run that ended without one (killed, crashed, out of
-    memory), up to the next start."""
-    out, running, last = [], None, None        # running: the start of the run in progress
-    for kind, when, pid in marks:
-        if kind == "start":
-            if running is not None:
-                out.append(f"the run started {running[0]} (pid {running[1]}) has no stop line: it ended "
-                           f"uncleanly; nothing was captured from its last record until {when}")
-            elif last is not None:
-                out.append(f"nothing was captured from the stop at {last} until the start at {when}")
-            running, last = (when, pid), None
+    def _owner_pod(self, key: tuple, ts_ns: int, pod: str) -> None:
+        """An owner line's pod, for its connection. One made at a connect
+        may lack the local port (tcp_v4_connect() sets TCP_SYN_SENT before
+        inet_hash_connect() picks it): with sport 0 it is the pod of the
+        connection read before without one whose records are not older than
+        it (the rings are written to the file apart), else of the next one read."""
+        if key[3] != 0:
+            self.pods[key] = pod
+            return
+        known = self._portless.get(key[:3] + key[4:])
+        if known is not None and known not in self.pods and self.conns[known].first_ts >= ts_ns:
+            self.pods[known] = pod
         else:
-            running, last = None, when
-    if running is not None and sum(kind == "start" for kind, _, _ in marks) > 1:
-        out.append(f"the run started {running[0]} (pid {running[1]}) has no stop line yet (still running, "
-                   "or it ended uncleanly)")
-    return out
-
-
-def clock_losses(clocks: List[Tuple[int, int, int]]) -> List[str]:
-    """The windows of the clock track (pipeline.py) that lost records: each
-    clock line counts what was dropped in the kernel and lost after the rings
-    since the one before, so a reader can void that window."""
-    from datetime import datetime, timezone
-
-    def utc(ns: int) -> str:
-        return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    out, prev = [], None
-    for real, drops, lost in clocks:
-        if drops or lost:
-            since = f"from {utc(prev)}" if prev is not None else "from the start"
-            out.append(f"{drops} dropped in the kernel and {lost} after the rings, {since} to {utc(real)}")
-        prev = real
-    return out
+            self._portless_pods[key[:3] + key[4:]] = pod
 
 
 def select(conns, ports=(), pids=(), ids=()) -> List[Conn]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import dpkt
 import pytest
 
-from exporter.commands import cli, pcap, streams
+from exporter.commands import cli, missed, pcap, streams
 from helpers import tshark_follow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,6 +206,36 @@ def test_a_pods_owner_is_named_in_the_life_and_the_pcapng_comment(tmp_path, caps
                   .replace('"pod":"checkout-1",', "").encode())
     rc, out, err = run(capsys, str(f), "--conn", "9")
     assert f"learnt at its connect, pod uid {uid}, container id 222222222222" in out
+
+
+def test_a_pod_names_its_own_connection_across_a_restart(tmp_path, capsys):
+    """conn ids restart at 1 with each nettap run: the pcapng comment names
+    the pod of the connection (its addresses and ports too) whose owner line
+    it was, not another run's connection with the same conn_id; an owner line
+    made at a connect, before its local port, names the next one read."""
+    uid = "0b6e4a3c-5f2d-4e8a-9c1b-7a2d3e4f5a6b"
+    owner = ('{"cgroup_id":42,"comm":"curl","conn_id":9,"daddr":"192.0.2.2","dport":80,"family":"ipv4",'
+             '"netns":1,"pid":1,"pod_uid":"%s","sample":1,"saddr":"192.0.2.1","sport":%d,"tid":3,"ts_ns":%d,'
+             '"type":"owner","via":"connect"}\n')
+    f = tmp_path / "c.jsonl"
+    other = uid.replace("0b", "1c")
+    runs = [(owner % (uid, 40000, 600)).encode() + _chunk(),                      # run 1: conn 9 of the pod
+            _chunk(sport=40001, ts_ns=5000),                                      # run 2: conn 9, no pod
+            _chunk(sport=40002, ts_ns=9000) + (owner % (other, 0, 8000)).encode(),  # run 3: its chunk first
+            (owner % (uid, 0, 9500)).encode() + _chunk(sport=40003, ts_ns=9900)]    # run 4: its owner first
+    f.write_bytes(b"".join(runs))
+    rc, out, err = run(capsys, str(f), "--pcap", str(tmp_path / "p.pcap"))
+    assert rc == 0, err
+    p = subprocess.run(["tshark", "-r", str(tmp_path / "p.pcap"), "-T", "fields", "-e", "tcp.srcport",
+                        "-e", "frame.comment"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    comments = {}
+    for line in p.stdout.splitlines():
+        port, _, comment = line.partition("\t")
+        if comment:
+            comments.setdefault(port, []).append(comment)
+    assert comments == {"40000": [f"nettap conn 9: pod uid {uid}"], "40002": [f"nettap conn 9: pod uid {other}"],
+                        "40003": [f"nettap conn 9: pod uid {uid}"]}
 
 
 def test_text_stream_marks_the_truncated_call_and_the_gap(capsys):
@@ -475,14 +505,14 @@ def test_help_names_the_command():
 def test_capture_gaps_from_the_runs_start_and_stop_lines():
     marks = [("start", "T1", 10), ("stop", "T2", 10), ("start", "T3", 11), ("start", "T4", 12),
              ("stop", "T5", 12), ("start", "T6", 13)]
-    assert streams.capture_gaps(marks) == [
+    assert missed.capture_gaps(marks) == [
         "nothing was captured from the stop at T2 until the start at T3",
         "the run started T3 (pid 11) has no stop line: it ended uncleanly; nothing was captured from its "
         "last record until T4",
         "nothing was captured from the stop at T5 until the start at T6",
         "the run started T6 (pid 13) has no stop line yet (still running, or it ended uncleanly)"]
-    assert streams.capture_gaps([("start", "T1", 10)]) == []            # one run going on: no gap
-    assert streams.capture_gaps([]) == []
+    assert missed.capture_gaps([("start", "T1", 10)]) == []            # one run going on: no gap
+    assert missed.capture_gaps([]) == []
 
 
 RECORD_FIX = Path(__file__).resolve().parent / "fixtures" / "records"
