@@ -16,6 +16,7 @@ import time
 from collections import namedtuple
 
 from exporter.util.httpget import FetchError, get, shown
+from exporter.util.kubeconfig import pod_names_valid
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,12 @@ def _list(v, what: str) -> list:
     return v
 
 
-def pod_list(body: bytes) -> dict:
+def pod_list(body: bytes, skipped: list | None = None) -> dict:
     """A PodList document's pods by UID (Malformed: not one). A container
-    not started yet (no containerID) is left out of its pod's containers."""
+    not started yet (no containerID) is left out of its pod's containers. A
+    pod whose namespace, name, labels or containers' names the API server
+    would not admit is left out, its reason appended to skipped: the names go
+    into lines and label values, where a lone surrogate fails a whole batch."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:
@@ -76,8 +80,14 @@ def pod_list(body: bytes) -> dict:
                 if isinstance(cid, str) and "://" in cid:
                     containers[cid.split("://", 1)[1]] = _str(c.get("name"), f"items[{i}] container name")
         uid = _str(meta.get("uid"), f"items[{i}].metadata.uid")
-        pods[uid] = Pod(_str(meta.get("namespace"), f"items[{i}].metadata.namespace"),
-                        _str(meta.get("name"), f"items[{i}].metadata.name"), uid, dict(labels), containers)
+        pod = Pod(_str(meta.get("namespace"), f"items[{i}].metadata.namespace"),
+                  _str(meta.get("name"), f"items[{i}].metadata.name"), uid, dict(labels), containers)
+        if not pod_names_valid(pod.namespace, pod.name, labels, containers.values()):
+            if skipped is not None:
+                skipped.append(f"items[{i}] {shown(ascii(f'{pod.namespace}/{pod.name}'), 130)}: a name, label "
+                               "or container name the API server would not admit")
+            continue
+        pods[uid] = pod
     return pods
 
 
@@ -97,6 +107,8 @@ class Kubelet:
         self.last_error = ""
         self._session = None
         self._error_logged = -ERROR_LOG_EVERY
+        self._skip_logged = -ERROR_LOG_EVERY
+        self.skipped = 0                     # pods of the last list left out (pod_list)
 
     def _token(self) -> str | None:
         if not self.token_file:
@@ -130,13 +142,18 @@ class Kubelet:
         except OSError as e:
             return self._failed("token", f"cannot read the token {self.token_file}: {e.strerror}")
         self._session.headers["Authorization"] = f"Bearer {token}" if token else ""
+        skipped: list = []
         try:
-            pods = pod_list(get(self.url, deadline=self.timeout, max_bytes=self.max_bytes, session=self._session))
+            pods = pod_list(get(self.url, deadline=self.timeout, max_bytes=self.max_bytes, session=self._session),
+                            skipped)
         except FetchError as e:
             return self._failed(e.reason, str(e))
         except Malformed as e:
             return self._failed("malformed", f"{self.url}: {e}")
-        self.pods = pods
+        self.pods, self.skipped = pods, len(skipped)
+        if skipped and time.monotonic() - self._skip_logged >= ERROR_LOG_EVERY:
+            self._skip_logged = time.monotonic()
+            log.warning("kubernetes: %d pods of the kubelet's list left out, e.g. %s", len(skipped), skipped[0])
         self.generation += 1
         self.results["ok"] += 1
         self.last_success = time.time()

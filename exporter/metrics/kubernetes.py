@@ -28,6 +28,9 @@ class KubernetesCollector(Collector):
         (GaugeMetricFamily, "nettap_kubernetes_kubelet_last_success_timestamp_seconds",
          "When the kubelet's pod list was last taken.", []),
         (GaugeMetricFamily, "nettap_kubernetes_pods", "Pods in the kubelet's last list.", []),
+        (GaugeMetricFamily, "nettap_kubernetes_pods_skipped",
+         "Pods of the kubelet's last list left out: a namespace, name, label or container name the API server "
+         "would not admit (logged).", []),
         (GaugeMetricFamily, "nettap_kubernetes_cgroups", "Cgroups of pods and their containers seen on this node.",
          []),
         (CounterMetricFamily, "nettap_kubernetes_line_edit_failures",
@@ -58,7 +61,7 @@ class KubernetesCollector(Collector):
         return families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        polls, last, pods, cgroups, edits = out = families(self.SPECS)
+        polls, last, pods, skipped, cgroups, edits = out = families(self.SPECS)
         k = self.node.kubelet
         if k is not None:
             for result, n in k.results.items():
@@ -66,6 +69,7 @@ class KubernetesCollector(Collector):
             if k.last_success:
                 last.add_metric([], k.last_success)
             pods.add_metric([], len(k.pods))
+            skipped.add_metric([], k.skipped)
         cgroups.add_metric([], len(self.node.cgroups))
         edits.add_metric([], self.edit_failures())
         w = self.workloads()

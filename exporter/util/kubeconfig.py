@@ -17,6 +17,20 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _GLOB = re.compile(r"^[-a-z0-9.*?\[\]!]+$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# What the API server admits (k8s.io/apimachinery validation): a namespace and a
+# container's name are DNS-1123 labels, a pod's name a DNS-1123 subdomain
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def pod_names_valid(namespace: str, name: str, labels: dict, containers) -> bool:
+    """Whether a pod's names, labels and containers' names are as the API
+    server admits them (a kubelet's answer is checked before its names go
+    into lines and label values)."""
+    return (bool(_DNS_LABEL.match(namespace)) and len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
+            and all(_DNS_LABEL.match(c) for c in containers)
+            and all(len(k) <= 316 and _LABEL_KEY.match(k) and len(v) <= 63 and _LABEL_VALUE.match(v)
+                    for k, v in labels.items()))
 
 
 class Selector(namedtuple("Selector", "namespace pod labels container", defaults=(None, None, (), None))):

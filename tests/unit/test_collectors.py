@@ -188,7 +188,8 @@ def fixture_collectors():
             matched={"namespace=shop,pod=checkout-*": [41, 42], "label app=cart": []})), lambda: 1),
         "kubernetes": KubernetesCollector(
             SimpleNamespace(kubelet=SimpleNamespace(results={"ok": 40, "timeout": 2, "http": 1}, pods={"u": 1},
-                                                    last_success=1764460800.0), cgroups={41: 1, 42: 2, 43: 3}),
+                                                    last_success=1764460800.0, skipped=2),
+                            cgroups={41: 1, 42: 2, 43: 3}),
             lambda: SimpleNamespace(snapshot=lambda: ({("shop", "checkout-1", "api"): [3, 900, 1200, 6, 4, 1, 0],
                                                        ("", "other", ""): [1, 10, 20, 1, 1, 0, 0]}, 1, 0)),
             lambda: 0),

@@ -118,11 +118,11 @@ def test_the_watch_keeps_polling_after_a_bad_answer_or_a_bug(kubelet, token, cer
     kubelet.body = json.dumps(bad).encode()
     real, calls = pod_list, []
 
-    def flaky(body):                             # the second answer meets a bug
+    def flaky(*a):                               # the second answer meets a bug
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("a bug")
-        return real(body)
+        return real(*a)
     monkeypatch.setattr("exporter.capture.kubelet.pod_list", flaky)
     node = kube.Node(Kube(kubelet_url=kubelet.url, token_file=token, ca_file=cert[0], poll_seconds=0,
                           timeout_seconds=1, cgroup_root=str(tmp_path)))
@@ -140,3 +140,23 @@ def test_the_watch_keeps_polling_after_a_bad_answer_or_a_bug(kubelet, token, cer
         node.close()
     assert changed and len(node.kubelet.pods) == 3
     assert node.kubelet.results["malformed"] >= 1 and node.kubelet.results["error"] == 1
+
+
+def test_a_pod_with_names_the_api_server_would_not_admit_is_left_out(kubelet, token, cert):
+    """A kubelet's names go into lines and label values: a lone surrogate or
+    a name no pod can have leaves that pod out (counted), not the list."""
+    from fakekubelet import pod, pod_list as body
+    good = pod("shop", "checkout-1", "u1", {"app": "checkout"}, {"api": "1" * 64})
+    bad = [pod("shop", "x\udc80", "u2", {}, {"api": "2" * 64}), pod("Shop", "a", "u3", {}, {}),
+           pod("shop", "a", "u4", {}, {"API": "4" * 64}), pod("shop", "a", "u5", {"app": "a b"}, {}),
+           pod("shop", "a" * 254, "u6", {}, {}), pod("shop", "a", "u7", {"a/b/c": "x"}, {})]
+    skipped: list = []
+    pods = pod_list(json.dumps({"kind": "PodList", "items": [good, *bad]}).encode(), skipped)
+    assert list(pods) == ["u1"] and len(skipped) == len(bad)
+    assert skipped[0] == "items[1] 'shop/x\\udc80': a name, label or container name the API server would not admit"
+    assert pod_list(body(pod("kube-system", "coredns-5d78c9869d-abcde.x", "u8", {"k8s-app": "kube-dns",
+                                                                             "example.com/tier": ""}, {"c": "9" * 64})))
+    kubelet.body = json.dumps({"kind": "PodList", "items": [good, *bad]}).encode()
+    k = Kubelet(kubelet.url, token, cert[0], timeout=1.0)
+    assert k.poll() and list(k.pods) == ["u1"] and k.skipped == len(bad)
+    k.close()
