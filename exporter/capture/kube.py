@@ -162,6 +162,16 @@ class Node:
             return kubecgroups.proc_identity(self.proc, pid)
         return None
 
+    def pods_gone(self, uids) -> set:
+        """Those of uids known to have left the node: in neither the
+        kubelet's list (where it answered) nor the last scan of the pods'
+        cgroups (where they are here); none without either."""
+        k = self.kubelet
+        listed = k.pods if k is not None and k.generation else None
+        if listed is None and not self.present:
+            return set()
+        return {u for u in uids if (listed is None or u not in listed) and (not self.present or u not in self.pods)}
+
     def names(self, ident) -> tuple:
         """(namespace, pod, container) names of an identity, "" where unknown."""
         k = self.kubelet

@@ -53,6 +53,7 @@ class Workloads:
     def __init__(self, max_series: int):
         self.max_series = max_series
         self.series: dict = {}               # key -> [FIELDS...]
+        self.uids: dict = {}                 # key -> the pod UID of its last owner line (forget_pods)
         self.conns: dict = {}                # conn_id -> key, until its eof
         self.early: dict = {}                # conn_id -> eof counts that came before its owner line
         self.folded = 0                      # records counted in OTHER because of the cap
@@ -71,9 +72,15 @@ class Workloads:
                 row = self.series[key] = [0] * len(FIELDS)
         return row
 
-    def owner(self, conn_id: int, key: tuple) -> None:
+    def owner(self, conn_id: int, key: tuple, pod_uid: str = "") -> None:
+        """An owner line of key's; conn_id 0 (none, or unknown) is counted
+        but not kept: its eof and reset lines cannot be told apart."""
         with self._lock:
             self._row(key)[0] += 1
+            if pod_uid and key in self.series:
+                self.uids[key] = pod_uid
+            if not conn_id:
+                return
             if len(self.conns) >= MAX_CONNS:
                 del self.conns[next(iter(self.conns))]
                 self.forgotten += 1
@@ -94,6 +101,8 @@ class Workloads:
         with self._lock:
             for m in _EOF.finditer(data):
                 cid = int(m.group(1))
+                if not cid:
+                    continue
                 counts = tuple(int(g) for g in m.groups()[1:])
                 key = self.conns.pop(cid, None)
                 if key is not None:
@@ -107,9 +116,23 @@ class Workloads:
         with self._lock:
             for start, end in _lines(data, RESET):
                 m = _RESET.match(data, start, end)
-                key = self.conns.get(int(m.group(1))) if m else None
+                cid = int(m.group(1)) if m else 0
+                key = self.conns.get(cid) if cid else None
                 if key is not None:
                     self._row(key)[5 if m.group(2) == b"egress" else 6] += 1
+
+    def forget_pods(self, gone) -> int:
+        """Drop the series (and open connections) of the pods that left:
+        gone(uids) is the set of those uids known gone. Rollouts then do not
+        fill metrics.kubernetes_max_series with pods that no longer exist."""
+        with self._lock:
+            left = gone(set(self.uids.values()))
+            keys = {key for key, uid in self.uids.items() if uid in left}
+            for key in keys:
+                del self.series[key], self.uids[key]
+            if keys:
+                self.conns = {c: k for c, k in self.conns.items() if k not in keys}
+            return len(keys)
 
     def snapshot(self) -> tuple:
         with self._lock:
@@ -125,7 +148,7 @@ class Lines:
         self.failures = 0                    # batches left as written because an edit failed
 
     def _texts_of(self, cid: int, line: bytes):
-        """(before daddr, before netns, before saddr, workload key) of a
+        """(before daddr, before netns, before saddr, workload key, pod UID) of a
         cgroup (each insertion with the key it goes before), or None when it
         is no pod's; kept per cgroup (but a v1 node's, by process)."""
         k = self.node.kubelet
@@ -143,7 +166,7 @@ class Lines:
                      + (b',"container_id":' + _s(ident.container_id) if ident.container_id else b"") + b',"daddr":',
                      (b',"namespace":' + _s(ns) if ns else b"") + b',"netns":',
                      (b',"pod":' + _s(pod) if pod else b"") + b',"pod_uid":' + _s(ident.pod_uid) + b',"saddr":',
-                     (ns, pod or ident.pod_uid, cont or ident.container_id))
+                     (ns, pod or ident.pod_uid, cont or ident.container_id), ident.pod_uid)
         cg = self.node.cgroups.get(cid)
         if cg is not None and cg.identity is ident or ident is None and self.node.no_pods(cid):
             if len(self._texts) >= MAX_CACHED:      # the cgroup's (not a v1 node's process's): kept
@@ -157,11 +180,11 @@ class Lines:
         texts = self._texts_of(int(line[13:line.index(b",", 13)]), line)
         if texts is None:
             return line
-        a, b, c, key = texts
+        a, b, c, key, uid = texts
         if self.workloads is not None:
             conn = _CONN.search(line)
             if conn:
-                self.workloads.owner(int(conn.group(1)), key)
+                self.workloads.owner(int(conn.group(1)), key, uid)
         return line.replace(b',"daddr":', a, 1).replace(b',"netns":', b, 1).replace(b',"saddr":', c, 1)
 
     def obs_events(self, data: bytes) -> bytes:

@@ -76,6 +76,7 @@ class KubernetesCollector(Collector):
         if w is None:
             return out
         conns, nbytes, calls, resets, folded, forgotten = more = families(self.WORKLOAD_SPECS)
+        w.forget_pods(self.node.pods_gone)           # pods gone since: their series too
         series, n_folded, n_forgotten = w.snapshot()
         for key, (c, tx_b, rx_b, tx_c, rx_c, rst_tx, rst_rx) in sorted(series.items()):
             labels = list(key)

@@ -189,8 +189,9 @@ def fixture_collectors():
         "kubernetes": KubernetesCollector(
             SimpleNamespace(kubelet=SimpleNamespace(results={"ok": 40, "timeout": 2, "http": 1}, pods={"u": 1},
                                                     last_success=1764460800.0, skipped=2),
-                            cgroups={41: 1, 42: 2, 43: 3}),
-            lambda: SimpleNamespace(snapshot=lambda: ({("shop", "checkout-1", "api"): [3, 900, 1200, 6, 4, 1, 0],
+                            cgroups={41: 1, 42: 2, 43: 3}, pods_gone=lambda uids: set()),
+            lambda: SimpleNamespace(forget_pods=lambda gone: 0,
+                                    snapshot=lambda: ({("shop", "checkout-1", "api"): [3, 900, 1200, 6, 4, 1, 0],
                                                        ("", "other", ""): [1, 10, 20, 1, 1, 0, 0]}, 1, 0)),
             lambda: 0),
         "tls": TlsFilesCollector(lambda: {"files": 3, "refused": {"user_limit": 12, "not_mapped": 1}}),

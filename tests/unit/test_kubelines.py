@@ -25,6 +25,9 @@ RESET = (FIX / "reset.jsonl").read_text().splitlines()[0].encode() + b"\n"
 
 
 class FakeKubelet:
+    results: dict = {}
+    last_success, skipped = 0.0, 0
+
     def __init__(self, pods=()):
         self.pods = {p.uid: p for p in pods}
         self.generation = 1
@@ -96,6 +99,9 @@ def test_workloads_counted_from_owner_eof_and_reset_lines_capped(tmp_path):
 
     class FakeNode:
         kubelet, cgroups = None, {1: None}
+
+        def pods_gone(self, uids):
+            return set()
     fams = {f.name: f for f in KubernetesCollector(FakeNode(), lambda: w, lambda: 3).collect()}
     assert {tuple(s.labels.values()): s.value for s in fams["nettap_kubernetes_bytes"].samples
             if s.name.endswith("_total") and s.labels["pod"] == "checkout-1"} == \
@@ -119,3 +125,46 @@ def test_an_owner_seen_before_its_cgroup_is_named_once_the_cgroup_is_seen(tmp_pa
     node._scanned_at = float("-inf")
     assert "pod_uid" not in json.loads(lines.obs_events(_owner(4242)))        # scanned for: no pod's
     assert node.no_pods(4242)
+
+
+def test_conn_id_zero_is_no_connection_to_count_by(tmp_path):
+    """conn_id 0 is "none or unknown": owner lines with it are counted as
+    connections, but an eof or reset line with it is no one's."""
+    pod = Pod("shop", "checkout-1", UID, {}, {CID: "api"})
+    node, container, _ = _node(tmp_path, FakeKubelet([pod]))
+    w = Workloads(max_series=10)
+    lines = Lines(node, w)
+    zero = b'"conn_id":0,'
+    lines.capture_eof(EOF_LINE.replace(b'"conn_id":2,', zero))            # before any owner: kept for none
+    lines.obs_events(_owner(container, 0) + RESET.replace(b'"conn_id":2,', zero))
+    lines.capture_eof(EOF_LINE.replace(b'"conn_id":2,', zero))
+    series, _, _ = w.snapshot()
+    assert series == {("shop", "checkout-1", "api"): [1, 0, 0, 0, 0, 0, 0]}
+
+
+def test_the_series_of_a_pod_gone_from_the_list_and_the_cgroups_are_dropped(tmp_path):
+    """A rollout's old pods: once a pod is in neither the kubelet's list nor
+    the cgroups' scan, its series go at the next scrape (and its room under
+    metrics.kubernetes_max_series)."""
+    kubelet = FakeKubelet([Pod("shop", "checkout-1", UID, {}, {CID: "api"})])
+    node, container, _ = _node(tmp_path, kubelet)
+    node.present = True
+    w = Workloads(max_series=1)
+    lines = Lines(node, w)
+    lines.obs_events(_owner(container, 5))
+
+    def series():
+        fams = {f.name: f for f in KubernetesCollector(node, lambda: w, lambda: 0).collect()}
+        return {s.labels["pod"] for s in fams["nettap_kubernetes_connections"].samples}
+    assert series() == {"checkout-1"}
+    kubelet.pods = {}                                   # out of the list, its cgroup still here: kept
+    assert series() == {"checkout-1"}
+    kubelet.pods = {UID: Pod("shop", "checkout-1", UID, {}, {CID: "api"})}
+    for d in (tmp_path / POD / f"cri-containerd-{CID}.scope", tmp_path / POD):
+        d.rmdir()
+    node.scan()
+    assert series() == {"checkout-1"}                    # in the list still: kept
+    kubelet.pods = {}
+    assert series() == set() and w.conns == {}          # gone from both
+    w.owner(6, ("shop", "checkout-2", "api"), "another-uid")
+    assert w.snapshot()[:2] == ({("shop", "checkout-2", "api"): [1, 0, 0, 0, 0, 0, 0]}, 0)      # room again
