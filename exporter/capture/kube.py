@@ -67,6 +67,7 @@ class Node:
 
     def __init__(self, settings=None, proc: str = "/proc", env=os.environ):
         self.proc, self.env = proc, env
+        self.processes = kubecgroups.Processes(proc)     # a cgroup v1 node's owners
         self.settings = None
         self.kubelet: Kubelet | None = None
         self.cgroups: dict = {}              # cgroup id -> kubecgroups.Cgroup (replaced whole)
@@ -152,14 +153,15 @@ class Node:
         existed did not find it)."""
         return cid in self._unknown
 
-    def identity(self, cid: int, pid: int = 0):
+    def identity(self, cid: int, pid: int = 0, ts_ns: int = 0):
         """The kubepath.Identity of a cgroup id (else, on a node whose pods
-        are in cgroup v1 only, of process pid), or None."""
+        are in cgroup v1 only, of process pid, not started after ts_ns), or
+        None."""
         cg = self.cgroup(cid)
         if cg is not None:
             return cg.identity
         if pid and not self.cgroups:         # no pod in cgroup v2 here: a v1 node?
-            return kubecgroups.proc_identity(self.proc, pid)
+            return self.processes.identity(pid, ts_ns)
         return None
 
     def pods_gone(self, uids) -> set:

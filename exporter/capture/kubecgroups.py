@@ -11,11 +11,13 @@ and the owner record's cgroup_id give, so a lookup is one dict access.
 from __future__ import annotations
 
 import os
+import time
 from collections import namedtuple
 
 from exporter.capture.kubepath import Identity, is_kubepods, parse
 
 MAX_CGROUPS = 1 << 16            # a node runs at most a few hundred pods (kubelet's maxPods: 110 by default)
+MAX_PROCS = 1 << 14              # processes whose pod is remembered on a cgroup v1 node (then forgotten at once)
 
 
 class Cgroup(namedtuple("Cgroup", "identity level path")):
@@ -81,3 +83,47 @@ def proc_identity(proc: str, pid: int) -> Identity | None:
             return from_proc_cgroup(f.read(1 << 16))
     except (OSError, UnicodeDecodeError):
         return None
+
+
+class Processes:
+    """Processes' pods on a cgroup v1 node (proc_identity), remembered by
+    (pid, start time): a pid reused after its process exited is another
+    process, looked up again. Used by the drain thread only."""
+
+    def __init__(self, proc: str = "/proc"):
+        self.proc = proc
+        self.tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        self._known: dict = {}           # (pid, start time) -> Identity or None
+
+    def identity(self, pid: int, ts_ns: int = 0) -> Identity | None:
+        """Process pid's pod and container, or None: gone, no pod's, or it
+        started after ts_ns (a record's CLOCK_MONOTONIC time: then the pid
+        was reused, and the record is another process's). The start time is
+        in CLOCK_BOOTTIME ticks (proc(5) stat field 22); the record's time is
+        moved to that clock by the time suspended until now, so a suspend
+        between the record and this lookup can still attribute a process
+        started in that window."""
+        from exporter.capture.targets import start_time
+        start = start_time(self.proc, pid)
+        if start is None:
+            return None
+        if ts_ns and start * self.tick_ns > ts_ns + _suspended_ns():
+            return None
+        key = (pid, start)
+        try:
+            return self._known[key]
+        except KeyError:
+            pass
+        ident = proc_identity(self.proc, pid)
+        if start_time(self.proc, pid) != start:      # exited meanwhile: that file may be another's
+            return None
+        if len(self._known) >= MAX_PROCS:
+            self._known.clear()
+        self._known[key] = ident
+        return ident
+
+
+def _suspended_ns() -> int:
+    """CLOCK_BOOTTIME - CLOCK_MONOTONIC: the time this machine was suspended."""
+    mono = time.clock_gettime_ns(time.CLOCK_MONOTONIC)           # first: never a negative difference
+    return max(time.clock_gettime_ns(time.CLOCK_BOOTTIME) - mono, 0)

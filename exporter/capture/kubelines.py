@@ -24,6 +24,7 @@ OWNER = b'"type":"owner"'
 RESET = b'"type":"reset"'
 _CONN = re.compile(rb',"conn_id":(\d+),')
 _PID = re.compile(rb',"pid":(\d+),')
+_TS = re.compile(rb',"ts_ns":(\d+),')
 _EOF = re.compile(rb'"conn_id":(\d+),.*?"rx_bytes":(\d+),"rx_calls":(\d+),.*?"tx_bytes":(\d+),"tx_calls":(\d+),')
 _RESET = re.compile(rb'\{"conn_id":(\d+),.*?"direction":"(egress|ingress)"')
 MAX_CACHED = 1 << 14        # cgroups whose text is kept
@@ -157,8 +158,8 @@ class Lines:
         hit = self._texts.get(cid)
         if hit is not None and hit[0] == gen:
             return hit[1]
-        p = _PID.search(line)
-        ident = self.node.identity(cid, int(p.group(1)) if p else 0)
+        p, t = _PID.search(line), _TS.search(line)
+        ident = self.node.identity(cid, int(p.group(1)) if p else 0, int(t.group(1)) if t else 0)
         texts = None
         if ident is not None:
             ns, pod, cont = self.node.names(ident)
@@ -168,8 +169,9 @@ class Lines:
                      (b',"pod":' + _s(pod) if pod else b"") + b',"pod_uid":' + _s(ident.pod_uid) + b',"saddr":',
                      (ns, pod or ident.pod_uid, cont or ident.container_id), ident.pod_uid)
         cg = self.node.cgroups.get(cid)
-        if cg is not None and cg.identity is ident or ident is None and self.node.no_pods(cid):
-            if len(self._texts) >= MAX_CACHED:      # the cgroup's (not a v1 node's process's): kept
+        # the cgroup's (not a v1 node's process's, where cgroups name no pod): kept
+        if cg is not None and cg.identity is ident or ident is None and self.node.cgroups and self.node.no_pods(cid):
+            if len(self._texts) >= MAX_CACHED:
                 self._texts.clear()
             self._texts[cid] = (gen, texts)
         return texts

@@ -168,3 +168,21 @@ def test_the_series_of_a_pod_gone_from_the_list_and_the_cgroups_are_dropped(tmp_
     assert series() == set() and w.conns == {}          # gone from both
     w.owner(6, ("shop", "checkout-2", "api"), "another-uid")
     assert w.snapshot()[:2] == ({("shop", "checkout-2", "api"): [1, 0, 0, 0, 0, 0, 0]}, 0)      # room again
+
+
+def test_a_v1_nodes_owners_are_named_by_process_not_by_their_shared_cgroup(tmp_path, monkeypatch):
+    """Where no pod is in cgroup v2 (a v1 node with a v2 mount too), every
+    process shares the v2 cgroup id: a host process's owner line, first,
+    must not make the pods' owner lines after it no pod's."""
+    from tests.unit.test_kubepath import _process
+    monkeypatch.setattr("exporter.capture.kube.MIN_RESCAN", 0.0)
+    proc = tmp_path / "proc"
+    _process(proc, 4, 0, "12:memory:/system.slice/sshd.service\n")
+    node = Node(proc=str(proc))
+    node.root, node.settings = str(tmp_path / "cg"), Kube()
+    os.makedirs(node.root)
+    lines = Lines(node)
+    assert "pod_uid" not in json.loads(lines.obs_events(_owner(5)))        # pid 4: the host's
+    assert node.no_pods(5)
+    _process(proc, 9, 0, "12:memory:/kubepods/burstable/pod%s/%s\n" % (UID, CID))
+    assert json.loads(lines.obs_events(_owner(5).replace(b'"pid":4,', b'"pid":9,')))["pod_uid"] == UID

@@ -151,3 +151,36 @@ def test_the_kubelets_url_from_the_downward_api():
     assert kubelet_url("auto", {"NODE_NAME": "node-a"}) == "https://node-a:10250/pods"
     assert kubelet_url("auto", {}) is None and kubelet_url("off", {"NODE_NAME": "a"}) is None
     assert kubelet_url("https://k:10250/pods", {}) == "https://k:10250/pods"
+
+
+def _process(proc, pid: int, start_ticks: int, cgroup: str) -> None:
+    d = proc / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    fields = ["S", "1", str(pid), str(pid)] + ["0"] * 15 + [str(start_ticks)] + ["0"] * 30
+    (d / "stat").write_text(f"{pid} (a) b) " + " ".join(fields) + "\n")
+    (d / "cgroup").write_text(cgroup)
+
+
+def test_a_v1_nodes_owner_by_process_cached_by_pid_and_start_time(tmp_path, monkeypatch):
+    """Where no pod is in cgroup v2, the owner's pod is its process's
+    (/proc/PID/cgroup), read once per process (pid and start time), and
+    never that of a process started after the record (the pid reused)."""
+    import time
+    proc = tmp_path / "proc"
+    v1 = "12:memory:/kubepods/burstable/pod%s/%s\n" % (UID, CID)
+    other = ("12:memory:/kubepods/besteffort/pod%s/%s\n" % (UID.replace("0b", "1c"), "5" * 64))
+    _process(proc, 123, 1, v1)
+    node = Node(proc=str(proc))
+    node.settings = Kube()
+    reads = []
+    real = kubecgroups.proc_identity
+    monkeypatch.setattr(kubecgroups, "proc_identity", lambda p, pid: reads.append(pid) or real(p, pid))
+    now = time.monotonic_ns()
+    want = Identity(UID, "burstable", "", CID)
+    assert node.identity(77, 123, now) == want and node.identity(77, 123, now) == want and reads == [123]
+    boot_now = time.clock_gettime_ns(time.CLOCK_BOOTTIME) // node.processes.tick_ns
+    _process(proc, 123, boot_now + 100, other)               # exited; its pid is a newer process's
+    assert node.identity(77, 123, now) is None and reads == [123]          # after the record: not its
+    assert node.identity(77, 123, time.monotonic_ns() + 10 * 10**9).pod_uid == UID.replace("0b", "1c")
+    assert reads == [123, 123]
+    assert node.identity(77, 999, now) is None                              # gone
