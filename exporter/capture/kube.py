@@ -5,13 +5,14 @@ cgroups a ``kubernetes:`` target names.
 cgroup id -> pod UID and container id) and, where the kubelet answers, its pod
 list (exporter/capture/kubelet.py: names, labels, container names). A lookup
 by cgroup id is a dict access; an id not seen yet makes one scan of the
-kubelet's cgroups (at most one a second), after which an id still unknown is
-no pod's (cgroup ids are never reused). :class:`Watch` keeps both fresh while
-something needs them: the cgroups every ``kubernetes.cgroup_poll_ms`` while a
-``kubernetes:`` target is in force, the pod list every
-``kubernetes.poll_seconds`` (and within a second of a pod's cgroup the list
-does not have), and calls ``on_change`` when what the targets match may have
-changed: the daemon then re-resolves the targets into the kernel's filter.
+kubelet's cgroups (at most one a second), and an id that a scan begun after
+its lookup did not find is no pod's (cgroup ids are never reused).
+:class:`Watch` keeps both fresh while something needs them: the cgroups every
+``kubernetes.cgroup_poll_ms`` while a ``kubernetes:`` target is in force, the
+pod list every ``kubernetes.poll_seconds`` (and within a second of a pod's
+cgroup the list does not have), and calls ``on_change`` when what the targets
+match may have changed: the daemon then matches the kubernetes targets again
+into the kernel's filter.
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ class Node:
         self.cgroups: dict = {}              # cgroup id -> kubecgroups.Cgroup (replaced whole)
         self.pods: dict = {}                 # pod UID -> {cgroup id: Cgroup}
         self._unknown: set = set()
+        self._pending: dict = {}             # cgroup id not found yet -> when first looked up (monotonic)
+        self._pending_lock = threading.Lock()
         self._scanned_at = -MIN_RESCAN
         self._scan_lock = threading.Lock()
         self.scans = 0
@@ -119,8 +122,10 @@ class Node:
         if self.root is None:
             return False
         with self._scan_lock:
+            began = time.monotonic()
             found = kubecgroups.scan(self.root, self.root_level)
             self._scanned_at = time.monotonic()
+            self._settle(found, began)
             self.scans += 1
             self.present = self.present or bool(found)
             changed = found.keys() != self.cgroups.keys()
@@ -132,25 +137,38 @@ class Node:
             self.wake_kubelet()
         return changed
 
+    def _settle(self, found: dict, began: float) -> None:
+        """The ids looked up by the time a scan began and not found by it
+        are no pod's (a process was in the cgroup then: the scan saw it)."""
+        with self._pending_lock:
+            settled = [c for c, t in self._pending.items() if t <= began]
+            for c in settled:
+                del self._pending[c]
+        for c in settled:
+            if c not in found:
+                if len(self._unknown) >= MAX_UNKNOWN:
+                    self._unknown.clear()
+                self._unknown.add(c)
+
     def cgroup(self, cid: int):
         """The Cgroup of pod or container cgroup cid, or None (scanning once
-        more, at most every MIN_RESCAN s, for an id not seen before)."""
+        more, at most every MIN_RESCAN s, for an id not seen before; the next
+        scan that began after its lookup settles it, whichever thread's)."""
         cg = self.cgroups.get(cid)
         if cg is not None or cid in self._unknown or self.root is None:
             return cg
-        if time.monotonic() - self._scanned_at < MIN_RESCAN:
-            return None                      # not known yet; asked again at the next owner
-        self.scan()
-        cg = self.cgroups.get(cid)
-        if cg is None:
-            if len(self._unknown) >= MAX_UNKNOWN:
-                self._unknown.clear()
-            self._unknown.add(cid)
-        return cg
+        now = time.monotonic()
+        with self._pending_lock:
+            if len(self._pending) >= MAX_UNKNOWN:
+                self._pending.clear()
+            self._pending.setdefault(cid, now)
+        if now - self._scanned_at >= MIN_RESCAN:
+            self.scan()
+        return self.cgroups.get(cid)             # else asked again at the next owner
 
     def no_pods(self, cid: int) -> bool:
-        """Whether cgroup cid is known to be no pod's (a scan made after it
-        existed did not find it)."""
+        """Whether cgroup cid is known to be no pod's (a scan begun after
+        it was looked up did not find it)."""
         return cid in self._unknown
 
     def identity(self, cid: int, pid: int = 0, ts_ns: int = 0):

@@ -184,3 +184,19 @@ def test_a_v1_nodes_owner_by_process_cached_by_pid_and_start_time(tmp_path, monk
     assert node.identity(77, 123, time.monotonic_ns() + 10 * 10**9).pod_uid == UID.replace("0b", "1c")
     assert reads == [123, 123]
     assert node.identity(77, 999, now) is None                              # gone
+
+
+def test_an_id_looked_up_between_scans_is_no_pods_after_the_next_scan(tmp_path):
+    """A host process's cgroup id looked up while scans are rate limited is
+    settled by the next scan begun after the lookup, whichever thread makes
+    it (the watch's), not only by a scan the lookup makes itself."""
+    node = _node(tmp_path, [])
+    node._scanned_at = float("inf")              # a scan just made: none from a lookup now
+    assert node.cgroup(4242) is None and not node.no_pods(4242)
+    ino = _tree(tmp_path, SYSTEMD[0])[SYSTEMD[0]]
+    assert node.cgroup(ino) is None              # a container started since the last scan
+    node.scan()                                  # the watch's
+    assert node.no_pods(4242) and not node.no_pods(ino) and node.cgroup(ino).identity.container_id == CID
+    node._pending[4343] = float("inf")           # looked up after this scan began: not settled by it
+    node.scan()
+    assert not node.no_pods(4343)
