@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MIN_RESCAN = 1.0            # s between two scans a lookup makes (a scan: ~1 ms a hundred pods)
 MAX_UNKNOWN = 1 << 16       # cgroup ids known to be no pod's, remembered (then forgotten all at once)
+STOP_WAIT = 10.0            # s Watch.stop waits for each thread (a poll may take kubernetes.timeout_seconds: 60)
 
 
 def kubelet_url(setting: str, env=os.environ) -> str | None:
@@ -237,6 +238,7 @@ class Watch:
     def __init__(self, node: Node, on_change):
         self.node, self.on_change = node, on_change
         self._stop = threading.Event()
+        self._change_lock = threading.Lock()     # held while on_change runs; stop() waits for it
         self._poll_now = threading.Event()
         self._last_wake = -MIN_RESCAN
         node.wake_kubelet = self._wake
@@ -252,10 +254,13 @@ class Watch:
         self._poll_now.set()
 
     def _changed(self) -> None:
-        try:
-            self.on_change()
-        except Exception:                    # noqa: BLE001 - the watch must outlive one bad round
-            log.exception("kubernetes: updating the targets")
+        with self._change_lock:
+            if self._stop.is_set():          # a poll that outlived stop(): the maps may be closed
+                return
+            try:
+                self.on_change()
+            except Exception:                # noqa: BLE001 - the watch must outlive one bad round
+                log.exception("kubernetes: updating the targets")
 
     def _kubelet_loop(self) -> None:
         while not self._stop.is_set():
@@ -280,9 +285,13 @@ class Watch:
                 self._changed()
 
     def stop(self) -> None:
+        """Stop both threads: a poll still waiting on the kubelet after
+        STOP_WAIT is left to finish, but no on_change comes after this."""
         self._stop.set()
         self._poll_now.set()
         for t in self._threads:
             if t.is_alive():
-                t.join(10)
+                t.join(STOP_WAIT)
+        with self._change_lock:              # one under way has finished; none starts now
+            pass
         self.node.wake_kubelet = None

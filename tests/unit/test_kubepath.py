@@ -200,3 +200,32 @@ def test_an_id_looked_up_between_scans_is_no_pods_after_the_next_scan(tmp_path):
     node._pending[4343] = float("inf")           # looked up after this scan began: not settled by it
     node.scan()
     assert not node.no_pods(4343)
+
+
+def test_a_poll_that_outlives_the_watchs_stop_changes_nothing(tmp_path, monkeypatch):
+    """Shutdown waits STOP_WAIT for the kubelet's thread, and a poll may take
+    longer: its answer then must not reach on_change (the maps it writes are
+    being closed)."""
+    import threading
+
+    from exporter.capture import kube
+    monkeypatch.setattr(kube, "STOP_WAIT", 0.1, raising=False)
+    answer, asked = threading.Event(), threading.Event()
+
+    class SlowKubelet:
+        generation, pods = 0, {}
+
+        def poll(self):
+            asked.set()
+            answer.wait(5)
+            self.generation = 1
+            return True
+    node = _node(tmp_path, [])
+    node.kubelet = SlowKubelet()
+    changed = []
+    watch = kube.Watch(node, lambda: changed.append(1)).start()
+    assert asked.wait(5)
+    watch.stop()
+    answer.set()                                 # the poll answers after stop() returned
+    watch._threads[0].join(5)
+    assert not watch._threads[0].is_alive() and changed == []
