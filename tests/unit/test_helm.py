@@ -360,9 +360,10 @@ def test_the_sizing_tiers_in_values_are_the_runbooks():
 
 def test_kubernetes_enabled_gives_the_capture_alone_its_kubelet_access(chart):
     """kubernetes.enabled: a ServiceAccount bound to get nodes/pods (the kubelet's /pods) and
-    nothing else, nodes/proxy only where asked (older kubelets); its token and the cluster's CA mounted in the capture container
-    only, with NODE_IP and NODE_NAME for kubelet_url auto; the kubelet's certificate not checked
-    unless asked. Off (the default): none of it, and the config's kubelet_url off."""
+    nothing else, nodes/proxy only where asked (older kubelets); its token and the cluster's CA
+    mounted in the capture container only, with NODE_IP and NODE_NAME for kubelet_url auto; the
+    kubelet's certificate not checked unless asked. Off (the default): none of it, and the
+    config's kubelet_url off."""
     off = render(chart)
     assert not [k for k in off if k[0] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
     assert "serviceAccountName" not in pod(off) and pod(off)["automountServiceAccountToken"] is False
