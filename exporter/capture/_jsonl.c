@@ -2,9 +2,9 @@
  *
  * One module of three files, by job: the writer (writer.c: init(), format(), line_max(), and
  * one record's line), the ring scan (scan.c: scan(), which formats the records it keeps in
- * place with the writer's tables), and this one, what Python sees: the calls, and the numbers
- * records.py and ringbuf.py build their arguments from (jsonl.h, which ingest's line split,
- * exporter/ingest/_split.c, shares). One module, not two: the scan walks the writer's tables,
+ * place with the writer's tables, and the ring's positions: positions(), release()), and this
+ * one, what Python sees: the calls, and the numbers records.py and ringbuf.py build their
+ * arguments from (jsonl.h, which ingest's line split, exporter/ingest/_split.c, shares). One module, not two: the scan walks the writer's tables,
  * and one shared object is one load at import.
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,6 +24,12 @@ static PyMethodDef methods[] = {
      "scan(kinds, data, start, avail, max_records, mode[, counts]) -> (bytes or None, consumed, kept, bad, stop): "
      "one pass over a ring's committed records of the kinds in the mask (mode SCAN_COUNT, SCAN_LINES "
      "its JSON lines, SCAN_COPY its records); runs without the GIL."},
+    {"positions", (PyCFunction)(void (*)(void))jsonl_positions, METH_FASTCALL,
+     "positions(consumer_page, producer_page) -> (consumer_pos, producer_pos): the uint64 at the start of "
+     "each buffer, load-acquired (the producer's records before producer_pos are visible after it)."},
+    {"release", (PyCFunction)(void (*)(void))jsonl_release, METH_FASTCALL,
+     "release(consumer_page, pos): pos stored at the start of the writable buffer, store-released "
+     "(every read of the records before pos happens before the producer sees their space free)."},
     {"line_max", jsonl_line_max, METH_VARARGS,
      "line_max(kind) -> the longest line (newline included) a record of that kind can give."},
     {NULL, NULL, 0, NULL},

@@ -70,6 +70,8 @@ JSONL_INTERNAL PyObject *jsonl_init(PyObject *self, PyObject *args);
 JSONL_INTERNAL PyObject *jsonl_format(PyObject *self, PyObject *args);
 JSONL_INTERNAL PyObject *jsonl_line_max(PyObject *self, PyObject *args);
 JSONL_INTERNAL PyObject *jsonl_scan(PyObject *self, PyObject *args);
+JSONL_INTERNAL PyObject *jsonl_positions(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+JSONL_INTERNAL PyObject *jsonl_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 JSONL_INTERNAL void writer_setup(void);
 
 /* An unsigned integer of 1, 2, 4 or 8 bytes at rec + off. */

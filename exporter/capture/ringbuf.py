@@ -28,17 +28,23 @@ the first record still BUSY and the caller comes back on its next poll,
 rather than chasing the producer record by record. (The plain Python walk
 the scan is checked against is tests/oracles.py's.)
 
-Memory ordering: the kernel publishes a record by clearing BUSY with
-``xchg`` after writing it, and advances ``producer_pos`` with
-``smp_store_release``; it reads ``consumer_pos`` with ``smp_load_acquire``.
-On x86-64 (TSO) loads are not reordered with older loads and stores are not
-reordered with older loads, so plain loads of ``producer_pos`` then of the
-headers and data, followed by a plain store of ``consumer_pos`` after the
-copy, give the acquire/release pairing the protocol needs. On a weakly
-ordered architecture (arm64, ppc64, riscv) this reader would need a load
-acquire of ``producer_pos`` (``ldar``) and a store release of
-``consumer_pos`` (``stlr``), which plain loads and stores do not give;
-nettap's loader therefore only runs this reader on x86-64.
+Memory ordering, the same on every architecture: the kernel advances
+``producer_pos`` with ``smp_store_release`` after it reserved a record (its
+header BUSY), publishes the record by clearing BUSY with ``xchg`` after
+writing it, and reads ``consumer_pos`` with ``smp_load_acquire`` before it
+reuses space (kernel/bpf/ringbuf.c, ``__bpf_ringbuf_reserve`` and
+``bpf_ringbuf_commit``). The reader takes the other half of each pair, as
+libbpf's own reader does (src/ringbuf.c, ``ringbuf_process_ring``, behind
+``ring_buffer__consume``): a load-acquire of ``producer_pos`` before any
+header, a load-acquire of each record's header before its body, and a
+store-release of ``consumer_pos`` after the last read of what it releases.
+All three are C11 atomics in the compiled reader (``positions``, ``scan``
+and ``release`` of exporter/capture/scan.c), never plain Python loads and
+stores of the mapped pages: on x86-64 they compile to plain moves (TSO
+gives the ordering), on arm64 to ``ldar`` and ``stlr``, and elsewhere to
+whatever the compiler's memory model needs. The positions are the kernel's
+``unsigned long``: 64 bits on every architecture nettap has objects for
+(exporter/kernel/arch.py says which).
 
 Thread-safety: a RingMemory is read by one thread at a time (the drain
 thread). :meth:`RingPoller.close` may be called from any thread.
@@ -47,7 +53,6 @@ from __future__ import annotations
 
 import array
 import mmap
-import platform
 import select
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Optional, Tuple
@@ -58,6 +63,7 @@ from exporter.util.wakeup import Wakeup
 
 _COUNT, _LINES, _COPY = records.compiled.SCAN_COUNT, records.compiled.SCAN_LINES, records.compiled.SCAN_COPY
 _FULL = 2                                       # its stop: max_records reached
+_positions, _release = records.compiled.positions, records.compiled.release
 
 
 @dataclass
@@ -74,8 +80,6 @@ class RingMemory:
     """The mapped memory of one ring. Reads records; never waits."""
 
     def __init__(self, name: str, map_fd: int, size: int, copy: bool = True):
-        if platform.machine() not in ("x86_64", "AMD64"):
-            raise OSError(f"ring reader: memory ordering is only proven on x86-64, not {platform.machine()}")
         self.name = name
         self.fd = map_fd                           # what RingPoller polls
         self._map_fd = map_fd                      # what the data pages are mapped from
@@ -85,10 +89,10 @@ class RingMemory:
         if size & (size - 1):
             raise ValueError(f"ring {name}: size {size} is not a power of two")
         page = mmap.PAGESIZE
+        # consumer_pos and producer_pos, each at the start of its page: read
+        # and written only by the compiled positions() and release().
         self._cons_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         self._prod_map = mmap.mmap(map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        self._cons = memoryview(self._cons_map).cast("Q")[:1]
-        self._prod = memoryview(self._prod_map).cast("Q")[:1]
         # The data pages are mapped at the first record (_map_data): the
         # kernel fills in every page of a ring's mapping at mmap time
         # (remap_vmalloc_range), so a mapped ring counts whole in nettap's
@@ -117,7 +121,8 @@ class RingMemory:
         return self._data is not None
 
     def positions(self) -> Tuple[int, int]:
-        return self._cons[0], self._prod[0]
+        """(consumer_pos, producer_pos), load-acquired."""
+        return _positions(self._cons_map, self._prod_map)
 
     def pending_bytes(self) -> int:
         cons, prod = self.positions()
@@ -142,7 +147,7 @@ class RingMemory:
             self.kinds, self._data, cons & self.mask, prod - cons, max_records, mode, self.kind_drained)
         if not consumed:                               # a BUSY record first
             return None
-        self._cons[0] = cons + consumed                # release (x86-64: plain store)
+        _release(self._cons_map, cons + consumed)      # store-release: after the scan's reads
         self.drained += kept
         self.bad += bad
         recs = _copied(self.name, data) if mode == _COPY else None
@@ -150,9 +155,7 @@ class RingMemory:
                      data=data if mode == _LINES else b"")
 
     def close(self) -> None:
-        # Release the views before unmapping.
-        self._cons.release()
-        self._prod.release()
+        # Release the view before unmapping.
         if self._data is not None:
             self._data.release()
             self._data_map.close()

@@ -19,7 +19,12 @@
  * stop: 0 avail reached, 1 a BUSY record, 2 max_records reached, 3 cut short.
  * counts, when given: a writable buffer of KINDS_MAX uint64, each kept
  * record added to its kind's.
- * A record whose body crosses the end of the area is copied whole first. */
+ * A record whose body crosses the end of the area is copied whole first.
+ *
+ * And the ring's positions, as libbpf's reader (src/ringbuf.c,
+ * ringbuf_process_ring) moves them on every architecture:
+ * positions(consumer_page, producer_page) -> (consumer_pos, producer_pos),
+ * load-acquires; release(consumer_page, pos), a store-release. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -101,8 +106,10 @@ static void walk(struct walk *w)
         if (consumed + RB_HDR_ > avail)
             break;
         size_t off = ((size_t)start + (size_t)consumed) & mask_area;
-        /* The header before the record it guards (an acquire load: x86-64
-         * keeps loads in order, this keeps the compiler from moving them). */
+        /* The header before the record it guards: an acquire load pairs
+         * with the producer's xchg that cleared BUSY after it wrote the
+         * record (kernel/bpf/ringbuf.c, bpf_ringbuf_commit), so the body
+         * read below is the committed one (libbpf: smp_load_acquire of len). */
         uint32_t hdr = __atomic_load_n((const uint32_t *)(data + off), __ATOMIC_ACQUIRE);
         if (hdr & RB_BUSY_) {
             stop = 1;
@@ -246,4 +253,83 @@ PyObject *jsonl_scan(PyObject *self, PyObject *args)
             return NULL;
     }
     return Py_BuildValue("(Nnnni)", out, w.consumed, w.kept, w.bad, w.stop);
+}
+
+/* ---- the ring's positions ---------------------------------------------------
+ * kernel/bpf/ringbuf.c, struct bpf_ringbuf: consumer_pos and producer_pos, each
+ * an unsigned long at the start of its own page (page 0, which user space may
+ * write, and page 1), 64 bits on every architecture nettap has objects for.
+ * The kernel advances producer_pos with smp_store_release after it reserved a
+ * record, and reads consumer_pos with smp_load_acquire before it reuses space;
+ * these are the other halves of those pairs, the C11 atomics that compile to
+ * a plain mov on x86-64 and to ldar / stlr on arm64. */
+
+/* The position at the start of obj's buffer (8 bytes or more, 8-aligned), or
+ * NULL with an exception set; view holds the buffer until released. */
+static uint64_t *position(PyObject *obj, Py_buffer *view, int flags)
+{
+    if (PyObject_GetBuffer(obj, view, flags) < 0)
+        return NULL;
+    if (view->len < (Py_ssize_t)sizeof(uint64_t) || (uintptr_t)view->buf % sizeof(uint64_t)) {
+        PyErr_Format(PyExc_ValueError, "ring position: a buffer of %zd bytes at %p, not an aligned uint64", view->len,
+                     view->buf);
+        PyBuffer_Release(view);
+        return NULL;
+    }
+    return view->buf;
+}
+
+PyObject *jsonl_positions(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "positions(consumer_page, producer_page): %zd arguments", nargs);
+        return NULL;
+    }
+    Py_buffer cview, pview;
+    uint64_t *cons = position(args[0], &cview, PyBUF_SIMPLE);
+    if (cons == NULL)
+        return NULL;
+    uint64_t *prod = position(args[1], &pview, PyBUF_SIMPLE);
+    if (prod == NULL) {
+        PyBuffer_Release(&cview);
+        return NULL;
+    }
+    /* consumer_pos first (only this reader writes it; acquire as libbpf
+     * loads it), then producer_pos: every load after this one (record
+     * headers, bodies) sees what the producer wrote before advancing it. */
+    uint64_t c = __atomic_load_n(cons, __ATOMIC_ACQUIRE);
+    uint64_t p = __atomic_load_n(prod, __ATOMIC_ACQUIRE);
+    PyBuffer_Release(&pview);
+    PyBuffer_Release(&cview);
+    PyObject *out = PyTuple_New(2), *v;
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < 2; i++) { /* not Py_BuildValue: an idle poll is little more than this call */
+        if ((v = PyLong_FromUnsignedLongLong(i ? p : c)) == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+PyObject *jsonl_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "release(consumer_page, pos): %zd arguments", nargs);
+        return NULL;
+    }
+    unsigned long long pos = PyLong_AsUnsignedLongLong(args[1]);
+    if (pos == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    uint64_t *cons = position(args[0], &view, PyBUF_WRITABLE);
+    if (cons == NULL)
+        return NULL;
+    /* Every read of the released records (the scan's, before this call)
+     * happens before the producer may see their space free. */
+    __atomic_store_n(cons, (uint64_t)pos, __ATOMIC_RELEASE);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
 }

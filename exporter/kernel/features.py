@@ -42,7 +42,8 @@ class Feature:
 
 
 class Unsupported(Exception):
-    """The kernel lacks a feature nettap cannot do without."""
+    """The kernel lacks a feature nettap cannot do without (or the machine is
+    one nettap has no BPF objects for: arch.py)."""
 
 
 # name -> (Linux release, required by the compat floor)

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 
-from exporter.kernel import features, libbpf, programs
+from exporter.kernel import arch, features, libbpf, programs
 from exporter.util.mounts import read as read_mountinfo
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,9 @@ class Plan:
 def plan(forced: str | None = None, variant: str | None = None) -> Plan:
     """Ask the kernel what it accepts. forced: one mechanism (the others are
     not tried); variant: 'fast' or 'compat' instead of the best. Raises
-    features.Unsupported when the kernel is below nettap's floor."""
+    features.Unsupported when the kernel is below nettap's floor, or, before
+    asking the kernel anything, when nettap has no objects for the machine."""
+    arch.target()
     kp = kprobe_support()
     tp = tracepoint_support()
     lb = libbpf.lib()

@@ -1,9 +1,12 @@
 """The ring reader's walk over ring-format bytes (exporter/capture/scan.c's
 scan, what RingMemory.read runs) never fails on garbage, skips what it must
 and counts what is bad, and agrees on every case with the plain Python
-walk in tests/oracles.py."""
+walk in tests/oracles.py; its positions (scan.c's positions and release)
+are the kernel's u64s at the start of their pages."""
 from __future__ import annotations
 
+import mmap
+import os
 import random
 import struct
 
@@ -12,6 +15,7 @@ import pytest
 
 from exporter.capture import records as R
 from exporter.capture.records import LOG, RB_BUSY, RB_DISCARD, RECORDS
+from exporter.capture.ringbuf import RingMemory
 from tests.oracles import walk
 
 SIZE = LOG.itemsize          # 72: one log record
@@ -261,3 +265,60 @@ def test_bad_geometry_is_refused(start, size):
     one record: refused, never read past."""
     with pytest.raises(ValueError, match="bad geometry"):
         R.compiled.scan(R.MASKS["logs"], bytearray(size), start, 8, 1, COPY)
+
+
+# ---- the ring's positions (scan.c's positions and release) ----------------
+
+def test_positions_are_u64_little_endian_at_the_start_of_each_page():
+    cons, prod = bytearray(b"\xee" * 64), bytearray(b"\xdd" * 64)
+    cons[:8], prod[:8] = struct.pack("<Q", 2**40 + 8), struct.pack("<Q", 2**63 + 16)
+    assert R.compiled.positions(cons, prod) == (2**40 + 8, 2**63 + 16)
+    assert R.compiled.positions(memoryview(cons), bytes(prod)) == (2**40 + 8, 2**63 + 16)    # read-only: fine
+
+
+def test_release_stores_u64_little_endian_at_the_start_and_nothing_else():
+    cons = bytearray(b"\xee" * 64)
+    R.compiled.release(cons, 2**64 - 8)
+    assert cons == struct.pack("<Q", 2**64 - 8) + b"\xee" * 56
+    R.compiled.release(cons, 0x0102030405060708)
+    assert cons[:8] == bytes.fromhex("0807060504030201")
+    for bad in (-1, 2**64):
+        with pytest.raises(OverflowError):
+            R.compiled.release(cons, bad)
+
+
+@pytest.mark.parametrize("page", [bytes(8), bytearray(4), memoryview(bytearray(16))[1:9], b""])
+def test_release_refuses_what_is_not_a_writable_aligned_u64(page):
+    with pytest.raises((BufferError, TypeError, ValueError)):
+        R.compiled.release(page, 8)
+
+
+def test_positions_refuse_a_short_or_misaligned_page():
+    for page in (bytearray(4), memoryview(bytearray(16))[4:12]):
+        with pytest.raises(ValueError, match="aligned uint64"):
+            R.compiled.positions(page, bytearray(8))
+        with pytest.raises(ValueError, match="aligned uint64"):
+            R.compiled.positions(bytearray(8), page)
+    with pytest.raises(TypeError):
+        R.compiled.positions(bytearray(8))
+
+
+def test_ring_memory_reads_and_releases_the_kernels_layout():
+    """A ring laid out as the kernel maps it (a memfd here): consumer_pos at
+    byte 0 of page 0, producer_pos at byte 0 of page 1, the data from page 2.
+    read() takes the records up to producer_pos and stores consumer_pos."""
+    page, size = mmap.PAGESIZE, 1 << 12
+    fd = os.memfd_create("ring")
+    try:
+        os.ftruncate(fd, 2 * page + size)
+        os.pwrite(fd, good(1) + good(2), 2 * page)
+        os.pwrite(fd, struct.pack("<Q", 2 * STRIDE), page)
+        ring = RingMemory("logs", fd, size)
+        assert ring.positions() == (0, 2 * STRIDE)
+        batch = ring.read()
+        assert batch.records["pid"].tolist() == [1, 2]
+        assert os.pread(fd, 16, 0) == struct.pack("<QQ", 2 * STRIDE, 0)
+        assert ring.positions() == (2 * STRIDE, 2 * STRIDE) and ring.read() is None
+        ring.close()
+    finally:
+        os.close(fd)
