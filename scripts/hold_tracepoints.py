@@ -45,7 +45,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from exporter.kernel import libbpf, loader, mechanisms  # noqa: E402
+from exporter.kernel import arch, libbpf, loader, mechanisms  # noqa: E402
 
 EVENTS = f"{mechanisms.TRACEFS}/events"
 PERF_TYPE_TRACEPOINT = 2
@@ -120,7 +120,7 @@ def main() -> int:
     fds, missing, prog, raw, not_raw = [], [], [], 0, []
     try:
         mechanisms.ensure_tracefs()
-        for name in sorted(tracepoints(os.path.join(loader.BPF_DIR, loader.OBJECT))):
+        for name in sorted(tracepoints(arch.object_path(loader.OBJECT))):
             config = event_id(name)
             if config is None:
                 missing.append(name)         # a tracepoint this kernel lacks: nettap cannot attach it either
