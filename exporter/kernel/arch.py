@@ -35,6 +35,23 @@ def target(machine: str | None = None) -> str:
     return OBJECTS[machine]
 
 
+# The syscalls nettap makes by number (libc wraps none of them), per machine: x86-64's
+# arch/x86/entry/syscalls/syscall_64.tbl, arm64's include/uapi/asm-generic/unistd.h.
+# (openat2, 437, is the same on both: exporter/kernel/libfiles.py.)
+SYSCALLS = {
+    "x86_64": {"bpf": 321, "perf_event_open": 298},
+    "aarch64": {"bpf": 280, "perf_event_open": 241},
+}
+
+
+def syscall_nr(name: str, machine: str | None = None) -> int:
+    """The number of syscall name on machine (default: this one's); Unsupported, as
+    :func:`target`, for a machine nettap has no objects for."""
+    machine = machine or platform.machine()
+    target(machine)
+    return SYSCALLS[machine][name]
+
+
 def _bpf_dir() -> str:
     """The objects shipped inside the installed package (pip install . copies
     bpf/<arch>/*.bpf.o to exporter/bpf/<arch>), else the checkout's bpf/."""

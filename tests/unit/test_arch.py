@@ -45,3 +45,16 @@ def test_an_objects_path_is_refused_for_a_machine_without_objects():
     with pytest.raises(Unsupported, match="machine riscv64: nettap has BPF objects only for x86_64, aarch64"):
         arch.object_path("tcp.bpf.o", "riscv64")
 
+
+
+@pytest.mark.parametrize("machine,header", [("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+                                            ("aarch64", "/usr/include/asm-generic/unistd.h")])
+def test_syscall_numbers_per_machine_are_the_kernels(machine, header):
+    """The numbers nettap calls bpf(2) and perf_event_open(2) by, against the uapi headers
+    (linux-libc-dev: x86-64's table, and asm-generic's, which arm64 uses)."""
+    import re
+    text = Path(header).read_text()
+    for name in ("bpf", "perf_event_open"):
+        assert arch.syscall_nr(name, machine) == int(re.search(rf"#define __NR_{name} (\d+)", text).group(1))
+    with pytest.raises(Unsupported, match="machine riscv64"):
+        arch.syscall_nr("bpf", "riscv64")
