@@ -17,7 +17,11 @@ from __future__ import annotations
 import os
 import platform
 
-from exporter.kernel.features import Unsupported
+
+class Unsupported(Exception):
+    """The kernel lacks a feature nettap cannot do without, or the machine is
+    one nettap has no BPF objects for (features.Unsupported: the same class)."""
+
 
 # uname -m -> bpf/Makefile's __TARGET_ARCH_ name (and bpf/'s directory), for each
 # machine bpf/<arch>/*.bpf.o are built for.
