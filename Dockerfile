@@ -4,7 +4,7 @@
 #   docker compose up -d            (the whole demo stack: docker-compose.yml)
 #
 # The image holds Debian's libbpf and Python, a virtualenv with nettap and its Python
-# dependencies, and the precompiled CO-RE BPF object (bpf/*.bpf.o, committed to the
+# dependencies, and the precompiled CO-RE BPF objects (bpf/<arch>/*.bpf.o, committed to the
 # repository, shipped inside the package). No compiler, no kernel headers at run time: the object is relocated against
 # the running kernel's BTF (/sys/kernel/btf/vmlinux) when nettap loads it. The build stage
 # compiles the ring scan and JSON-lines writer (exporter/capture/*.c) and ingest's line split
@@ -26,7 +26,7 @@ COPY exporter ./exporter
 # and branch into exporter/_revision.py (nettap --version): the context has no .git, so pass them:
 #   docker build --build-arg NETTAP_REVISION=$(git rev-parse HEAD) \
 #     --build-arg NETTAP_BRANCH=$(git rev-parse --abbrev-ref HEAD) ...  (else "unknown")
-COPY bpf/*.bpf.o ./bpf/
+COPY bpf/ ./bpf/
 ARG NETTAP_REVISION=unknown
 ARG NETTAP_BRANCH=unknown
 ENV NETTAP_REVISION=$NETTAP_REVISION NETTAP_BRANCH=$NETTAP_BRANCH

@@ -6,8 +6,8 @@ writer (the pure-Python ones are test oracles, tests/oracles.py), the last
 keeps numpy off the scrape path, so an install without a C compiler and
 Python's headers fails here. jsonl.h holds what the first two share.
 
-A built (non-editable) package also gets the BPF objects (bpf/*.bpf.o, as
-exporter/bpf/) and exporter/_revision.py, what it was built from for
+A built (non-editable) package also gets the BPF objects (bpf/<arch>/*.bpf.o, as
+exporter/bpf/<arch>/) and exporter/_revision.py, what it was built from for
 `nettap --version` and nettap_build_info (exporter/util/revision.py): the git
 revision and branch ($NETTAP_REVISION and $NETTAP_BRANCH, e.g. Docker build
 arguments, else git's), the builder ($NETTAP_BUILD_USER, else user@host) and
@@ -55,12 +55,13 @@ class BuildPy(build_py):
         if getattr(self, "editable_mode", False):
             return
         pkg = os.path.join(self.build_lib, "exporter")
-        objects = glob.glob(os.path.join(HERE, "bpf", "*.bpf.o"))
+        objects = glob.glob(os.path.join(HERE, "bpf", "*", "*.bpf.o"))     # bpf/<arch>/: every architecture's
         if not objects:
-            raise SystemExit("setup.py: no bpf/*.bpf.o to ship (build them: make -C bpf)")
-        self.mkpath(os.path.join(pkg, "bpf"))
+            raise SystemExit("setup.py: no bpf/*/*.bpf.o to ship (build them: make -C bpf)")
         for f in objects:
-            self.copy_file(f, os.path.join(pkg, "bpf", os.path.basename(f)))
+            arch_dir = os.path.join(pkg, "bpf", os.path.basename(os.path.dirname(f)))
+            self.mkpath(arch_dir)
+            self.copy_file(f, os.path.join(arch_dir, os.path.basename(f)))
         with open(os.path.join(pkg, "_revision.py"), "w") as f:
             f.write('"""Written by setup.py at build time."""\n'
                     + "".join(f"{k} = {v!r}\n" for k, v in _built().items()))

@@ -20,12 +20,19 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from exporter.kernel import libbpf, loader  # noqa: E402
+from exporter.kernel import arch, libbpf, loader  # noqa: E402
 from exporter.kernel.mechanisms import ensure_tracefs, plan  # noqa: E402
 from exporter.kernel.objects import configure, object_programs  # noqa: E402
 
 TIME = re.compile(r"verification time (\d+) usec")
 INSNS = re.compile(r"processed (\d+) insns")
+
+
+def _object(bpf_dir: str, name: str) -> str:
+    """name in bpf_dir: a checkout's bpf/ (one directory per architecture), or
+    a directory of this machine's objects (an older checkout's bpf/)."""
+    path = arch.object_path(name, bpf_dir=bpf_dir)
+    return path if os.path.exists(path) else os.path.join(bpf_dir, name)
 
 
 def verify(path: str, kernel_plan, want: dict) -> dict:
@@ -65,11 +72,11 @@ def main() -> None:
     probes = loader.Probes(kernel_plan=kp, dns_now=a.dns)      # which programs a start loads here
     want, name = probes._wanted_programs(), loader.object_for(kp.features)
     probes.close()
-    dirs = {"this build": loader.BPF_DIR} | ({"against": a.against} if a.against else {})
+    dirs = {"this build": arch.BPF_DIR} | ({"against": a.against} if a.against else {})
     runs = {label: [] for label in dirs}
     for _ in range(a.rounds):
         for label, d in dirs.items():
-            runs[label].append(verify(os.path.join(d, name), kp, want))
+            runs[label].append(verify(_object(d, name), kp, want))
     med = {label: {p: (statistics.median(r[p][0] for r in rs), rs[0][p][1]) for p in rs[0]}
            for label, rs in runs.items()}
     print(f"nettap verification time at load ({name}, {kp.variant} variant, kernel {os.uname().release}; "

@@ -2,19 +2,22 @@
 /*
  * gotls.bpf.c: uprobes on Go's crypto/tls.(*Conn).Write and Read, in the Go
  * executables that captured processes run (exporter/kernel/gotls.py attaches
- * them; exporter/kernel/goelf.py reads the binary). Go >= 1.17 on x86-64 calls
- * with its register ABI (ABIInternal): the arguments in RAX, RBX, RCX, ...,
- * the results in the same registers, and R14 holds the running goroutine (g).
+ * them; exporter/kernel/goelf.py reads the binary). Go >= 1.17 calls with
+ * its register ABI (ABIInternal, src/cmd/compile/abi-internal.md): on amd64
+ * the integer arguments in RAX, RBX, RCX, ..., the results in the same
+ * registers, and R14 holds the running goroutine (g); on arm64 (Go >= 1.18)
+ * the arguments and results in R0, R1, ..., R15 and g in R28. GO_ARG1,
+ * GO_G below read them for the object's architecture.
  *
  * No uretprobe: Go moves a goroutine's stack when it grows, and a uretprobe's
  * rewritten return address would move with it (the runtime then crashes).
  * Each call is followed from its entry (the *Conn and the buffer, saved per
  * goroutine: a goroutine blocked in Read resumes on any thread) to each of
  * its RET instructions (user space finds them by disassembling the
- * function), where n (RAX) bytes of the buffer are the plaintext moved. An
- * entry runs twice when the stack grows (the prologue calls morestack, then
- * jumps back to the entry): it only saves, so that is harmless; publishing
- * is done once, at the RET.
+ * function), where n (the first result) bytes of the buffer are the
+ * plaintext moved. An entry runs twice when the stack grows (the prologue
+ * calls morestack, then jumps back to the entry): it only saves, so that is
+ * harmless; publishing is done once, at the RET.
  *
  * The socket is the connection's own: tls.Conn.conn is a net.Conn whose
  * concrete type must be *net.TCPConn (its itab's type hash, as the attached
@@ -26,8 +29,22 @@
 #include "emit.bpf.h"
 #include <bpf/bpf_tracing.h>
 
+/* The Go register ABI's first two integer arguments (a method's receiver and
+ * its first argument), its first result, and the goroutine, per object
+ * architecture (bpf/Makefile's __TARGET_ARCH_). */
+#if defined(__TARGET_ARCH_x86)
+#define GO_ARG1(ctx) ((ctx)->ax)
+#define GO_ARG2(ctx) ((ctx)->bx)
+#define GO_G(ctx)    ((ctx)->r14)
+#elif defined(__TARGET_ARCH_arm64)
+#define GO_ARG1(ctx) (__PT_REGS_CAST(ctx)->regs[0])
+#define GO_ARG2(ctx) (__PT_REGS_CAST(ctx)->regs[1])
+#define GO_G(ctx)    (__PT_REGS_CAST(ctx)->regs[28])
+#endif
+#define GO_RET1(ctx) GO_ARG1(ctx) /* results come back in the argument registers */
+
 struct go_call_key {
-	__u64 g;     /* the goroutine (R14) */
+	__u64 g;     /* the goroutine (R14 on amd64, R28 on arm64) */
 	__u32 tgid;  /* its process */
 	__u32 probe; /* NETTAP_PROBE_GO_TLS_* */
 };
@@ -71,10 +88,10 @@ struct {
 static __always_inline int go_enter(struct pt_regs *ctx, __u32 probe)
 {
 	struct nettap_capture_config *cfg = active_config();
-	struct go_call_key key = { .g = ctx->r14,
+	struct go_call_key key = { .g = GO_G(ctx),
 				   .tgid = bpf_get_current_pid_tgid() >> 32,
 				   .probe = probe };
-	struct go_call call = { .conn = ctx->ax, .buf = ctx->bx };
+	struct go_call call = { .conn = GO_ARG1(ctx), .buf = GO_ARG2(ctx) };
 
 	if (!cfg)
 		return 0;
@@ -119,9 +136,9 @@ static __always_inline long go_conn_fd(__u64 conn)
 static __always_inline int go_ret(struct pt_regs *ctx, __u32 probe, const bool fast)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct go_call_key key = { .g = ctx->r14, .tgid = id >> 32, .probe = probe };
+	struct go_call_key key = { .g = GO_G(ctx), .tgid = id >> 32, .probe = probe };
 	struct nettap_capture_config *cfg;
-	long n = ctx->ax, fd;
+	long n = GO_RET1(ctx), fd;
 	struct go_call *f;
 	struct go_call call;
 	struct sock *sk;

@@ -243,11 +243,45 @@ struct msghdr {
 	struct iov_iter msg_iter;
 };
 
-/* x86-64 register frame, as bpf_tracing.h reads it for kprobes. */
+/* The register frame of a kprobe or uprobe, as bpf_tracing.h reads it for
+ * the object's __TARGET_ARCH_ (bpf/Makefile builds one object per
+ * architecture): member names only, relocated against the running kernel's
+ * BTF. The Go register ABI's reads are in gotls.bpf.c (GO_ARG1, GO_G). */
+#if defined(__TARGET_ARCH_x86)
+/* x86-64 (arch/x86/include/asm/ptrace.h); the kernel's names, as
+ * __VMLINUX_H__ asks of bpf_tracing.h (di, si, ..., ax). */
 struct pt_regs {
 	unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
 	unsigned long ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
 };
+#elif defined(__TARGET_ARCH_arm64)
+/* arm64 (arch/arm64/include/uapi/asm/ptrace.h, asm/ptrace.h): bpf_tracing.h
+ * reads every PT_REGS_* through struct user_pt_regs (regs[0..30], sp, pc),
+ * which begins the kernel's pt_regs, and the syscall wrappers' first
+ * argument (PT_REGS_PARM1_CORE_SYSCALL) from pt_regs::orig_x0 with its own
+ * pt_regs___arm64 flavour. */
+struct user_pt_regs {
+	__u64 regs[31];
+	__u64 sp;
+	__u64 pc;
+	__u64 pstate;
+};
+
+struct pt_regs {
+	union {
+		struct user_pt_regs user_regs;
+		struct {
+			__u64 regs[31];
+			__u64 sp;
+			__u64 pc;
+			__u64 pstate;
+		};
+	};
+	__u64 orig_x0;
+};
+#else
+#error "bpf/Makefile builds for __TARGET_ARCH_x86 and __TARGET_ARCH_arm64"
+#endif
 
 struct cgroup {
 	int level;

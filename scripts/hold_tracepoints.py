@@ -45,11 +45,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from exporter.kernel import libbpf, loader, mechanisms  # noqa: E402
+from exporter.kernel import arch, libbpf, loader, mechanisms  # noqa: E402
 
 EVENTS = f"{mechanisms.TRACEFS}/events"
 PERF_TYPE_TRACEPOINT = 2
-SYS_perf_event_open = 298          # x86-64
 DISABLED = 1                       # perf_event_attr.flags bit 0
 
 
@@ -112,7 +111,7 @@ def open_disabled(libc, config: int) -> int:
     attr = PerfEventAttr(type=PERF_TYPE_TRACEPOINT, size=ctypes.sizeof(PerfEventAttr), config=config,
                          sample_period=1, flags=DISABLED)
     # one CPU's event registers the tracepoint for all
-    return libc.syscall(SYS_perf_event_open, ctypes.byref(attr), -1, 0, -1, 0)
+    return libc.syscall(arch.syscall_nr("perf_event_open"), ctypes.byref(attr), -1, 0, -1, 0)
 
 
 def main() -> int:
@@ -120,7 +119,7 @@ def main() -> int:
     fds, missing, prog, raw, not_raw = [], [], [], 0, []
     try:
         mechanisms.ensure_tracefs()
-        for name in sorted(tracepoints(os.path.join(loader.BPF_DIR, loader.OBJECT))):
+        for name in sorted(tracepoints(arch.object_path(loader.OBJECT))):
             config = event_id(name)
             if config is None:
                 missing.append(name)         # a tracepoint this kernel lacks: nettap cannot attach it either

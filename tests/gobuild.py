@@ -9,13 +9,24 @@ Go's own build cache (GOCACHE) is $TMPDIR/nettap-go/gocache for every
 checkout, never inside one: a PIE or BoringCrypto build first rebuilds
 the standard library into it (~40 s each here, ~200 MB in all, which the
 guests' packed tree must not carry); later builds take about a second.
+
+Each program is built for a Go architecture (GOARCH: amd64, arm64), by
+default the host's; another is cross-compiled (cgo off, but for BoringCrypto,
+which links with aarch64-linux-gnu-gcc / x86_64-linux-gnu-gcc). Its key does
+not depend on the host, so an arm64 guest finds what the x86 host built for
+it. The first arm64 build cross-compiles the standard library (28 s here,
+cold; a PIE or BoringCrypto build another each): the unit tests build only
+arm64's plain and stripped variants (one standard library); the arm64 lane
+asks for every variant with ``python tests/gobuild.py arm64``.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import os
+import platform
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +35,8 @@ GO = "/usr/lib/go-1.19/bin/go"
 SRC = Path(__file__).resolve().parent / "go"
 SETUP = "scripts/setup.sh test (it installs Debian's golang-1.19-go)"
 TMP = Path(tempfile.gettempdir()) / "nettap-go"
+HOST_GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+CROSS_CC = {"amd64": "x86_64-linux-gnu-gcc", "arm64": "aarch64-linux-gnu-gcc"}
 
 # variant -> (extra environment, extra `go build` flags)
 VARIANTS = {
@@ -54,39 +67,47 @@ def _cache_dir() -> Path:
     raise RuntimeError("no writable directory for the Go test programs")
 
 
-def _key(name: str, variant: str) -> str:
+def _key(name: str, variant: str, goarch: str) -> str:
     h = hashlib.sha256()
-    h.update(subprocess.run([GO, "version"], capture_output=True, check=True).stdout)
-    h.update(repr((variant, VARIANTS[variant])).encode())
+    # "go version go1.19.8 linux/amd64": the toolchain, not the host it runs on
+    h.update(subprocess.run([GO, "version"], capture_output=True, check=True).stdout.split()[2])
+    h.update(repr((variant, VARIANTS[variant], goarch)).encode())
     for p in sorted((SRC / name).rglob("*")):
         if p.is_file():
             h.update(str(p.relative_to(SRC)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
 
 
-def _built(name: str, variant: str, key: str):
+def _built(stem: str, key: str):
     for d in (SRC / ".build", TMP):
-        p = d / ("%s-%s-%s" % (name, variant, key))
+        p = d / ("%s-%s" % (stem, key))
         if p.is_file():
             return p
     return None
 
 
-def build(name: str = "gotls", variant: str = "plain") -> str:
-    """The path of tests/go/<name> built as ``variant`` (see VARIANTS), built
-    now if the cache does not have it. Raises RuntimeError when Go is missing."""
+def build(name: str = "gotls", variant: str = "plain", goarch: str | None = None) -> str:
+    """The path of tests/go/<name> built as ``variant`` (see VARIANTS) for
+    ``goarch`` (default: the host's), built now if the cache does not have it.
+    Raises RuntimeError when Go is missing."""
     ok, why = available()
     if not ok:
         raise RuntimeError(why)
-    key = _key(name, variant)
-    done = _built(name, variant, key)
+    goarch = goarch or HOST_GOARCH
+    stem = "%s-%s-%s" % (name, variant, goarch)
+    key = _key(name, variant, goarch)
+    done = _built(stem, key)
     if done is not None:
         return str(done)
     cache = _cache_dir()
-    out = cache / ("%s-%s-%s" % (name, variant, key))
+    out = cache / ("%s-%s" % (stem, key))
     env_extra, flags = VARIANTS[variant]
     env = dict(os.environ, GO111MODULE="off", GOFLAGS="", GOCACHE=str(TMP / "gocache"),
-               GOPATH=str(TMP / "gopath"), **env_extra)
+               GOPATH=str(TMP / "gopath"), GOARCH=goarch, **env_extra)
+    if goarch != HOST_GOARCH:
+        env.update(CGO_ENABLED="0")
+        if variant == "boringcrypto":           # cgo: the toolchain's BoringSSL objects
+            env.update(CGO_ENABLED="1", CC=CROSS_CC.get(goarch, "gcc"))
     with open(cache / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # pytest-xdist workers build one at a time
         if not out.is_file():
@@ -94,9 +115,9 @@ def build(name: str = "gotls", variant: str = "plain") -> str:
             r = subprocess.run([GO, "build", "-o", str(tmp)] + flags + ["."], cwd=SRC / name, env=env,
                                capture_output=True, text=True)
             if r.returncode:
-                raise RuntimeError("go build of %s (%s) failed: %s" % (name, variant, r.stderr.strip()))
+                raise RuntimeError("go build of %s (%s, %s) failed: %s" % (name, variant, goarch, r.stderr.strip()))
             tmp.rename(out)
-            for stale in cache.glob("%s-%s-*" % (name, variant)):   # builds of older sources
+            for stale in cache.glob("%s-*" % stem):   # builds of older sources
                 if stale != out:
                     stale.unlink()
     return str(out)
@@ -111,10 +132,20 @@ def msg(i: int, size: int) -> bytes:
 
 
 # What the test command builds before the tests (scripts/test.sh, in the background): every
-# program the unit and kernel tests run, so the guests' image carries them.
-PREBUILT = [("gotls", v) for v in VARIANTS] + [("notls", "plain")]
+# program the unit and kernel tests run, so the guests' image carries them; arm64's two are the
+# unit tests' (test_goelf.py: ARM64_VARIANTS).
+PREBUILT = [("gotls", v, None) for v in VARIANTS] + [("notls", "plain", None)] + \
+    [("gotls", v, "arm64") for v in ("plain", "stripped")]
 
-if __name__ == "__main__":
-    for name, variant in PREBUILT:
+
+def prebuilt(goarchs=()) -> list:
+    """PREBUILT, and for each of goarchs every program and variant (an arm64 lane's kernel tests)."""
+    return PREBUILT + [(n, v, a) for a in goarchs for n, v in [("gotls", v) for v in VARIANTS] + [("notls", "plain")]
+                       if (n, v, a) not in PREBUILT]
+
+
+if __name__ == "__main__":            # python tests/gobuild.py [GOARCH...]
+    for name, variant, goarch in prebuilt(sys.argv[1:]):
         start = time.monotonic()
-        print("%s (%s): %s, %.1f s" % (name, variant, build(name, variant), time.monotonic() - start), flush=True)
+        print("%s (%s, %s): %s, %.1f s" % (name, variant, goarch or HOST_GOARCH, build(name, variant, goarch),
+                                           time.monotonic() - start), flush=True)

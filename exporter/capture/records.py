@@ -1,7 +1,7 @@
 """Ring records: the layouts of bpf/tcp.h (numpy's, built at first use) and their JSON lines.
 
 Each dtype is built from exporter/kernel/tcp_h.py, which scripts/gen_layout.py
-generates from the BTF of ``bpf/tcp.bpf.o``: names, offsets and sizes are the C
+generates from the BTF of ``bpf/<arch>/tcp.bpf.o``: names, offsets and sizes are the C
 structs' own, and a record's kind (its struct's NETTAP_RECORD tag) is the
 number in its header's ``kind`` (NETTAP_KIND_*), so a ring may carry several.
 :data:`SLOTS` wraps each in the 8-byte ring-buffer record header

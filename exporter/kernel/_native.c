@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "BPF map values are read as host-order uint64; nettap runs on little-endian x86-64"
+#error "BPF map values are read as host-order uint64; nettap runs on little-endian machines"
 #endif
 
 PyDoc_STRVAR(percpu_sum_doc,

@@ -14,6 +14,7 @@ import ctypes
 import os
 
 from exporter.kernel import libbpf, uprobe_multi
+from exporter.kernel.arch import Unsupported  # noqa: F401  (its home for every caller)
 
 # uapi/linux/bpf.h
 BPF_PROG_TYPE_SOCKET_FILTER = 1
@@ -41,9 +42,9 @@ class Feature:
         return f"Feature({self.name!r}, since={self.since!r}, present={self.present})"
 
 
-class Unsupported(Exception):
-    """The kernel lacks a feature nettap cannot do without (or the machine is
-    one nettap has no BPF objects for: arch.py)."""
+# Unsupported: the kernel lacks a feature nettap cannot do without (or the machine is one
+# nettap has no BPF objects for). Defined in arch.py, which imports nothing of nettap's, so
+# that uprobe_multi.py (imported here) can ask it for syscall numbers.
 
 
 # name -> (Linux release, required by the compat floor)

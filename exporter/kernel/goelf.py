@@ -16,6 +16,7 @@ import json
 import re
 from typing import NamedTuple
 
+from exporter.kernel import arch
 from exporter.kernel.gotables import ITAB_HASH, REASONS, Image, Refused, functions, itab_address, uvarint
 
 __all__ = ["BPF_OFFSETS", "GO_OFFSETS", "REASONS", "GoTls", "Refused", "inspect"]
@@ -23,7 +24,12 @@ __all__ = ["BPF_OFFSETS", "GO_OFFSETS", "REASONS", "GoTls", "Refused", "inspect"
 WRITE, READ = "crypto/tls.(*Conn).Write", "crypto/tls.(*Conn).Read"
 BUILDINFO_MAGIC = b"\xff Go buildinf:"
 BUILDINFO_INLINE = 2                        # flags bit: version and modinfo inline (Go 1.18+)
-MIN_MINOR = 17                              # the register ABI (ABIInternal) on amd64: Go 1.17+
+MIN_MINOR = 17                              # the register ABI (ABIInternal): Go 1.17+ on amd64
+
+# The Go programs nettap reads, by ELF e_machine: the architecture of the BPF objects that probe
+# them (arch.OBJECTS), and the first Go version with the register ABI there (arm64: Go 1.18).
+# A program is read only where the running machine's objects are its architecture's.
+MACHINES = {"EM_X86_64": ("x86", 17), "EM_AARCH64": ("arm64", 18)}
 
 # The offsets the BPF side reads with (one set for every file: old kernels give it no per-file
 # config): conn = crypto/tls.Conn.conn (a net.Conn: itab pointer at +0, data pointer at +8),
@@ -38,8 +44,8 @@ GO_OFFSETS = {
 }
 
 # What --preflight says of the Go programs nettap reads (docs/limits.md#gos-cryptotls says why).
-LIMITS = ("Go 1.18+ on x86-64 (register ABI), stripped and PIE builds, BoringCrypto; offsets from DWARF "
-          "or the table of " + ", ".join(f"go{v}" for v in GO_OFFSETS) + "; arm64 not yet")
+LIMITS = ("Go 1.18+ on x86-64 and arm64 (register ABI), stripped and PIE builds, BoringCrypto; offsets from "
+          "DWARF or the table of " + ", ".join(f"go{v}" for v in GO_OFFSETS))
 
 # (struct, member, member's type name) along the chain the BPF side walks
 _CHAIN = {
@@ -102,28 +108,37 @@ def buildinfo(img: Image):
     return version, settings, path
 
 
-def _minor(img: Image, version: str) -> int:
+def _minor(img: Image, version: str, min_minor: int = MIN_MINOR) -> int:
     m = re.search(r"go1\.(\d+)", version)
     if m is None:
         raise Refused("go_version", "%s: Go version %r not understood" % (img.name, version))
     minor = int(m.group(1))
-    if minor < MIN_MINOR:
-        raise Refused("go_version", "%s: built by %s, before Go 1.%d's register ABI"
-                      % (img.name, version, MIN_MINOR))
+    if minor < min_minor:
+        raise Refused("go_version", "%s: built by %s, before Go 1.%d's register ABI on its architecture"
+                      % (img.name, version, min_minor))
     return minor
 
 
-def _disassembler():
+def _disassembler(target: str = "x86"):
     import capstone                             # lazily: only a Go binary's inspection needs it
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    md.skipdata = True                          # Go pads functions with int3: go on past them
+    if target == "arm64":                       # capstone 6 renamed CS_ARCH_ARM64 to CS_ARCH_AARCH64
+        md = capstone.Cs(getattr(capstone, "CS_ARCH_AARCH64", None) or capstone.CS_ARCH_ARM64,
+                         capstone.CS_MODE_ARM)
+    else:
+        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.skipdata = True                          # Go pads functions with int3 (arm64: 0, udf): go on past them
     return md
 
 
-def _stack_check(insns) -> bool:
-    """ABIInternal's prologue: ``cmp rsp, [r14+0x10]`` or ``lea r12, [rsp-N]; cmp r12,
-    [r14+0x10]`` compares the stack with g.stackguard0 through R14, which only the register
-    ABI keeps g in (cmd/compile/abi-internal.md)."""
+def _stack_check(insns, target: str = "x86") -> bool:
+    """ABIInternal's prologue compares the stack with g.stackguard0 (g+0x10) through the
+    register g lives in (cmd/compile/abi-internal.md). amd64: ``cmp rsp, [r14+0x10]`` or ``lea
+    r12, [rsp-N]; cmp r12, [r14+0x10]``; R14 holds g only under the register ABI. arm64: ``ldr
+    x16, [x28, #0x10]`` first (then ``cmp sp, x16`` or ``sub x17, sp, #N; cmp x17, x16``); R28
+    has held g on every Go version, so there the version (MACHINES) tells the ABI, and this
+    that the entry is the function's."""
+    if target == "arm64":
+        return len(insns) >= 1 and insns[0][2] == "ldr" and re.fullmatch(r"x\d+, \[x28, #0x10\]", insns[0][3])
     guard = "qword ptr [r14 + 0x10]"
     if len(insns) >= 1 and insns[0][2:] == ("cmp", "rsp, " + guard):
         return True
@@ -131,14 +146,14 @@ def _stack_check(insns) -> bool:
             and insns[1][2:] == ("cmp", "r12, " + guard))
 
 
-def rets(img: Image, md, name: str, va: int, size: int) -> tuple:
+def rets(img: Image, md, name: str, va: int, size: int, target: str = "x86") -> tuple:
     """The file offsets of every RET of the function at ``va``, after checking its prologue."""
     insns = list(md.disasm_lite(img.read(va, size), va))
-    if not _stack_check(insns[:2]):
+    if not _stack_check(insns[:2], target):
         raise Refused("go_version", "%s: %s does not begin with the register ABI's stack check "
-                      "through R14 (Go 1.17+ ABIInternal)" % (img.name, name))
-    # every near return: Go emits a bare ret (0xc3); a prefixed one ("repz ret") or "ret imm16"
-    # returns too and gets its probe at its first byte
+                      "through g (%s; Go 1.17+ ABIInternal)" % (img.name, name, "R28" if target == "arm64" else "R14"))
+    # every return: Go emits a bare ret (amd64: 0xc3; arm64: RET, to x30); on amd64 a prefixed
+    # one ("repz ret") or "ret imm16" returns too and gets its probe at its first byte
     out = tuple(img.offset(a) for a, _n, mnemonic, _ops in insns if mnemonic.split()[-1] == "ret")
     if not out:
         raise Refused("go_symbols", "%s: no RET instruction found in %s" % (img.name, name))
@@ -202,23 +217,26 @@ def _offsets(img: Image, minor: int, version: str):
     return dict(offsets), source
 
 
-def _inspect(img: Image):
+def _inspect(img: Image, machine: str | None):
     info = buildinfo(img)
     if info is None:
         return None
     version, settings, path = info
-    minor = _minor(img, version)
+    target, min_minor = MACHINES.get(img.elf["e_machine"], (None, MIN_MINOR))
+    minor = _minor(img, version, min_minor)
     if img.elf.elfclass != 64 or not img.elf.little_endian:
-        raise Refused("go_arch", "%s: a %d-bit %s program: nettap reads x86-64 Go programs"
+        raise Refused("go_arch", "%s: a %d-bit %s program: nettap reads 64-bit little-endian Go programs"
                       % (img.name, img.elf.elfclass, img.elf["e_machine"]))
     funcs = functions(img, [WRITE, READ])
     if WRITE not in funcs or READ not in funcs:
         return None
-    if img.elf["e_machine"] != "EM_X86_64":
-        raise Refused("go_arch", "%s: a %s program: nettap reads x86-64 Go programs (arm64 waits for "
-                      "its own issue)" % (img.name, img.elf["e_machine"]))
-    md = _disassembler()
-    write_rets, read_rets = (rets(img, md, n, *funcs[n]) for n in (WRITE, READ))
+    here = arch.target(machine)
+    if target != here:
+        raise Refused("go_arch", "%s: a %s program: nettap's BPF objects here are %s's, which read %s Go "
+                      "programs" % (img.name, img.elf["e_machine"], here,
+                                    next(m for m, (t, _) in MACHINES.items() if t == here)))
+    md = _disassembler(target)
+    write_rets, read_rets = (rets(img, md, n, *funcs[n], target) for n in (WRITE, READ))
     itab = itab_address(img, "*net.TCPConn", "net.Conn")
     offsets, source = _offsets(img, minor, version)
     return GoTls(version=version.split()[0], settings=settings, path_in_module=path,
@@ -235,10 +253,11 @@ def warm() -> None:
     from elftools.elf.elffile import ELFFile             # noqa: F401
 
 
-def inspect(path: str):
+def inspect(path: str, machine: str | None = None):
     """A GoTls for the Go program at ``path`` that links crypto/tls, None for a file that is
     not Go or has no crypto/tls; raises Refused for one nettap cannot probe (see the reasons
-    in docs/limits.md#gos-cryptotls)."""
+    in docs/limits.md#gos-cryptotls), or one whose architecture is not machine's (default:
+    this one's ``uname -m``; the tests read another's)."""
     from elftools.common.exceptions import ELFError     # lazily, as uprobe_multi.py
     from elftools.elf.elffile import ELFFile
     import struct
@@ -248,7 +267,7 @@ def inspect(path: str):
         except ELFError as e:
             raise Refused("not_elf", "%s: not an ELF file (%s)" % (path, e)) from None
         try:
-            return _inspect(img)
+            return _inspect(img, machine)
         except (ELFError, struct.error, IndexError, ValueError) as e:   # UnicodeDecodeError is one
             raise Refused("go_symbols", "%s: a malformed Go table (%s: %s)" % (path, type(e).__name__, e)) from None
 

@@ -16,7 +16,7 @@ import struct
 
 ELF64_SYM = struct.Struct("<IBBHQQ")        # st_name, st_info, st_other, st_shndx, st_value, st_size
 STT_FUNC, STT_OBJECT = 2, 1
-R_X86_64_RELATIVE = 8
+R_RELATIVE = {"EM_X86_64": 8, "EM_AARCH64": 1027}    # R_X86_64_RELATIVE, R_AARCH64_RELATIVE
 
 # runtime/symtab.go pcHeader.magic: the layout of the pclntab, one per toolchain range
 # (debug/gosym/pclntab.go names them the same way)
@@ -79,7 +79,7 @@ class Image:
 
     def ptr(self, va: int) -> int:
         """A pointer as loaded: the file's word, or in a PIE whose linker left
-        the word 0 the ``R_X86_64_RELATIVE`` relocation's addend (the address
+        the word 0 the ``R_*_RELATIVE`` relocation's addend (the address
         before the load bias, the same space as the symbols)."""
         v = struct.unpack("<Q", self.read(va, 8))[0]
         if v == 0:
@@ -101,11 +101,11 @@ class Image:
 
 
 def _relative_addends(elf) -> dict:
-    out = {}
+    out, relative = {}, R_RELATIVE.get(elf["e_machine"])
     for sec in elf.iter_sections():
         if sec["sh_type"] == "SHT_RELA" and sec["sh_entsize"] == 24:
             for r_offset, r_info, r_addend in struct.iter_unpack("<QQq", sec.data()):
-                if r_info & 0xFFFFFFFF == R_X86_64_RELATIVE:
+                if r_info & 0xFFFFFFFF == relative:
                     out[r_offset] = r_addend
     return out
 

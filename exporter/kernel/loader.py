@@ -1,4 +1,4 @@
-"""The probe loader: open bpf/tcp.bpf.o, choose each probe's attach
+"""The probe loader: open bpf/<arch>/tcp.bpf.o, choose each probe's attach
 mechanism and the program variant, load, attach, and own the lifetime of
 everything it made.
 
@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 
-from exporter.kernel import dns, gotls, libbpf, tcp_h, tls, tlsfiles
+from exporter.kernel import arch, dns, gotls, libbpf, tcp_h, tls, tlsfiles
 from exporter.kernel import privileges
 from exporter.kernel import programs as table
 from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
@@ -33,18 +33,6 @@ log = logging.getLogger(__name__)
 OBJECT = "tcp.bpf.o"
 OBJECT_OPEN_LOOP = "tcp_open_loop.bpf.o"      # the same for kernels without bpf_loop (bpf/emit.bpf.h)
 
-
-def _bpf_dir() -> str:
-    """$NETTAP_BPF_DIR, else the objects shipped inside the installed package
-    (pip install . copies bpf/*.bpf.o to exporter/bpf), else the checkout's bpf/."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # exporter/
-    packaged = os.path.join(package, "bpf")
-    if os.path.exists(os.path.join(packaged, OBJECT)):
-        return packaged
-    return os.path.join(os.path.dirname(package), "bpf")
-
-
-BPF_DIR = os.environ.get("NETTAP_BPF_DIR") or _bpf_dir()
 
 RINGS = tcp_h.RINGS
 PROBES = CALL_PROBES            # the probes a mechanism attaches (TLS: tls.PROBES, uprobes)
@@ -141,7 +129,7 @@ class Probes:
         self.tls_deferred = ok and not tls_now              # loaded at the first set_tls(True)
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         self.dns.deferred = self.dns.loaded and not dns_now
-        path = str(obj_path or os.path.join(BPF_DIR, object_for(self.plan.features)))
+        path = str(obj_path or arch.object_path(object_for(self.plan.features)))
         if not os.path.exists(path):            # say so, not the EPERM-like error libbpf gives
             raise FileNotFoundError(errno.ENOENT, "no BPF object (reinstall nettap, or set NETTAP_BPF_DIR)", path)
         self._path, self._ring_sizes = path, dict(ring_sizes or {})

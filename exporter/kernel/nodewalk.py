@@ -21,7 +21,7 @@ import struct
 import threading
 from typing import List, Optional, Tuple
 
-from exporter.kernel import _native, features, libbpf
+from exporter.kernel import _native, arch, features, libbpf
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def parse(rows: bytes) -> List[Program]:
 
 
 class ProgramIterator:
-    """bpf/node.bpf.o loaded and its iterator attached; :meth:`walk` reads it."""
+    """bpf/<arch>/node.bpf.o loaded and its iterator attached; :meth:`walk` reads it."""
 
     def __init__(self, path: str):
         lb = libbpf.lib()
@@ -93,9 +93,7 @@ class NodeWalk:
     answers the same) and not tried again."""
 
     def __init__(self, bpf_dir: Optional[str] = None):
-        if bpf_dir is None:
-            from exporter.kernel.loader import BPF_DIR as bpf_dir
-        self.path = os.path.join(bpf_dir, OBJECT)
+        self.path = arch.object_path(OBJECT, bpf_dir=bpf_dir)
         self._iter: Optional[ProgramIterator] = None
         self._refused: Optional[str] = None
         self._lock = threading.Lock()

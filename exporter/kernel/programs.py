@@ -1,4 +1,4 @@
-"""The probes and their programs, as bpf/tcp.bpf.o defines them: each
+"""The probes and their programs, as bpf/<arch>/tcp.bpf.o defines them: each
 program's NETTAP_PROG tag (bpf/tcp.h) says the probe it serves, its
 mechanism, its variant, the kernel feature it needs and what it attaches to;
 scripts/gen_layout.py writes them into programs_h.py. The loader, the

@@ -19,9 +19,8 @@ import errno
 import os
 from ctypes import Structure, Union, c_uint32, c_uint64
 
-from exporter.kernel import libbpf
+from exporter.kernel import arch, libbpf
 
-SYS_BPF = 321                      # x86-64
 BPF_LINK_CREATE = 28
 BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_KPROBE = 2
@@ -86,7 +85,7 @@ class link_create_attr(Structure):
 
 def _bpf(cmd: int, attr, what: str) -> int:
     ctypes.set_errno(0)
-    r = _libc.syscall(SYS_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    r = _libc.syscall(arch.syscall_nr("bpf"), cmd, ctypes.byref(attr), ctypes.sizeof(attr))
     if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"{what}: {os.strerror(e)}")

@@ -115,11 +115,12 @@ def test_ingest_telemetry_path_and_listen_addresses(tmp_path):
 
 def test_missing_bpf_object_says_so(tmp_path):
     import os
+    from exporter.kernel import arch
     r = run(["--web.listen-address", f"127.0.0.1:{free_port()}"],
             env={**os.environ, "NETTAP_BPF_DIR": str(tmp_path)})
     assert r.returncode == 1
     assert r.stderr.strip().endswith(f"no BPF object (reinstall nettap, or set NETTAP_BPF_DIR): "
-                                     f"'{tmp_path}/tcp.bpf.o'"), r.stderr
+                                     f"'{tmp_path}/{arch.target()}/tcp.bpf.o'"), r.stderr
     assert "refused" not in r.stderr and "CAP_" not in r.stderr
 
 

@@ -5,7 +5,7 @@ the kernel is asked."""
 import pytest
 
 from conftest import kernel_modes
-from exporter.kernel import dns, features, gotls, libbpf, loader, mechanisms, tls
+from exporter.kernel import arch, dns, features, gotls, libbpf, loader, mechanisms, tls
 
 
 
@@ -14,7 +14,7 @@ def _load_only(names, variant) -> None:
     kernel as the loader does (raises OSError)."""
     lb = libbpf.lib()
     feats = mechanisms.plan("tracepoint").features
-    obj = libbpf.call_ptr("bpf_object__open_file", f"{loader.BPF_DIR}/{loader.object_for(feats)}".encode(), None)
+    obj = libbpf.call_ptr("bpf_object__open_file", arch.object_path(loader.object_for(feats)).encode(), None)
     try:
         loader.configure(obj, feats, variant, set(names), {})
         libbpf.call("bpf_object__load", obj)

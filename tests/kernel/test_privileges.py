@@ -128,12 +128,12 @@ def test_without_cap_dac_read_search_the_error_names_it():
     missing (it blamed CAP_SYS_ADMIN and a failed mount before)."""
     import subprocess
     import sys
-    from exporter.kernel import loader, mechanisms
+    from exporter.kernel import arch, mechanisms
     caps = ",".join("+" + c.removeprefix("CAP_").lower() for c in documented_caps() if c != "CAP_DAC_READ_SEARCH")
     p = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                         f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}", "--",
                         sys.executable, "-m", "exporter", "--preflight"],
-                       cwd=os.path.dirname(loader.BPF_DIR), capture_output=True, text=True, timeout=60)
+                       cwd=os.path.dirname(arch.BPF_DIR), capture_output=True, text=True, timeout=60)
     last = (p.stderr.strip().splitlines() or [""])[-1]
     if not mechanisms.tracefs_mounted():
         assert p.returncode == 1 and last == (
@@ -184,8 +184,8 @@ def test_a_thread_still_ending_is_waited_for_not_taken_for_one_that_keeps_privil
     still refused (test_a_thread_started_before_the_drop_fails_it)."""
     import subprocess
     import sys
-    from exporter.kernel import loader
-    p = subprocess.run([sys.executable, "-c", DROP_WHILE_A_THREAD_ENDS], cwd=os.path.dirname(loader.BPF_DIR),
+    from exporter.kernel import arch
+    p = subprocess.run([sys.executable, "-c", DROP_WHILE_A_THREAD_ENDS], cwd=os.path.dirname(arch.BPF_DIR),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout == "dropped after 4 looks\n"
@@ -196,8 +196,8 @@ def test_a_thread_started_before_the_drop_fails_it():
     already running must fail, naming the thread, not log success."""
     import subprocess
     import sys
-    from exporter.kernel import loader
-    p = subprocess.run([sys.executable, "-c", DROP_WITH_A_THREAD], cwd=os.path.dirname(loader.BPF_DIR),
+    from exporter.kernel import arch
+    p = subprocess.run([sys.executable, "-c", DROP_WITH_A_THREAD], cwd=os.path.dirname(arch.BPF_DIR),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("[Errno 1] threads started before the drop keep their capabilities: "), p.stdout

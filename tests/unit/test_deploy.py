@@ -140,11 +140,11 @@ def test_dockerfile_pinned_and_without_compiler():
         assert not re.search(rf"\b{compiler}\b", installed(stages[1])), f"{compiler} in the image"
     # The BPF objects reach the build (setup.py ships them in the package, exporter/bpf),
     # and so does the revision (the context has no .git).
-    assert re.search(r"^COPY\s+bpf/\*\.bpf\.o\s+\./bpf/", stages[0], re.M), "bpf/*.bpf.o not in the build"
+    assert re.search(r"^COPY\s+bpf/\s+\./bpf/", stages[0], re.M), "bpf/*/*.bpf.o not in the build"
     assert re.search(r"^ARG NETTAP_REVISION\b", stages[0], re.M)
-    assert list((REPO / "bpf").glob("*.bpf.o")), "no committed BPF object to copy"
+    assert list((REPO / "bpf").glob("*/*.bpf.o")), "no committed BPF object to copy"
     ignore = (REPO / ".dockerignore").read_text().split()
-    for needed in ("!pyproject.toml", "!setup.py", "!exporter/", "!bpf/*.bpf.o"):
+    for needed in ("!pyproject.toml", "!setup.py", "!exporter/", "!bpf/*/*.bpf.o"):
         assert needed in ignore
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from exporter.capture import records as R
-from exporter.kernel import tcp_h
+from exporter.kernel import arch, tcp_h
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("gen_layout", ROOT / "scripts" / "gen_layout.py")
@@ -20,13 +20,21 @@ gen = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gen)
 
 
-def test_generated_files_are_fresh(tmp_path):
-    assert gen.main([str(ROOT / "bpf" / "tcp.bpf.o"), str(ROOT / "bpf" / "tcp.h"), str(tmp_path / "tcp_h.py"),
-                     str(tmp_path / "records.md"), str(tmp_path / "records.schema.json")]) == 0
-    for made, committed in (("tcp_h.py", "exporter/kernel/tcp_h.py"), ("records.md", "docs/records.md"),
-                            ("records.schema.json", "docs/records.schema.json")):
+GENERATED = (("tcp_h.py", "exporter/kernel/tcp_h.py"), ("records.md", "docs/records.md"),
+             ("records.schema.json", "docs/records.schema.json"), ("programs_h.py", "exporter/kernel/programs_h.py"),
+             ("capture.md", "docs/capture.md"))
+
+
+@pytest.mark.parametrize("machine", sorted(arch.OBJECTS))
+def test_generated_files_are_fresh_from_every_architectures_object(tmp_path, machine):
+    """What is generated is what every architecture's object gives: a record's
+    layout, a program's tags, the docs do not depend on the architecture (the
+    files are made from x86's, bpf/Makefile)."""
+    obj = arch.object_path("tcp.bpf.o", machine, str(ROOT / "bpf"))
+    assert gen.main([obj, str(ROOT / "bpf" / "tcp.h")] + [str(tmp_path / made) for made, _ in GENERATED]) == 0
+    for made, committed in GENERATED:
         assert (tmp_path / made).read_text() == (ROOT / committed).read_text(), \
-            f"{committed} is stale: run make -C bpf and commit it"
+            f"{committed} is stale, or differs from {obj}'s: run make -C bpf and commit it"
 
 
 def test_kinds_agree_in_sequence():
@@ -74,7 +82,7 @@ def test_a_nested_members_comment_says_what_its_fields_mean_there():
     its own meaning in docs/records.md; a name that is no field of the
     nested struct is refused, not silently dropped."""
     header = (ROOT / "bpf" / "tcp.h").read_text()
-    obj = str(ROOT / "bpf" / "tcp.bpf.o")
+    obj = arch.object_path("tcp.bpf.o", bpf_dir=str(ROOT / "bpf"))
     state = dict((f[0], f[6]) for f in gen.layout(obj, header)["structs"]["nettap_state"][1])
     assert state["sport"] == "local port (0 before it is bound)" and state["dport"] == "remote port"
     assert "/* sport: local port (0 before it is bound) */" in header

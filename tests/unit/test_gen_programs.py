@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from exporter.kernel import arch
+
 ROOT = Path(__file__).resolve().parents[2]
-OBJ = str(ROOT / "bpf" / "tcp.bpf.o")
+OBJ = arch.object_path("tcp.bpf.o", bpf_dir=str(ROOT / "bpf"))
 sys.path.insert(0, str(ROOT / "scripts"))
 spec = importlib.util.spec_from_file_location("gen_layout", ROOT / "scripts" / "gen_layout.py")
 gen = importlib.util.module_from_spec(spec)

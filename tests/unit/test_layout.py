@@ -1,5 +1,5 @@
 """exporter/capture/records.py mirrors bpf/tcp.h: the numpy layouts against the BTF
-compiled into bpf/tcp.bpf.o (via ``bpftool -j btf dump file``), and the
+compiled into bpf/<arch>/tcp.bpf.o (via ``bpftool -j btf dump file``), and the
 constants against the #defines of the header text."""
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from exporter.capture import records as R
+from exporter.kernel import arch
 
 ROOT = Path(__file__).resolve().parents[2]
-OBJ = ROOT / "bpf" / "tcp.bpf.o"
+OBJ = Path(arch.object_path("tcp.bpf.o", bpf_dir=str(ROOT / "bpf")))
 HEADER = ROOT / "bpf" / "tcp.h"
 
 LAYOUTS = {
