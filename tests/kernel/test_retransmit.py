@@ -31,8 +31,8 @@ def drop(ns: str, match: str = "", way: str = "dport") -> None:
     as if new, no retransmission."""
     script = ("table inet nettap_test {\n chain in {\n  type filter hook input priority 0; policy accept;\n"
               f"  tcp {way} {PORT} {match} drop\n }}\n}}\n")
-    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script.encode(), check=True,
-                   capture_output=True)
+    p = subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script.encode(), capture_output=True)
+    assert p.returncode == 0, f"nft -f: rc {p.returncode}: {p.stderr.decode(errors='replace')}"
 
 
 def mib() -> dict:
