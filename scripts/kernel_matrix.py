@@ -30,6 +30,9 @@ import xml.etree.ElementTree as ET
 import itertools
 import threading
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import arm64_guest  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, package name regex, suite); the newest match is used. Suite None: from this host's
 # apt sources (`apt-cache search --names-only`); else read straight from that suite's package
@@ -40,7 +43,13 @@ KERNELS = [
     ("6.1", r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$", None),
     ("6.1-rt", r"^linux-image-6\.1\.0-[0-9]+-rt-amd64-unsigned$", None),
     ("6.12", r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$", None),  # bookworm-security or -backports
+    # arm64 (Graviton, Ampere): the same releases under qemu-system-aarch64, over an arm64 root
+    # file system (scripts/arm64_guest.py), running ARM64_TESTS
+    ("6.1-arm64", r"^linux-image-6\.1\.0-[0-9]+-arm64-unsigned$", "bookworm-security"),
+    ("6.12-arm64", r"^linux-image-6\.12\.[0-9]+\+deb12-arm64-unsigned$", "bookworm-security"),
 ]
+# Debian's architecture of each kernel that is not the host's (amd64)
+ARCHES = {"6.1-arm64": "arm64", "6.12-arm64": "arm64"}
 # What each guest runs: every test under tests/kernel (tests/kernel/conftest.py marks them all
 # kernel; tests/unit/test_test_command.py holds this equal to that directory's collection).
 GUEST_SELECTION = ["-m", "kernel", "tests/kernel"]
@@ -77,12 +86,32 @@ LEFT_TO = {"6.1-rt": ("6.1", f"not (tracepoint- or kprobe-) and ({PROCESS_ONLY})
 SHARDS = {"6.1-rt": [("6.1-rt", f"not tracepoint- and (kprobe- or not ({PROCESS_ONLY}))"),
                      ("6.1-rt.tp", "tracepoint-")],
           "6.1": [("6.1", "not tracepoint-"), ("6.1.tp", "tracepoint-")]}
+# The arm64 guests run a fixed subset (a third arm64 lane of every test would not fit CI's 30
+# minutes on two CPUs): every probe family's exact counts once per mechanism the kernel accepts
+# (sends and receives byte-exact, a port target's counts, uncaptured traffic adding zero, the
+# lifecycle's state lines, segments, the retransmit timer, a loss recovered, DNS, OpenSSL's and
+# Go's TLS), the storm (none lost), the verifier on every variant and family, the default records
+# of a request, and the node walk. tests/unit/test_test_command.py holds each name to a test.
+ARM64_TESTS = ("test_every_send_and_receive_call_byte_exact", "test_port_target_counts_exactly_and_captures_bytes",
+               "test_uncaptured_traffic_adds_exactly_zero",
+               "test_state_lines_follow_each_captured_connection_from_its_first_state",
+               "test_connection_storm_one_eof_per_socket_none_dropped",
+               "test_every_variant_the_kernel_runs_passes_the_verifier",
+               "test_every_lifecycle_program_passes_the_verifier", "test_every_tls_program_passes_the_verifier",
+               "test_tls_echo_by_port", "test_go_tls_echo_of_a_pid_target",
+               "test_queries_and_answers_are_recorded_and_matched",
+               "test_a_segment_lost_among_others_is_recovered_on_acks",
+               "test_the_retransmit_timer_fires_for_the_probe_then_the_rto",
+               "test_segments_are_recorded_for_the_targets_that_ask",
+               "test_the_default_records_of_a_request_on_a_new_connection", "test_compiled_walk_sees_what_libbpf_sees")
+SUBSETS = {name: " or ".join(ARM64_TESTS) for name in ARCHES}
 # Seconds each guest took in CI (2026-12-06 at c271070, boot included; the first two beside the
 # host's e2e tests; 6.1's shards from its tests' own times then, plus a guest's ~45 s of boot and
 # collection): the guests are split into --jobs lanes, each run one guest after another, by the
 # split whose longest lane is shortest.
 # 6.1-rt's first guest: its 798 s less the tests LEFT_TO 6.1 (~330 s in a quiet run).
-EXPECTED = {"6.1-rt": 470, "6.1-rt.tp": 658, "5.10": 640, "6.12": 551, "6.1": 437, "6.1.tp": 260}
+EXPECTED = {"6.1-rt": 470, "6.1-rt.tp": 658, "5.10": 640, "6.12": 551, "6.1": 437, "6.1.tp": 260,
+            "6.1-arm64": 300, "6.12-arm64": 300}
 # The whole matrix must end inside CI's 90 minutes, with the host's own run (~9 min) before it:
 # no guest gets more than what is left of this. pytest in the guest is interrupted (SIGINT)
 # this long before its guest's end, so it still writes its junit xml and names its test.
@@ -150,10 +179,10 @@ def security_mirror():
     return uris[0].rstrip("/") + "/"
 
 
-def resolve_in_suite(regex, suite):
-    """(package, URL of its .deb): the newest match in suite's main/binary-amd64 index."""
+def resolve_in_suite(regex, suite, arch="amd64"):
+    """(package, URL of its .deb): the newest match in suite's main/binary-<arch> index."""
     base = security_mirror()
-    with urllib.request.urlopen(f"{base}dists/{suite}/main/binary-amd64/Packages.xz", timeout=60) as r:
+    with urllib.request.urlopen(f"{base}dists/{suite}/main/binary-{arch}/Packages.xz", timeout=60) as r:
         index = lzma.decompress(r.read()).decode()
     found = {}
     for stanza in index.split("\n\n"):
@@ -232,7 +261,9 @@ TREE_EXCLUDE = ["config-*-linux-gnu", "lib2to3", "pydoc_data", "idlelib", "tkint
                 "site-packages/helm_python",
                 # the Go programs only the unit tests read (tests/gobuild.py): the kernel tests run plain,
                 # stripped and pie builds
-                "gotls-pie_stripped-*", "gotls-boringcrypto-*", "notls-*", ".lock"]
+                "gotls-pie_stripped-*", "gotls-boringcrypto-*", "notls-*", ".lock",
+                # the arm64 guests' (scripts/arm64_guest.py packs the x86 ones out of theirs)
+                "gotls-*-arm64-*"]
 TREE_MOUNT = "/tmp/nettap-tree"        # in the guest (its /tmp is a writable overlay)
 
 
@@ -280,9 +311,10 @@ def tree_lines(tree):
             f"|| echo 'kernel-matrix: mounting the packed tree failed' >&2\n")
 
 
-def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
+def boot(name, release, out, timeout, pytest_args, deadline, tree=None, kernel=None):
     """Run the kernel tests in a guest; its results land in out/<name>.{release,log,rc,xml}.
-    The guest gets timeout seconds, boot included, and never runs past deadline."""
+    The guest gets timeout seconds, boot included, and never runs past deadline. kernel: vng's
+    arguments choosing the kernel and root (default: release's, over the host's root)."""
     timeout = min(timeout, deadline - time.monotonic())
     if timeout < 2 * PYTEST_GRACE:
         log(f"{name}: not booted: the matrix's budget (--budget) is spent")
@@ -317,7 +349,7 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
     # virtme-ng-init then runs the command on the serial console, which only --verbose shows.
     qemu = QEMU_OPTS + (f" -drive file={tree},if=virtio,format=raw,readonly=on" if tree else "")
     cmd = ["vng", "--verbose", "--disable-kvm", "--force-9p", "--cpus", "2", "--memory", "2G",
-           "--rwdir", f"{GUEST_OUT}={out}", "-r", release, f"--qemu-opts={qemu}", "--", f"sh {g}.sh"]
+           "--rwdir", f"{GUEST_OUT}={out}", *(kernel or ["-r", release]), f"--qemu-opts={qemu}", "--", f"sh {g}.sh"]
     start = time.monotonic()
     for attempt in range(1, BOOT_ATTEMPTS + 1):
         log(f"{name}: booting {release}")
@@ -354,9 +386,40 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None):
     return took
 
 
+def prepare(name, regex, suite, cache, updated):
+    """(release, the /lib/modules dir made for it or None): kernel name fetched and installed
+    where its guest boots it (an arm64 kernel's modules go into the arm64 root)."""
+    if name in ARCHES:
+        pkg, url = resolve_in_suite(regex, suite, ARCHES[name])
+        tree, release = fetch(pkg, regex, cache, url)
+        arm64_guest.install_modules(tree, release, arm64_root(cache))
+        return release, None
+    if suite:
+        pkg, url = resolve_in_suite(regex, suite)
+        tree, release = fetch(pkg, regex, cache, url)
+        return release, install_modules(tree, release)
+    try:
+        tree, release = fetch(resolve(regex, updated), regex, cache)
+    except subprocess.CalledProcessError:
+        if updated[0]:
+            raise
+        run(["apt-get", "update", "-qq"])     # stale lists: a superseded version
+        updated[0] = True
+        tree, release = fetch(resolve(regex, updated), regex, cache)
+    return release, install_modules(tree, release)
+
+
+def arm64_root(cache):
+    """The arm64 guests' root file system, built once per run (and cached)."""
+    if not hasattr(arm64_root, "path"):
+        arm64_root.path = arm64_guest.root(cache)
+    return arm64_root.path
+
+
 def guest_jobs(ready):
     """(guest name, release, pytest -k or None) of each guest to boot: a kernel's shards, or the kernel."""
-    return [(g, release, k) for name, release in ready for g, k in SHARDS.get(name, [(name, None)])]
+    return [(g, release, k) for name, release in ready
+            for g, k in SHARDS.get(name, [(name, SUBSETS.get(name))])]
 
 
 def with_k(pytest_args, k):
@@ -484,35 +547,38 @@ def main():
                 rows[name] = (name, {}, "not run (NETTAP_MATRIX_KERNELS)", "")
                 continue
             try:
-                if suite:
-                    pkg, url = resolve_in_suite(regex, suite)
-                    tree, release = fetch(pkg, regex, a.cache, url)
-                    d = install_modules(tree, release)
-                    created += [d] if d else []
-                    ready.append((name, release))
-                    continue
-                try:
-                    tree, release = fetch(resolve(regex, updated), regex, a.cache)
-                except subprocess.CalledProcessError:
-                    if updated[0]:
-                        raise
-                    run(["apt-get", "update", "-qq"])     # stale lists: a superseded version
-                    updated[0] = True
-                    tree, release = fetch(resolve(regex, updated), regex, a.cache)
-                d = install_modules(tree, release)
+                release, d = prepare(name, regex, suite, a.cache, updated)
                 created += [d] if d else []
                 ready.append((name, release))
             except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
                 rows[name] = (name, {}, f"fetch/install failed: {e}", "")
-        tree = pack(out) if ready else None
+        tree = pack(out) if any(n not in ARCHES for n, _r in ready) else None
+        trees, packing = {}, threading.Lock()     # arch -> its guests' packed tree
+
+        def arch_tree(arch):
+            """The arm64 guests' tree, packed by the lane that first boots one (beside the x86
+            guests already running, not before them); raises if it could not be packed."""
+            with packing:
+                if arch not in trees:
+                    try:
+                        trees[arch] = arm64_guest.pack(out, a.cache, arm64_root(a.cache), REPO, TREE_EXCLUDE,
+                                                       f"guest-tree-{arch}.img")
+                    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+                        trees[arch] = RuntimeError(f"its packed tree failed: {e}")
+                if isinstance(trees[arch], Exception):
+                    raise trees[arch]
+                return trees[arch]
         jobs = guest_jobs(ready)
         began, took = {}, {}           # name -> wall clock at its boot (guests overlap: stages.py)
 
         def run_lane(lane):
             for name, release, k in lane:
                 began[name] = time.time()
+                arch = ARCHES.get(name)            # (an arm64 kernel has no shards)
                 try:
-                    took[name] = boot(name, release, out, a.timeout, with_k(pytest_args, k), deadline, tree)
+                    kernel = arm64_guest.vng_args(arm64_root(a.cache), release) if arch else None
+                    took[name] = boot(name, release, out, a.timeout, with_k(pytest_args, k), deadline,
+                                      arch_tree(arch) if arch else tree, kernel)
                 except Exception as e:      # this guest fails (verdict says how); the lane goes on
                     took[name] = time.time() - began[name]
                     print(f"kernel-matrix: {name}: {type(e).__name__}: {e}", flush=True)

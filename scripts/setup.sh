@@ -37,6 +37,10 @@ TEST_PKGS="$TEST_PKGS chromium fonts-dejavu-core"
 # busybox for the initramfs virtme-ng builds to load 9p and virtio modules, mke2fs for the
 # image of Python the guests mount.
 TEST_PKGS="$TEST_PKGS qemu-system-x86 kmod busybox-static e2fsprogs"
+# Its arm64 guests (scripts/arm64_guest.py): qemu-system-aarch64, mmdebstrap for their root file
+# system (Debian's arm64 packages, unpacked: no qemu-user) and the cross-compiler for nettap's
+# C extensions
+TEST_PKGS="$TEST_PKGS qemu-system-arm mmdebstrap gcc-aarch64-linux-gnu"
 BENCH_PKGS="$TEST_PKGS nginx"
 case $profile in
   run) pkgs=$RUN_PKGS ;;

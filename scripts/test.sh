@@ -8,7 +8,8 @@
 # (scripts/stages.py).
 #   scripts/test.sh                  everything (CI)
 #   scripts/test.sh --kernel 6.1     set-up, checks, and that guest's kernel tests only
-#                                    (a developer's loop: 5.10, 6.1, 6.1-rt or 6.12)
+#                                    (a developer's loop: 5.10, 6.1, 6.1-rt, 6.12,
+#                                    6.1-arm64 or 6.12-arm64)
 #   scripts/test.sh -m "not e2e"     extra arguments go to the host's pytest (one run,
 #                                    every tier; without them the unit tests run first,
 #                                    two at a time: pytest-xdist)
@@ -24,7 +25,7 @@ mark() { printf '%s\t%s\n' "$1" "$(date +%s.%N)" >> "$stages"; }
 mark start
 host=1
 if [ "${1:-}" = --kernel ]; then
-  [ $# -ge 2 ] || { echo "usage: $0 --kernel 5.10|6.1|6.1-rt|6.12" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "usage: $0 --kernel 5.10|6.1|6.1-rt|6.12|6.1-arm64|6.12-arm64" >&2; exit 2; }
   export NETTAP_MATRIX_KERNELS="$2"
   host=0
   shift 2
@@ -34,7 +35,8 @@ mark set-up
 # The Go test programs (tests/go, tests/gobuild.py) built beside the checks and the unit tests:
 # with a cold Go cache the PIE and BoringCrypto builds each rebuild the standard library (~40 s);
 # a test that needs one waits for it (a lock), and the guests' packed tree carries them.
-.venv/bin/python tests/gobuild.py > "$out/gobuild.log" 2>&1 & gobuild=$!
+# arm64: the kernel matrix's arm64 guests run them too (their root has no Go)
+.venv/bin/python tests/gobuild.py arm64 > "$out/gobuild.log" 2>&1 & gobuild=$!
 make -s -C bpf check
 .venv/bin/python mixin/render.py --check
 .venv/bin/python deploy/kubernetes/render.py --check
