@@ -1,6 +1,9 @@
 # nettap: a lean eBPF TCP collector.
 #
 #   docker build -t nettap:0.1.0 .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t <registry>/nettap:0.1.0 --push .
+#                                   (x86-64 and arm64 nodes: `make image-multiarch`; each stage
+#                                   runs on its platform, so the C modules are built natively)
 #   docker compose up -d            (the whole demo stack: docker-compose.yml)
 #
 # The image holds Debian's libbpf and Python, a virtualenv with nettap and its Python

@@ -32,9 +32,17 @@ demo:
 image:
 	docker build --build-arg NETTAP_REVISION=$$(git rev-parse HEAD) -t $(IMAGE):$(VERSION) .
 
+# The same image for x86-64 and arm64 nodes (Graviton, Ampere) in one manifest list, pushed:
+# docker buildx with a builder that runs arm64 (qemu-user's binfmt, or an arm64 node). The image
+# carries both architectures' BPF objects; nettap loads the running machine's.
+PLATFORMS ?= linux/amd64,linux/arm64
+image-multiarch:
+	docker buildx build --platform $(PLATFORMS) --build-arg NETTAP_REVISION=$$(git rev-parse HEAD) \
+	  -t $(IMAGE):$(VERSION) --push .
+
 bench:
 	@scripts/setup.sh test
 	.venv/bin/python bench/storm.py
 	.venv/bin/python bench/probe_cost.py
 
-.PHONY: run test bpf render demo image bench
+.PHONY: run test bpf render demo image image-multiarch bench
