@@ -99,6 +99,7 @@ struct sock_common {
 
 struct timer_list {
 	unsigned long expires;
+	void (*function)(struct timer_list *);
 };
 
 typedef struct {
@@ -130,6 +131,15 @@ struct inet_connection_sock {
 	__u8 icsk_retransmits;
 	__u8 icsk_pending;
 	__u8 icsk_probes_out;
+};
+
+/* A TIME_WAIT socket (include/net/inet_timewait_sock.h): its tw_timer a
+ * timer_list since Linux 4.3 (commit 789f558cfb36 "tcp/dccp: get rid of
+ * central timewait timer"). */
+struct inet_timewait_sock {
+	struct sock_common __tw_common;
+	volatile unsigned char tw_substate;
+	struct timer_list tw_timer;
 };
 
 struct request_sock {
