@@ -11,6 +11,7 @@
  *   lifecycle.bpf.c    tcp_state (states, eof, resets, destruction), tcp_accept,
  *                      tcp_sk_error
  *   timewait.bpf.c     tcp_timewait: captured connections' TIME_WAIT sockets
+ *   request.bpf.c      tcp_request: captured listeners' request sockets
  * and what they share, in headers (one concern a file):
  *   tcp.h              what crosses to user space (records, constants, tags)
  *   vmlinux_min.h      the kernel types read, for CO-RE
@@ -56,5 +57,6 @@ struct nettap_probe btf_nettap_probe __attribute__((unused));
 struct nettap_segment btf_nettap_segment __attribute__((unused));
 struct nettap_dns btf_nettap_dns __attribute__((unused));
 struct nettap_timewait btf_nettap_timewait __attribute__((unused));
+struct nettap_request btf_nettap_request __attribute__((unused));
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -93,6 +93,7 @@ struct sock_common {
 	unsigned short skc_family;
 	volatile unsigned char skc_state;
 	possible_net_t skc_net;
+	struct sock *skc_listener; /* a request's listener (its rsk_listener) */
 	struct in6_addr skc_v6_daddr;
 	struct in6_addr skc_v6_rcv_saddr;
 };
@@ -144,6 +145,12 @@ struct inet_timewait_sock {
 
 struct request_sock {
 	__u8 num_retrans;
+	__u8 num_timeout;
+	struct timer_list rsk_timer;
+};
+
+struct inet_request_sock {
+	__u16 acked : 1; /* a bitfield on every kernel: BPF_CORE_READ_BITFIELD_PROBED */
 };
 
 struct tcp_sock {
