@@ -5,6 +5,7 @@ attached. Read only then, when a config asks for their records: the kernel
 takes ~0.1 s of CPU to list its symbols."""
 from __future__ import annotations
 
+import functools
 import re
 import struct
 
@@ -54,8 +55,11 @@ def resolve(names, path: str = KALLSYMS) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=4)
 def settings(path: str = KALLSYMS) -> bytes:
-    """struct nettap_ksyms for this kernel. Raises OSError when the timer's
+    """struct nettap_ksyms for this kernel, read once a process (the core
+    kernel's text does not move; a module's, tcp_v6_rcv's, only when it is
+    reloaded). Raises OSError when the timer's
     function or inet_twsk_deschedule_put is not found (a caller not found
     stays 0: its kills are told as `killed`)."""
     syms = resolve([HANDLER, DESCHEDULE, REQ_HANDLER] + [n for n, _ in CALLERS + REQ_CALLERS], path)
