@@ -177,7 +177,7 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 			return 0;
 		}
 	}
-	if (BPF_CORE_READ((struct request_sock *)req, num_timeout))
+	if (BPF_CORE_READ_BITFIELD_PROBED((struct request_sock *)req, num_timeout))
 		return 0;
 	cfg = active_config();
 	if (!cfg || !sock_matches(cfg, req, false) || !sample_keep(cfg, req, false))

@@ -145,7 +145,7 @@ struct inet_timewait_sock {
 
 struct request_sock {
 	__u8 num_retrans;
-	__u8 num_timeout;
+	__u8 num_timeout : 7; /* a bitfield on every kernel: BPF_CORE_READ_BITFIELD_PROBED */
 	struct timer_list rsk_timer;
 };
 
