@@ -165,9 +165,14 @@ def measure(mechanism: str, variant: str, empty_obj: str, n: int, sizes: list, m
 LIFECYCLE_EMPTY = {"tcp_state": "empty_lc_state", "tcp_destroy": "empty_lc_destroy",
                    "tcp_rst_sent": "empty_lc_rst_sent", "tcp_rst_recv": "empty_lc_rst_recv",
                    "tcp_sk_error": "empty_lc_sk_error", "tcp_segment": "empty_lc_segment"}
-# tcp_timer and tcp_timer_exit run for every timer of the node: measured
-# apart, with timers firing (measure_timers)
-TIMER_EMPTY = {"tcp_timer": "empty_lc_timer", "tcp_timer_exit": "empty_lc_timer_exit"}
+# tcp_timer and tcp_timer_exit, and the TIME_WAIT and request programs, run
+# for every timer of the node: measured apart, with timers firing
+# (measure_timers; their record kinds asked for, so that they are attached)
+TIMER_EMPTY = {"tcp_timer": "empty_lc_timer", "tcp_timer_exit": "empty_lc_timer_exit",
+               "tcp_timewait": "empty_lc_timewait", "tcp_timewait_end": "empty_lc_timewait_end",
+               "tcp_request": "empty_lc_request", "tcp_request_end": "empty_lc_request_end",
+               "tcp_request_exit": "empty_lc_request_exit"}
+TIMER_RECORDS = ["timer", "probe", "timewait", "request"]
 # tcp_retransmit and tcp_synack_retransmit run only when a segment is sent
 # again: measured apart, on a lossy loopback (measure_lossy).
 LOSSY_EMPTY = {"tcp_retransmit": "empty_lc_retransmit", "tcp_synack_retransmit": "empty_lc_synack"}
@@ -291,7 +296,8 @@ def measure_timers(variant: str, empty_obj: str, n: int, seconds: float = 8.0) -
     second (each fires its timer once a second and sends a probe the peer
     answers) to a port nettap does not capture, then to one it does."""
     captured, other = Server(), Server()
-    app = Nettap(config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"}}), variant=variant)
+    app = Nettap(config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"},
+                               "capture": {"records": TIMER_RECORDS}}), variant=variant)
     obj, links, fds = _attach_empty(app, empty_obj, TIMER_EMPTY)
     rows = {}
     try:

@@ -6,6 +6,7 @@
  */
 #include "entry_tp.bpf.h"
 #include "timer.bpf.h"
+#include "timewait.bpf.h"
 
 /* Publish a captured connection's totals and forget it; nothing when the
  * socket is not in the table. One body for both lifecycle programs: it runs
@@ -139,6 +140,7 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
 		cn->established_us = us ? (us < 0xffffffff ? us : 0xffffffff) : 1;
 	}
 	if (newstate == TCP_CLOSE) {
+		timewait_made(sk, cn, oldstate); /* its TIME_WAIT socket, if it has one */
 		publish_eof(sk, cn, oldstate);
 		cn->closed = 1;
 	}

@@ -10,6 +10,8 @@
  *   dns.bpf.c          dns: three mechanisms, two variants
  *   lifecycle.bpf.c    tcp_state (states, eof, resets, destruction), tcp_accept,
  *                      tcp_sk_error
+ *   timewait.bpf.c     tcp_timewait: captured connections' TIME_WAIT sockets
+ *   request.bpf.c      tcp_request: captured listeners' request sockets
  * and what they share, in headers (one concern a file):
  *   tcp.h              what crosses to user space (records, constants, tags)
  *   vmlinux_min.h      the kernel types read, for CO-RE
@@ -24,6 +26,7 @@
  *   entry_func.bpf.h   the fentry/fexit and kprobe/kretprobe mechanisms
  *   tls.bpf.h          TLS calls in flight, and how each learns its socket
  *   timer.bpf.h        the timer slot tcp_timer and tcp_destroy share
+ *   timewait.bpf.h     TIME_WAIT sockets followed, shared with tcp_state
  *
  * Each family is its own compilation unit; bpf/Makefile links them into one
  * object with `bpftool gen object`, as bpf2go and libbpf-bootstrap do. This
@@ -33,6 +36,7 @@
  */
 #include "emit.bpf.h"
 #include "timer.bpf.h"
+#include "timewait.bpf.h"
 
 /* Typed globals put the record layouts into the object's BTF, where
  * tests/unit/test_layout.py compares them with exporter/capture/records.py. */
@@ -52,5 +56,7 @@ struct nettap_timer btf_nettap_timer __attribute__((unused));
 struct nettap_probe btf_nettap_probe __attribute__((unused));
 struct nettap_segment btf_nettap_segment __attribute__((unused));
 struct nettap_dns btf_nettap_dns __attribute__((unused));
+struct nettap_timewait btf_nettap_timewait __attribute__((unused));
+struct nettap_request btf_nettap_request __attribute__((unused));
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

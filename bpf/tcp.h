@@ -52,6 +52,8 @@
 #define NETTAP_KIND_PROBE	      14
 #define NETTAP_KIND_SEGMENT	      15
 #define NETTAP_KIND_DNS		      16
+#define NETTAP_KIND_TIMEWAIT	      17
+#define NETTAP_KIND_REQUEST	      18
 
 /* Probe indexes: rows of the probe_counters map, and the `probe` label. */
 #define NETTAP_PROBE_TCP_SENDMSG   0
@@ -79,18 +81,22 @@
  * no memory) loses what its entry was for. */
 #define NETTAP_MAP_TLS_CALLS	0 /* a TLS call not followed: its plaintext not captured */
 #define NETTAP_MAP_GO_TLS_CALLS 1 /* a Go TLS call of a task target not followed: not captured */
-#define NETTAP_MAP_COUNT	2
+#define NETTAP_MAP_TIMEWAIT	2 /* a captured connection's TIME_WAIT socket not followed */
+#define NETTAP_MAP_REQUESTS	3 /* a captured listener's request socket not followed */
+#define NETTAP_MAP_COUNT	4
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
-#define NETTAP_OBS_STATES  0	/* + oldstate * 16 + newstate (TCP states are < 16) */
-#define NETTAP_OBS_RESETS  256	/* + NETTAP_DIR_* (egress: sent, ingress: received) */
-#define NETTAP_OBS_ERRORS  264	/* + the error number (1..254; 255: any larger) */
-#define NETTAP_OBS_RETRANS 520	/* + NETTAP_RETRANS_* */
-#define NETTAP_OBS_TIMERS  528	/* + NETTAP_TIMER_* * 16 + 0..15 (timer.bpf.h) */
-#define NETTAP_OBS_WAKEUPS 576	/* + NETTAP_WAKEUP_* */
-#define NETTAP_OBS_SAMPLED 584	/* sockets left out by capture.sample_connections */
-#define NETTAP_OBS_ROWS	   1024 /* a power of two (obs_count masks with it) */
+#define NETTAP_OBS_STATES   0	 /* + oldstate * 16 + newstate (TCP states are < 16) */
+#define NETTAP_OBS_RESETS   256	 /* + NETTAP_DIR_* (egress: sent, ingress: received) */
+#define NETTAP_OBS_ERRORS   264	 /* + the error number (1..254; 255: any larger) */
+#define NETTAP_OBS_RETRANS  520	 /* + NETTAP_RETRANS_* */
+#define NETTAP_OBS_TIMERS   528	 /* + NETTAP_TIMER_* * 16 + 0..15 (timer.bpf.h) */
+#define NETTAP_OBS_WAKEUPS  576	 /* + NETTAP_WAKEUP_* */
+#define NETTAP_OBS_SAMPLED  584	 /* sockets left out by capture.sample_connections */
+#define NETTAP_OBS_TIMEWAIT 592	 /* + NETTAP_TW_*: TIME_WAIT sockets made, and ended by cause */
+#define NETTAP_OBS_REQUESTS 600	 /* + NETTAP_REQ_*: request sockets made, and their outcomes */
+#define NETTAP_OBS_ROWS	    1024 /* a power of two (obs_count masks with it) */
 
 /* capture_config.flags: which kinds of capture target exist. */
 #define NETTAP_TARGET_PID      (1U << 0)
@@ -156,6 +162,26 @@
 #define NETTAP_WAKEUP_WINDOW	1 /* a zero-window probe (the retransmit timer's PROBE0) */
 #define NETTAP_WAKEUP_KEEPALIVE 2 /* a keepalive probe (the keepalive timer) */
 
+/* nettap_timewait.event: a captured connection's TIME_WAIT socket made, or
+ * how it ended (bpf/timewait.bpf.c tells the early ends by the kernel
+ * function that killed it: inet_twsk_deschedule_put's caller) */
+#define NETTAP_TW_MADE	  1 /* made as the connection closed, its timer started */
+#define NETTAP_TW_EXPIRED 2 /* its timer fired: TIME_WAIT's 60 s, or tcp_fin_timeout half-closed */
+#define NETTAP_TW_REUSED  3 /* a new connection took its tuple (a connect, tcp_tw_reuse; a SYN) */
+#define NETTAP_TW_RESET	  4 /* a reset killed it: one received, or one it sent to new data */
+#define NETTAP_TW_PURGED  5 /* its network namespace went away */
+#define NETTAP_TW_KILLED  6 /* killed early by another path */
+
+/* nettap_request.outcome: a captured listener's request socket (a SYN
+ * received, its SYN-ACK sent) made, or how it ended (bpf/request.bpf.c) */
+#define NETTAP_REQ_MADE	       1 /* made: a SYN received, a SYN-ACK sent */
+#define NETTAP_REQ_ESTABLISHED 2 /* its handshake's ACK came: its socket made and queued */
+#define NETTAP_REQ_TIMEOUT     3 /* no ACK after tcp_synack_retries SYN-ACKs sent again */
+#define NETTAP_REQ_OVERFLOW    4 /* its ACK came while the accept queue was full, then timed out */
+#define NETTAP_REQ_RESET       5 /* a reset (or a segment tcp_check_req refused) ended it */
+#define NETTAP_REQ_CLOSED      6 /* its listener closed */
+#define NETTAP_REQ_KILLED      7 /* ended by another path */
+
 /* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
  * below 0 (an error, or a non-blocking socket's "want read/write": the
  * caller calls again) */
@@ -202,6 +228,23 @@ struct nettap_kernel {
 	__u32 keep_inflight;	      /* hash maps allocate at run time (bpf_mem_alloc,
 				       * 6.1): a compat thread's call entry stays
 				       * between its calls (emit.bpf.h) */
+};
+
+/* Kernel functions a program compares with (bpf/timewait.bpf.c): their
+ * addresses, [start, end) from /proc/kallsyms, written by user space into
+ * section .data.ksyms before the programs that read them are attached
+ * (exporter/kernel/ksyms.py); 0 where unknown. */
+#define NETTAP_KSYM_CALLERS	6
+#define NETTAP_KSYM_REQ_CALLERS 4
+struct nettap_ksyms {
+	__u64 tw_timer_handler; /* a TIME_WAIT socket's timer function */
+	__u64 tw_deschedule[2]; /* inet_twsk_deschedule_put: kills one early */
+	/* its callers: start, end, and the NETTAP_TW_* they kill by (0: by its
+	 * substate, tcp_v4_rcv's and tcp_v6_rcv's) */
+	__u64 tw_callers[NETTAP_KSYM_CALLERS * 3];
+	__u64 req_timer_handler; /* a request socket's timer function */
+	/* the functions that end a request early: start, end, NETTAP_REQ_* */
+	__u64 req_callers[NETTAP_KSYM_REQ_CALLERS * 3];
 };
 
 /* The obs_counters map's one per-CPU value: rows NETTAP_OBS_* (one lookup
@@ -434,6 +477,37 @@ struct NETTAP_RECORD("probe", "obs_events") nettap_probe {
 	__u8 state NETTAP_JSON("enum:tcp_state"); /* the socket's state then */
 	__u8 pad0[3] NETTAP_JSON("-");
 	struct nettap_netns_addrs at;
+};
+
+/* ring obs_events: a captured connection's TIME_WAIT socket (struct
+ * inet_timewait_sock, which takes the connection's tuple over as its socket
+ * closes) made or ended (bpf/timewait.bpf.c); conn_id and pid the
+ * connection's, whose socket is gone by its end. */
+struct NETTAP_RECORD("timewait", "obs_events") nettap_timewait {
+	struct nettap_hdr h;
+	__u32 timeout_jiffies; /* made: until its timer fires; ended: what was left then (0: none) */
+	__u32 age_ms;	       /* ended: since it was made; made: 0 */
+	struct nettap_ports ports;
+	__u8 event NETTAP_JSON("enum:NETTAP_TW");    /* made, or how it ended */
+	__u8 substate NETTAP_JSON("enum:tcp_state"); /* TIME_WAIT, or FIN_WAIT2: closed by this
+						      * end, the peer's FIN not yet come */
+	struct nettap_netns_addrs at;
+	__u8 pad0[4] NETTAP_JSON("-");
+};
+
+/* ring obs_events: a request socket of a captured listener (a port or netns
+ * target, as a passive open is decided) made or ended (bpf/request.bpf.c);
+ * no connection yet: conn_id and pid 0. */
+struct NETTAP_RECORD("request", "obs_events") nettap_request {
+	struct nettap_hdr h;
+	__u32 timeout_jiffies; /* made: until its timer first fires; ended: what was left then */
+	__u32 age_ms;	       /* ended: since it was made; made: 0 */
+	struct nettap_ports
+		ports; /* sport: local port: the listener's; dport: remote port: the connecting peer's */
+	__u8 outcome NETTAP_JSON("enum:NETTAP_REQ"); /* made, or how it ended */
+	__u8 retransmits;			     /* SYN-ACKs sent again (num_retrans) */
+	struct nettap_netns_addrs at; /* netns: inode of the listener's network namespace */
+	__u8 pad0[4] NETTAP_JSON("-");
 };
 
 /* ring segments: a segment an established captured socket received

@@ -93,12 +93,14 @@ struct sock_common {
 	unsigned short skc_family;
 	volatile unsigned char skc_state;
 	possible_net_t skc_net;
+	struct sock *skc_listener; /* a request's listener (its rsk_listener) */
 	struct in6_addr skc_v6_daddr;
 	struct in6_addr skc_v6_rcv_saddr;
 };
 
 struct timer_list {
 	unsigned long expires;
+	void (*function)(struct timer_list *);
 };
 
 typedef struct {
@@ -132,8 +134,23 @@ struct inet_connection_sock {
 	__u8 icsk_probes_out;
 };
 
+/* A TIME_WAIT socket (include/net/inet_timewait_sock.h): its tw_timer a
+ * timer_list since Linux 4.3 (commit 789f558cfb36 "tcp/dccp: get rid of
+ * central timewait timer"). */
+struct inet_timewait_sock {
+	struct sock_common __tw_common;
+	volatile unsigned char tw_substate;
+	struct timer_list tw_timer;
+};
+
 struct request_sock {
 	__u8 num_retrans;
+	__u8 num_timeout : 7; /* a bitfield on every kernel: BPF_CORE_READ_BITFIELD_PROBED */
+	struct timer_list rsk_timer;
+};
+
+struct inet_request_sock {
+	__u16 acked : 1; /* a bitfield on every kernel: BPF_CORE_READ_BITFIELD_PROBED */
 };
 
 struct tcp_sock {

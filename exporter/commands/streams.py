@@ -78,7 +78,14 @@ LIFECYCLE = {
     "segment": lambda r: (f"segment in: seq {r['seq']}, {r['length']} B; cwnd {r['snd_cwnd']}, "
                           f"ssthresh {r['ssthresh']}, srtt {r['srtt_us']} us, the peer's window {r['snd_wnd']} B, "
                           f"ours {r['rcv_wnd']} B"),
+    "timewait": lambda r: (f"TIME_WAIT socket ({r['substate']}) made, {r['timeout_jiffies']} jiffies to its timeout"
+                           if r["event"] == "made" else
+                           f"TIME_WAIT socket ({r['substate']}) ended: {r['event']} after {r['age_ms']} ms, "
+                           f"{r['timeout_jiffies']} jiffies left"),
     # a request, no connection yet (conn_id 0): counted, listed under no connection
+    "request": lambda r: (f"request from {r['daddr']}:{r['dport']} to port {r['sport']} {r['outcome']}"
+                          + (f" after {r['age_ms']} ms, {r['retransmits']} SYN-ACK(s) sent again"
+                             if r["outcome"] != "made" else "")),
     "synack_retransmit": lambda r: (f"SYN-ACK sent again from port {r['sport']} to {r['daddr']}:{r['dport']} "
                                     f"({r['retransmits']} before)"),
 }

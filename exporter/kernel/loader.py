@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 
-from exporter.kernel import arch, dns, gotls, libbpf, tcp_h, tls, tlsfiles
+from exporter.kernel import arch, dns, gotls, ksyms, libbpf, tcp_h, tls, tlsfiles
 from exporter.kernel import privileges
 from exporter.kernel import programs as table
 from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
@@ -126,6 +126,7 @@ class Probes:
                            for p in tls.PROBES + gotls.PROBES}
         self.tls: tlsfiles.TlsProbes | None = None
         self.tls_refused = dict.fromkeys(tls.REASONS, 0)     # libssl files refused, while TLS was ever on
+        self.ksyms_written = False          # struct nettap_ksyms, written before its programs attach (ksyms.py)
         self.tls_deferred = ok and not tls_now              # loaded at the first set_tls(True)
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         self.dns.deferred = self.dns.loaded and not dns_now
@@ -273,6 +274,9 @@ class Probes:
 
     def _attach_links(self, name: str, mechanism: str) -> list:
         """A program attached: its new links, not kept in self.links."""
+        if name in ksyms.PROGRAMS and not self.ksyms_written:
+            ksyms.write(self.map_fds[ksyms.MAP], self.map_info[ksyms.MAP][2])     # raises OSError
+            self.ksyms_written = True
         first = len(self.links)
         try:
             self._attach_one(name, mechanism)

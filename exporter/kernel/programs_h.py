@@ -117,6 +117,11 @@ PROGRAMS = {
     'tcp_accept': (('tcp_accept',), 'tracepoint', 'fast', '', 'tracepoint/syscalls/sys_exit_accept4', (('syscalls', 'sys_exit_accept4'), ('syscalls', 'sys_exit_accept')), True, '', ('owner',)),
     'tcp_accept_compat': (('tcp_accept',), 'tracepoint', 'compat', '', 'tracepoint/syscalls/sys_exit_accept4', (('syscalls', 'sys_exit_accept4'), ('syscalls', 'sys_exit_accept')), True, '', ('owner',)),
     'tcp_sk_error': (('tcp_sk_error',), 'tp_btf', '', 'sock:inet_sk_error_report', 'tp_btf/inet_sk_error_report', ('inet_sk_error_report',), False, '', ('error',)),
+    'tcp_timewait': (('tcp_timewait',), 'tp_btf', '', '', 'tp_btf/timer_start', ('timer_start',), False, '', ('timewait',)),
+    'tcp_timewait_end': (('tcp_timewait',), 'tp_btf', '', '', 'tp_btf/timer_cancel', ('timer_cancel',), False, '', ('timewait',)),
+    'tcp_request': (('tcp_request',), 'tp_btf', '', '', 'tp_btf/timer_start', ('timer_start',), False, '', ('request',)),
+    'tcp_request_end': (('tcp_request',), 'tp_btf', '', '', 'tp_btf/timer_cancel', ('timer_cancel',), False, '', ('request',)),
+    'tcp_request_exit': (('tcp_request',), 'tp_btf', '', '', 'tp_btf/timer_expire_exit', ('timer_expire_exit',), False, '', ('request',)),
 }
 
 # map -> (variant ('' both), preallocated on every kernel, max_entries where preallocated
@@ -127,4 +132,6 @@ MAPS = {
     'inflight_calls': ('fast', False, 0),
     'inflight_compat': ('compat', False, 4096),
     'inflight_zero': ('compat', False, 0),
+    'request_socks': ('', False, 4096),
+    'timewait_socks': ('', False, 4096),
 }

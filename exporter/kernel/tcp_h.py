@@ -21,6 +21,8 @@ KIND_TIMER = 13
 KIND_PROBE = 14
 KIND_SEGMENT = 15
 KIND_DNS = 16
+KIND_TIMEWAIT = 17
+KIND_REQUEST = 18
 PROBE_TCP_SENDMSG = 0
 PROBE_TCP_RECVMSG = 1
 PROBE_SSL_WRITE = 2
@@ -40,7 +42,9 @@ RING_DNS = 6
 RING_COUNT = 7
 MAP_TLS_CALLS = 0
 MAP_GO_TLS_CALLS = 1
-MAP_COUNT = 2
+MAP_TIMEWAIT = 2
+MAP_REQUESTS = 3
+MAP_COUNT = 4
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
@@ -48,6 +52,8 @@ OBS_RETRANS = 520
 OBS_TIMERS = 528
 OBS_WAKEUPS = 576
 OBS_SAMPLED = 584
+OBS_TIMEWAIT = 592
+OBS_REQUESTS = 600
 OBS_ROWS = 1024
 TARGET_PID = 1
 TARGET_CGROUP = 2
@@ -85,6 +91,19 @@ EVENT_LOSS_PROBE = 5
 EVENT_REO_TIMEOUT = 6
 WAKEUP_WINDOW = 1
 WAKEUP_KEEPALIVE = 2
+TW_MADE = 1
+TW_EXPIRED = 2
+TW_REUSED = 3
+TW_RESET = 4
+TW_PURGED = 5
+TW_KILLED = 6
+REQ_MADE = 1
+REQ_ESTABLISHED = 2
+REQ_TIMEOUT = 3
+REQ_OVERFLOW = 4
+REQ_RESET = 5
+REQ_CLOSED = 6
+REQ_KILLED = 7
 TLS_HS_DONE = 1
 TLS_HS_FAILED = 2
 TLS_HS_NOT_DONE = 3
@@ -93,28 +112,32 @@ LOG_CONN_TABLE_FULL = 2
 LOG_INFLIGHT_FULL = 3
 LOG_IOV_TRUNCATED = 4
 LOG_PAYLOAD_UNREADABLE = 5
+KSYM_CALLERS = 6
+KSYM_REQ_CALLERS = 4
 
 # The #defines that name values, by group: NETTAP_<GROUP>_<NAME> -> {value: name}.
 NAMES = {
     'CHUNK_F': {1: 'read_failed', 2: 'no_conn', 4: 'tls', 8: 'go'},
     'DIR': {0: 'egress', 1: 'ingress'},
     'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
-    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment', 16: 'dns'},
+    'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment', 16: 'dns', 17: 'timewait', 18: 'request'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
-    'MAP': {0: 'tls_calls', 1: 'go_tls_calls'},
+    'MAP': {0: 'tls_calls', 1: 'go_tls_calls', 2: 'timewait', 3: 'requests'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake', 5: 'dns', 6: 'go_tls_write', 7: 'go_tls_read'},
+    'REQ': {1: 'made', 2: 'established', 3: 'timeout', 4: 'overflow', 5: 'reset', 6: 'closed', 7: 'killed'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments', 6: 'dns'},
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'TRANSPORT': {6: 'tcp', 17: 'udp'},
+    'TW': {1: 'made', 2: 'expired', 3: 'reused', 4: 'reset', 5: 'purged', 6: 'killed'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
-MAPS = ('tls_calls', 'go_tls_calls')
+MAPS = ('tls_calls', 'go_tls_calls', 'timewait', 'requests')
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns', 'go_tls_write', 'go_tls_read')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
-OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'retrans': (520, 528), 'timers': (528, 576), 'wakeups': (576, 584), 'sampled': (584, 1024)}    # rows NETTAP_OBS_*: name -> (first, end)
+OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'retrans': (520, 528), 'timers': (528, 576), 'wakeups': (576, 584), 'sampled': (584, 592), 'timewait': (592, 600), 'requests': (600, 1024)}    # rows NETTAP_OBS_*: name -> (first, end)
 
 # Every struct of bpf/tcp.h: name -> (size, fields); a field is
 # (name, offset, C type, elements, bytes, JSON form, comment); nested parts flattened.
@@ -171,6 +194,13 @@ STRUCTS = {
         ('has_task_btf', 4, '__u32', 1, 4, '', 'bpf_get_current_task_btf in tracing (5.11)'),
         ('has_bpf_loop', 8, '__u32', 1, 4, '', 'bpf_loop (5.17)'),
         ('keep_inflight', 12, '__u32', 1, 4, '', "hash maps allocate at run time (bpf_mem_alloc, 6.1): a compat thread's call entry stays between its calls (emit.bpf.h)"),
+    )),
+    'nettap_ksyms': (272, (
+        ('tw_timer_handler', 0, '__u64', 1, 8, '', "a TIME_WAIT socket's timer function"),
+        ('tw_deschedule', 8, '__u64', 2, 16, '', 'inet_twsk_deschedule_put: kills one early'),
+        ('tw_callers', 24, '__u64', 18, 144, '', ''),
+        ('req_timer_handler', 168, '__u64', 1, 8, '', "a request socket's timer function"),
+        ('req_callers', 176, '__u64', 12, 96, '', ''),
     )),
     'nettap_eof': (128, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
@@ -430,6 +460,40 @@ STRUCTS = {
         ('comm', 96, 'char', 16, 16, 'text', "the calling thread's task name"),
         ('data', 112, '__u8', 512, 512, 'base64:len', "the call's first len bytes"),
     )),
+    'nettap_timewait': (80, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('timeout_jiffies', 24, '__u32', 1, 4, '', 'made: until its timer fires; ended: what was left then (0: none)'),
+        ('age_ms', 28, '__u32', 1, 4, '', 'ended: since it was made; made: 0'),
+        ('family', 32, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 34, '__u16', 1, 2, '', 'local port'),
+        ('dport', 36, '__u16', 1, 2, '', 'remote port'),
+        ('event', 38, '__u8', 1, 1, 'enum:NETTAP_TW', 'made, or how it ended'),
+        ('substate', 39, '__u8', 1, 1, 'enum:tcp_state', "TIME_WAIT, or FIN_WAIT2: closed by this end, the peer's FIN not yet come"),
+        ('netns', 40, '__u32', 1, 4, '', "inode of the socket's network namespace"),
+        ('saddr', 44, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 60, '__u8', 16, 16, 'addr', 'remote address'),
+        ('pad0', 76, '__u8', 4, 4, '-', ''),
+    )),
+    'nettap_request': (80, (
+        ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
+        ('conn_id', 8, '__u64', 1, 8, '', "nettap's id of the connection, 0 if none or unknown"),
+        ('kind', 16, '__u32', 1, 4, 'kind', 'NETTAP_KIND_*: written as the line\'s "type"'),
+        ('pid', 20, '__u32', 1, 4, '', 'tgid of the process the record is about'),
+        ('timeout_jiffies', 24, '__u32', 1, 4, '', 'made: until its timer first fires; ended: what was left then'),
+        ('age_ms', 28, '__u32', 1, 4, '', 'ended: since it was made; made: 0'),
+        ('family', 32, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
+        ('sport', 34, '__u16', 1, 2, '', "local port: the listener's"),
+        ('dport', 36, '__u16', 1, 2, '', "remote port: the connecting peer's"),
+        ('outcome', 38, '__u8', 1, 1, 'enum:NETTAP_REQ', 'made, or how it ended'),
+        ('retransmits', 39, '__u8', 1, 1, '', 'SYN-ACKs sent again (num_retrans)'),
+        ('netns', 40, '__u32', 1, 4, '', "inode of the listener's network namespace"),
+        ('saddr', 44, '__u8', 16, 16, 'addr', 'local address'),
+        ('daddr', 60, '__u8', 16, 16, 'addr', 'remote address'),
+        ('pad0', 76, '__u8', 4, 4, '-', ''),
+    )),
     'nettap_go_layout': (16, (
         ('conn', 0, '__u32', 1, 4, '', 'tls.Conn.conn: a net.Conn (itab pointer, data pointer)'),
         ('fd', 4, '__u32', 1, 4, '', 'the *netFD in net.TCPConn (TCPConn.conn.fd)'),
@@ -457,7 +521,9 @@ RECORDS = {
     'probe': ('obs_events', 'nettap_probe'),
     'segment': ('segments', 'nettap_segment'),
     'dns': ('dns', 'nettap_dns'),
+    'timewait': ('obs_events', 'nettap_timewait'),
+    'request': ('obs_events', 'nettap_request'),
 }
 # Bytes a record of each kind takes in ring memory: the 8-byte ring header
 # and the record, 8-aligned.
-STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 112, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104, 'dns': 632}
+STRIDES = {'chunk': 512, 'eof': 136, 'log': 80, 'state': 80, 'reset': 80, 'owner': 112, 'error': 88, 'destroy': 104, 'tls_handshake': 104, 'dlopen': 80, 'retransmit': 88, 'synack_retransmit': 80, 'timer': 88, 'probe': 88, 'segment': 104, 'dns': 632, 'timewait': 88, 'request': 88}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.kernel import tcp_h
@@ -24,7 +24,7 @@ class LifecycleCollector(Collector):
     Bounded label sets: a state change only for the pairs seen (the kernel's
     states, at most 12 x 12), an error only for the numbers seen (their names;
     255 and above as "other"), both reset directions, every retransmission
-    cause, both timers and both probes always."""
+    cause, both timers and both probes, every TIME_WAIT end and request outcome always."""
 
     SPECS = [
         (CounterMetricFamily, "nettap_tcp_state_changes", "TCP state changes of captured sockets.", ["from", "to"]),
@@ -42,6 +42,19 @@ class LifecycleCollector(Collector):
         (CounterMetricFamily, "nettap_tcp_probes",
          "Probes captured sockets' timers sent: zero-window probes (window) and keepalive probes (keepalive).",
          ["probe"]),
+        (CounterMetricFamily, "nettap_tcp_timewait_sockets_made",
+         "TIME_WAIT sockets of captured connections made (bpf/timewait.bpf.c).", []),
+        (CounterMetricFamily, "nettap_tcp_timewait_sockets_ended",
+         "TIME_WAIT sockets of captured connections ended, by cause (expired, reused by a new connection, "
+         "reset, purged with their network namespace, killed otherwise).", ["cause"]),
+        (GaugeMetricFamily, "nettap_tcp_timewait_sockets",
+         "TIME_WAIT sockets of captured connections alive now: made less ended.", []),
+        (CounterMetricFamily, "nettap_tcp_request_sockets_made",
+         "Request sockets of captured listeners made: a SYN received, a SYN-ACK sent (bpf/request.bpf.c).", []),
+        (CounterMetricFamily, "nettap_tcp_request_sockets",
+         "Request sockets of captured listeners ended, by outcome (established; timeout; overflow: the ACK came "
+         "while the accept queue was full, then timed out; reset; closed: the listener closed; killed).",
+         ["outcome"]),
         (CounterMetricFamily, "nettap_capture_sampled_out",
          "Sockets a target matched that capture.sample_connections left out, counted as each was decided "
          "(at its birth, its connect, or its accept: not a socket older than its target).", []),
@@ -58,7 +71,8 @@ class LifecycleCollector(Collector):
         return families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        states, resets, errors, retrans, behind, probes, sampled = families(self.SPECS)
+        (states, resets, errors, retrans, behind, probes, tw_made, tw_ended, tw_alive, req_made, req_ended,
+         sampled) = families(self.SPECS)
         rows = self.read()
         # bpf/tcp.h's blocks of rows and names of values (NETTAP_OBS_*, NETTAP_RETRANS_*, ...), generated
         block = {name: rows[first:end] for name, (first, end) in tcp_h.OBS_BLOCKS.items()}
@@ -78,8 +92,20 @@ class LifecycleCollector(Collector):
             behind.add_metric([name], list(zip(self.BEHIND_LE, counts)), int(own[15]))
         for probe, name in tcp_h.NAMES["WAKEUP"].items():
             probes.add_metric([name], int(block["wakeups"][probe]))
+        made = int(block["timewait"][tcp_h.TW_MADE])
+        tw_made.add_metric([], made)
+        ended = 0
+        for cause, name in tcp_h.NAMES["TW"].items():
+            if cause != tcp_h.TW_MADE:
+                ended += int(block["timewait"][cause])
+                tw_ended.add_metric([name], int(block["timewait"][cause]))
+        tw_alive.add_metric([], max(made - ended, 0))
+        for outcome, name in tcp_h.NAMES["REQ"].items():
+            (req_made if outcome == tcp_h.REQ_MADE else req_ended).add_metric(
+                [] if outcome == tcp_h.REQ_MADE else [name], int(block["requests"][outcome]))
         sampled.add_metric([], int(block["sampled"][0]))
-        return [states, resets, errors, retrans, behind, probes, sampled]
+        return [states, resets, errors, retrans, behind, probes, tw_made, tw_ended, tw_alive, req_made, req_ended,
+                sampled]
 
     def _state(self, n: int) -> str:
         return self.state_names[n] if 0 < n < len(self.state_names) else str(n)

@@ -60,7 +60,7 @@ local lib = import 'lib.libsonnet';
             ], description='Bytes produced but not yet consumed, over the ring size. Reserves fail when it reaches 100%.', w=8, max=1),
             lib.timeseries('Records drained', 'ops', [
               lib.target(q('sum by (ring, kind) (rate(nettap_ringbuf_records_drained_by_kind_total{%(sel)s}[$__rate_interval]))'), '{{ring}} {{kind}}'),
-            ], description='Records user space reads from each ring, by kind. obs_events carries ten: state, reset, owner, error, destroy, tls_handshake, retransmit, synack_retransmit, timer and probe; every other ring one of its own: chunk (capture_chunks), eof (capture_eof), log (logs), dlopen (the libssl files processes map while capture.tls is on), segment (segments) and dns (dns).', w=8),
+            ], description='Records user space reads from each ring, by kind. obs_events carries twelve: state, reset, owner, error, destroy, tls_handshake, retransmit, synack_retransmit, timer, probe, timewait and request; every other ring one of its own: chunk (capture_chunks), eof (capture_eof), log (logs), dlopen (the libssl files processes map while capture.tls is on), segment (segments) and dns (dns).', w=8),
             lib.timeseries('Records lost after the ring', 'ops', [
               lib.target(q('sum by (instance, stage) (rate(nettap_records_lost_total{%(sel)s}[$__rate_interval]))'), '{{instance}} {{stage}}'),
             ], description='queue: user-space queue full; sink: sink write failed; decode: record failed to decode.'),

@@ -32,7 +32,7 @@ DIRECTION_NAMES = {0: "egress", 1: "ingress"}
 FLAG_NAMES = {0: [], 1: ["read_failed"], 2: ["no_conn"], 3: ["read_failed", "no_conn"]}
 FAMILY_NAMES = {2: "ipv4", 10: "ipv6"}
 NO_COMM = {"state", "reset", "error", "destroy",     # kinds without a task name: recorded in softirq too
-           "retransmit", "synack_retransmit", "timer", "probe", "segment"}
+           "retransmit", "synack_retransmit", "timer", "probe", "segment", "timewait", "request"}
 VIA_NAMES = {1: "connect", 2: "first_call", 3: "accept"}
 CAUSE_NAMES = {1: "rto", 2: "tlp", 3: "fast", 4: "synack"}
 TIMER_NAMES = {1: "retransmit", 2: "keepalive"}

@@ -402,7 +402,7 @@ def decode_config(value):
                   "wakeup_check_bytes", "obs_wakeup_bytes", "records", "sample_threshold", "sample_connections"),
                  struct.unpack("<IIIIIIIIII", value)))
     assert d.pop("wakeup_check_bytes") == wakeup_check_bytes(d["wakeup_bytes"])
-    assert d.pop("records") == 0b11111111111111110     # NETTAP_KIND_* 1 .. 16
+    assert d.pop("records") == 0b1111111111111111110   # NETTAP_KIND_* 1 .. 18
     assert (d.pop("sample_threshold"), d.pop("sample_connections")) == (0, 1)
     return d
 

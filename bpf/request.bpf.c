@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * request.bpf.c: the request sockets of captured listeners, probe
+ * tcp_request: tp_btf on the timer wheel's tracepoints, as the TIME_WAIT
+ * sockets' (timewait.bpf.c). A request's life is its rsk_timer's
+ * (net/ipv4/inet_connection_sock.c): started as a SYN makes it and its
+ * SYN-ACK goes out (reqsk_queue_hash_req: timer:timer_start, function
+ * reqsk_timer_handler); each time it fires, reqsk_timer_handler sends the
+ * SYN-ACK again and starts it again, or drops the request (tcp_synack_retries
+ * spent, or its listener closed); detached early (timer:timer_cancel) as
+ * the request ends otherwise: inet_csk_complete_hashdance (its ACK came:
+ * its socket made), tcp_check_req (a reset, or a segment it refused),
+ * tcp_v4_rcv or tcp_v6_rcv (its listener no longer listening), told by the
+ * kernel stack. A request whose ACK came while the accept queue was full
+ * stays, marked acked (tcp_check_req, tcp_abort_on_overflow 0): its drop
+ * at its timeout is an overflow.
+ *
+ * Not seen: a SYN answered with a SYN cookie, or dropped with the SYN or
+ * accept queue full, makes no request socket.
+ */
+#include "timewait.bpf.h"
+
+/* A captured listener's request, by its address: what its records say
+ * (kept here: a request timed out is freed by its timer's function, before
+ * its end is told). */
+struct request {
+	__u64 made_ns;
+	struct nettap_ports ports;
+	__u8 retransmits; /* SYN-ACKs sent again, at its timer's last start */
+	__u8 pad;
+	struct nettap_netns_addrs at;
+	__u32 wants; /* the record kinds its listener's targets ask for (target_kinds) */
+};
+
+/* Sized for 16,384 at once (an accept queue's SYN backlog is
+ * tcp_max_syn_backlog, 128 to 4,096 by memory, per listener); an insert
+ * refused is counted (map_insert_failures, NETTAP_MAP_REQUESTS). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct request);
+} request_socks NETTAP_MAP("prealloc_max=4096") SEC(".maps");
+
+/* The followed request whose timer this CPU's wheel is firing, from its
+ * detach to its function's return: started again (rearmed) or dropped. */
+struct request_slot {
+	__u64 timer;
+	__u64 req;
+	__u8 rearmed;
+	__u8 outcome; /* if dropped: timeout, overflow (acked) or closed */
+	__u8 pad[6];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct request_slot);
+} request_slot SEC(".maps");
+
+/* Entries of request_socks, and CPUs whose slot holds a timer: the timer
+ * programs look no further while they are 0. */
+__u32 requests_tracked SEC(".bss.requests");
+__u32 request_slots_armed SEC(".bss.requests");
+
+#define TCP_LISTEN_STATE 10
+
+static __always_inline __u64 timer_req(const struct timer_list *timer)
+{
+	return (__u64)timer - bpf_core_field_offset(struct request_sock, rsk_timer);
+}
+
+static __always_inline struct request_slot *request_slot_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&request_slot, &zero);
+}
+
+/* ring obs_events: a request made or ended (no connection: conn_id, pid 0). */
+static __always_inline void request_record(const struct request *e, __u8 outcome, __u32 timeout,
+					   __u32 age_ms)
+{
+	struct nettap_request *r;
+
+	if (e->wants ? !(e->wants & (1U << NETTAP_KIND_REQUEST))
+		     : !kind_wanted(active_config(), NETTAP_KIND_REQUEST))
+		return;
+	r = bpf_ringbuf_reserve(&obs_events, sizeof(*r), 0);
+	if (!r) {
+		count_drop(NETTAP_RING_OBS_EVENTS, 1);
+		return;
+	}
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.conn_id = 0;
+	r->h.kind = NETTAP_KIND_REQUEST;
+	r->h.pid = 0;
+	r->timeout_jiffies = timeout;
+	r->age_ms = age_ms;
+	r->ports = e->ports;
+	r->outcome = outcome;
+	r->retransmits = e->retransmits;
+	r->at = e->at;
+	__builtin_memset(r->pad0, 0, sizeof(r->pad0));
+	obs_submit(r);
+}
+
+/* A followed request ended: counted, its record, forgotten. */
+static __always_inline void request_end(__u64 req, __u8 outcome, long left)
+{
+	struct request *found = bpf_map_lookup_elem(&request_socks, &req);
+	struct request e;
+
+	if (!found)
+		return;
+	e = *found;
+	if (bpf_map_delete_elem(&request_socks, &req)) /* another CPU's end */
+		return;
+	__sync_fetch_and_add(&requests_tracked, -1);
+	obs_count(NETTAP_OBS_REQUESTS + outcome);
+	request_record(&e, outcome, left > 0 ? left : 0,
+		       (bpf_ktime_get_ns() - e.made_ns) / 1000000);
+}
+
+#define REQ_STACK 16
+
+/* Why a request's timer is detached now: the NETTAP_REQ_* of the innermost
+ * kernel-stack frame in one of nettap_ksyms.req_callers, or 0 (none: it
+ * fires). */
+static __always_inline __u8 request_cause(void *ctx)
+{
+	const __u64 *c = nettap_ksyms.req_callers;
+	__u64 stack[REQ_STACK];
+	long n;
+
+	n = bpf_get_stack(ctx, stack, sizeof(stack), 0);
+	if (n <= 0)
+		return 0;
+	n /= sizeof(__u64);
+	for (int i = 0; i < REQ_STACK; i++) {
+		if (i >= n)
+			break;
+		for (int j = 0; j < NETTAP_KSYM_REQ_CALLERS; j++)
+			if (stack[i] >= c[j * 3] && stack[i] < c[j * 3 + 1])
+				return c[j * 3 + 2];
+	}
+	return 0;
+}
+
+/* A request's timer started: a new request of a captured listener (its
+ * first start: no timeout yet) is followed from here; a followed one's
+ * start is its handler sending its SYN-ACK again. */
+NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
+SEC("tp_btf/timer_start")
+int BPF_PROG(tcp_request, struct timer_list *timer)
+{
+	struct nettap_capture_config *cfg;
+	struct request_slot *slot;
+	struct request *found, e = {};
+	struct sock *req;
+	__u64 key;
+	long left;
+
+	if ((__u64)timer->function != nettap_ksyms.req_timer_handler)
+		return 0;
+	key = timer_req(timer);
+	req = (struct sock *)key;
+	if (requests_tracked) {
+		found = bpf_map_lookup_elem(&request_socks, &key);
+		if (found) {
+			found->retransmits = BPF_CORE_READ((struct request_sock *)req, num_retrans);
+			slot = request_slot_get();
+			if (slot && slot->timer == (__u64)timer)
+				slot->rearmed = 1;
+			return 0;
+		}
+	}
+	if (BPF_CORE_READ_BITFIELD_PROBED((struct request_sock *)req, num_timeout))
+		return 0;
+	cfg = active_config();
+	if (!cfg || !sock_matches(cfg, req, false) || !sample_keep(cfg, req, false))
+		return 0;
+	e.made_ns = bpf_ktime_get_ns();
+	e.wants = target_kinds(req, false, false);
+	obs_sock(req, false, &e.ports, &e.at.addrs, &e.at.netns);
+	if (bpf_map_update_elem(&request_socks, &key, &e, BPF_NOEXIST)) {
+		count_insert_failure(NETTAP_MAP_REQUESTS);
+		return 0;
+	}
+	__sync_fetch_and_add(&requests_tracked, 1);
+	obs_count(NETTAP_OBS_REQUESTS + NETTAP_REQ_MADE);
+	left = (long)(timer->expires - bpf_jiffies64());
+	request_record(&e, NETTAP_REQ_MADE, left > 0 ? left : 0, 0);
+	return 0;
+}
+
+/* A followed request's timer detached: ended early (request_cause), or
+ * about to fire, kept in this CPU's slot for tcp_request_exit. */
+NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
+SEC("tp_btf/timer_cancel")
+int BPF_PROG(tcp_request_end, struct timer_list *timer)
+{
+	const struct request_sock *req;
+	struct request_slot *slot;
+	__u64 key;
+	long left;
+	__u8 outcome;
+
+	if ((__u64)timer->function != nettap_ksyms.req_timer_handler || !requests_tracked)
+		return 0;
+	key = timer_req(timer);
+	if (!bpf_map_lookup_elem(&request_socks, &key))
+		return 0;
+	left = (long)(timer->expires - bpf_jiffies64());
+	outcome = request_cause(ctx);
+	if (outcome) {
+		request_end(key, outcome, left);
+		return 0;
+	}
+	if (left > 0) {
+		request_end(key, NETTAP_REQ_KILLED, left);
+		return 0;
+	}
+	slot = request_slot_get();
+	if (!slot)
+		return 0;
+	req = (const struct request_sock *)key;
+	if (!slot->timer)
+		__sync_fetch_and_add(&request_slots_armed, 1);
+	slot->timer = (__u64)timer;
+	slot->req = key;
+	slot->rearmed = 0;
+	if (BPF_CORE_READ((const struct sock *)req, __sk_common.skc_listener,
+			  __sk_common.skc_state) != TCP_LISTEN_STATE)
+		slot->outcome = NETTAP_REQ_CLOSED;
+	else if (BPF_CORE_READ_BITFIELD_PROBED((const struct inet_request_sock *)req, acked))
+		slot->outcome = NETTAP_REQ_OVERFLOW;
+	else
+		slot->outcome = NETTAP_REQ_TIMEOUT;
+	return 0;
+}
+
+/* The timer's function returned: a followed request it did not start
+ * again is dropped. */
+NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
+SEC("tp_btf/timer_expire_exit")
+int BPF_PROG(tcp_request_exit, struct timer_list *timer)
+{
+	struct request_slot *slot;
+	__u8 rearmed, outcome;
+	__u64 req;
+
+	if (!request_slots_armed)
+		return 0;
+	slot = request_slot_get();
+	if (!slot || !slot->timer || slot->timer != (__u64)timer)
+		return 0;
+	req = slot->req;
+	rearmed = slot->rearmed;
+	outcome = slot->outcome;
+	slot->timer = 0;
+	__sync_fetch_and_add(&request_slots_armed, -1);
+	if (!rearmed)
+		request_end(req, outcome, 0);
+	return 0;
+}

@@ -1,0 +1,123 @@
+"""Kernel tests: the request sockets of captured listeners (bpf/request.bpf.c),
+from the SYN that makes one to its end: established, timed out, an overflow
+(its ACK came while the accept queue was full), reset; on the loopback of a
+network namespace of the test's own, its nftables rules dropping the
+handshake's ACKs (test_retransmit.py's drop) and its
+net.ipv4.tcp_synack_retries 1, so a request times out in 3 s (1 s, then
+2 s after its SYN-ACK sent again)."""
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from procs import wait_for
+from test_retransmit import drop
+from traffic import in_netns, listener
+
+pytestmark = pytest.mark.per_variant
+PORT, CPORT = 9000, 9300
+
+
+def _rows(run) -> dict:
+    from exporter.kernel import tcp_h
+    obs = run.obs_counts()
+    return {name: int(obs[tcp_h.OBS_REQUESTS + n]) for n, name in tcp_h.NAMES["REQ"].items()
+            if obs[tcp_h.OBS_REQUESTS + n]}
+
+
+def _skip_unattached(run):
+    st = run.app.probes.separate["tcp_request"]
+    if not st.attached:
+        pytest.skip(f"tcp_request not attached: {st.mechanism} {st.error}")
+
+
+def requests(run) -> dict:
+    """client port -> the outcomes of its request's lines, in order."""
+    lines, _ = run.finish()
+    out = {}
+    for l in lines:
+        if l["type"] == "request":
+            assert (l["conn_id"], l["pid"], l["daddr"]) == (0, 0, "127.0.0.1") and l["sport"] in (PORT, PORT + 1), l
+            out.setdefault(l["dport"], []).append(l)
+    return lines, out
+
+
+def test_a_request_made_then_established(nettap_run, mode, ns):
+    """Three connections to a captured listener: each request made as its
+    SYN comes, established as its ACK does; none of a port not captured."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+
+    def scenario():
+        lsn, other = listener(PORT), listener(PORT + 1)
+        ports = []
+        for port in (PORT, PORT, PORT, PORT + 1):
+            c = socket.create_connection(("127.0.0.1", port), timeout=10)
+            (lsn if port == PORT else other).accept()[0].close()
+            ports.append(c.getsockname()[1])
+            c.close()
+        lsn.close()
+        other.close()
+        return ports[:3]
+    ports = in_netns(ns, scenario)
+    lines, got = requests(run)
+    assert set(got) == set(ports), got
+    for port in ports:
+        made, ended = got[port]
+        assert (made["outcome"], ended["outcome"]) == ("made", "established"), got[port]
+        assert made["timeout_jiffies"] > 0 and ended["timeout_jiffies"] > 0 and made["retransmits"] == 0
+        assert ended["age_ms"] < 1000 and made["netns"] == ended["netns"] > 0
+    assert _rows(run) == {"made": 3, "established": 3}
+
+
+def test_requests_time_out_overflow_and_reset(nettap_run, mode, ns):
+    """The handshake's ACKs dropped: one client's request times out after its
+    SYN-ACK sent once again (tcp_synack_retries 1); another's is reset by its
+    client (SO_LINGER 0). And a listener with a backlog of 1 that never
+    accepts: one connection queued, a second's request waits (its ACKs
+    dropped), a third fills the accept queue (by a request, or where the
+    kernel counts the request queue full at the backlog (5.10), by a SYN
+    cookie: no request socket), then the second's ACK comes with the SYN-ACK
+    sent again and finds the queue full: it times out, an overflow."""
+    run = nettap_run({"captures": [{"port": PORT}, {"port": PORT + 1}]})
+    _skip_unattached(run)
+    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_synack_retries=1"], check=True)
+    drop(ns, "tcp flags & (syn | ack | rst) == ack")            # every handshake-ending ACK, to PORT
+    script = ("table inet nettap_test2 {\n chain in {\n  type filter hook input priority 0; policy accept;\n"
+              f"  tcp sport {CPORT} tcp flags & (syn | ack | rst) == ack drop\n }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script.encode(), check=True)
+
+    def scenario():
+        lsn, full = listener(PORT), listener(PORT + 1, backlog=1)
+        timeout = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        reset = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        queued = socket.create_connection(("127.0.0.1", PORT + 1), timeout=10)
+        waiting = socket.create_connection(("127.0.0.1", PORT + 1), timeout=10, source_address=("127.0.0.1", CPORT))
+        cookie = socket.create_connection(("127.0.0.1", PORT + 1), timeout=10)
+        reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        reset.close()                                            # its RST reaches the request
+        subprocess.run(["nft", "delete", "table", "inet", "nettap_test2"], check=True)
+        start = time.monotonic()
+        wait_for(lambda: _rows(run).get("timeout", 0) + _rows(run).get("overflow", 0) >= 2, timeout=20,
+                 what="the requests' timeouts")
+        took = time.monotonic() - start
+        ports = [s.getsockname()[1] for s in (timeout, queued, cookie)]
+        for s in (timeout, queued, waiting, cookie, lsn, full):
+            s.close()
+        return took, ports
+    took, (t_port, q_port, c_port) = in_netns(ns, scenario)
+    lines, got = requests(run)
+    outcomes = {p: [l["outcome"] for l in ls] for p, ls in got.items()}
+    resets = [p for p, o in outcomes.items() if o == ["made", "reset"]]
+    cookie = outcomes.pop(c_port, [])
+    assert cookie in ([], ["made", "established"]), cookie
+    assert len(outcomes) == 4 and len(resets) == 1, sorted(outcomes.items())
+    assert (outcomes[t_port], outcomes[q_port], outcomes[CPORT]) == \
+        (["made", "timeout"], ["made", "established"], ["made", "overflow"]), outcomes
+    for port in (t_port, CPORT):
+        assert got[port][1]["retransmits"] == 1 and 2500 <= got[port][1]["age_ms"] <= 6000, got[port]
+    more = len(cookie) // 2
+    assert _rows(run) == {"made": 4 + more, "established": 1 + more, "timeout": 1, "overflow": 1, "reset": 1}
+    assert took < 8, took

@@ -1,0 +1,187 @@
+"""Kernel tests: captured connections' TIME_WAIT sockets (bpf/timewait.bpf.c),
+made as the connection closes and ended by their timer, a reset, new data or
+a new connection taking their tuple, on the loopback of a network namespace
+of the test's own (its sysctls its own). A TIME_WAIT socket of the full 60 s
+is not waited out here (the kernel's TCP_TIMEWAIT_LEN, no sysctl shortens
+it): its expiry is tested on one half-closed (substate FIN_WAIT2), whose
+timer is net.ipv4.tcp_fin_timeout's, 1 s here, and which the same timer
+program ends."""
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from conftest import live_conn_ids
+from procs import wait_for
+from traffic import in_netns, listener
+
+# tp_btf whatever the call probes' mechanism: once per BPF variant.
+pytestmark = pytest.mark.per_variant
+PORT, CPORT = 9000, 9200
+HZ_MIN = 100                     # the kernel's HZ is 100 to 1000: 60 s is 6,000 jiffies or more
+
+
+def sysctl(ns: str, name: str, value) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{name}={value}"], check=True)
+
+
+def timewait_lines(run, sport: int) -> list:
+    wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="every socket destroyed")
+    lines, _ = run.finish()
+    return lines, [l for l in lines if l["type"] == "timewait" and l["sport"] == sport]
+
+
+def _tw_rows(run) -> dict:
+    from exporter.kernel import tcp_h
+    obs = run.obs_counts()
+    return {name: int(obs[tcp_h.OBS_TIMEWAIT + n]) for n, name in tcp_h.NAMES["TW"].items()
+            if obs[tcp_h.OBS_TIMEWAIT + n]}
+
+
+def _skip_unattached(run):
+    st = run.app.probes.separate["tcp_timewait"]
+    if not st.attached:
+        pytest.skip(f"tcp_timewait not attached: {st.mechanism} {st.error}")
+
+
+def connect_from(port: int) -> socket.socket:
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    c.bind(("127.0.0.1", port))
+    c.connect(("127.0.0.1", PORT))
+    return c
+
+
+def test_a_time_wait_socket_taken_over_by_a_new_connection(nettap_run, mode, ns):
+    """The client closes first: its connection's TIME_WAIT socket (60 s) is
+    made as its socket closes, tied to its conn_id; a new connection from
+    the same port to the same server takes its tuple over (a bound connect
+    reuses a TIME_WAIT socket whose peer sent timestamps): reused."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+
+    def scenario():
+        lsn = listener(PORT)
+        c = connect_from(CPORT)
+        s, _ = lsn.accept()
+        c.sendall(b"x")
+        assert s.recv(1) == b"x"
+        c.shutdown(socket.SHUT_WR)
+        assert s.recv(1) == b""
+        s.close()
+        assert c.recv(1) == b""
+        wait_for(lambda: _state(c) == 7, timeout=10, what="the client at TCP_CLOSE")
+        c.close()
+        again = connect_from(CPORT)               # takes the TIME_WAIT socket's tuple
+        s2, _ = lsn.accept()
+        for sock in (again, s2):                  # gone by a reset: no TIME_WAIT socket of theirs
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        lsn.close()
+    in_netns(ns, scenario)
+    lines, tw = timewait_lines(run, CPORT)
+    first = [l for l in lines if l["type"] == "eof" and l["sport"] == CPORT]
+    assert [(l["event"], l["substate"]) for l in tw] == [("made", "TIME_WAIT"), ("reused", "TIME_WAIT")], tw
+    made, ended = tw
+    assert made["conn_id"] == ended["conn_id"] == first[0]["conn_id"] and made["conn_id"] > 0
+    assert made["timeout_jiffies"] >= 60 * HZ_MIN and made["age_ms"] == 0, made
+    assert 0 < ended["timeout_jiffies"] <= made["timeout_jiffies"] and ended["age_ms"] < 10000, ended
+    for l in tw:
+        assert (l["dport"], l["daddr"], l["saddr"], l["pid"]) == (PORT, "127.0.0.1", "127.0.0.1", made["pid"]), l
+    assert _tw_rows(run) == {"made": 1, "reused": 1}
+
+
+def _state(s: socket.socket) -> int:
+    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+def half_closed(ns: str, then) -> int:
+    """The client closes while the server keeps its end open: the client's
+    TIME_WAIT socket is a half-closed one (FIN_WAIT2), waiting for the
+    server's FIN. then(server socket) runs next; returns the client's port."""
+    def scenario():
+        lsn = listener(PORT)
+        c = connect_from(CPORT + 1)
+        s, _ = lsn.accept()
+        c.close()                                  # its FIN acknowledged: a FIN_WAIT2 TIME_WAIT socket
+        assert s.recv(1) == b""
+        then(s)
+        s.close()
+        lsn.close()
+        return CPORT + 1
+    return in_netns(ns, scenario)
+
+
+def test_a_reset_kills_a_time_wait_socket(nettap_run, mode, ns):
+    """A half-closed TIME_WAIT socket receives the server's reset (its close
+    with SO_LINGER 0): killed, cause reset. Another receives new data, which
+    it answers with a reset of its own: killed, reset too."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+
+    def abort(s):
+        time.sleep(0.05)                           # the client's socket closed (its tw made)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sport = half_closed(ns, abort)
+    lines, tw = timewait_lines(run, sport)
+    assert [(l["event"], l["substate"]) for l in tw] == [("made", "FIN_WAIT2"), ("reset", "FIN_WAIT2")], tw
+    assert tw[0]["conn_id"] == tw[1]["conn_id"] > 0
+    assert _tw_rows(run) == {"made": 1, "reset": 1}
+
+    run = nettap_run({"captures": [{"port": PORT}]})
+
+    def data(s):
+        time.sleep(0.05)
+        s.sendall(b"late")
+        wait_for(lambda: s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) or _state(s) == 7, timeout=10,
+                 what="the client's reset")
+    sport = half_closed(ns, data)
+    lines, tw = timewait_lines(run, sport)
+    assert [(l["event"], l["substate"]) for l in tw] == [("made", "FIN_WAIT2"), ("reset", "FIN_WAIT2")], tw
+    assert _tw_rows(run) == {"made": 1, "reset": 1}
+
+
+def test_a_half_closed_time_wait_socket_expires(nettap_run, mode, ns):
+    """With net.ipv4.tcp_fin_timeout 1 s, a half-closed TIME_WAIT socket
+    whose peer never closes expires after about a second: expired, no
+    time left, and the counters say so."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    sysctl(ns, "net.ipv4.tcp_fin_timeout", 1)
+    done = {}
+
+    def wait(s):
+        wait_for(lambda: _tw_rows(run).get("expired"), timeout=10, what="its expiry")
+        done["at"] = time.monotonic()
+    start = time.monotonic()
+    sport = half_closed(ns, wait)
+    lines, tw = timewait_lines(run, sport)
+    assert [(l["event"], l["substate"]) for l in tw] == [("made", "FIN_WAIT2"), ("expired", "FIN_WAIT2")], tw
+    made, ended = tw
+    assert HZ_MIN <= made["timeout_jiffies"] <= 1000 + 10 and ended["timeout_jiffies"] == 0, tw
+    assert 900 <= ended["age_ms"] <= 5000 and done["at"] - start < 6, tw
+    assert _tw_rows(run) == {"made": 1, "expired": 1}
+
+
+def test_sockets_not_captured_leave_no_time_wait_line(nettap_run, mode, ns):
+    """A connection on a port no target names: its TIME_WAIT socket is made
+    and reused as above, and nettap neither follows nor counts it."""
+    run = nettap_run({"captures": [{"port": PORT + 1}]})
+    _skip_unattached(run)
+
+    def scenario():
+        lsn = listener(PORT)
+        for _ in range(2):
+            c = connect_from(CPORT + 2)
+            s, _ = lsn.accept()
+            c.shutdown(socket.SHUT_WR)
+            assert s.recv(1) == b""
+            s.close()
+            assert c.recv(1) == b""
+            c.close()
+        lsn.close()
+    in_netns(ns, scenario)
+    lines, tw = timewait_lines(run, CPORT + 2)
+    assert tw == [] and _tw_rows(run) == {}
