@@ -77,6 +77,9 @@ def rows(out):
                     table.append((f"host: {tier} tests", split[tier]))
             table.append(("host: pytest start, collection, the rest", took - sum(split.values())))
         elif name == "e2e":                 # they ran beside the guests: inside the matrix's time
+            host = os.path.join(out, "host.xml")
+            if not any(n == "host" for n, _ in marks) and os.path.exists(host):   # and the kernel tests
+                table.append(("host: kernel tests, beside the guests", tiers(host).get("kernel", 0.0)))
             junit = os.path.join(out, "host-e2e.xml")
             table.append(("host: e2e tests, beside the guests", tiers(junit).get("e2e", 0.0)
                           if os.path.exists(junit) else 0.0))

@@ -18,7 +18,8 @@ set -eu
 cd "$(dirname "$0")/.."
 out=${NETTAP_MATRIX_OUT:-/tmp/nettap-kernel-matrix}
 mkdir -p "$out"
-rm -f "$out/host.xml" "$out/host-unit.xml" "$out/host-e2e.xml" "$out/host-e2e.rc" "$out/guests.tsv"
+rm -f "$out/host.xml" "$out/host-unit.xml" "$out/host-e2e.xml" "$out/host-e2e.rc" "$out/host-kernel.rc" \
+  "$out/guests.tsv"
 stages="$out/stages.tsv"
 mark() { printf '%s\t%s\n' "$1" "$(date +%s.%N)" >> "$stages"; }
 : > "$stages"
@@ -52,22 +53,25 @@ if [ $host = 1 ]; then
     # no root, no kernel: the unit tests two at a time; then the kernel tests, one at a time
     .venv/bin/python -m pytest -n 2 --junitxml="$out/host-unit.xml" tests/unit || rc=$?
     mark host-unit
-    .venv/bin/python -m pytest --junitxml="$out/host.xml" tests/kernel || rc=$?
     if [ "${NETTAP_KERNEL_MATRIX:-1}" != 0 ]; then
-      # the e2e tests (real Prometheus, Alertmanager, NATS: mostly waiting on them, ~0.3 of
-      # a CPU) beside the guests, not before them: ~5 min of CI's ~30; their output follows
-      # the matrix's
-      (.venv/bin/python -m pytest --junitxml="$out/host-e2e.xml" tests/e2e > "$out/host-e2e.log" 2>&1
+      # the host's kernel tests (~150 s, half of it waiting on sockets and timers) and then its
+      # e2e tests (real Prometheus, Alertmanager, NATS: mostly waiting on them, ~0.3 of a CPU)
+      # beside the guests, not before them; their output follows the matrix's
+      (.venv/bin/python -m pytest --junitxml="$out/host.xml" tests/kernel > "$out/host-kernel.log" 2>&1
+       echo $? > "$out/host-kernel.rc"
+       .venv/bin/python -m pytest --junitxml="$out/host-e2e.xml" tests/e2e > "$out/host-e2e.log" 2>&1
        echo $? > "$out/host-e2e.rc") & e2e=$!
     else
+      .venv/bin/python -m pytest --junitxml="$out/host.xml" tests/kernel || rc=$?
       .venv/bin/python -m pytest --junitxml="$out/host-e2e.xml" tests/e2e || rc=$?
       kill $hold 2>/dev/null || true
+      mark host
     fi
   else
     .venv/bin/python -m pytest --junitxml="$out/host.xml" "$@" || rc=$?
     kill $hold 2>/dev/null || true
+    mark host
   fi
-  mark host
 fi
 wait $gobuild || { echo "--- the Go test programs did not build:"; cat "$out/gobuild.log"; rc=1; }
 if [ "${NETTAP_KERNEL_MATRIX:-1}" != 0 ]; then
@@ -81,7 +85,10 @@ fi
 if [ -n "${e2e:-}" ]; then
   wait $e2e || true
   kill $hold 2>/dev/null || true
-  echo "--- host: the e2e tests (they ran beside the guests)"
+  echo "--- host: the kernel tests (they ran beside the guests)"
+  cat "$out/host-kernel.log"
+  [ "$(cat "$out/host-kernel.rc" 2>/dev/null)" = 0 ] || rc=1
+  echo "--- host: the e2e tests (they ran beside the guests, after the kernel tests)"
   cat "$out/host-e2e.log"
   [ "$(cat "$out/host-e2e.rc" 2>/dev/null)" = 0 ] || rc=1
   mark e2e
