@@ -38,7 +38,7 @@ mark set-up
 # a test that needs one waits for it (a lock), and the guests' packed tree carries them.
 # arm64: the kernel matrix's arm64 guests run them too (their root has no Go)
 .venv/bin/python tests/gobuild.py arm64 > "$out/gobuild.log" 2>&1 & gobuild=$!
-make -s -C bpf check
+make -s -j2 -C bpf check
 .venv/bin/python mixin/render.py --check
 .venv/bin/python deploy/kubernetes/render.py --check
 mark checks
