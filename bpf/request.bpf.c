@@ -11,7 +11,9 @@
  * the request ends otherwise: inet_csk_complete_hashdance (its ACK came:
  * its socket made), tcp_check_req (a reset, or a segment it refused),
  * tcp_v4_rcv or tcp_v6_rcv (its listener no longer listening), told by the
- * kernel stack. A request whose ACK came while the accept queue was full
+ * kernel stack, the request already unhashed (a detach while it is still
+ * hashed is a restart: a SYN sent again, tcp_check_req's mod_timer_pending).
+ * A request whose ACK came while the accept queue was full
  * stays, marked acked (tcp_check_req, tcp_abort_on_overflow 0): its drop
  * at its timeout is an overflow.
  *
@@ -77,6 +79,12 @@ static __always_inline struct request_slot *request_slot_get(void)
 	__u32 zero = 0;
 
 	return bpf_map_lookup_elem(&request_slot, &zero);
+}
+
+/* Is a request still in the established hash (its skc_nulls_node linked)? */
+static __always_inline bool request_hashed(__u64 req)
+{
+	return BPF_CORE_READ((const struct sock *)req, __sk_common.skc_nulls_node.pprev) != 0;
 }
 
 /* ring obs_events: a request made or ended (no connection: conn_id, pid 0). */
@@ -215,6 +223,12 @@ int BPF_PROG(tcp_request_end, struct timer_list *timer)
 		return 0;
 	left = (long)(timer->expires - bpf_jiffies64());
 	outcome = request_cause(ctx);
+	/* Every end unhashes the request before it detaches its timer
+	 * (reqsk_queue_unlink): one still hashed is restarted, as a SYN sent
+	 * again makes tcp_check_req move it (mod_timer_pending): timer_start
+	 * follows. */
+	if (outcome && request_hashed(key))
+		return 0;
 	if (outcome) {
 		request_end(key, outcome, left);
 		return 0;

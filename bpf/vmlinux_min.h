@@ -85,6 +85,10 @@ typedef struct {
 	struct net *net;
 } possible_net_t;
 
+struct hlist_nulls_node {
+	struct hlist_nulls_node *next, **pprev;
+};
+
 struct sock_common {
 	__be32 skc_daddr;
 	__be32 skc_rcv_saddr;
@@ -93,7 +97,8 @@ struct sock_common {
 	unsigned short skc_family;
 	volatile unsigned char skc_state;
 	possible_net_t skc_net;
-	struct sock *skc_listener; /* a request's listener (its rsk_listener) */
+	struct sock *skc_listener;		/* a request's listener (its rsk_listener) */
+	struct hlist_nulls_node skc_nulls_node; /* pprev 0: not in the established hash */
 	struct in6_addr skc_v6_daddr;
 	struct in6_addr skc_v6_rcv_saddr;
 };
