@@ -225,18 +225,15 @@ int BPF_PROG(tcp_request_end, struct timer_list *timer)
 	outcome = request_cause(ctx);
 	/* Every end unhashes the request before it detaches its timer
 	 * (reqsk_queue_unlink): one still hashed is restarted, as a SYN sent
-	 * again makes tcp_check_req move it (mod_timer_pending): timer_start
-	 * follows. */
-	if (outcome && request_hashed(key))
-		return 0;
-	if (outcome) {
-		request_end(key, outcome, left);
-		return 0;
-	}
-	if (left > 0) {
-		request_end(key, NETTAP_REQ_KILLED, left);
+	 * again makes tcp_check_req move it (mod_timer_pending: timer_start
+	 * follows), or fires now (no cause, its expiry come). One unhashed ends
+	 * now, killed where the stack names no cause (or cannot be read). */
+	if (!request_hashed(key)) {
+		request_end(key, outcome ? outcome : NETTAP_REQ_KILLED, left);
 		return 0;
 	}
+	if (outcome || left > 0)
+		return 0;
 	slot = request_slot_get();
 	if (!slot)
 		return 0;
@@ -269,8 +266,18 @@ int BPF_PROG(tcp_request_exit, struct timer_list *timer)
 	if (!request_slots_armed)
 		return 0;
 	slot = request_slot_get();
-	if (!slot || !slot->timer || slot->timer != (__u64)timer)
+	if (!slot || !slot->timer)
 		return 0;
+	/* A CPU runs one timer at a time, from its detach to its exit: another's
+	 * exit finds the slot armed by a detach that was no expiry (a restart,
+	 * or a drop with no end seen): disarmed, not left armed forever. */
+	if (slot->timer != (__u64)timer && slot->rearmed) {
+		slot->timer = 0;
+		__sync_fetch_and_add(&request_slots_armed, -1);
+		return 0;
+	}
+	if (slot->timer != (__u64)timer)
+		slot->outcome = NETTAP_REQ_KILLED;
 	req = slot->req;
 	rearmed = slot->rearmed;
 	outcome = slot->outcome;
