@@ -15,7 +15,8 @@
  * hashed is a restart: a SYN sent again, tcp_check_req's mod_timer_pending).
  * A request whose ACK came while the accept queue was full
  * stays, marked acked (tcp_check_req, tcp_abort_on_overflow 0): its drop
- * at its timeout is an overflow.
+ * at its timeout is an overflow (but for a TCP_DEFER_ACCEPT listener's bare
+ * ACK, acked too: request_dropped_as).
  *
  * Not seen: a SYN answered with a SYN cookie, or dropped with the SYN or
  * accept queue full, makes no request socket.
@@ -204,6 +205,26 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 	return 0;
 }
 
+/* What a request is dropped as if its timer's function drops it now: its
+ * listener closed; an overflow, its ACK came with the accept queue full
+ * (acked); or a timeout. acked is also a bare ACK a TCP_DEFER_ACCEPT
+ * listener held back (tcp_check_req), waiting for data: a request of such a
+ * listener is an overflow only with its accept queue full now. */
+static __always_inline __u8 request_dropped_as(const struct request_sock *req)
+{
+	const struct sock *lsn = BPF_CORE_READ((const struct sock *)req, __sk_common.skc_listener);
+
+	if (BPF_CORE_READ(lsn, __sk_common.skc_state) != TCP_LISTEN_STATE)
+		return NETTAP_REQ_CLOSED;
+	if (!BPF_CORE_READ_BITFIELD_PROBED((const struct inet_request_sock *)req, acked))
+		return NETTAP_REQ_TIMEOUT;
+	if (BPF_CORE_READ((const struct inet_connection_sock *)lsn,
+			  icsk_accept_queue.rskq_defer_accept) &&
+	    BPF_CORE_READ(lsn, sk_ack_backlog) <= BPF_CORE_READ(lsn, sk_max_ack_backlog))
+		return NETTAP_REQ_TIMEOUT;
+	return NETTAP_REQ_OVERFLOW;
+}
+
 /* A followed request's timer detached: ended early (request_cause), or
  * about to fire, kept in this CPU's slot for tcp_request_exit. */
 NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
@@ -243,13 +264,7 @@ int BPF_PROG(tcp_request_end, struct timer_list *timer)
 	slot->timer = (__u64)timer;
 	slot->req = key;
 	slot->rearmed = 0;
-	if (BPF_CORE_READ((const struct sock *)req, __sk_common.skc_listener,
-			  __sk_common.skc_state) != TCP_LISTEN_STATE)
-		slot->outcome = NETTAP_REQ_CLOSED;
-	else if (BPF_CORE_READ_BITFIELD_PROBED((const struct inet_request_sock *)req, acked))
-		slot->outcome = NETTAP_REQ_OVERFLOW;
-	else
-		slot->outcome = NETTAP_REQ_TIMEOUT;
+	slot->outcome = request_dropped_as(req);
 	return 0;
 }
 

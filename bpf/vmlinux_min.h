@@ -126,6 +126,12 @@ struct sock {
 	__u16 sk_type;
 	__u16 sk_protocol;
 	int sk_err;
+	__u32 sk_ack_backlog;	  /* a listener's accept queue: its length, */
+	__u32 sk_max_ack_backlog; /* full above this (sk_acceptq_is_full) */
+};
+
+struct request_sock_queue {
+	__u8 rskq_defer_accept; /* TCP_DEFER_ACCEPT, in SYN-ACK timeouts */
 };
 
 /* Linux 6.15 dropped icsk_timeout: the retransmit timer's expires is the
@@ -137,6 +143,7 @@ struct inet_connection_sock {
 	__u8 icsk_retransmits;
 	__u8 icsk_pending;
 	__u8 icsk_probes_out;
+	struct request_sock_queue icsk_accept_queue;
 };
 
 /* A TIME_WAIT socket (include/net/inet_timewait_sock.h): its tw_timer a

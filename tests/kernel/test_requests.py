@@ -196,3 +196,30 @@ def _connected(s: socket.socket) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_deferred_request_that_times_out_is_no_overflow(nettap_run, mode, ns):
+    """A TCP_DEFER_ACCEPT listener (1 s): its client's bare ACK is held back
+    (tcp_check_req marks the request acked, as for an overflow), the client
+    never sends, its ACKs after the first dropped: the request times out
+    (tcp_synack_retries 1), a timeout, not an overflow (the queue is empty)."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_synack_retries=1"], check=True)
+
+    def scenario():
+        lsn = listener(PORT)
+        lsn.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
+        c = socket.create_connection(("127.0.0.1", PORT), timeout=10)    # its ACK held back
+        time.sleep(0.1)
+        drop(ns, "tcp flags & (syn | ack | rst) == ack")          # the ACKs to the SYN-ACK sent again
+        wait_for(lambda: sum(_rows(run).get(o, 0) for o in ("timeout", "overflow", "established")) >= 1,
+                 timeout=15, what="the deferred request's end")
+        port = c.getsockname()[1]
+        c.close()
+        lsn.close()
+        return port
+    port = in_netns(ns, scenario)
+    lines, got = requests(run)
+    assert [l["outcome"] for l in got.get(port, [])] == ["made", "timeout"], got
+    assert _rows(run) == {"made": 1, "timeout": 1}
