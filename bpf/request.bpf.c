@@ -11,9 +11,12 @@
  * the request ends otherwise: inet_csk_complete_hashdance (its ACK came:
  * its socket made), tcp_check_req (a reset, or a segment it refused),
  * tcp_v4_rcv or tcp_v6_rcv (its listener no longer listening), told by the
- * kernel stack. A request whose ACK came while the accept queue was full
+ * kernel stack, the request already unhashed (a detach while it is still
+ * hashed is a restart: a SYN sent again, tcp_check_req's mod_timer_pending).
+ * A request whose ACK came while the accept queue was full
  * stays, marked acked (tcp_check_req, tcp_abort_on_overflow 0): its drop
- * at its timeout is an overflow.
+ * at its timeout is an overflow (but for a TCP_DEFER_ACCEPT listener's bare
+ * ACK, acked too: request_dropped_as).
  *
  * Not seen: a SYN answered with a SYN cookie, or dropped with the SYN or
  * accept queue full, makes no request socket.
@@ -77,6 +80,12 @@ static __always_inline struct request_slot *request_slot_get(void)
 	__u32 zero = 0;
 
 	return bpf_map_lookup_elem(&request_slot, &zero);
+}
+
+/* Is a request still in the established hash (its skc_nulls_node linked)? */
+static __always_inline bool request_hashed(__u64 req)
+{
+	return BPF_CORE_READ((const struct sock *)req, __sk_common.skc_nulls_node.pprev) != 0;
 }
 
 /* ring obs_events: a request made or ended (no connection: conn_id, pid 0). */
@@ -196,6 +205,26 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 	return 0;
 }
 
+/* What a request is dropped as if its timer's function drops it now: its
+ * listener closed; an overflow, its ACK came with the accept queue full
+ * (acked); or a timeout. acked is also a bare ACK a TCP_DEFER_ACCEPT
+ * listener held back (tcp_check_req), waiting for data: a request of such a
+ * listener is an overflow only with its accept queue full now. */
+static __always_inline __u8 request_dropped_as(const struct request_sock *req)
+{
+	const struct sock *lsn = BPF_CORE_READ((const struct sock *)req, __sk_common.skc_listener);
+
+	if (BPF_CORE_READ(lsn, __sk_common.skc_state) != TCP_LISTEN_STATE)
+		return NETTAP_REQ_CLOSED;
+	if (!BPF_CORE_READ_BITFIELD_PROBED((const struct inet_request_sock *)req, acked))
+		return NETTAP_REQ_TIMEOUT;
+	if (BPF_CORE_READ((const struct inet_connection_sock *)lsn,
+			  icsk_accept_queue.rskq_defer_accept) &&
+	    BPF_CORE_READ(lsn, sk_ack_backlog) <= BPF_CORE_READ(lsn, sk_max_ack_backlog))
+		return NETTAP_REQ_TIMEOUT;
+	return NETTAP_REQ_OVERFLOW;
+}
+
 /* A followed request's timer detached: ended early (request_cause), or
  * about to fire, kept in this CPU's slot for tcp_request_exit. */
 NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
@@ -215,14 +244,17 @@ int BPF_PROG(tcp_request_end, struct timer_list *timer)
 		return 0;
 	left = (long)(timer->expires - bpf_jiffies64());
 	outcome = request_cause(ctx);
-	if (outcome) {
-		request_end(key, outcome, left);
+	/* Every end unhashes the request before it detaches its timer
+	 * (reqsk_queue_unlink): one still hashed is restarted, as a SYN sent
+	 * again makes tcp_check_req move it (mod_timer_pending: timer_start
+	 * follows), or fires now (no cause, its expiry come). One unhashed ends
+	 * now, killed where the stack names no cause (or cannot be read). */
+	if (!request_hashed(key)) {
+		request_end(key, outcome ? outcome : NETTAP_REQ_KILLED, left);
 		return 0;
 	}
-	if (left > 0) {
-		request_end(key, NETTAP_REQ_KILLED, left);
+	if (outcome || left > 0)
 		return 0;
-	}
 	slot = request_slot_get();
 	if (!slot)
 		return 0;
@@ -232,13 +264,7 @@ int BPF_PROG(tcp_request_end, struct timer_list *timer)
 	slot->timer = (__u64)timer;
 	slot->req = key;
 	slot->rearmed = 0;
-	if (BPF_CORE_READ((const struct sock *)req, __sk_common.skc_listener,
-			  __sk_common.skc_state) != TCP_LISTEN_STATE)
-		slot->outcome = NETTAP_REQ_CLOSED;
-	else if (BPF_CORE_READ_BITFIELD_PROBED((const struct inet_request_sock *)req, acked))
-		slot->outcome = NETTAP_REQ_OVERFLOW;
-	else
-		slot->outcome = NETTAP_REQ_TIMEOUT;
+	slot->outcome = request_dropped_as(req);
 	return 0;
 }
 
@@ -255,8 +281,18 @@ int BPF_PROG(tcp_request_exit, struct timer_list *timer)
 	if (!request_slots_armed)
 		return 0;
 	slot = request_slot_get();
-	if (!slot || !slot->timer || slot->timer != (__u64)timer)
+	if (!slot || !slot->timer)
 		return 0;
+	/* A CPU runs one timer at a time, from its detach to its exit: another's
+	 * exit finds the slot armed by a detach that was no expiry (a restart,
+	 * or a drop with no end seen): disarmed, not left armed forever. */
+	if (slot->timer != (__u64)timer && slot->rearmed) {
+		slot->timer = 0;
+		__sync_fetch_and_add(&request_slots_armed, -1);
+		return 0;
+	}
+	if (slot->timer != (__u64)timer)
+		slot->outcome = NETTAP_REQ_KILLED;
 	req = slot->req;
 	rearmed = slot->rearmed;
 	outcome = slot->outcome;

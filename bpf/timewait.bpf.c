@@ -52,8 +52,11 @@ static __always_inline __u8 caller_cause(__u64 ip, const void *tw)
 	return NETTAP_TW_KILLED;
 }
 
+/* kill_cause: the kernel stack could not be read */
+#define TW_NO_STACK 0xff
+
 /* Why a TIME_WAIT socket's timer is detached now, by the kernel stack: a
- * kill's cause, or 0 (not a kill: it fires, or starts again). */
+ * kill's cause, 0 (not a kill: it fires, or starts again), or TW_NO_STACK. */
 static __always_inline __u8 kill_cause(void *ctx, const void *tw)
 {
 	__u64 stack[TW_STACK];
@@ -62,7 +65,7 @@ static __always_inline __u8 kill_cause(void *ctx, const void *tw)
 
 	n = bpf_get_stack(ctx, stack, sizeof(stack), 0);
 	if (n <= 0)
-		return 0;
+		return TW_NO_STACK;
 	n /= sizeof(__u64);
 	for (int i = 0; i < TW_STACK; i++) {
 		if (i >= n)
@@ -126,6 +129,10 @@ int BPF_PROG(tcp_timewait_end, struct timer_list *timer)
 		return 0;
 	left = (long)(timer->expires - bpf_jiffies64());
 	cause = kill_cause(ctx, (const void *)tw);
+	/* unread: an end all the same (a restart taken for one would leave it
+	 * followed for ever), killed while its time is left */
+	if (cause == TW_NO_STACK)
+		cause = left > 0 ? NETTAP_TW_KILLED : NETTAP_TW_EXPIRED;
 	if (!cause) {
 		if (left > 0) /* started again: timer_start follows */
 			return 0;

@@ -9,11 +9,16 @@
  * inet_timewait_sock with its tuple, starts the new socket's tw_timer
  * (inet_twsk_schedule, or inet_twsk_hashdance_schedule since Linux 6.10: timer:timer_start,
  * function tw_timer_handler), then tcp_done moves the old socket from
- * FIN_WAIT2 or CLOSING to CLOSE (sock:inet_sock_set_state), on the same CPU
- * with bottom halves off (a softirq, or tcp_close's bh_lock_sock). So
- * timer_start keeps the TIME_WAIT socket it saw start in this CPU's slot,
+ * FIN_WAIT2 or CLOSING to CLOSE (sock:inet_sock_set_state), on the same CPU.
+ * So timer_start keeps the TIME_WAIT socket it saw start in this CPU's slot,
  * and tcp_state, at that CLOSE of a captured socket, takes it from there
- * when its tuple is the socket's.
+ * when its tuple is the socket's. Bottom halves are not off throughout:
+ * tcp_time_wait calls local_bh_enable() between the two, so a softirq there
+ * may start another timer and take the slot. That socket is then not
+ * followed, but counted: a CLOSE from FIN_WAIT2 or CLOSING of a socket no
+ * longer hashed (inet_twsk_hashdance put its TIME_WAIT socket in its place;
+ * a reset's CLOSE unhashes it after) that finds no slot of its tuple
+ * (NETTAP_OBS_TIMEWAIT + TW_UNTIED).
  */
 #ifndef NETTAP_TIMEWAIT_BPF_H
 #define NETTAP_TIMEWAIT_BPF_H
@@ -24,6 +29,10 @@
 #define TCP_FIN_WAIT2 5
 #define TCP_TIME_WAIT 6
 #define TCP_CLOSING   11
+
+/* obs_counters row NETTAP_OBS_TIMEWAIT + this (no NETTAP_TW_* is 0): a
+ * captured connection's TIME_WAIT socket not tied to it, so not followed */
+#define TW_UNTIED 0
 
 /* The TIME_WAIT socket whose timer this CPU started last: its address
  * (0: none), its expiry and when. */
@@ -70,8 +79,8 @@ NETTAP_SHARED __u32 timewait_tracked SEC(".bss.timers");
 NETTAP_SHARED struct nettap_ksyms nettap_ksyms SEC(".data.ksyms");
 
 /* At most this long from a TIME_WAIT socket's timer start to its old
- * socket's CLOSE: both are one call of tcp_time_wait's, bottom halves off;
- * a slot older than this is another's, left by a socket not captured. */
+ * socket's CLOSE: both are one call of tcp_time_wait's; a slot older than
+ * this is another's, left by a socket not captured. */
 #define TIMEWAIT_TIE_NS 50000000ULL
 
 static __always_inline struct timewait_slot *timewait_slot_get(void)
@@ -145,13 +154,19 @@ static __always_inline void timewait_made(const struct sock *sk, const struct co
 	if (oldstate != TCP_FIN_WAIT2 && oldstate != TCP_CLOSING)
 		return;
 	slot = timewait_slot_get();
-	if (!slot || !slot->tw)
+	if (!slot)
 		return;
 	tw = slot->tw;
 	now = bpf_ktime_get_ns();
 	slot->tw = 0;
-	if (now - slot->ts_ns > TIMEWAIT_TIE_NS || !same_tuple(sk, (const void *)tw))
+	if (!tw || now - slot->ts_ns > TIMEWAIT_TIE_NS || !same_tuple(sk, (const void *)tw)) {
+		/* the timer programs attached (nettap_ksyms written first), and
+		 * the socket replaced by a TIME_WAIT socket: one not tied */
+		if (nettap_ksyms.tw_timer_handler &&
+		    !BPF_CORE_READ(sk, __sk_common.skc_nulls_node.pprev))
+			obs_count(NETTAP_OBS_TIMEWAIT + TW_UNTIED);
 		return;
+	}
 	e.conn_id = cn->id;
 	e.made_ns = now;
 	e.expires = slot->expires;

@@ -85,6 +85,10 @@ typedef struct {
 	struct net *net;
 } possible_net_t;
 
+struct hlist_nulls_node {
+	struct hlist_nulls_node *next, **pprev;
+};
+
 struct sock_common {
 	__be32 skc_daddr;
 	__be32 skc_rcv_saddr;
@@ -93,7 +97,8 @@ struct sock_common {
 	unsigned short skc_family;
 	volatile unsigned char skc_state;
 	possible_net_t skc_net;
-	struct sock *skc_listener; /* a request's listener (its rsk_listener) */
+	struct sock *skc_listener;		/* a request's listener (its rsk_listener) */
+	struct hlist_nulls_node skc_nulls_node; /* pprev 0: not in the established hash */
 	struct in6_addr skc_v6_daddr;
 	struct in6_addr skc_v6_rcv_saddr;
 };
@@ -121,6 +126,12 @@ struct sock {
 	__u16 sk_type;
 	__u16 sk_protocol;
 	int sk_err;
+	__u32 sk_ack_backlog;	  /* a listener's accept queue: its length, */
+	__u32 sk_max_ack_backlog; /* full above this (sk_acceptq_is_full) */
+};
+
+struct request_sock_queue {
+	__u8 rskq_defer_accept; /* TCP_DEFER_ACCEPT, in SYN-ACK timeouts */
 };
 
 /* Linux 6.15 dropped icsk_timeout: the retransmit timer's expires is the
@@ -132,6 +143,7 @@ struct inet_connection_sock {
 	__u8 icsk_retransmits;
 	__u8 icsk_pending;
 	__u8 icsk_probes_out;
+	struct request_sock_queue icsk_accept_queue;
 };
 
 /* A TIME_WAIT socket (include/net/inet_timewait_sock.h): its tw_timer a

@@ -49,6 +49,9 @@ class LifecycleCollector(Collector):
          "reset, purged with their network namespace, killed otherwise).", ["cause"]),
         (GaugeMetricFamily, "nettap_tcp_timewait_sockets",
          "TIME_WAIT sockets of captured connections alive now: made less ended.", []),
+        (CounterMetricFamily, "nettap_tcp_timewait_sockets_untied",
+         "TIME_WAIT sockets of captured connections not tied to their connection, so not followed "
+         "(bpf/timewait.bpf.h: a softirq took the CPU's slot between their timer's start and the CLOSE).", []),
         (CounterMetricFamily, "nettap_tcp_request_sockets_made",
          "Request sockets of captured listeners made: a SYN received, a SYN-ACK sent (bpf/request.bpf.c).", []),
         (CounterMetricFamily, "nettap_tcp_request_sockets",
@@ -71,8 +74,8 @@ class LifecycleCollector(Collector):
         return families(self.SPECS)
 
     def collect(self) -> Iterable[Metric]:
-        (states, resets, errors, retrans, behind, probes, tw_made, tw_ended, tw_alive, req_made, req_ended,
-         sampled) = families(self.SPECS)
+        (states, resets, errors, retrans, behind, probes, tw_made, tw_ended, tw_alive, tw_untied, req_made,
+         req_ended, sampled) = families(self.SPECS)
         rows = self.read()
         # bpf/tcp.h's blocks of rows and names of values (NETTAP_OBS_*, NETTAP_RETRANS_*, ...), generated
         block = {name: rows[first:end] for name, (first, end) in tcp_h.OBS_BLOCKS.items()}
@@ -100,12 +103,13 @@ class LifecycleCollector(Collector):
                 ended += int(block["timewait"][cause])
                 tw_ended.add_metric([name], int(block["timewait"][cause]))
         tw_alive.add_metric([], max(made - ended, 0))
+        tw_untied.add_metric([], int(block["timewait"][0]))     # row 0: no NETTAP_TW_* (bpf/timewait.bpf.h TW_UNTIED)
         for outcome, name in tcp_h.NAMES["REQ"].items():
             (req_made if outcome == tcp_h.REQ_MADE else req_ended).add_metric(
                 [] if outcome == tcp_h.REQ_MADE else [name], int(block["requests"][outcome]))
         sampled.add_metric([], int(block["sampled"][0]))
-        return [states, resets, errors, retrans, behind, probes, tw_made, tw_ended, tw_alive, req_made, req_ended,
-                sampled]
+        return [states, resets, errors, retrans, behind, probes, tw_made, tw_ended, tw_alive, tw_untied, req_made,
+                req_ended, sampled]
 
     def _state(self, n: int) -> str:
         return self.state_names[n] if 0 < n < len(self.state_names) else str(n)

@@ -121,3 +121,105 @@ def test_requests_time_out_overflow_and_reset(nettap_run, mode, ns):
     more = len(cookie) // 2
     assert _rows(run) == {"made": 4 + more, "established": 1 + more, "timeout": 1, "overflow": 1, "reset": 1}
     assert took < 8, took
+
+
+def _checksum(data: bytes) -> int:
+    data += b"\0" * (len(data) % 2)
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def _syn_again(cap: socket.socket) -> None:
+    """Send again the first SYN to PORT that cap (AF_PACKET, on lo) sees, its
+    TCP checksum made whole (loopback leaves it partial): the client's SYN
+    sent again, at once rather than at its own retransmission timer's 1 s,
+    which the request's timer matches (the two may fire together)."""
+    while True:
+        frame = bytearray(cap.recv(2048))
+        ip = frame[14:]
+        ihl = (ip[0] & 15) * 4
+        if frame[12:14] == b"\x08\x00" and ip[9] == 6 and int.from_bytes(ip[ihl + 2:ihl + 4], "big") == PORT \
+                and ip[ihl + 13] == 0x02:
+            break
+    tcp = bytearray(ip[ihl:int.from_bytes(ip[2:4], "big")])
+    tcp[16:18] = b"\0\0"
+    tcp[16:18] = _checksum(bytes(ip[12:20]) + struct.pack("!BBH", 0, 6, len(tcp)) + bytes(tcp)).to_bytes(2, "big")
+    cap.send(bytes(frame[:14 + ihl]) + bytes(tcp))
+
+
+def test_a_syn_sent_again_restarts_its_request(nettap_run, mode, ns):
+    """The SYN-ACK dropped at the client, its SYN comes again 0.4 s later:
+    tcp_check_req sends the SYN-ACK again and moves the request's timer
+    (timer_cancel, then timer_start, the request still hashed), a restart,
+    not an end; then the SYN-ACKs let through: one request, made once and
+    established, no reset."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    drop(ns, "tcp flags & (syn | ack) == syn | ack", way="sport")    # the SYN-ACKs, at the client's input
+    for name in ("accept_local", "route_localnet"):           # a frame sent on lo is routed: 127.0.0.1 let in
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.lo.{name}=1"], check=True)
+
+    def scenario():
+        lsn = listener(PORT)
+        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+        cap.bind(("lo", 0))
+        cap.settimeout(5)
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", PORT))
+        time.sleep(0.4)
+        _syn_again(cap)
+        time.sleep(0.2)
+        subprocess.run(["nft", "delete", "table", "inet", "nettap_test"], check=True)
+        c.setblocking(True)
+        c.settimeout(10)
+        wait_for(lambda: c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and _connected(c), timeout=10,
+                 what="the handshake")
+        lsn.accept()[0].close()
+        port = c.getsockname()[1]
+        for s in (c, cap, lsn):
+            s.close()
+        return port
+    port = in_netns(ns, scenario)
+    lines, got = requests(run)
+    outcomes = [l["outcome"] for l in got.get(port, [])]
+    assert outcomes == ["made", "established"], got
+    assert got[port][1]["retransmits"] >= 1, got[port]
+    assert _rows(run) == {"made": 1, "established": 1}
+
+
+def _connected(s: socket.socket) -> bool:
+    try:
+        s.getpeername()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_deferred_request_that_times_out_is_no_overflow(nettap_run, mode, ns):
+    """A TCP_DEFER_ACCEPT listener (1 s): its client's bare ACK is held back
+    (tcp_check_req marks the request acked, as for an overflow), the client
+    never sends, its ACKs after the first dropped: the request times out
+    (tcp_synack_retries 1), a timeout, not an overflow (the queue is empty)."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_synack_retries=1"], check=True)
+
+    def scenario():
+        lsn = listener(PORT)
+        lsn.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
+        c = socket.create_connection(("127.0.0.1", PORT), timeout=10)    # its ACK held back
+        time.sleep(0.1)
+        drop(ns, "tcp flags & (syn | ack | rst) == ack")          # the ACKs to the SYN-ACK sent again
+        wait_for(lambda: sum(_rows(run).get(o, 0) for o in ("timeout", "overflow", "established")) >= 1,
+                 timeout=15, what="the deferred request's end")
+        port = c.getsockname()[1]
+        c.close()
+        lsn.close()
+        return port
+    port = in_netns(ns, scenario)
+    lines, got = requests(run)
+    assert [l["outcome"] for l in got.get(port, [])] == ["made", "timeout"], got
+    assert _rows(run) == {"made": 1, "timeout": 1}

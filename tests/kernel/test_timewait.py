@@ -36,8 +36,8 @@ def timewait_lines(run, sport: int) -> list:
 def _tw_rows(run) -> dict:
     from exporter.kernel import tcp_h
     obs = run.obs_counts()
-    return {name: int(obs[tcp_h.OBS_TIMEWAIT + n]) for n, name in tcp_h.NAMES["TW"].items()
-            if obs[tcp_h.OBS_TIMEWAIT + n]}
+    names = {**tcp_h.NAMES["TW"], 0: "untied"}         # row 0: not tied (bpf/timewait.bpf.h TW_UNTIED)
+    return {name: int(obs[tcp_h.OBS_TIMEWAIT + n]) for n, name in names.items() if obs[tcp_h.OBS_TIMEWAIT + n]}
 
 
 def _skip_unattached(run):
