@@ -105,7 +105,8 @@ def test_state_lines_follow_each_captured_connection_from_its_first_state(nettap
     dropped = dropped_children(lines)
     by_conn = {}
     for l in lines:
-        if l["conn_id"] not in dropped:
+        # (a request line is the listener's, before a connection: conn_id 0)
+        if l["conn_id"] not in dropped and l["type"] != "request":
             by_conn.setdefault(l["conn_id"], []).append(l)
     assert len(by_conn) == 2, sorted(by_conn)
     client = next(c for c, ls in by_conn.items() if any(l.get("direction") == "egress" for l in ls))
@@ -384,6 +385,12 @@ def _check_lifecycle_metrics(run):
             assert R.ERRNO_NAMES[l["errno"]] == l["errno_name"]
         elif l["type"] in ("retransmit", "synack_retransmit"):
             want[("nettap_tcp_retransmits_total", ("kind", l.get("cause", "synack")))] += 1
+        elif l["type"] == "request":          # a captured listener's request sockets
+            want[("nettap_tcp_request_sockets_made_total",) if l["outcome"] == "made" else
+                 ("nettap_tcp_request_sockets_total", ("outcome", l["outcome"]))] += 1
+        elif l["type"] == "timewait":         # a captured connection's TIME_WAIT socket
+            want[("nettap_tcp_timewait_sockets_made_total",) if l["event"] == "made" else
+                 ("nettap_tcp_timewait_sockets_ended_total", ("cause", l["event"]))] += 1
     assert got == want
     assert b"nettap_tcp_resets_total{direction=\"sent\"}" in generate_latest(reg)
     # What the drain took, by kind (nettap_ringbuf_records_drained_by_kind_total), is what was written.
