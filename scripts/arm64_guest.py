@@ -26,6 +26,8 @@ import shutil
 import subprocess
 import sys
 
+import guest_image
+
 ARCH = "arm64"                          # Debian's and virtme-ng's name; uname -m says aarch64
 # What the kernel tests the arm64 guests run need from the root (apart from the venv): a shell
 # and coreutils for virtme-ng's init and the guest script, busybox for its initramfs and its
@@ -183,12 +185,7 @@ def pack(out: str, cache: str, rootfs: str, repo: str, exclude: list, name: str)
         shutil.copytree(os.path.join(rootfs, STDLIB.lstrip("/")), os.path.join(staging, STDLIB.lstrip("/")),
                         symlinks=True, ignore=shutil.ignore_patterns("test", "idlelib", "tkinter", "turtledemo",
                                                                      "ensurepip", "lib2to3", "pydoc_data"))
-        size = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(staging) for f in fs)
-        if os.path.exists(dst):
-            os.remove(dst)
-        _run(["mke2fs", "-q", "-t", "ext4", "-O", "^has_journal", "-d", staging, "-L", "nettap-arm64",
-              dst, f"{(size * 3 // 2 >> 20) + 64}M"], stdout=subprocess.DEVNULL)
-        log(f"packed {size >> 20} MiB of Python for the {ARCH} guests")
+        guest_image.ext4(staging, dst, ARCH)
         return dst
     finally:
         shutil.rmtree(staging, ignore_errors=True)

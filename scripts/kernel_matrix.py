@@ -32,6 +32,7 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import arm64_guest  # noqa: E402
+import guest_image  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, package name regex, suite); the newest match is used. Suite None: from this host's
@@ -286,13 +287,7 @@ def pack(out):
         run(["tar", "-xf", "-", "-C", staging], stdin=tar.stdout)
         if tar.wait():
             raise subprocess.CalledProcessError(tar.returncode, "tar -c")
-        size = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(staging) for f in fs)
-        if os.path.exists(dst):
-            os.remove(dst)
-        # room for the metadata and every small file's block: the files' size x 1.5 + 64 MiB
-        run(["mke2fs", "-q", "-t", "ext4", "-O", "^has_journal", "-d", staging, "-L", "nettap-tree",
-             dst, f"{(size * 3 // 2 >> 20) + 64}M"], stdout=subprocess.DEVNULL)
-        log(f"packed {size >> 20} MiB of Python for the guests")
+        guest_image.ext4(staging, dst, "x86")
         return dst
     except (OSError, subprocess.CalledProcessError) as e:
         log(f"not packed ({e}): the guests import over 9p")
