@@ -221,5 +221,10 @@ def test_a_deferred_request_that_times_out_is_no_overflow(nettap_run, mode, ns):
         return port
     port = in_netns(ns, scenario)
     lines, got = requests(run)
-    assert [l["outcome"] for l in got.get(port, [])] == ["made", "timeout"], got
+    outcomes = [l["outcome"] for l in got.get(port, [])]
+    if outcomes == ["made", "established"]:
+        # the drop landed after the SYN-ACK was sent again at 1 s (nft under emulation: 5.10's guest
+        # once), whose ACK completed the request: the case under test never happened
+        pytest.skip("the ACKs' drop came after the SYN-ACK was sent again: no deferred timeout to see")
+    assert outcomes == ["made", "timeout"], got
     assert _rows(run) == {"made": 1, "timeout": 1}
