@@ -34,6 +34,7 @@ DURATION = 25
 # nettap's probes, and the program that asks whether BPF statistics are on (exporter/kernel/bpfstats.py)
 NETTAP_PROGRAM = re.compile(r"^(tcp_sendmsg_\w*|tcp_recvmsg_\w*|tcp_state\w*|tcp_destroy|tcp_rst_\w+|"
                             r"tcp_accept\w*|tcp_sk_error|tcp_retransmit|tcp_synack_retransmit|tcp_timer\w*|tcp_segment|"
+                            r"tcp_timewait\w*|tcp_request\w*|"
                             r"dns_\w+|ssl_\w+|go_tls_\w+|tls_mmap|tls_exec|inflight_exit\w*|nettap_stats_on)$")
 
 
