@@ -317,7 +317,7 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None, kernel=N
         log(f"{name}: not booted: the matrix's budget (--budget) is spent")
         return 0.0
     # stale results must not count
-    for ext in ("release", "boot", "unpacked", "hold", "log", "rc", "xml", "console.log", "console.1.log"):
+    for ext in ("release", "boot", "unpacked", "hold", "log", "rc", "xml", "cpu", "console.log", "console.1.log"):
         if os.path.exists(f"{out}/{name}.{ext}"):
             os.remove(f"{out}/{name}.{ext}")
     g = f"{GUEST_OUT}/{name}"
@@ -356,7 +356,9 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None, kernel=N
                                  stderr=subprocess.STDOUT, start_new_session=True)
             GUESTS.append(p)
             try:
-                p.wait(max(1.0, timeout - (time.monotonic() - start)))
+                cpu = wait_cpu(p, max(1.0, timeout - (time.monotonic() - start)))
+                with open(f"{out}/{name}.cpu", "w") as f:
+                    f.write(f"{cpu:.1f}\n")
             except subprocess.TimeoutExpired:
                 log(f"{name}: guest still running after {timeout} s, killed")
             finally:
@@ -444,6 +446,21 @@ def lanes(jobs, n):
     return [sorted(lane, key=lambda j: -cost[j[0]]) for lane in out if lane]
 
 
+def wait_cpu(p, timeout):
+    """Wait for p (subprocess.TimeoutExpired after timeout seconds); the CPU
+    seconds it and the children it waited for used (vng, qemu): how much of
+    this host a guest kept busy (its tests' waits on the clock leave it idle)."""
+    end = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        if time.monotonic() > end:
+            raise subprocess.TimeoutExpired(p.args, timeout)
+        time.sleep(0.5)
+
+
 def kill(p):
     if p.poll() is None:
         os.killpg(p.pid, signal.SIGKILL)
@@ -479,11 +496,15 @@ def count(junit):
 
 
 def slowest(junit, n=SLOWEST):
-    """[(seconds, test id)] of the n slowest tests in a junit file, setup and
-    teardown included (junit's time is the three together)."""
-    cases = [(float(c.get("time") or 0), f"{c.get('classname', '')}::{c.get('name', '')}")
-             for c in ET.parse(junit).iter("testcase")]
-    return sorted(cases, reverse=True)[:n]
+    """([(seconds, idle seconds, test id)] of the n slowest tests in a junit file, setup and
+    teardown included (junit's time is the three together), (seconds, idle) of them all):
+    idle is what the guest's CPUs spent waiting (tests/kernel/conftest.py's idle_s,
+    CPU-seconds summed over its CPUs), the host's CPU left to nobody."""
+    cases = []
+    for c in ET.parse(junit).iter("testcase"):
+        idle = next((float(p.get("value")) for p in c.iter("property") if p.get("name") == "idle_s"), 0.0)
+        cases.append((float(c.get("time") or 0), idle, f"{c.get('classname', '')}::{c.get('name', '')}"))
+    return sorted(cases, reverse=True)[:n], (sum(c[0] for c in cases), sum(c[1] for c in cases))
 
 
 def verdict(name, release, out):
@@ -601,20 +622,21 @@ def report_guest(name: str, release: str, out: str, took: float, began) -> tuple
     """A guest's row (release, counts, note, time); its line in guests.tsv, and
     what it printed when it failed, and its slowest tests, on stdout."""
     counts, note = verdict(name, release, out)
-    up = read(f"{out}/{name}.boot")
+    up, cpu = read(f"{out}/{name}.boot"), read(f"{out}/{name}.cpu")
     t = f"{took:.0f} s" + (f" (boot {float(up):.0f} s)" if up else "")
     with open(f"{out}/guests.tsv", "a") as f:   # scripts/stages.py's table
-        f.write(f"{name}\t{float(up) if up else ''}\t{took:.1f}\t{began}\n")
+        f.write(f"{name}\t{float(up) if up else ''}\t{took:.1f}\t{began}\t{cpu or ''}\n")
     if note and os.path.exists(f"{out}/{name}.log"):    # a failure: all it said
         print(f"--- {name} ({release}): pytest in the guest\n{read(f'{out}/{name}.log')}")
     if os.path.exists(f"{out}/{name}.xml"):
         try:
-            top = slowest(f"{out}/{name}.xml")
+            top, (tests, idle) = slowest(f"{out}/{name}.xml")
         except ET.ParseError:
-            top = []
-        print(f"--- {name} ({release}): the {len(top)} slowest tests (setup + call + teardown)")
-        for sec, test in top:
-            print(f"{sec:8.1f} s  {test}")
+            top, tests, idle = [], 0.0, 0.0
+        print(f"--- {name} ({release}): {took:.0f} s, the host's CPU {cpu or '?'} s; its tests {tests:.0f} s, "
+              f"their CPUs idle {idle:.0f} CPU-s; the {len(top)} slowest tests (setup + call + teardown, idle)")
+        for sec, idle, test in top:
+            print(f"{sec:8.1f} s {idle:6.1f}  {test}")
     return release, counts, note, t
 
 

@@ -90,9 +90,10 @@ def rows(out):
                 total = float(total)
                 start = float(began[0]) if began and began[0] else None
                 spans.append((start, total))
+                cpu = f" (the host's CPU: {float(began[1]):.0f} s)" if len(began) > 1 and began[1] else ""
                 if boot:
                     table.append((f"guest {g}: boot", float(boot)))
-                    table.append((f"guest {g}: tests", total - float(boot)))
+                    table.append((f"guest {g}: tests{cpu}", total - float(boot)))
                 else:
                     table.append((f"guest {g}: did not report its boot", total))
             inside = _covered(spans)

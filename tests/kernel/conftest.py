@@ -84,6 +84,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.kernel)
 
 
+IDLE_AT = pytest.StashKey[float]()
+
+
+def cpu_idle() -> float:
+    """Seconds this machine's CPUs have idled since boot, summed over them
+    (/proc/stat's idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[IDLE_AT] = cpu_idle()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's idle seconds (setup to teardown: what its CPUs spent
+    waiting, in CPU-seconds) as a junit property: in the kernel matrix's guests
+    a test that waits on the clock leaves the host's CPU to nobody, and
+    scripts/kernel_matrix.py names the tests that wait most."""
+    if call.when == "teardown" and IDLE_AT in item.stash:
+        item.user_properties.append(("idle_s", f"{cpu_idle() - item.stash[IDLE_AT]:.1f}"))
+    yield
+
+
+
 @pytest.fixture(scope="session", autouse=True)
 def tracefs():
     """tracefs mounted, as root's nettap leaves it: a test of a nettap
