@@ -4,9 +4,9 @@
 Reads what scripts/test.sh and scripts/kernel_matrix.py left in OUT: stages.tsv (a
 stage's name and the wall clock when it ended, from `mark` in test.sh), host.xml
 and host-e2e.xml (the host's pytest; its time split by tier: tests/unit, tests/kernel,
-tests/e2e; the e2e tests, when they ran beside the guests (mark e2e), a row of their own;
-the unit tests, when they ran on their own two at a time, are the stage
-host-unit's wall clock)
+tests/e2e; the host's tests, when they ran beside the guests (mark e2e), rows of their own,
+the unit tests' wall clock from host-unit.took; the unit tests, when they ran on their own
+two at a time, are the stage host-unit's wall clock)
 and guests.tsv (per guest: seconds to boot, seconds in all, and the wall clock
 when it booted: guests run two at a time, so their rows overlap and the
 matrix's own work is its time outside every guest). Prints a markdown table of
@@ -77,6 +77,10 @@ def rows(out):
                     table.append((f"host: {tier} tests", split[tier]))
             table.append(("host: pytest start, collection, the rest", took - sum(split.values())))
         elif name == "e2e":                 # they ran beside the guests: inside the matrix's time
+            unit = os.path.join(out, "host-unit.took")
+            if os.path.exists(unit):         # the unit tests' wall clock (two at a time), before the others
+                with open(unit) as f:
+                    table.append(("host: unit tests, two at a time, beside the guests", float(f.read())))
             host = os.path.join(out, "host.xml")
             if not any(n == "host" for n, _ in marks) and os.path.exists(host):   # and the kernel tests
                 table.append(("host: kernel tests, beside the guests", tiers(host).get("kernel", 0.0)))

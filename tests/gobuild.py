@@ -154,8 +154,13 @@ def prebuilt(goarchs=()) -> list:
                        [("notls", "plain")] if (n, v, a) not in PREBUILT]
 
 
-if __name__ == "__main__":            # python tests/gobuild.py [GOARCH...]
-    for name, variant, goarch in prebuilt(sys.argv[1:]):
+if __name__ == "__main__":            # python tests/gobuild.py [--kernel] [GOARCH...]
+    # --kernel: only what the kernel tests run, for the host's or each GOARCH (the kernel
+    # matrix's packed trees: they wait for these alone, not for what only unit tests run)
+    args = sys.argv[1:]
+    todo = prebuilt(args) if "--kernel" not in args else \
+        [("gotls", v, a) for a in [x for x in args if x != "--kernel"] or [None] for v in KERNEL_VARIANTS]
+    for name, variant, goarch in todo:
         start = time.monotonic()
         print("%s (%s, %s): %s, %.1f s" % (name, variant, goarch or HOST_GOARCH, build(name, variant, goarch),
                                            time.monotonic() - start), flush=True)

@@ -125,6 +125,11 @@ def test_stage_table_splits_the_host_run_by_tier_and_each_guest_into_boot_and_te
     assert rows[-2:] == [("host: e2e tests, beside the guests", 33.0),
                          ("host: e2e tests, waited for after the guests", 2.0)]
     assert total == 502.0
+    # the unit tests beside the guests too (test.sh writes their wall clock): a row before the others
+    (tmp_path / "host-unit.took").write_text("95.25\n")
+    rows = [(n, round(s, 1)) for n, s in _script("stages").rows(str(tmp_path))[0]]
+    assert rows[-3] == ("host: unit tests, two at a time, beside the guests", 95.2)
+    (tmp_path / "host-unit.took").unlink()
     (tmp_path / "host-e2e.xml").unlink()
     (tmp_path / "stages.tsv").write_text(
         "start\t1000.0\nset-up\t1010.0\nchecks\t1012.5\nhost-unit\t1030.0\nhost\t1100.0\nmatrix\t1500.0\n")
