@@ -230,15 +230,19 @@ struct nettap_kernel {
 				       * between its calls (emit.bpf.h) */
 };
 
-/* Kernel functions a program compares with (bpf/timewait.bpf.c): their
- * addresses, [start, end) from /proc/kallsyms, written by user space into
- * section .data.ksyms before the programs that read them are attached
- * (exporter/kernel/ksyms.py); 0 where unknown. */
-#define NETTAP_KSYM_CALLERS	6
-#define NETTAP_KSYM_REQ_CALLERS 4
+/* Kernel functions a program compares with (bpf/timewait.bpf.c,
+ * bpf/request.bpf.c): their addresses, [start, end) from /proc/kallsyms,
+ * written by user space into section .data.ksyms before the programs that
+ * read them are attached (exporter/kernel/ksyms.py); 0 where unknown. A
+ * function's compiler clones (name.constprop.N, .isra.N, .part.N, .cold)
+ * take slots of their own, so the slots outnumber the functions. */
+#define NETTAP_KSYM_DESCHEDULE	4
+#define NETTAP_KSYM_CALLERS	12
+#define NETTAP_KSYM_REQ_CALLERS 12
 struct nettap_ksyms {
-	__u64 tw_timer_handler; /* a TIME_WAIT socket's timer function */
-	__u64 tw_deschedule[2]; /* inet_twsk_deschedule_put: kills one early */
+	__u64 tw_timer_handler; /* a TIME_WAIT socket's timer function (0: its programs detached) */
+	/* inet_twsk_deschedule_put, which kills one early: start, end */
+	__u64 tw_deschedule[NETTAP_KSYM_DESCHEDULE * 2];
 	/* its callers: start, end, and the NETTAP_TW_* they kill by (0: by its
 	 * substate, tcp_v4_rcv's and tcp_v6_rcv's) */
 	__u64 tw_callers[NETTAP_KSYM_CALLERS * 3];

@@ -112,8 +112,9 @@ LOG_CONN_TABLE_FULL = 2
 LOG_INFLIGHT_FULL = 3
 LOG_IOV_TRUNCATED = 4
 LOG_PAYLOAD_UNREADABLE = 5
-KSYM_CALLERS = 6
-KSYM_REQ_CALLERS = 4
+KSYM_DESCHEDULE = 4
+KSYM_CALLERS = 12
+KSYM_REQ_CALLERS = 12
 
 # The #defines that name values, by group: NETTAP_<GROUP>_<NAME> -> {value: name}.
 NAMES = {
@@ -195,12 +196,12 @@ STRUCTS = {
         ('has_bpf_loop', 8, '__u32', 1, 4, '', 'bpf_loop (5.17)'),
         ('keep_inflight', 12, '__u32', 1, 4, '', "hash maps allocate at run time (bpf_mem_alloc, 6.1): a compat thread's call entry stays between its calls (emit.bpf.h)"),
     )),
-    'nettap_ksyms': (272, (
-        ('tw_timer_handler', 0, '__u64', 1, 8, '', "a TIME_WAIT socket's timer function"),
-        ('tw_deschedule', 8, '__u64', 2, 16, '', 'inet_twsk_deschedule_put: kills one early'),
-        ('tw_callers', 24, '__u64', 18, 144, '', ''),
-        ('req_timer_handler', 168, '__u64', 1, 8, '', "a request socket's timer function"),
-        ('req_callers', 176, '__u64', 12, 96, '', ''),
+    'nettap_ksyms': (656, (
+        ('tw_timer_handler', 0, '__u64', 1, 8, '', "a TIME_WAIT socket's timer function (0: its programs detached)"),
+        ('tw_deschedule', 8, '__u64', 8, 64, '', ''),
+        ('tw_callers', 72, '__u64', 36, 288, '', ''),
+        ('req_timer_handler', 360, '__u64', 1, 8, '', "a request socket's timer function"),
+        ('req_callers', 368, '__u64', 36, 288, '', ''),
     )),
     'nettap_eof': (128, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),
