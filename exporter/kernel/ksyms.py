@@ -18,7 +18,7 @@ MAP = ".data.ksyms"
 # timer function's address is written only while they are attached: tcp_state
 # counts a TIME_WAIT socket not tied to its connection only then).
 TIMEWAIT_PROGRAMS = ("tcp_timewait", "tcp_timewait_end", "tcp_timewait_expire")
-PROGRAMS = TIMEWAIT_PROGRAMS + ("tcp_request", "tcp_request_end", "tcp_request_exit")
+PROGRAMS = TIMEWAIT_PROGRAMS + ("tcp_request", "tcp_request_end", "tcp_request_exit", "tcp_request_state")
 HANDLER, DESCHEDULE = "tw_timer_handler", "inet_twsk_deschedule_put"
 # The callers of inet_twsk_deschedule_put, each with the NETTAP_TW_* it kills
 # a TIME_WAIT socket by (0: by its substate, bpf/timewait.bpf.c); the purge
@@ -29,9 +29,12 @@ CALLERS = (("tcp_timewait_state_process", tcp_h.TW_RESET), ("__inet_check_establ
            ("inet_twsk_purge", tcp_h.TW_PURGED))
 REQ_HANDLER = "reqsk_timer_handler"
 # The functions that end a request socket early, by the NETTAP_REQ_* they
-# end it with (the innermost on the stack names it, bpf/request.bpf.c).
+# end it with (the innermost on the stack names it, bpf/request.bpf.c), and
+# those that make a socket from a SYN cookie's ACK (no request socket).
 REQ_CALLERS = (("inet_csk_complete_hashdance", tcp_h.REQ_ESTABLISHED), ("tcp_check_req", tcp_h.REQ_RESET),
-               ("tcp_v4_rcv", tcp_h.REQ_CLOSED), ("tcp_v6_rcv", tcp_h.REQ_CLOSED))
+               ("tcp_v4_rcv", tcp_h.REQ_CLOSED), ("tcp_v6_rcv", tcp_h.REQ_CLOSED),
+               ("tcp_get_cookie_sock", tcp_h.REQ_COOKIE), ("cookie_v4_check", tcp_h.REQ_COOKIE),
+               ("cookie_v6_check", tcp_h.REQ_COOKIE))
 # A function's compiler clones, each a symbol of its own (gcc's suffixes;
 # clang's .llvm.N), as the stack shows them.
 CLONE = rb"(?:\.(?:constprop|isra|part|llvm)\.\d+|\.cold)*"

@@ -56,7 +56,9 @@ class LifecycleCollector(Collector):
          "Request sockets of captured listeners made: a SYN received, a SYN-ACK sent (bpf/request.bpf.c).", []),
         (CounterMetricFamily, "nettap_tcp_request_sockets",
          "Request sockets of captured listeners ended, by outcome (established; timeout; overflow: the ACK came "
-         "while the accept queue was full, then timed out; reset; closed: the listener closed; killed).",
+         "while the accept queue was full, then timed out; reset; closed: the listener closed; killed); and the "
+         "SYNs that made none: cookie, a socket made from a SYN cookie's ACK; listen_drop, a SYN or handshake ACK "
+         "the listener dropped, its SYN or accept queue full (its own count, read as it makes a request and closes).",
          ["outcome"]),
         (CounterMetricFamily, "nettap_capture_sampled_out",
          "Sockets a target matched that capture.sample_connections left out, counted as each was decided "

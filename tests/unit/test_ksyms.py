@@ -28,6 +28,8 @@ ffffffff8208ccf0 T tcp_timewait_state_process
 ffffffff8208d160 T tcp_time_wait
 ffffffff8208d6a0 T tcp_check_req
 ffffffff8208dc00 T tcp_child_process
+ffffffff820dbb40 T cookie_v4_check
+ffffffff820dbc00 T cookie_init_timestamp
 ffffffffc0a02000 t tcp_v6_rcv\t[ipv6]
 ffffffffc0a01000 t tcp_v6_init_sock\t[ipv6]
 ffffffffc0a03000 t tcp_v6_connect\t[ipv6]
@@ -71,7 +73,8 @@ def test_the_addresses_and_causes_of_each_function(tmp_path):
         (0xffffffff820609b0, 0xffffffff82060c00, tcp_h.REQ_ESTABLISHED),
         (0xffffffff8208d6a0, 0xffffffff8208dc00, tcp_h.REQ_RESET),
         (0xffffffff8208ae50, 0xffffffff8208c250, tcp_h.REQ_CLOSED),
-        (0xffffffffc0a02000, 0xffffffffc0a03000, tcp_h.REQ_CLOSED)]
+        (0xffffffffc0a02000, 0xffffffffc0a03000, tcp_h.REQ_CLOSED),
+        (0xffffffff820dbb40, 0xffffffff820dbc00, tcp_h.REQ_COOKIE)]
 
 
 def test_a_functions_clones_take_slots_of_their_own(tmp_path):
