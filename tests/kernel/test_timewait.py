@@ -266,3 +266,47 @@ def test_a_reload_without_time_wait_records_counts_none_untied(nettap_run, mode,
     assert not [l for l in lines if l["type"] == "timewait" and l["sport"] == CPORT + 3]
     assert _tw_rows(run) == {"made": 1}
 
+
+def test_tcp_tw_reuse_takes_a_time_wait_socket_for_a_port_the_kernel_picks(nettap_run, mode, ns):
+    """net.ipv4.tcp_tw_reuse 1 and one local port to pick from: a connect
+    without bind, more than a second after the first connection left its
+    TIME_WAIT socket on that port (tcp_twsk_unique's condition), is given
+    the port by taking the TIME_WAIT socket over (__inet_hash_connect):
+    reused, tied to the first connection."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    port = CPORT + 5
+    sysctl(ns, "net.ipv4.tcp_tw_reuse", 1)
+    sysctl(ns, "net.ipv4.ip_local_port_range", f"{port} {port}")
+
+    def scenario():
+        lsn = listener(PORT)
+        c = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        assert c.getsockname()[1] == port
+        s, _ = lsn.accept()
+        c.shutdown(socket.SHUT_WR)
+        assert s.recv(1) == b""
+        s.close()
+        assert c.recv(1) == b""
+        c.close()
+        time.sleep(2.1)                          # its timestamp's second past
+        try:
+            again = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        except OSError as e:
+            return f"the kernel gave no port: {e}"
+        assert again.getsockname()[1] == port
+        s2, _ = lsn.accept()
+        for sock in (again, s2):                  # gone by a reset: no TIME_WAIT socket of theirs
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        lsn.close()
+        return ""
+    refused = in_netns(ns, scenario)
+    if refused:
+        pytest.skip(refused)
+    lines, tw = timewait_lines(run, port)
+    first = [l for l in lines if l["type"] == "eof" and l["sport"] == port]
+    assert [l["event"] for l in tw] == ["made", "reused"], tw
+    assert tw[0]["conn_id"] == tw[1]["conn_id"] == first[0]["conn_id"] > 0
+    assert 1900 <= tw[1]["age_ms"] <= 10000, tw
+    assert _tw_rows(run) == {"made": 1, "reused": 1}
