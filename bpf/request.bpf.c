@@ -25,7 +25,11 @@
  * the socket (cookie_v4_check on the stack at the child's birth; a cookie
  * whose ACK never comes is not seen), and the drops as the listener's own
  * count of them (sk_drops, tcp_listendrop), read at each request it makes
- * and as it closes.
+ * and as it closes. That count holds more than the SYNs its full queues
+ * refused: every segment to one of its requests that tcp_check_req answers
+ * without a socket (a SYN sent again, a held-back or refused ACK: an ACK
+ * the full accept queue refuses counts twice, tcp_listendrop then the
+ * discard), and a reset to a request.
  */
 #include "timewait.bpf.h"
 
@@ -154,8 +158,8 @@ static __always_inline void request_end(__u64 req, __u8 outcome, long left)
 		       (bpf_ktime_get_ns() - e.made_ns) / 1000000);
 }
 
-/* What a listener dropped, its SYN or accept queue full: SYNs, and the
- * ACKs of requests that found the accept queue full (tcp_listendrop). */
+/* What a listener dropped: SYNs, its SYN or accept queue full
+ * (tcp_listendrop), and the segments its requests refused. */
 static __always_inline __u32 listener_drops(const struct sock *lsn)
 {
 	const struct numa_drop_counters *ndc;

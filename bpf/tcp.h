@@ -183,7 +183,7 @@
 #define NETTAP_REQ_CLOSED      6 /* its listener closed */
 #define NETTAP_REQ_KILLED      7 /* ended by another path */
 #define NETTAP_REQ_COOKIE      8 /* none: a socket made from a SYN cookie's ACK */
-#define NETTAP_REQ_LISTEN_DROP 9 /* none: a SYN (or ACK) dropped, a queue full (only counted) */
+#define NETTAP_REQ_LISTEN_DROP 9 /* none: segments the listener dropped (only counted) */
 
 /* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
  * below 0 (an error, or a non-blocking socket's "want read/write": the
