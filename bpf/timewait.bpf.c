@@ -153,7 +153,8 @@ int BPF_PROG(tcp_timewait_end, struct timer_list *timer)
 	long left;
 	__u8 cause;
 
-	if ((__u64)timer->function != nettap_ksyms.tw_timer_handler || !timewait_tracked)
+	/* the count first: no timer's memory read while none is followed */
+	if (!timewait_tracked || (__u64)timer->function != nettap_ksyms.tw_timer_handler)
 		return 0;
 	tw = timer_tw(timer);
 	if (!bpf_map_lookup_elem(&timewait_socks, &tw))
@@ -175,7 +176,7 @@ NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
 SEC("tp_btf/timer_expire_entry")
 int BPF_PROG(tcp_timewait_expire, struct timer_list *timer)
 {
-	if ((__u64)timer->function != nettap_ksyms.tw_timer_handler || !timewait_tracked)
+	if (!timewait_tracked || (__u64)timer->function != nettap_ksyms.tw_timer_handler)
 		return 0;
 	timewait_end(timer_tw(timer), NETTAP_TW_EXPIRED, 0);
 	return 0;
