@@ -201,6 +201,18 @@ static __always_inline void listener_count(const struct sock *lsn, bool gone)
 		bpf_map_delete_elem(&request_listeners, &key);
 }
 
+/* A captured listener starts listening: its drops counted from now on (an
+ * entry left at its address by a listener whose close was not seen, the
+ * programs detached then, is replaced). */
+static __always_inline void listener_start(const struct sock *lsn)
+{
+	__u64 key = (__u64)lsn;
+	__u32 now = listener_drops(lsn);
+
+	if (bpf_map_update_elem(&request_listeners, &key, &now, BPF_ANY))
+		count_insert_failure(NETTAP_MAP_LISTENERS);
+}
+
 #define REQ_STACK 16
 
 /* Why a request's timer is detached now: the NETTAP_REQ_* of the innermost
@@ -411,7 +423,7 @@ int BPF_PROG(tcp_request_state, const struct sock *sk, int oldstate, int newstat
 	if (!cfg || !sock_matches(cfg, (struct sock *)sk, false))
 		return 0;
 	if (newstate == TCP_LISTEN_STATE)
-		listener_count(sk, false);
+		listener_start(sk);
 	else if (newstate == TCP_SYN_RECV_STATE && request_cause(ctx) == NETTAP_REQ_COOKIE &&
 		 sample_keep(cfg, (struct sock *)sk, false))
 		cookie_made(sk);
