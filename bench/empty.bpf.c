@@ -57,6 +57,9 @@ int empty_lc_timewait(void *ctx) { return 0; }
 SEC("tp_btf/timer_cancel")
 int empty_lc_timewait_end(void *ctx) { return 0; }
 
+SEC("tp_btf/timer_expire_entry")
+int empty_lc_timewait_expire(void *ctx) { return 0; }
+
 SEC("tp_btf/timer_start")
 int empty_lc_request(void *ctx) { return 0; }
 
@@ -65,6 +68,9 @@ int empty_lc_request_end(void *ctx) { return 0; }
 
 SEC("tp_btf/timer_expire_exit")
 int empty_lc_request_exit(void *ctx) { return 0; }
+
+SEC("tp_btf/inet_sock_set_state")
+int empty_lc_request_state(void *ctx) { return 0; }
 
 SEC("tp_btf/tcp_retransmit_skb")
 int empty_lc_retransmit(void *ctx) { return 0; }

@@ -38,6 +38,7 @@ Run as root:  .venv/bin/python bench/probe_cost.py [--sends 200000] [--sizes 64,
                                                    [--sections send,compat-paths,lifecycle,tls,dns]
                                                    [--tls-calls 8000] [--tls-rounds 15]
   the DNS programs alone:  .venv/bin/python bench/probe_cost.py --sections dns
+  the TIME_WAIT and request programs alone:  .venv/bin/python bench/probe_cost.py --sections closing
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from exporter import config  # noqa: E402
-from exporter.kernel import features, libbpf, loader, mechanisms, tcp_h  # noqa: E402
+from exporter.kernel import arch, features, libbpf, loader, mechanisms, tcp_h  # noqa: E402
 from exporter.commands.daemon import Nettap  # noqa: E402
 from exporter.kernel.bpfstats import StatsSwitch, own_program_stats  # noqa: E402
 from procs import free_port  # noqa: E402
@@ -80,9 +81,11 @@ def ns(d, name):
 
 
 def build_empty(tmp: str) -> str:
+    """bench/empty.bpf.c built for this machine (bpf/vmlinux_min.h, which it
+    includes, wants the target architecture, as bpf/Makefile gives it)."""
     obj_path = os.path.join(tmp, "empty.bpf.o")
-    subprocess.run(["clang", "-g", "-O2", "-target", "bpf", "-I", "/usr/include", "-c",
-                    os.path.join(ROOT, "bench/empty.bpf.c"), "-o", obj_path], check=True)
+    subprocess.run(["clang", "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch.target()}", "-I", "/usr/include",
+                    "-c", os.path.join(ROOT, "bench/empty.bpf.c"), "-o", obj_path], check=True)
     return obj_path
 
 
@@ -168,10 +171,12 @@ LIFECYCLE_EMPTY = {"tcp_state": "empty_lc_state", "tcp_destroy": "empty_lc_destr
 # tcp_timer and tcp_timer_exit, and the TIME_WAIT and request programs, run
 # for every timer of the node: measured apart, with timers firing
 # (measure_timers; their record kinds asked for, so that they are attached)
-TIMER_EMPTY = {"tcp_timer": "empty_lc_timer", "tcp_timer_exit": "empty_lc_timer_exit",
-               "tcp_timewait": "empty_lc_timewait", "tcp_timewait_end": "empty_lc_timewait_end",
-               "tcp_request": "empty_lc_request", "tcp_request_end": "empty_lc_request_end",
-               "tcp_request_exit": "empty_lc_request_exit"}
+# The TIME_WAIT and request programs: on the timer tracepoints, and tcp_request_state on state changes.
+CLOSING_EMPTY = {"tcp_timewait": "empty_lc_timewait", "tcp_timewait_end": "empty_lc_timewait_end",
+                 "tcp_timewait_expire": "empty_lc_timewait_expire", "tcp_request": "empty_lc_request",
+                 "tcp_request_end": "empty_lc_request_end", "tcp_request_exit": "empty_lc_request_exit",
+                 "tcp_request_state": "empty_lc_request_state"}
+TIMER_EMPTY = {"tcp_timer": "empty_lc_timer", "tcp_timer_exit": "empty_lc_timer_exit", **CLOSING_EMPTY}
 TIMER_RECORDS = ["timer", "probe", "timewait", "request"]
 # tcp_retransmit and tcp_synack_retransmit run only when a segment is sent
 # again: measured apart, on a lossy loopback (measure_lossy).
@@ -314,6 +319,37 @@ def measure_timers(variant: str, empty_obj: str, n: int, seconds: float = 8.0) -
             finally:
                 for s in socks:
                     s.close()
+    finally:
+        release(links, obj, app)
+    return rows
+
+
+def closings(port: int, n: int) -> None:
+    """n connections to port that the client closes first (connect, one
+    byte, close): each a request socket made and established, and a TIME_WAIT
+    socket left on the client's side for 60 s."""
+    code = (f"import socket\nfor i in range({n}):\n"
+            f"    s = socket.create_connection(('127.0.0.1', {port})); s.sendall(b'x'); s.close()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def measure_closing(variant: str, empty_obj: str, n: int) -> dict:
+    """case -> {program: (nettap ns, empty ns, runs)} of the TIME_WAIT and
+    request programs (their records asked for, so that they are attached)
+    for connections closed client first: to a port nettap does not capture
+    (their request sockets, TIME_WAIT sockets and state changes are the
+    programs' own kinds, each told no: the goal's case), then to one it does."""
+    captured, other = Server(), Server()
+    app = Nettap(config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"},
+                               "capture": {"records": ["timewait", "request"]}}), variant=variant)
+    obj, links, fds = _attach_empty(app, empty_obj, CLOSING_EMPTY)
+    rows = {}
+    try:
+        for case, port in (("closed first, not captured", other.port), ("closed first, captured", captured.port)):
+            before = own_program_stats(fds)
+            closings(port, n)
+            time.sleep(0.5)                     # the servers' closes
+            rows[case] = _rows(delta(own_program_stats(fds), before), fds)
     finally:
         release(links, obj, app)
     return rows
@@ -598,7 +634,8 @@ def print_lifecycle(n: int, results: list) -> None:
         print(f"\n{variant + ' variant':36s} {'program':>21s} {'runs':>8s} {'empty':>7s} {'nettap':>7s} {'ratio':>6s}")
         for case, progs in rows.items():
             for short, (nt, em, runs) in progs.items():
-                print(f"{case:36s} {short:>21s} {runs:8d} {em:7.0f} {nt:7.0f} {nt / em:6.2f}")
+                if runs:                        # (a program the case never ran: tcp_request_state beside keepalives)
+                    print(f"{case:36s} {short:>21s} {runs:8d} {em:7.0f} {nt:7.0f} {nt / em:6.2f}")
     print("\n(goal: a socket not captured costs <= 2x the empty program on the same tracepoint)")
 
 
@@ -620,6 +657,30 @@ def print_sends(results) -> None:
             print(f"{case:24s} {e_in:7.0f} {e_out:7.0f} {n_in:9.0f} {n_out:9.0f} {n_in + n_out:10.0f} {over:+9.0f}")
 
 
+def run_lifecycle(a, sections: set, empty_obj: str, lifecycle: list, skipped: list) -> None:
+    """The lifecycle sections (lifecycle: state changes, timers, lossy; closing:
+    the TIME_WAIT and request programs) per variant, into lifecycle; what
+    could not run, into skipped."""
+    for variant in (a.variants.split(",") if "lifecycle" in sections else ()):
+        try:
+            lifecycle.append((variant, measure_lifecycle(variant, empty_obj, a.connections)))
+        except (features.Unsupported, OSError) as e:
+            skipped.append(f"lifecycle, {variant}: {e}")
+        try:
+            lifecycle.append((variant, measure_timers(variant, empty_obj, a.keepalive_sockets)))
+        except (features.Unsupported, OSError) as e:
+            skipped.append(f"timers, {variant}: {e}")
+        try:
+            lifecycle.append((variant, measure_lossy(variant, empty_obj, a.lossy_connections)))
+        except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
+            skipped.append(f"lossy lifecycle, {variant}: {e}")
+    for variant in (a.variants.split(",") if "closing" in sections else ()):
+        try:
+            lifecycle.append((variant, measure_closing(variant, empty_obj, a.connections)))
+        except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
+            skipped.append(f"closing, {variant}: {e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sends", type=int, default=200000)
@@ -636,14 +697,16 @@ def main() -> None:
                     help="per not-DNS case: UDP sendto+recvfrom pairs, and as many write+read pairs (DNS programs)")
     ap.add_argument("--dns-queries", type=int, default=5000,
                     help="DNS queries by sendto+recvfrom, and as many by write+read, in the captured DNS case")
-    ap.add_argument("--sections", default="send,compat-paths,lifecycle,tls,dns",
+    ap.add_argument("--sections", default="send,compat-paths,lifecycle,closing,tls,dns",
                     help="what to measure: send (tcp_sendmsg per mechanism), compat-paths (the compat "
-                         "tracepoint programs as each older kernel runs them), lifecycle, tls, dns")
+                         "tracepoint programs as each older kernel runs them), lifecycle, closing (the TIME_WAIT "
+                         "and request programs), tls, dns")
     a = ap.parse_args()
     sections = set(a.sections.split(","))
-    unknown = sections - {"send", "compat-paths", "lifecycle", "tls", "dns"}
+    unknown = sections - {"send", "compat-paths", "lifecycle", "closing", "tls", "dns"}
     if unknown:
-        raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))} (send, compat-paths, lifecycle, tls, dns)")
+        raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))} "
+                         "(send, compat-paths, lifecycle, closing, tls, dns)")
     if os.geteuid() != 0:
         raise SystemExit("run as root: nettap loads BPF programs")
     sizes = [int(s) for s in a.sizes.split(",") if s]
@@ -669,19 +732,7 @@ def main() -> None:
                                 measure("tracepoint", "compat", empty_obj, a.sends, sizes[:1], missing)))
             except (features.Unsupported, OSError, RuntimeError) as e:
                 skipped.append(f"compat, {label}: {e}")
-        for variant in (a.variants.split(",") if "lifecycle" in sections else ()):
-            try:
-                lifecycle.append((variant, measure_lifecycle(variant, empty_obj, a.connections)))
-            except (features.Unsupported, OSError) as e:
-                skipped.append(f"lifecycle, {variant}: {e}")
-            try:
-                lifecycle.append((variant, measure_timers(variant, empty_obj, a.keepalive_sockets)))
-            except (features.Unsupported, OSError) as e:
-                skipped.append(f"timers, {variant}: {e}")
-            try:
-                lifecycle.append((variant, measure_lossy(variant, empty_obj, a.lossy_connections)))
-            except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
-                skipped.append(f"lossy lifecycle, {variant}: {e}")
+        run_lifecycle(a, sections, empty_obj, lifecycle, skipped)
         tls_here, why = tls_cost.available() if "tls" in sections else (False, "")
         if why:
             skipped.append(f"tls: {why}")
@@ -706,7 +757,7 @@ def main() -> None:
           + (f"{a.sends:,} sends per case, " if "send" in sections else "")
           + f"kernel {os.uname().release}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
     print_sends(results)
-    if "lifecycle" in sections:
+    if sections & {"lifecycle", "closing"}:
         print_lifecycle(a.connections, lifecycle)
     if "tls" in sections:
         tls_cost.print_tls(a.tls_calls, a.tls_rounds, tls_results)

@@ -134,13 +134,13 @@ static __always_inline int on_state(const struct sock *sk, int oldstate, int new
 	if (!cn->owned && cn->pid)
 		publish_owner(sk, cn, NETTAP_VIA_CONNECT, false);
 	publish_state(sk, cn, oldstate, newstate);
+	timewait_pending_state(sk, cn, oldstate, newstate); /* the TIME_WAIT socket it may leave */
 	if (newstate == TCP_ESTABLISHED && !cn->established_us) {
 		__u64 us = (bpf_ktime_get_ns() - cn->start_ns) / 1000;
 
 		cn->established_us = us ? (us < 0xffffffff ? us : 0xffffffff) : 1;
 	}
 	if (newstate == TCP_CLOSE) {
-		timewait_made(sk, cn, oldstate); /* its TIME_WAIT socket, if it has one */
 		publish_eof(sk, cn, oldstate);
 		cn->closed = 1;
 	}

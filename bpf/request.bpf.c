@@ -18,8 +18,18 @@
  * at its timeout is an overflow (but for a TCP_DEFER_ACCEPT listener's bare
  * ACK, acked too: request_dropped_as).
  *
- * Not seen: a SYN answered with a SYN cookie, or dropped with the SYN or
- * accept queue full, makes no request socket.
+ * A SYN answered with a SYN cookie, or dropped with the SYN or accept
+ * queue full, makes no request socket and passes no tracepoint (the kernel
+ * only counts it: TcpExtSyncookiesSent, TcpExtListenDrops). Seen all the
+ * same (tcp_request_state): a cookie as its ACK comes back valid and makes
+ * the socket (cookie_v4_check on the stack at the child's birth; a cookie
+ * whose ACK never comes is not seen), and the drops as the listener's own
+ * count of them (sk_drops, tcp_listendrop), read at each request it makes
+ * and as it closes. That count holds more than the SYNs its full queues
+ * refused: every segment to one of its requests that tcp_check_req answers
+ * without a socket (a SYN sent again, a held-back or refused ACK: an ACK
+ * the full accept queue refuses counts twice, tcp_listendrop then the
+ * discard), and a reset to a request.
  */
 #include "timewait.bpf.h"
 
@@ -46,6 +56,19 @@ struct {
 	__type(value, struct request);
 } request_socks NETTAP_MAP("prealloc_max=4096") SEC(".maps");
 
+/* A captured listener's drops (sk_drops) counted so far, by its address:
+ * from its listen, or from the first request it made that nettap saw (what
+ * it dropped before is not counted). Sized for 4,096 captured listeners at
+ * once; an insert refused is counted (map_insert_failures,
+ * NETTAP_MAP_LISTENERS): that listener's drops are not. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u32);
+} request_listeners NETTAP_MAP("prealloc_max=1024") SEC(".maps");
+
 /* The followed request whose timer this CPU's wheel is firing, from its
  * detach to its function's return: started again (rearmed) or dropped. */
 struct request_slot {
@@ -68,7 +91,9 @@ struct {
 __u32 requests_tracked SEC(".bss.requests");
 __u32 request_slots_armed SEC(".bss.requests");
 
-#define TCP_LISTEN_STATE 10
+#define TCP_SYN_RECV_STATE 3
+#define TCP_CLOSE_STATE	   7
+#define TCP_LISTEN_STATE   10
 
 static __always_inline __u64 timer_req(const struct timer_list *timer)
 {
@@ -133,6 +158,61 @@ static __always_inline void request_end(__u64 req, __u8 outcome, long left)
 		       (bpf_ktime_get_ns() - e.made_ns) / 1000000);
 }
 
+/* What a listener dropped: SYNs, its SYN or accept queue full
+ * (tcp_listendrop), and the segments its requests refused. */
+static __always_inline __u32 listener_drops(const struct sock *lsn)
+{
+	const struct numa_drop_counters *ndc;
+	__u32 n = BPF_CORE_READ(lsn, sk_drops.counter);
+
+	if (bpf_core_field_exists(lsn->sk_drop_counters)) {
+		ndc = BPF_CORE_READ(lsn, sk_drop_counters);
+		if (ndc)
+			n += BPF_CORE_READ(ndc, drops0.counter) +
+			     BPF_CORE_READ(ndc, drops1.counter);
+	}
+	return n;
+}
+
+/* Count what a captured listener dropped since it was last counted (a new
+ * one: from now on); gone (it closed): forget it. Two CPUs counting one
+ * listener at once may both count its latest drops (no compare-and-swap
+ * before Linux 5.12): the sum then runs ahead, and its next drops are not
+ * counted until the listener's own count catches up. */
+static __always_inline void listener_count(const struct sock *lsn, bool gone)
+{
+	__u64 key = (__u64)lsn;
+	__u32 now = listener_drops(lsn), *seen;
+	__s32 more;
+
+	seen = bpf_map_lookup_elem(&request_listeners, &key);
+	if (!seen) {
+		if (!gone && bpf_map_update_elem(&request_listeners, &key, &now, BPF_NOEXIST) &&
+		    !bpf_map_lookup_elem(&request_listeners, &key))
+			count_insert_failure(NETTAP_MAP_LISTENERS);
+		return;
+	}
+	more = (__s32)(now - *seen);
+	if (more > 0) {
+		__sync_fetch_and_add(seen, more);
+		obs_add(NETTAP_OBS_REQUESTS + NETTAP_REQ_LISTEN_DROP, more);
+	}
+	if (gone)
+		bpf_map_delete_elem(&request_listeners, &key);
+}
+
+/* A captured listener starts listening: its drops counted from now on (an
+ * entry left at its address by a listener whose close was not seen, the
+ * programs detached then, is replaced). */
+static __always_inline void listener_start(const struct sock *lsn)
+{
+	__u64 key = (__u64)lsn;
+	__u32 now = listener_drops(lsn);
+
+	if (bpf_map_update_elem(&request_listeners, &key, &now, BPF_ANY))
+		count_insert_failure(NETTAP_MAP_LISTENERS);
+}
+
 #define REQ_STACK 16
 
 /* Why a request's timer is detached now: the NETTAP_REQ_* of the innermost
@@ -189,7 +269,10 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 	if (BPF_CORE_READ_BITFIELD_PROBED((struct request_sock *)req, num_timeout))
 		return 0;
 	cfg = active_config();
-	if (!cfg || !sock_matches(cfg, req, false) || !sample_keep(cfg, req, false))
+	if (!cfg || !sock_matches(cfg, req, false))
+		return 0;
+	listener_count(BPF_CORE_READ(req, __sk_common.skc_listener), false);
+	if (!sample_keep(cfg, req, false))
 		return 0;
 	e.made_ns = bpf_ktime_get_ns();
 	e.wants = target_kinds(req, false, false);
@@ -300,5 +383,49 @@ int BPF_PROG(tcp_request_exit, struct timer_list *timer)
 	__sync_fetch_and_add(&request_slots_armed, -1);
 	if (!rearmed)
 		request_end(req, outcome, 0);
+	return 0;
+}
+
+/* ring obs_events: a captured listener's socket made from a SYN cookie (no
+ * request socket: made and ended at once). Its peer is the child's, which
+ * kernels before Linux 6.x set after this state change (0 then). */
+static __always_inline void cookie_made(const struct sock *sk)
+{
+	struct request e = {};
+
+	e.made_ns = bpf_ktime_get_ns();
+	e.wants = target_kinds(sk, false, false);
+	obs_sock(sk, false, &e.ports, &e.at.addrs, &e.at.netns);
+	obs_count(NETTAP_OBS_REQUESTS + NETTAP_REQ_COOKIE);
+	request_record(&e, NETTAP_REQ_COOKIE, 0, 0);
+}
+
+/* A socket changed state: a captured listener's own life (its drops counted
+ * from its listen to its close), and a captured listener's child born from
+ * a SYN cookie (cookie_v4_check or cookie_v6_check on the stack: a child
+ * made from a request socket is born in tcp_check_req). Every other state
+ * change of the node stops at the first compare. */
+NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(tcp_request_state, const struct sock *sk, int oldstate, int newstate)
+{
+	struct nettap_capture_config *cfg;
+
+	if (oldstate != TCP_LISTEN_STATE && newstate != TCP_LISTEN_STATE)
+		return 0;
+	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	if (newstate == TCP_CLOSE_STATE) { /* a listener closed: no filter, its entry says */
+		listener_count(sk, true);
+		return 0;
+	}
+	cfg = active_config();
+	if (!cfg || !sock_matches(cfg, (struct sock *)sk, false))
+		return 0;
+	if (newstate == TCP_LISTEN_STATE)
+		listener_start(sk);
+	else if (newstate == TCP_SYN_RECV_STATE && request_cause(ctx) == NETTAP_REQ_COOKIE &&
+		 sample_keep(cfg, (struct sock *)sk, false))
+		cookie_made(sk);
 	return 0;
 }

@@ -83,7 +83,8 @@
 #define NETTAP_MAP_GO_TLS_CALLS 1 /* a Go TLS call of a task target not followed: not captured */
 #define NETTAP_MAP_TIMEWAIT	2 /* a captured connection's TIME_WAIT socket not followed */
 #define NETTAP_MAP_REQUESTS	3 /* a captured listener's request socket not followed */
-#define NETTAP_MAP_COUNT	4
+#define NETTAP_MAP_LISTENERS	4 /* a captured listener whose dropped SYNs are not counted */
+#define NETTAP_MAP_COUNT	5
 
 /* Rows of the obs_counters per-CPU array: what captured sockets did, counted
  * in the kernel (before their records reach a ring that may be full). */
@@ -181,6 +182,8 @@
 #define NETTAP_REQ_RESET       5 /* a reset (or a segment tcp_check_req refused) ended it */
 #define NETTAP_REQ_CLOSED      6 /* its listener closed */
 #define NETTAP_REQ_KILLED      7 /* ended by another path */
+#define NETTAP_REQ_COOKIE      8 /* none: a socket made from a SYN cookie's ACK */
+#define NETTAP_REQ_LISTEN_DROP 9 /* none: segments the listener dropped (only counted) */
 
 /* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
  * below 0 (an error, or a non-blocking socket's "want read/write": the
@@ -230,20 +233,25 @@ struct nettap_kernel {
 				       * between its calls (emit.bpf.h) */
 };
 
-/* Kernel functions a program compares with (bpf/timewait.bpf.c): their
- * addresses, [start, end) from /proc/kallsyms, written by user space into
- * section .data.ksyms before the programs that read them are attached
- * (exporter/kernel/ksyms.py); 0 where unknown. */
-#define NETTAP_KSYM_CALLERS	6
-#define NETTAP_KSYM_REQ_CALLERS 4
+/* Kernel functions a program compares with (bpf/timewait.bpf.c,
+ * bpf/request.bpf.c): their addresses, [start, end) from /proc/kallsyms,
+ * written by user space into section .data.ksyms before the programs that
+ * read them are attached (exporter/kernel/ksyms.py); 0 where unknown. A
+ * function's compiler clones (name.constprop.N, .isra.N, .part.N, .cold)
+ * take slots of their own, so the slots outnumber the functions. */
+#define NETTAP_KSYM_DESCHEDULE	4
+#define NETTAP_KSYM_CALLERS	12
+#define NETTAP_KSYM_REQ_CALLERS 12
 struct nettap_ksyms {
-	__u64 tw_timer_handler; /* a TIME_WAIT socket's timer function */
-	__u64 tw_deschedule[2]; /* inet_twsk_deschedule_put: kills one early */
+	__u64 tw_timer_handler; /* a TIME_WAIT socket's timer function (0: its programs detached) */
+	/* inet_twsk_deschedule_put, which kills one early: start, end */
+	__u64 tw_deschedule[NETTAP_KSYM_DESCHEDULE * 2];
 	/* its callers: start, end, and the NETTAP_TW_* they kill by (0: by its
 	 * substate, tcp_v4_rcv's and tcp_v6_rcv's) */
 	__u64 tw_callers[NETTAP_KSYM_CALLERS * 3];
 	__u64 req_timer_handler; /* a request socket's timer function */
-	/* the functions that end a request early: start, end, NETTAP_REQ_* */
+	/* the functions that end a request early, or make a socket from a SYN
+	 * cookie: start, end, NETTAP_REQ_* */
 	__u64 req_callers[NETTAP_KSYM_REQ_CALLERS * 3];
 };
 

@@ -30,26 +30,44 @@ static __always_inline __u64 timer_tw(const struct timer_list *timer)
  * timer code's (a handful) before inet_twsk_deschedule_put's. */
 #define TW_STACK 16
 
+/* The slot of nettap_ksyms.tw_callers whose function holds ip, or -1. */
+static __always_inline int caller_slot(__u64 ip)
+{
+	const __u64 *c = nettap_ksyms.tw_callers;
+
+	for (int i = 0; i < NETTAP_KSYM_CALLERS; i++)
+		if (ip >= c[i * 3] && ip < c[i * 3 + 1])
+			return i;
+	return -1;
+}
+
 /* How a caller of inet_twsk_deschedule_put (or the purge, which may inline
  * it) kills a TIME_WAIT socket; NETTAP_TW_KILLED when it is none of them. */
 static __always_inline __u8 caller_cause(__u64 ip, const void *tw)
 {
-	const __u64 *c = nettap_ksyms.tw_callers;
+	int i = caller_slot(ip);
 
-	for (int i = 0; i < NETTAP_KSYM_CALLERS; i++) {
-		if (ip < c[i * 3] || ip >= c[i * 3 + 1])
-			continue;
-		if (c[i * 3 + 2])
-			return c[i * 3 + 2];
-		/* tcp_v4_rcv, tcp_v6_rcv: a SYN a TIME_WAIT socket let a listener
-		 * take (TCP_TW_SYN), or new data to one half-closed, answered
-		 * by a reset (TCP_TW_RST, a FIN_WAIT2 one's) */
-		return BPF_CORE_READ((const struct inet_timewait_sock *)tw, tw_substate) ==
-				       TCP_FIN_WAIT2
-			       ? NETTAP_TW_RESET
-			       : NETTAP_TW_REUSED;
-	}
-	return NETTAP_TW_KILLED;
+	if (i < 0 || i >= NETTAP_KSYM_CALLERS)
+		return NETTAP_TW_KILLED;
+	if (nettap_ksyms.tw_callers[i * 3 + 2])
+		return nettap_ksyms.tw_callers[i * 3 + 2];
+	/* tcp_v4_rcv, tcp_v6_rcv: a SYN a TIME_WAIT socket let a listener
+	 * take (TCP_TW_SYN), or new data to one half-closed, answered by a
+	 * reset (TCP_TW_RST, a FIN_WAIT2 one's) */
+	return BPF_CORE_READ((const struct inet_timewait_sock *)tw, tw_substate) == TCP_FIN_WAIT2
+		       ? NETTAP_TW_RESET
+		       : NETTAP_TW_REUSED;
+}
+
+/* Is ip in inet_twsk_deschedule_put (or a clone of it)? */
+static __always_inline bool in_deschedule(__u64 ip)
+{
+	const __u64 *d = nettap_ksyms.tw_deschedule;
+
+	for (int i = 0; i < NETTAP_KSYM_DESCHEDULE; i++)
+		if (ip >= d[i * 2] && ip < d[i * 2 + 1])
+			return true;
+	return false;
 }
 
 /* kill_cause: the kernel stack could not be read */
@@ -60,8 +78,8 @@ static __always_inline __u8 caller_cause(__u64 ip, const void *tw)
 static __always_inline __u8 kill_cause(void *ctx, const void *tw)
 {
 	__u64 stack[TW_STACK];
-	const __u64 *d = nettap_ksyms.tw_deschedule;
 	long n;
+	int k;
 
 	n = bpf_get_stack(ctx, stack, sizeof(stack), 0);
 	if (n <= 0)
@@ -70,24 +88,25 @@ static __always_inline __u8 kill_cause(void *ctx, const void *tw)
 	for (int i = 0; i < TW_STACK; i++) {
 		if (i >= n)
 			break;
-		if (stack[i] >= d[0] && stack[i] < d[1])
+		if (in_deschedule(stack[i]))
 			return i + 1 < n && i + 1 < TW_STACK ? caller_cause(stack[i + 1], tw)
 							     : NETTAP_TW_KILLED;
 		/* inet_twsk_purge, where inet_twsk_deschedule_put is inlined in it */
-		if (stack[i] >= nettap_ksyms.tw_callers[(NETTAP_KSYM_CALLERS - 1) * 3] &&
-		    stack[i] < nettap_ksyms.tw_callers[(NETTAP_KSYM_CALLERS - 1) * 3 + 1])
+		k = caller_slot(stack[i]);
+		if (k >= 0 && k < NETTAP_KSYM_CALLERS &&
+		    nettap_ksyms.tw_callers[k * 3 + 2] == NETTAP_TW_PURGED)
 			return NETTAP_TW_PURGED;
 	}
 	return 0;
 }
 
-/* A TIME_WAIT socket's timer started: as it is made (kept in this CPU's
- * slot for tcp_state), or again (a followed one's expiry moves). */
+/* A TIME_WAIT socket's timer started: as it is made (tied to its
+ * connection where that is captured: timewait_made), or again (a followed
+ * one's expiry moves). */
 NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
 SEC("tp_btf/timer_start")
 int BPF_PROG(tcp_timewait, struct timer_list *timer)
 {
-	struct timewait_slot *slot;
 	struct timewait *e;
 	__u64 tw;
 
@@ -101,50 +120,64 @@ int BPF_PROG(tcp_timewait, struct timer_list *timer)
 			return 0;
 		}
 	}
-	slot = timewait_slot_get();
-	if (!slot)
-		return 0;
-	slot->tw = tw;
-	slot->expires = timer->expires;
-	slot->ts_ns = bpf_ktime_get_ns();
+	if (timewait_pending_n)
+		timewait_made(tw, timer->expires);
 	return 0;
 }
 
-/* A TIME_WAIT socket's timer detached: a followed one's end, as it fires
- * (its expiry come) or as it is killed early (kill_cause). */
+/* A followed TIME_WAIT socket ended: counted, its record, forgotten. */
+static __always_inline void timewait_end(__u64 tw, __u8 cause, long left)
+{
+	struct timewait *found, e;
+
+	found = bpf_map_lookup_elem(&timewait_socks, &tw);
+	if (!found)
+		return;
+	e = *found;
+	if (bpf_map_delete_elem(&timewait_socks, &tw)) /* another CPU's end */
+		return;
+	__sync_fetch_and_add(&timewait_tracked, -1);
+	obs_count(NETTAP_OBS_TIMEWAIT + cause);
+	timewait_record((const void *)tw, &e, cause, left > 0 ? left : 0,
+			(bpf_ktime_get_ns() - e.made_ns) / 1000000);
+}
+
+/* A TIME_WAIT socket's timer detached: a followed one killed early
+ * (kill_cause). A detach that is no kill is the wheel's as it fires it
+ * (tcp_timewait_expire follows) or a restart (timer_start follows). */
 NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
 SEC("tp_btf/timer_cancel")
 int BPF_PROG(tcp_timewait_end, struct timer_list *timer)
 {
-	struct timewait *found, e;
-	__u64 tw, now_ns;
+	__u64 tw;
 	long left;
 	__u8 cause;
 
-	if ((__u64)timer->function != nettap_ksyms.tw_timer_handler || !timewait_tracked)
+	/* the count first: no timer's memory read while none is followed */
+	if (!timewait_tracked || (__u64)timer->function != nettap_ksyms.tw_timer_handler)
 		return 0;
 	tw = timer_tw(timer);
-	found = bpf_map_lookup_elem(&timewait_socks, &tw);
-	if (!found)
+	if (!bpf_map_lookup_elem(&timewait_socks, &tw))
 		return 0;
 	left = (long)(timer->expires - bpf_jiffies64());
 	cause = kill_cause(ctx, (const void *)tw);
-	/* unread: an end all the same (a restart taken for one would leave it
-	 * followed for ever), killed while its time is left */
+	/* unread: an end all the same where time is left (a restart taken for
+	 * one would leave it followed for ever); its expiry is the wheel's */
 	if (cause == TW_NO_STACK)
-		cause = left > 0 ? NETTAP_TW_KILLED : NETTAP_TW_EXPIRED;
-	if (!cause) {
-		if (left > 0) /* started again: timer_start follows */
-			return 0;
-		cause = NETTAP_TW_EXPIRED;
-	}
-	e = *found;
-	if (bpf_map_delete_elem(&timewait_socks, &tw)) /* another CPU's end */
+		cause = left > 0 ? NETTAP_TW_KILLED : 0;
+	if (cause)
+		timewait_end(tw, cause, left);
+	return 0;
+}
+
+/* The wheel runs a TIME_WAIT socket's timer function: a followed one
+ * expired (tw_timer_handler kills it now). */
+NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
+SEC("tp_btf/timer_expire_entry")
+int BPF_PROG(tcp_timewait_expire, struct timer_list *timer)
+{
+	if (!timewait_tracked || (__u64)timer->function != nettap_ksyms.tw_timer_handler)
 		return 0;
-	__sync_fetch_and_add(&timewait_tracked, -1);
-	obs_count(NETTAP_OBS_TIMEWAIT + cause);
-	now_ns = bpf_ktime_get_ns();
-	timewait_record((const void *)tw, &e, cause, left > 0 ? left : 0,
-			(now_ns - e.made_ns) / 1000000);
+	timewait_end(timer_tw(timer), NETTAP_TW_EXPIRED, 0);
 	return 0;
 }

@@ -7,18 +7,19 @@
  * A connection closing through TIME_WAIT never passes TIME_WAIT in its own
  * socket's states: tcp_time_wait (net/ipv4/tcp_minisocks.c) makes an
  * inet_timewait_sock with its tuple, starts the new socket's tw_timer
- * (inet_twsk_schedule, or inet_twsk_hashdance_schedule since Linux 6.10: timer:timer_start,
- * function tw_timer_handler), then tcp_done moves the old socket from
- * FIN_WAIT2 or CLOSING to CLOSE (sock:inet_sock_set_state), on the same CPU.
- * So timer_start keeps the TIME_WAIT socket it saw start in this CPU's slot,
- * and tcp_state, at that CLOSE of a captured socket, takes it from there
- * when its tuple is the socket's. Bottom halves are not off throughout:
- * tcp_time_wait calls local_bh_enable() between the two, so a softirq there
- * may start another timer and take the slot. That socket is then not
- * followed, but counted: a CLOSE from FIN_WAIT2 or CLOSING of a socket no
- * longer hashed (inet_twsk_hashdance put its TIME_WAIT socket in its place;
- * a reset's CLOSE unhashes it after) that finds no slot of its tuple
- * (NETTAP_OBS_TIMEWAIT + TW_UNTIED).
+ * (inet_twsk_schedule, or inet_twsk_hashdance_schedule since Linux 6.10:
+ * timer:timer_start, function tw_timer_handler), then tcp_done moves the old
+ * socket from FIN_WAIT2 or CLOSING to CLOSE (sock:inet_sock_set_state). A
+ * captured socket entering FIN_WAIT2 or CLOSING, the two states it can
+ * leave by tcp_time_wait, leaves its tuple (its network namespace, ports and
+ * addresses: unique in the namespace's established hash, which the TIME_WAIT
+ * socket takes over) in timewait_pending; the timer's start of a TIME_WAIT
+ * socket of that tuple ties it to the connection there and then, whatever
+ * the CPU or what ran between. The socket's CLOSE forgets its entry, and
+ * counts a TIME_WAIT socket not tied (NETTAP_OBS_TIMEWAIT + TW_UNTIED) where
+ * its entry is still there though the socket is no longer hashed
+ * (inet_twsk_hashdance put a TIME_WAIT socket in its place; a reset's
+ * CLOSE unhashes it after): only an insert refused leaves one.
  */
 #ifndef NETTAP_TIMEWAIT_BPF_H
 #define NETTAP_TIMEWAIT_BPF_H
@@ -34,20 +35,14 @@
  * captured connection's TIME_WAIT socket not tied to it, so not followed */
 #define TW_UNTIED 0
 
-/* The TIME_WAIT socket whose timer this CPU started last: its address
- * (0: none), its expiry and when. */
-struct timewait_slot {
-	__u64 tw;
-	__u64 expires;
-	__u64 ts_ns;
+/* A socket's or TIME_WAIT socket's tuple: its network namespace (the
+ * struct net's address), family, ports and addresses; padding zeroed. */
+struct timewait_tuple {
+	__u64 net;
+	struct nettap_ports ports;
+	__u16 pad;
+	struct nettap_addrs addrs;
 };
-
-NETTAP_SHARED struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct timewait_slot);
-} timewait_slot SEC(".maps");
 
 /* A captured connection's TIME_WAIT socket, by its address, from its making
  * to its end. */
@@ -58,6 +53,19 @@ struct timewait {
 	__u32 pid;
 	__u32 wants; /* the connection's conn.wants */
 };
+
+/* A captured connection in FIN_WAIT2 or CLOSING, by its tuple: what its
+ * TIME_WAIT socket's entry will carry (made_ns and expires unset). Sized
+ * as the established sockets that close at once; an insert refused is
+ * counted (map_insert_failures, NETTAP_MAP_TIMEWAIT) and, at its CLOSE, as
+ * a TIME_WAIT socket not tied. */
+NETTAP_SHARED struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, struct timewait_tuple);
+	__type(value, struct timewait);
+} timewait_pending NETTAP_MAP("prealloc_max=1024") SEC(".maps");
 
 /* Sized for 32,768 at once: 60 s of TIME_WAIT at 546 captured connections
  * closed a second (an end closing first keeps one); an insert refused is
@@ -70,25 +78,14 @@ NETTAP_SHARED struct {
 	__type(value, struct timewait);
 } timewait_socks NETTAP_MAP("prealloc_max=4096") SEC(".maps");
 
-/* Entries of timewait_socks: the timer programs, which run for every timer
- * of the node, look no further while it is 0. */
+/* Entries of timewait_socks, and of timewait_pending: the timer programs,
+ * which run for every timer of the node, look no further while they are 0. */
 NETTAP_SHARED __u32 timewait_tracked SEC(".bss.timers");
+NETTAP_SHARED __u32 timewait_pending_n SEC(".bss.timers");
 
 /* The kernel functions the timer programs compare with (struct
  * nettap_ksyms), written by user space before it attaches them. */
 NETTAP_SHARED struct nettap_ksyms nettap_ksyms SEC(".data.ksyms");
-
-/* At most this long from a TIME_WAIT socket's timer start to its old
- * socket's CLOSE: both are one call of tcp_time_wait's; a slot older than
- * this is another's, left by a socket not captured. */
-#define TIMEWAIT_TIE_NS 50000000ULL
-
-static __always_inline struct timewait_slot *timewait_slot_get(void)
-{
-	__u32 zero = 0;
-
-	return bpf_map_lookup_elem(&timewait_slot, &zero);
-}
 
 /* ring obs_events: a TIME_WAIT socket made or ended. */
 static __always_inline void timewait_record(const struct sock_common *tw, const struct timewait *e,
@@ -120,65 +117,83 @@ static __always_inline void timewait_record(const struct sock_common *tw, const 
 	obs_submit(r);
 }
 
-/* Do a TIME_WAIT socket and a socket have one tuple (netns, family, ports,
- * addresses)? */
-static __always_inline bool same_tuple(const struct sock *sk, const struct sock_common *tw)
+/* A socket's or TIME_WAIT socket's tuple (sock_common: both). */
+static __always_inline void timewait_tuple_of(const void *sk, struct timewait_tuple *t)
 {
-	struct nettap_ports p1, p2;
-	struct nettap_addrs a1, a2;
-
-	if (BPF_CORE_READ(sk, __sk_common.skc_net.net) != BPF_CORE_READ(tw, skc_net.net))
-		return false;
-	read_addrs((struct sock *)sk, false, &p1, &a1);
-	read_addrs((struct sock *)tw, false, &p2, &a2);
-	if (p1.family != p2.family || p1.sport != p2.sport || p1.dport != p2.dport)
-		return false;
-	for (int i = 0; i < 8; i++)
-		if (((__u32 *)&a1)[i] != ((__u32 *)&a2)[i])
-			return false;
-	return true;
+	__builtin_memset(t, 0, sizeof(*t));
+	t->net = (__u64)BPF_CORE_READ((const struct sock_common *)sk, skc_net.net);
+	read_addrs((struct sock *)sk, false, &t->ports, &t->addrs);
 }
 
-/* tcp_state: a captured socket moved from FIN_WAIT2 or CLOSING to CLOSE.
- * Where tcp_time_wait made a TIME_WAIT socket for it just before (this
- * CPU's slot, its tuple), that socket is the connection's from now on:
- * followed, counted and its made record published. */
-static __always_inline void timewait_made(const struct sock *sk, const struct conn *cn,
-					  int oldstate)
+/* tcp_state: a captured socket's state change. Entering FIN_WAIT2 or
+ * CLOSING (while the timer programs are attached: nettap_ksyms says), its
+ * tuple is left for the TIME_WAIT socket that may replace it; leaving them,
+ * it is forgotten, and a TIME_WAIT socket that replaced it (the socket no
+ * longer hashed) with the entry still there is counted, not tied. */
+static __always_inline void timewait_pending_state(const struct sock *sk, const struct conn *cn,
+						   int oldstate, int newstate)
 {
-	struct timewait_slot *slot;
+	struct timewait_tuple t;
 	struct timewait e = {};
-	__u64 tw, now;
-	long left;
 
-	if (oldstate != TCP_FIN_WAIT2 && oldstate != TCP_CLOSING)
-		return;
-	slot = timewait_slot_get();
-	if (!slot)
-		return;
-	tw = slot->tw;
-	now = bpf_ktime_get_ns();
-	slot->tw = 0;
-	if (!tw || now - slot->ts_ns > TIMEWAIT_TIE_NS || !same_tuple(sk, (const void *)tw)) {
-		/* the timer programs attached (nettap_ksyms written first), and
-		 * the socket replaced by a TIME_WAIT socket: one not tied */
-		if (nettap_ksyms.tw_timer_handler &&
-		    !BPF_CORE_READ(sk, __sk_common.skc_nulls_node.pprev))
-			obs_count(NETTAP_OBS_TIMEWAIT + TW_UNTIED);
+	if (newstate == TCP_FIN_WAIT2 || newstate == TCP_CLOSING) {
+		if (!nettap_ksyms.tw_timer_handler)
+			return;
+		timewait_tuple_of(sk, &t);
+		e.conn_id = cn->id;
+		e.pid = cn->pid;
+		e.wants = cn->wants;
+		/* refused: the map full (an entry of this tuple already there is
+		 * another life's of this socket, not yet forgotten: kept) */
+		if (bpf_map_update_elem(&timewait_pending, &t, &e, BPF_NOEXIST)) {
+			if (!bpf_map_lookup_elem(&timewait_pending, &t))
+				count_insert_failure(NETTAP_MAP_TIMEWAIT);
+			return;
+		}
+		__sync_fetch_and_add(&timewait_pending_n, 1);
 		return;
 	}
-	e.conn_id = cn->id;
-	e.made_ns = now;
-	e.expires = slot->expires;
-	e.pid = cn->pid;
-	e.wants = cn->wants;
+	if ((oldstate != TCP_FIN_WAIT2 && oldstate != TCP_CLOSING) || !timewait_pending_n)
+		return;
+	timewait_tuple_of(sk, &t);
+	/* none: tied (its TIME_WAIT socket took it), or never left */
+	if (bpf_map_delete_elem(&timewait_pending, &t))
+		return;
+	__sync_fetch_and_add(&timewait_pending_n, -1);
+	/* the timer programs attached, and the socket replaced by a TIME_WAIT
+	 * socket: one not tied */
+	if (newstate == TCP_CLOSE && nettap_ksyms.tw_timer_handler &&
+	    !BPF_CORE_READ(sk, __sk_common.skc_nulls_node.pprev))
+		obs_count(NETTAP_OBS_TIMEWAIT + TW_UNTIED);
+}
+
+/* tcp_timewait: a TIME_WAIT socket's timer started for the first time:
+ * where its tuple is a captured connection's (timewait_pending), it is that
+ * connection's from now on: followed, counted and its made record published. */
+static __always_inline void timewait_made(__u64 tw, __u64 expires)
+{
+	struct timewait_tuple t;
+	struct timewait *found, e;
+	long left;
+
+	timewait_tuple_of((const void *)tw, &t);
+	found = bpf_map_lookup_elem(&timewait_pending, &t);
+	if (!found)
+		return;
+	e = *found;
+	if (bpf_map_delete_elem(&timewait_pending, &t)) /* another CPU's */
+		return;
+	__sync_fetch_and_add(&timewait_pending_n, -1);
+	e.made_ns = bpf_ktime_get_ns();
+	e.expires = expires;
 	if (bpf_map_update_elem(&timewait_socks, &tw, &e, BPF_NOEXIST)) {
 		count_insert_failure(NETTAP_MAP_TIMEWAIT);
+		obs_count(NETTAP_OBS_TIMEWAIT + TW_UNTIED);
 		return;
 	}
 	__sync_fetch_and_add(&timewait_tracked, 1);
 	obs_count(NETTAP_OBS_TIMEWAIT + NETTAP_TW_MADE);
-	left = (long)(e.expires - bpf_jiffies64());
+	left = (long)(expires - bpf_jiffies64());
 	timewait_record((const void *)tw, &e, NETTAP_TW_MADE, left > 0 ? left : 0, 0);
 }
 

@@ -118,8 +118,22 @@ struct sk_buff_head {
 	struct sk_buff *next; /* the list's head itself when it is empty */
 };
 
+typedef struct {
+	int counter;
+} atomic_t;
+
+/* Linux 6.18's sk_drop_counters (absent before): a socket may keep its
+ * drops split over NUMA nodes, which sk_drops_read() adds to sk_drops
+ * where the pointer is set (UDP's; not TCP's). */
+struct numa_drop_counters {
+	atomic_t drops0;
+	atomic_t drops1;
+};
+
 struct sock {
 	struct sock_common __sk_common;
+	atomic_t sk_drops; /* a listener's: SYNs and ACKs dropped, its queues full (tcp_listendrop) */
+	struct numa_drop_counters *sk_drop_counters;
 	struct sk_buff_head sk_receive_queue;
 	socket_lock_t sk_lock;
 	struct timer_list sk_timer; /* a TCP socket's keepalive timer */

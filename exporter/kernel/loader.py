@@ -126,7 +126,7 @@ class Probes:
                            for p in tls.PROBES + gotls.PROBES}
         self.tls: tlsfiles.TlsProbes | None = None
         self.tls_refused = dict.fromkeys(tls.REASONS, 0)     # libssl files refused, while TLS was ever on
-        self.ksyms_written = False          # struct nettap_ksyms, written before its programs attach (ksyms.py)
+        self.ksyms_tw = None                # struct nettap_ksyms as written: with the TIME_WAIT timer's function?
         self.tls_deferred = ok and not tls_now              # loaded at the first set_tls(True)
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         self.dns.deferred = self.dns.loaded and not dns_now
@@ -274,9 +274,8 @@ class Probes:
 
     def _attach_links(self, name: str, mechanism: str) -> list:
         """A program attached: its new links, not kept in self.links."""
-        if name in ksyms.PROGRAMS and not self.ksyms_written:
-            ksyms.write(self.map_fds[ksyms.MAP], self.map_info[ksyms.MAP][2])     # raises OSError
-            self.ksyms_written = True
+        if name in ksyms.PROGRAMS and (self.ksyms_tw is None or name in ksyms.TIMEWAIT_PROGRAMS):
+            self._write_ksyms(self.ksyms_tw or name in ksyms.TIMEWAIT_PROGRAMS)     # raises OSError
         first = len(self.links)
         try:
             self._attach_one(name, mechanism)
@@ -291,6 +290,17 @@ class Probes:
         """capture.records: attach the separate probes a kind of records
         needs, detach those none does (separate.py)."""
         self.sep.set_records(records, self._attach_links)
+        if self.ksyms_tw and not self.separate["tcp_timewait"].attached:
+            self._write_ksyms(False)
+
+    def _write_ksyms(self, timewait: bool) -> None:
+        """struct nettap_ksyms, its TIME_WAIT timer's function only while
+        those programs are attached: tcp_state reads it to leave closing
+        sockets' tuples for them and to count a TIME_WAIT socket not tied,
+        which a reload that detached them must stop."""
+        if timewait != self.ksyms_tw:
+            ksyms.write(self.map_fds[ksyms.MAP], self.map_info[ksyms.MAP][2], timewait=timewait)
+            self.ksyms_tw = timewait
 
     def set_tls(self, on: bool, processes=None) -> None:
         """capture.tls: attach the TLS uprobes to the libssl files and Go

@@ -119,9 +119,11 @@ PROGRAMS = {
     'tcp_sk_error': (('tcp_sk_error',), 'tp_btf', '', 'sock:inet_sk_error_report', 'tp_btf/inet_sk_error_report', ('inet_sk_error_report',), False, '', ('error',)),
     'tcp_timewait': (('tcp_timewait',), 'tp_btf', '', '', 'tp_btf/timer_start', ('timer_start',), False, '', ('timewait',)),
     'tcp_timewait_end': (('tcp_timewait',), 'tp_btf', '', '', 'tp_btf/timer_cancel', ('timer_cancel',), False, '', ('timewait',)),
+    'tcp_timewait_expire': (('tcp_timewait',), 'tp_btf', '', '', 'tp_btf/timer_expire_entry', ('timer_expire_entry',), False, '', ('timewait',)),
     'tcp_request': (('tcp_request',), 'tp_btf', '', '', 'tp_btf/timer_start', ('timer_start',), False, '', ('request',)),
     'tcp_request_end': (('tcp_request',), 'tp_btf', '', '', 'tp_btf/timer_cancel', ('timer_cancel',), False, '', ('request',)),
     'tcp_request_exit': (('tcp_request',), 'tp_btf', '', '', 'tp_btf/timer_expire_exit', ('timer_expire_exit',), False, '', ('request',)),
+    'tcp_request_state': (('tcp_request',), 'tp_btf', '', '', 'tp_btf/inet_sock_set_state', ('inet_sock_set_state',), False, '', ('request',)),
 }
 
 # map -> (variant ('' both), preallocated on every kernel, max_entries where preallocated
@@ -132,6 +134,8 @@ MAPS = {
     'inflight_calls': ('fast', False, 0),
     'inflight_compat': ('compat', False, 4096),
     'inflight_zero': ('compat', False, 0),
+    'request_listeners': ('', False, 1024),
     'request_socks': ('', False, 4096),
+    'timewait_pending': ('', False, 1024),
     'timewait_socks': ('', False, 4096),
 }

@@ -44,7 +44,8 @@ MAP_TLS_CALLS = 0
 MAP_GO_TLS_CALLS = 1
 MAP_TIMEWAIT = 2
 MAP_REQUESTS = 3
-MAP_COUNT = 4
+MAP_LISTENERS = 4
+MAP_COUNT = 5
 OBS_STATES = 0
 OBS_RESETS = 256
 OBS_ERRORS = 264
@@ -104,6 +105,8 @@ REQ_OVERFLOW = 4
 REQ_RESET = 5
 REQ_CLOSED = 6
 REQ_KILLED = 7
+REQ_COOKIE = 8
+REQ_LISTEN_DROP = 9
 TLS_HS_DONE = 1
 TLS_HS_FAILED = 2
 TLS_HS_NOT_DONE = 3
@@ -112,8 +115,9 @@ LOG_CONN_TABLE_FULL = 2
 LOG_INFLIGHT_FULL = 3
 LOG_IOV_TRUNCATED = 4
 LOG_PAYLOAD_UNREADABLE = 5
-KSYM_CALLERS = 6
-KSYM_REQ_CALLERS = 4
+KSYM_DESCHEDULE = 4
+KSYM_CALLERS = 12
+KSYM_REQ_CALLERS = 12
 
 # The #defines that name values, by group: NETTAP_<GROUP>_<NAME> -> {value: name}.
 NAMES = {
@@ -122,9 +126,9 @@ NAMES = {
     'EVENT': {0: 'none', 1: 'rto', 3: 'probe0', 5: 'loss_probe', 6: 'reo_timeout'},
     'KIND': {1: 'chunk', 2: 'eof', 3: 'log', 4: 'state', 5: 'reset', 6: 'owner', 7: 'error', 8: 'destroy', 9: 'tls_handshake', 10: 'dlopen', 11: 'retransmit', 12: 'synack_retransmit', 13: 'timer', 14: 'probe', 15: 'segment', 16: 'dns', 17: 'timewait', 18: 'request'},
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
-    'MAP': {0: 'tls_calls', 1: 'go_tls_calls', 2: 'timewait', 3: 'requests'},
+    'MAP': {0: 'tls_calls', 1: 'go_tls_calls', 2: 'timewait', 3: 'requests', 4: 'listeners'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake', 5: 'dns', 6: 'go_tls_write', 7: 'go_tls_read'},
-    'REQ': {1: 'made', 2: 'established', 3: 'timeout', 4: 'overflow', 5: 'reset', 6: 'closed', 7: 'killed'},
+    'REQ': {1: 'made', 2: 'established', 3: 'timeout', 4: 'overflow', 5: 'reset', 6: 'closed', 7: 'killed', 8: 'cookie', 9: 'listen_drop'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments', 6: 'dns'},
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
@@ -134,7 +138,7 @@ NAMES = {
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }
-MAPS = ('tls_calls', 'go_tls_calls', 'timewait', 'requests')
+MAPS = ('tls_calls', 'go_tls_calls', 'timewait', 'requests', 'listeners')
 PROBES = ('tcp_sendmsg', 'tcp_recvmsg', 'ssl_write', 'ssl_read', 'ssl_handshake', 'dns', 'go_tls_write', 'go_tls_read')
 RINGS = ('capture_chunks', 'capture_eof', 'logs', 'obs_events', 'dlopen', 'segments', 'dns')
 OBS_BLOCKS = {'states': (0, 256), 'resets': (256, 264), 'errors': (264, 520), 'retrans': (520, 528), 'timers': (528, 576), 'wakeups': (576, 584), 'sampled': (584, 592), 'timewait': (592, 600), 'requests': (600, 1024)}    # rows NETTAP_OBS_*: name -> (first, end)
@@ -195,12 +199,12 @@ STRUCTS = {
         ('has_bpf_loop', 8, '__u32', 1, 4, '', 'bpf_loop (5.17)'),
         ('keep_inflight', 12, '__u32', 1, 4, '', "hash maps allocate at run time (bpf_mem_alloc, 6.1): a compat thread's call entry stays between its calls (emit.bpf.h)"),
     )),
-    'nettap_ksyms': (272, (
-        ('tw_timer_handler', 0, '__u64', 1, 8, '', "a TIME_WAIT socket's timer function"),
-        ('tw_deschedule', 8, '__u64', 2, 16, '', 'inet_twsk_deschedule_put: kills one early'),
-        ('tw_callers', 24, '__u64', 18, 144, '', ''),
-        ('req_timer_handler', 168, '__u64', 1, 8, '', "a request socket's timer function"),
-        ('req_callers', 176, '__u64', 12, 96, '', ''),
+    'nettap_ksyms': (656, (
+        ('tw_timer_handler', 0, '__u64', 1, 8, '', "a TIME_WAIT socket's timer function (0: its programs detached)"),
+        ('tw_deschedule', 8, '__u64', 8, 64, '', ''),
+        ('tw_callers', 72, '__u64', 36, 288, '', ''),
+        ('req_timer_handler', 360, '__u64', 1, 8, '', "a request socket's timer function"),
+        ('req_callers', 368, '__u64', 36, 288, '', ''),
     )),
     'nettap_eof': (128, (
         ('ts_ns', 0, '__u64', 1, 8, '', 'CLOCK_MONOTONIC when the kernel made the record'),

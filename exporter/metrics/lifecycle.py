@@ -56,7 +56,10 @@ class LifecycleCollector(Collector):
          "Request sockets of captured listeners made: a SYN received, a SYN-ACK sent (bpf/request.bpf.c).", []),
         (CounterMetricFamily, "nettap_tcp_request_sockets",
          "Request sockets of captured listeners ended, by outcome (established; timeout; overflow: the ACK came "
-         "while the accept queue was full, then timed out; reset; closed: the listener closed; killed).",
+         "while the accept queue was full, then timed out; reset; closed: the listener closed; killed); and the "
+         "SYNs that made none: cookie, a socket made from a SYN cookie's ACK; listen_drop, the segments the listener "
+         "dropped (its sk_drops, read as it makes a request and closes): SYNs its full SYN or accept queue refused, "
+         "and the segments its requests refused (a SYN sent again, an ACK held back or refused, a reset).",
          ["outcome"]),
         (CounterMetricFamily, "nettap_capture_sampled_out",
          "Sockets a target matched that capture.sample_connections left out, counted as each was decided "

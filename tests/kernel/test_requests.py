@@ -5,6 +5,7 @@ network namespace of the test's own, its nftables rules dropping the
 handshake's ACKs (test_retransmit.py's drop) and its
 net.ipv4.tcp_synack_retries 1, so a request times out in 3 s (1 s, then
 2 s after its SYN-ACK sent again)."""
+import os
 import socket
 import struct
 import subprocess
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from procs import wait_for
-from test_retransmit import drop
+from test_retransmit import drop, mib
 from traffic import in_netns, listener
 
 pytestmark = pytest.mark.per_variant
@@ -79,8 +80,10 @@ def test_requests_time_out_overflow_and_reset(nettap_run, mode, ns):
     accepts: one connection queued, a second's request waits (its ACKs
     dropped), a third fills the accept queue (by a request, or where the
     kernel counts the request queue full at the backlog (5.10), by a SYN
-    cookie: no request socket), then the second's ACK comes with the SYN-ACK
-    sent again and finds the queue full: it times out, an overflow."""
+    cookie: no request socket, its socket made as its ACK comes), then the
+    second's ACK comes with the SYN-ACK sent again and finds the queue full:
+    it times out, an overflow. The listener's drops (sk_drops): that ACK
+    twice (tcp_listendrop, then the segment discarded) and the reset."""
     run = nettap_run({"captures": [{"port": PORT}, {"port": PORT + 1}]})
     _skip_unattached(run)
     subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_synack_retries=1"], check=True)
@@ -112,14 +115,15 @@ def test_requests_time_out_overflow_and_reset(nettap_run, mode, ns):
     outcomes = {p: [l["outcome"] for l in ls] for p, ls in got.items()}
     resets = [p for p, o in outcomes.items() if o == ["made", "reset"]]
     cookie = outcomes.pop(c_port, [])
-    assert cookie in ([], ["made", "established"]), cookie
+    assert cookie in (["cookie"], ["made", "established"]), cookie
     assert len(outcomes) == 4 and len(resets) == 1, sorted(outcomes.items())
     assert (outcomes[t_port], outcomes[q_port], outcomes[CPORT]) == \
         (["made", "timeout"], ["made", "established"], ["made", "overflow"]), outcomes
     for port in (t_port, CPORT):
         assert got[port][1]["retransmits"] == 1 and 2500 <= got[port][1]["age_ms"] <= 6000, got[port]
     more = len(cookie) // 2
-    assert _rows(run) == {"made": 4 + more, "established": 1 + more, "timeout": 1, "overflow": 1, "reset": 1}
+    assert _rows(run) == {"made": 4 + more, "established": 1 + more, "timeout": 1, "overflow": 1, "reset": 1,
+                          "listen_drop": 3, **({"cookie": 1} if not more else {})}
     assert took < 8, took
 
 
@@ -187,7 +191,9 @@ def test_a_syn_sent_again_restarts_its_request(nettap_run, mode, ns):
     outcomes = [l["outcome"] for l in got.get(port, [])]
     assert outcomes == ["made", "established"], got
     assert got[port][1]["retransmits"] >= 1, got[port]
-    assert _rows(run) == {"made": 1, "established": 1}
+    # the listener's drops (sk_drops): each SYN sent again to the request (ours at 0.4 s, the client's own at
+    # 1 s, before the request's timer at 1.4 s), which tcp_check_req answers and discards
+    assert _rows(run) == {"made": 1, "established": 1, "listen_drop": 2}
 
 
 def _connected(s: socket.socket) -> bool:
@@ -227,4 +233,161 @@ def test_a_deferred_request_that_times_out_is_no_overflow(nettap_run, mode, ns):
         # once), whose ACK completed the request: the case under test never happened
         pytest.skip("the ACKs' drop came after the SYN-ACK was sent again: no deferred timeout to see")
     assert outcomes == ["made", "timeout"], got
-    assert _rows(run) == {"made": 1, "timeout": 1}
+    # the listener's drops (sk_drops): the bare ACK held back, which tcp_check_req discards
+    assert _rows(run) == {"made": 1, "timeout": 1, "listen_drop": 1}
+
+
+def _sysctl(ns: str, name: str, value) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{name}={value}"], check=True)
+
+
+def _mib_delta(before: dict, *names) -> dict:
+    now = mib()
+    return {n: now[n] - before[n] for n in names}
+
+
+def test_syns_dropped_by_a_full_accept_queue_are_counted(nettap_run, mode, ns):
+    """net.ipv4.tcp_syncookies 0, a listener with a backlog of 1 that never
+    accepts: two connections fill its accept queue, then three SYNs are
+    dropped (no request socket: LISTEN_OVERFLOWS, tcp_listendrop). Their
+    clients close before their SYNs are sent again (1 s), so each is dropped
+    once; nettap counts the listener's own count of them as it closes:
+    listen_drop 3, as the kernel's TcpExtListenDrops."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    _sysctl(ns, "net.ipv4.tcp_syncookies", 0)
+
+    def scenario():
+        lsn = listener(PORT, backlog=1)
+        before = mib()
+        queued = [socket.create_connection(("127.0.0.1", PORT), timeout=10) for _ in range(2)]
+        time.sleep(0.05)                                # the second's ACK made its socket
+        dropped = []
+        for _ in range(3):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", PORT))
+            dropped.append(c)
+        time.sleep(0.3)
+        for c in dropped:                               # in SYN_SENT: closed without a segment
+            c.close()
+        lsn.close()
+        for c in queued:
+            c.close()
+        return _mib_delta(before, "ListenDrops", "ListenOverflows", "SyncookiesSent")
+    kernel = in_netns(ns, scenario)
+    assert kernel == {"ListenDrops": 3, "ListenOverflows": 3, "SyncookiesSent": 0}, kernel
+    lines, got = requests(run)
+    assert sorted(l["outcome"] for ls in got.values() for l in ls) == ["established"] * 2 + ["made"] * 2, got
+    assert _rows(run) == {"made": 2, "established": 2, "listen_drop": 3}
+
+
+def _cookie_lines(got: dict) -> list:
+    return [l for ls in got.values() for l in ls if l["outcome"] == "cookie"]
+
+
+def test_syns_answered_by_syn_cookies_are_counted(nettap_run, mode, ns):
+    """net.ipv4.tcp_syncookies 2: every SYN answered with a SYN cookie, no
+    request socket; each client's ACK brings the cookie back and the kernel
+    makes its socket from it: cookie, one each, with the listener's port, as
+    the kernel's TcpExtSyncookiesRecv counts."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    _sysctl(ns, "net.ipv4.tcp_syncookies", 2)
+
+    def scenario():
+        lsn = listener(PORT)
+        before = mib()
+        clients = [socket.create_connection(("127.0.0.1", PORT), timeout=10) for _ in range(3)]
+        for c in clients:
+            c.sendall(b"x")                            # the ACK came before it: the socket is made
+            s, _ = lsn.accept()
+            assert s.recv(1) == b"x"
+            s.close()
+        ports = sorted(c.getsockname()[1] for c in clients)
+        for c in clients + [lsn]:
+            c.close()
+        return ports, _mib_delta(before, "SyncookiesSent", "SyncookiesRecv", "SyncookiesFailed")
+    ports, kernel = in_netns(ns, scenario)
+    assert kernel == {"SyncookiesSent": 3, "SyncookiesRecv": 3, "SyncookiesFailed": 0}, kernel
+    lines, got = requests(run)
+    cookies = _cookie_lines(got)
+    assert len(cookies) == 3 and all(l["sport"] == PORT and l["age_ms"] == 0 for l in cookies), cookies
+    # the child's peer: set before its birth on later kernels, after it on 5.10 and 6.1 (0: capture.md)
+    early = tuple(int(x) for x in os.uname().release.split(".")[:2]) <= (6, 1)
+    assert sorted(l["dport"] for l in cookies) == ([0] * 3 if early else ports), (ports, cookies)
+    assert _rows(run) == {"cookie": 3}
+
+
+def test_a_full_syn_queue_answers_with_cookies(nettap_run, mode, ns):
+    """net.ipv4.tcp_syncookies 1, a listener with a backlog of 2 that accepts
+    at once, the handshake's ACKs dropped: five SYNs, the first ones make
+    request sockets until the SYN queue is full (3 on Linux 6.x, whose queue
+    is full above the backlog; 2 on 5.10, at it), the others are answered
+    with cookies. The ACKs then let through (each client's first data):
+    every request established, every cookie made into a socket."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    _sysctl(ns, "net.ipv4.tcp_syncookies", 1)
+    drop(ns, "tcp flags & (syn | ack | rst) == ack")            # the ACKs (and data) to PORT
+
+    def scenario():
+        lsn = listener(PORT, backlog=2)
+        before = mib()
+        clients = []
+        for _ in range(5):
+            c = socket.socket()
+            c.settimeout(10)
+            c.connect(("127.0.0.1", PORT))                      # its SYN-ACK came: its ACK dropped
+            clients.append(c)
+        subprocess.run(["nft", "delete", "table", "inet", "nettap_test"], check=True)
+        for c in clients:
+            c.sendall(b"x")
+            s, _ = lsn.accept()
+            assert s.recv(1) == b"x"
+            s.close()
+        for c in clients + [lsn]:
+            c.close()
+        return _mib_delta(before, "SyncookiesSent", "SyncookiesRecv", "TCPReqQFullDoCookies")
+    kernel = in_netns(ns, scenario)
+    cookies = kernel["SyncookiesSent"]
+    assert 1 <= cookies <= 3 and kernel == {"SyncookiesSent": cookies, "SyncookiesRecv": cookies,
+                                            "TCPReqQFullDoCookies": cookies}, kernel
+    lines, got = requests(run)
+    assert len(_cookie_lines(got)) == cookies
+    assert _rows(run) == {"made": 5 - cookies, "established": 5 - cookies, "cookie": cookies}
+
+
+def test_a_syn_whose_syn_acks_are_dropped_times_out(nettap_run, mode, ns):
+    """net.ipv4.tcp_synack_retries 2, the SYN-ACKs dropped at the client's
+    input and, once the first SYN is in, the client's own SYNs sent again
+    (each would make the listener send its SYN-ACK again at once): the
+    request's timer sends the SYN-ACK again twice, at 1 s and 3 s, and drops
+    it at 7 s: timeout, 2 retransmits."""
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    _sysctl(ns, "net.ipv4.tcp_synack_retries", 2)
+    drop(ns, "tcp flags & (syn | ack) == syn | ack", way="sport")    # the SYN-ACKs, at the client's input
+
+    def scenario():
+        lsn = listener(PORT)
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", PORT))
+        time.sleep(0.2)
+        script = ("table inet nettap_test_syn {\n chain in {\n  type filter hook input priority 0; policy accept;\n"
+                  f"  tcp dport {PORT} tcp flags & (syn | ack) == syn drop\n }}\n}}\n")
+        subprocess.run(["nft", "-f", "-"], input=script.encode(), check=True)
+        start = time.monotonic()
+        wait_for(lambda: _rows(run).get("timeout"), timeout=20, what="the request's timeout")
+        took = time.monotonic() - start
+        port = c.getsockname()[1]
+        c.close()
+        lsn.close()
+        return port, took
+    port, took = in_netns(ns, scenario)
+    lines, got = requests(run)
+    assert [l["outcome"] for l in got.get(port, [])] == ["made", "timeout"], got
+    ended = got[port][1]
+    assert ended["retransmits"] == 2 and 6500 <= ended["age_ms"] <= 12000, ended
+    assert _rows(run) == {"made": 1, "timeout": 1} and took < 12, took

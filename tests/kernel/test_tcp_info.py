@@ -2,14 +2,16 @@
 connection, each side's own TCP_INFO (getsockopt, read once the side has
 reached TCP_CLOSE with its descriptor still open, so nothing changes after)
 against what nettap published for it: the destroy line's totals, the eof
-line's bytes moved by captured calls, and one retransmit line per segment
-the kernel counts as sent again. Clean connections and lossy ones (nftables
+line's bytes moved by captured calls, one retransmit line per segment the
+kernel counts as sent again, and one segment line (tcp:tcp_probe) per segment
+it counts received established (tcpi_segs_in). Clean connections and lossy ones (nftables
 drops on the loopback of a network namespace of the test's own, as
 test_retransmit.py's)."""
 import socket
 import struct
 import subprocess
 import threading
+import time
 from collections import Counter
 
 from conftest import live_conn_ids
@@ -32,15 +34,36 @@ def tcp_info(s: socket.socket) -> dict:
             "bytes_received": received, "segs_out": segs_out, "segs_in": segs_in}
 
 
+def unacked(s: socket.socket) -> int:
+    """tcpi_unacked: the fifth u32 after the 8 bytes of u8 fields."""
+    return struct.unpack_from("=I", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 28), 24)[0]
+
+
+def quiet_info(s: socket.socket, both: threading.Barrier) -> tuple:
+    """Once this side's data is all acknowledged and the other side's too
+    (both at the barrier): (CLOCK_MONOTONIC ns, TCP_INFO) of this side, read
+    while nothing is in flight; then the barrier again, so neither side
+    sends until both have read."""
+    wait_for(lambda: unacked(s) == 0, timeout=30, what="its data acknowledged")
+    both.wait(30)
+    info = tcp_info(s)
+    at = time.monotonic_ns()
+    both.wait(30)
+    return at, info
+
+
 def conversation(sends: int, size: int, answer: int) -> tuple:
     """A client on PORT sends `sends` x `size` bytes (TCP_NODELAY: a segment
     each up to the MSS), the server answers `answer` bytes once it has them
     all; each side then shuts its sending half, the client first, reads the
     other's FIN and waits for TCP_CLOSE (the client's socket reaches it as
     its TIME_WAIT socket takes over, the server's at the client's last ACK).
-    Returns (port, TCP_INFO) of each side, client first, read at TCP_CLOSE."""
+    Returns (port, TCP_INFO, quiet) of each side, client first, TCP_INFO
+    read at TCP_CLOSE, quiet (when, TCP_INFO) read while both sides were
+    established and nothing was in flight, after the answer."""
     lsn = listener(PORT)
     got = {}
+    both = threading.Barrier(2)
 
     def serve():
         s, _ = lsn.accept()
@@ -48,10 +71,11 @@ def conversation(sends: int, size: int, answer: int) -> tuple:
         while n < sends * size:
             n += len(s.recv(65536))
         s.sendall(payload(answer))
+        quiet = quiet_info(s, both)
         assert s.recv(1) == b""                 # the client's FIN
         s.shutdown(socket.SHUT_WR)
         wait_for(lambda: tcp_info(s)["state"] == TCP_CLOSE, timeout=30, what="the server at TCP_CLOSE")
-        got["server"] = (s.getsockname()[1], tcp_info(s))
+        got["server"] = (s.getsockname()[1], tcp_info(s), quiet)
         s.close()
     t = threading.Thread(target=serve, daemon=True)
     t.start()
@@ -62,22 +86,36 @@ def conversation(sends: int, size: int, answer: int) -> tuple:
     n = 0
     while n < answer:
         n += len(c.recv(65536))
+    quiet = quiet_info(c, both)
     c.shutdown(socket.SHUT_WR)
     assert c.recv(1) == b""                     # the server's FIN
     wait_for(lambda: tcp_info(c)["state"] == TCP_CLOSE, timeout=30, what="the client at TCP_CLOSE")
-    client = (c.getsockname()[1], tcp_info(c))
+    client = (c.getsockname()[1], tcp_info(c), quiet)
     c.close()
     t.join(30)
     lsn.close()
     return client, got["server"]
 
 
+# Segments each side received before it was established, which tcp:tcp_probe
+# (tcp_rcv_established) does not see and tcpi_segs_in counts: the client's
+# SYN-ACK; the server's SYN (counted as its socket is made) and the ACK that
+# made it.
+HANDSHAKE_IN = {False: 1, True: 2}
+
+
 def check(run, conversations) -> Counter:
     """Every side of every conversation ((sends, size, answer), (client,
     server)) has nettap's lines equal to its TCP_INFO; returns the
-    retransmissions counted, by cause."""
+    retransmissions counted, by cause. nettap's segment lines against
+    tcpi_segs_in: read while quiet, the segments received then are the
+    handshake's and those lines, every one; after, the server receives the
+    client's FIN established (a line) and the last ACK in LAST_ACK, the
+    client only segments of its FIN_WAIT states (the ACK of its FIN, the
+    server's FIN: one segment or two, by the server's delayed ACK)."""
     wait_for(lambda: not live_conn_ids(run.app) - run.shared.seen, what="every socket destroyed")
     lines, _ = run.finish()
+    assert run.drops()["segments"] == 0
     by_port = {}
     for l in lines:
         if l["type"] == "destroy":
@@ -85,9 +123,9 @@ def check(run, conversations) -> Counter:
             assert key not in by_port, l
             by_port[key] = l["conn_id"]
     causes = Counter()
-    for (sends, size, answer), ((cport, cinfo), (_, sinfo)) in conversations:
-        for server, info, sent, received in ((False, cinfo, sends * size, answer),
-                                             (True, sinfo, answer, sends * size)):
+    for (sends, size, answer), ((cport, cinfo, cquiet), (_, sinfo, squiet)) in conversations:
+        for server, info, quiet, sent, received in ((False, cinfo, cquiet, sends * size, answer),
+                                                    (True, sinfo, squiet, answer, sends * size)):
             conn = by_port[(cport, server)]
             mine = [l for l in lines if l["conn_id"] == conn]
             (d,) = [l for l in mine if l["type"] == "destroy"]
@@ -98,6 +136,14 @@ def check(run, conversations) -> Counter:
             retrans = [l["cause"] for l in mine if l["type"] == "retransmit"]
             assert len(retrans) == info["total_retrans"], (server, retrans, info)
             causes.update(retrans)
+            at, then = quiet
+            segs = [l for l in mine if l["type"] == "segment"]
+            before = sum(1 for l in segs if l["ts_ns"] <= at)
+            assert then["segs_in"] == HANDSHAKE_IN[server] + before, (server, then, before)
+            # every byte in them (and any segment sent twice, again)
+            assert sum(l["length"] for l in segs if l["ts_ns"] <= at) >= received, (server, segs)
+            assert len(segs) - before == (1 if server else 0), (server, segs, at)
+            assert info["segs_in"] - then["segs_in"] in ((2,) if server else (1, 2)), (server, info, then)
     return causes
 
 
@@ -110,7 +156,7 @@ def test_nettaps_counts_equal_the_kernels_own(nettap_run, mode, ns):
     """Clean connections of three shapes: every count equal to TCP_INFO's. No
     segment is lost, but a loaded host may delay an ACK past the loss probe's
     time (a spurious probe, which both count): no retransmission but those."""
-    run = nettap_run({"captures": [{"port": PORT}]})
+    run = nettap_run({"captures": [{"port": PORT, "segments": True}]})
     done = [(shape, in_netns(ns, lambda s=shape: conversation(*s))) for shape in SHAPES]
     assert set(check(run, done)) <= {"tlp"}
 
@@ -120,7 +166,7 @@ def test_nettaps_counts_equal_the_kernels_own_when_segments_are_lost(nettap_run,
     on the namespace's input, ``numgen``): the kernel sends them again (loss
     probes, recovery on ACKs or its timer) and nettap has a retransmit line
     for each segment TCP_INFO counts, and the same totals."""
-    run = nettap_run({"captures": [{"port": PORT}]})
+    run = nettap_run({"captures": [{"port": PORT, "segments": True}]})
     drop(ns, "ip length > 100 numgen inc mod 3 == 0")
     drop_sport = ("table inet nettap_test_out {\n chain in {\n  type filter hook input priority 0; policy accept;\n"
                   f"  tcp sport {PORT} ip length > 100 numgen inc mod 3 == 1 drop\n }}\n}}\n")

@@ -28,6 +28,8 @@ ffffffff8208ccf0 T tcp_timewait_state_process
 ffffffff8208d160 T tcp_time_wait
 ffffffff8208d6a0 T tcp_check_req
 ffffffff8208dc00 T tcp_child_process
+ffffffff820dbb40 T cookie_v4_check
+ffffffff820dbc00 T cookie_init_timestamp
 ffffffffc0a02000 t tcp_v6_rcv\t[ipv6]
 ffffffffc0a01000 t tcp_v6_init_sock\t[ipv6]
 ffffffffc0a03000 t tcp_v6_connect\t[ipv6]
@@ -41,10 +43,24 @@ def _file(tmp_path, text):
     return str(p)
 
 
+def _words(path, timewait=True):
+    return struct.unpack(f"<{tcp_h.STRUCTS['nettap_ksyms'][0] // 8}Q", ksyms.settings(path, timewait))
+
+
+def _layout(words):
+    """(handler, deschedule ranges, tw caller slots, request handler, request caller slots), empty slots left out."""
+    d = 1 + tcp_h.KSYM_DESCHEDULE * 2
+    c = d + tcp_h.KSYM_CALLERS * 3
+    desc = [words[1 + i * 2:3 + i * 2] for i in range(tcp_h.KSYM_DESCHEDULE)]
+    callers = [words[d + i * 3:d + 3 + i * 3] for i in range(tcp_h.KSYM_CALLERS)]
+    req = [words[c + 1 + i * 3:c + 4 + i * 3] for i in range(tcp_h.KSYM_REQ_CALLERS)]
+    return (words[0], [r for r in desc if any(r)], [r for r in callers if any(r)], words[c],
+            [r for r in req if any(r)])
+
+
 def test_the_addresses_and_causes_of_each_function(tmp_path):
-    words = struct.unpack(f"<{tcp_h.STRUCTS['nettap_ksyms'][0] // 8}Q", ksyms.settings(_file(tmp_path, KALLSYMS)))
-    assert words[:3] == (0xffffffff8205c7b0, 0xffffffff8205c7d0, 0xffffffff8205c840)
-    callers = [words[3 + i * 3:6 + i * 3] for i in range(tcp_h.KSYM_CALLERS)]
+    handler, desc, callers, req_handler, req = _layout(_words(_file(tmp_path, KALLSYMS)))
+    assert (handler, desc) == (0xffffffff8205c7b0, [(0xffffffff8205c7d0, 0xffffffff8205c840)])
     assert callers == [
         (0xffffffff8208ccf0, 0xffffffff8208d160, tcp_h.TW_RESET),
         (0xffffffff82059410, 0xffffffff82059750, tcp_h.TW_REUSED),
@@ -52,19 +68,43 @@ def test_the_addresses_and_causes_of_each_function(tmp_path):
         (0xffffffff8208ae50, 0xffffffff8208c250, 0),
         (0xffffffffc0a02000, 0xffffffffc0a03000, 0),          # a module's: the nearest address above
         (0xffffffff8205ce00, 0xffffffff8205cf60, tcp_h.TW_PURGED)]
-    rest = words[3 + 3 * tcp_h.KSYM_CALLERS:]
-    assert rest[0] == 0xffffffff8205ed50
-    assert [rest[1 + i * 3:4 + i * 3] for i in range(tcp_h.KSYM_REQ_CALLERS)] == [
+    assert req_handler == 0xffffffff8205ed50
+    assert req == [
         (0xffffffff820609b0, 0xffffffff82060c00, tcp_h.REQ_ESTABLISHED),
         (0xffffffff8208d6a0, 0xffffffff8208dc00, tcp_h.REQ_RESET),
         (0xffffffff8208ae50, 0xffffffff8208c250, tcp_h.REQ_CLOSED),
-        (0xffffffffc0a02000, 0xffffffffc0a03000, tcp_h.REQ_CLOSED)]
+        (0xffffffffc0a02000, 0xffffffffc0a03000, tcp_h.REQ_CLOSED),
+        (0xffffffff820dbb40, 0xffffffff820dbc00, tcp_h.REQ_COOKIE)]
+
+
+def test_a_functions_clones_take_slots_of_their_own(tmp_path):
+    """gcc's .constprop.N, .isra.N, .part.N and .cold clones of a function looked
+    up are on the stack under their own names: each a range with the function's
+    cause, after the function's own; a clone with no original is found too."""
+    text = KALLSYMS.replace("ffffffff8208dc00 T tcp_child_process\n",
+                            "ffffffff8208dc00 t tcp_check_req.part.0\nffffffff8208dd00 T tcp_child_process\n")
+    text = text.replace("T inet_twsk_deschedule_put\n", "t inet_twsk_deschedule_put.constprop.0\n")
+    text = text.replace("t inet_twsk_kill\n", "t inet_twsk_kill\nffffffff8205c900 t tcp_v4_rcv.cold\n")
+    text = text.replace("T tcp_v4_early_demux\n", "T tcp_v4_early_demux\nffffffff8208c300 t tcp_v4_rcv.isra.3\n"
+                        "ffffffff8208c380 t tcp_v4_rcvx\n")
+    handler, desc, callers, _, req = _layout(_words(_file(tmp_path, text)))
+    assert desc == [(0xffffffff8205c7d0, 0xffffffff8205c840)]
+    assert [c for c in callers if c[2] == 0][:3] == [
+        (0xffffffff8208ae50, 0xffffffff8208c250, 0), (0xffffffff8205c900, 0xffffffff8205ce00, 0),
+        (0xffffffff8208c300, 0xffffffff8208c380, 0)]          # tcp_v4_rcvx is another function
+    assert (0xffffffff8208dc00, 0xffffffff8208dd00, tcp_h.REQ_RESET) in req
+
+
+def test_the_time_wait_timer_function_is_left_zero_while_its_programs_are_detached(tmp_path):
+    path = _file(tmp_path, KALLSYMS)
+    on, off = _layout(_words(path)), _layout(_words(path, timewait=False))
+    assert (on[0], off[0]) == (0xffffffff8205c7b0, 0) and on[1:] == off[1:]
 
 
 def test_a_caller_not_found_stays_zero(tmp_path):
     text = "".join(line + "\n" for line in KALLSYMS.splitlines() if "tcp_v6" not in line)
-    words = struct.unpack(f"<{tcp_h.STRUCTS['nettap_ksyms'][0] // 8}Q", ksyms.settings(_file(tmp_path, text)))
-    assert words[3 + 4 * 3:3 + 5 * 3] == (0, 0, 0)
+    _, _, callers, _, req = _layout(_words(_file(tmp_path, text)))
+    assert len(callers) == 5 and all(c[0] != 0xffffffffc0a02000 for c in callers + req)
 
 
 def test_hidden_addresses_and_a_missing_timer_function_are_refused(tmp_path):
