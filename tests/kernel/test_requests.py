@@ -19,6 +19,9 @@ from traffic import in_netns, listener
 
 pytestmark = pytest.mark.per_variant
 PORT, CPORT = 9000, 9300
+# A SYN cookie's socket has its peer set after its birth (inet_sock_set_state) on 5.10, 6.1 and
+# 6.12, the matrix's guests saw (its record's peer is 0 there: capture.md), before it on 6.18
+COOKIE_PEER_UNSET = tuple(int(x) for x in os.uname().release.split(".")[:2]) <= (6, 12)
 
 
 def _rows(run) -> dict:
@@ -40,7 +43,8 @@ def requests(run) -> dict:
     out = {}
     for l in lines:
         if l["type"] == "request":
-            assert (l["conn_id"], l["pid"], l["daddr"]) == (0, 0, "127.0.0.1") and l["sport"] in (PORT, PORT + 1), l
+            peer = "0.0.0.0" if l["outcome"] == "cookie" and COOKIE_PEER_UNSET else "127.0.0.1"
+            assert (l["conn_id"], l["pid"], l["daddr"]) == (0, 0, peer) and l["sport"] in (PORT, PORT + 1), l
             out.setdefault(l["dport"], []).append(l)
     return lines, out
 
@@ -313,9 +317,7 @@ def test_syns_answered_by_syn_cookies_are_counted(nettap_run, mode, ns):
     lines, got = requests(run)
     cookies = _cookie_lines(got)
     assert len(cookies) == 3 and all(l["sport"] == PORT and l["age_ms"] == 0 for l in cookies), cookies
-    # the child's peer: set before its birth on later kernels, after it on 5.10 and 6.1 (0: capture.md)
-    early = tuple(int(x) for x in os.uname().release.split(".")[:2]) <= (6, 1)
-    assert sorted(l["dport"] for l in cookies) == ([0] * 3 if early else ports), (ports, cookies)
+    assert sorted(l["dport"] for l in cookies) == ([0] * 3 if COOKIE_PEER_UNSET else ports), (ports, cookies)
     assert _rows(run) == {"cookie": 3}
 
 
