@@ -4,6 +4,7 @@ escape the matrix's guests). Tests that take `mode` run once per attach
 mechanism and program variant that this kernel accepts, as the loader's own
 probing finds them (never a list of what some kernel is known to do)."""
 import base64
+import contextlib
 import functools
 import json
 import os
@@ -398,10 +399,11 @@ def nettap_run(tmp_path, request):
         r.app.close()
 
 
-@pytest.fixture
-def ns():
-    """A network namespace of the test's own with its loopback up (where its
-    nftables rules drop what the test wants lost); removed with its rules."""
+@contextlib.contextmanager
+def own_netns():
+    """A network namespace of the block's own with its loopback up (where its
+    nftables rules drop what the test wants lost); removed with its rules as
+    the block ends."""
     import uuid
     from pyroute2 import NetNS, netns
     name = f"nettap-test-{uuid.uuid4().hex[:8]}"
@@ -412,6 +414,13 @@ def ns():
         yield name
     finally:
         netns.remove(name)
+
+
+@pytest.fixture
+def ns():
+    """A network namespace of the test's own (own_netns), removed after it."""
+    with own_netns() as name:
+        yield name
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ is not waited out here (the kernel's TCP_TIMEWAIT_LEN, no sysctl shortens
 it): its expiry is tested on one half-closed (substate FIN_WAIT2), whose
 timer is net.ipv4.tcp_fin_timeout's, 1 s here, and which the same timer
 program ends."""
-import contextlib
 import socket
 import struct
 import subprocess
@@ -15,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import live_conn_ids
+from conftest import live_conn_ids, own_netns
 from procs import wait_for
 from traffic import in_netns, listener
 
@@ -176,33 +175,24 @@ def test_sockets_not_captured_leave_no_time_wait_line(nettap_run, mode, ns):
     def scenario():
         lsn = listener(PORT)
         for _ in range(2):
-            c = connect_from(CPORT + 2)
-            s, _ = lsn.accept()
-            c.shutdown(socket.SHUT_WR)
-            assert s.recv(1) == b""
-            s.close()
-            assert c.recv(1) == b""
-            c.close()
+            close_client_first(lsn, connect_from(CPORT + 2))
         lsn.close()
     in_netns(ns, scenario)
     lines, tw = timewait_lines(run, CPORT + 2)
     assert tw == [] and _tw_rows(run) == {}
 
 
-@contextlib.contextmanager
-def own_netns():
-    """A network namespace of the block's own, its loopback up, removed as
-    the block ends (the ns fixture's is removed after the test)."""
-    import uuid
-    from pyroute2 import NetNS, netns
-    name = f"nettap-test-{uuid.uuid4().hex[:8]}"
-    netns.create(name)
-    try:
-        with NetNS(name) as n:
-            n.link("set", index=n.link_lookup(ifname="lo")[0], state="up")
-        yield name
-    finally:
-        netns.remove(name)
+def close_client_first(lsn, c) -> int:
+    """c's connection, accepted by lsn, closed by the client's FIN first and
+    the peer's FIN read: c's socket goes to TIME_WAIT. Returns c's port."""
+    s, _ = lsn.accept()
+    c.shutdown(socket.SHUT_WR)
+    assert s.recv(1) == b""
+    s.close()
+    assert c.recv(1) == b""
+    port = c.getsockname()[1]
+    c.close()
+    return port
 
 
 def test_time_wait_sockets_of_connections_closing_at_once_are_all_tied(nettap_run, mode):
@@ -224,14 +214,9 @@ def test_time_wait_sockets_of_connections_closing_at_once_are_all_tied(nettap_ru
             for n in range(40):
                 port = PORT + (n % 2)
                 c = socket.create_connection(("127.0.0.1", port), timeout=10)
-                s, _ = lsns[n % 2].accept()
-                c.shutdown(socket.SHUT_WR)
-                assert s.recv(1) == b""
-                s.close()
-                assert c.recv(1) == b""
+                cport = close_client_first(lsns[n % 2], c)
                 if port == PORT:
-                    mine.append(c.getsockname()[1])
-                c.close()
+                    mine.append(cport)
             done[i] = mine
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
         for t in threads:
@@ -270,13 +255,7 @@ def test_a_reload_without_time_wait_records_counts_none_untied(nettap_run, mode)
     def one(ns, port):
         def scenario():
             lsn = listener(PORT)
-            c = connect_from(port)
-            s, _ = lsn.accept()
-            c.shutdown(socket.SHUT_WR)
-            assert s.recv(1) == b""
-            s.close()
-            assert c.recv(1) == b""
-            c.close()
+            close_client_first(lsn, connect_from(port))
             lsn.close()
         in_netns(ns, scenario)
     with own_netns() as mine:
@@ -309,12 +288,7 @@ def test_tcp_tw_reuse_takes_a_time_wait_socket_for_a_port_the_kernel_picks(netta
         lsn = listener(PORT)
         c = socket.create_connection(("127.0.0.1", PORT), timeout=10)
         assert c.getsockname()[1] == port
-        s, _ = lsn.accept()
-        c.shutdown(socket.SHUT_WR)
-        assert s.recv(1) == b""
-        s.close()
-        assert c.recv(1) == b""
-        c.close()
+        close_client_first(lsn, c)
         time.sleep(2.1)                          # its timestamp's second past
         try:
             again = socket.create_connection(("127.0.0.1", PORT), timeout=10)
