@@ -71,7 +71,7 @@ JOBS = 2
 QEMU_OPTS = "-accel tcg,thread=single"
 # The x86 guests' CPU: vng's TCG default, `-cpu max`, gives the guest AVX, MPX and PKRU state,
 # which the kernel saves and restores by XSAVE at every context switch (2,696 bytes a task,
-# emulated), and glibc's AVX2 string functions, emulated by helpers; a 64-bit CPU with SSE4.2,
+# emulated; its boot log says so), and AVX2 for user space's libraries to pick; a 64-bit CPU with SSE4.2,
 # POPCNT and AES-NI (what every x86 node has, what OpenSSL and Go pick their AES by) saves
 # its FPU state by FXSAVE (512 bytes). The same capture tests in the 6.12 guest: 89 and 92 s
 # against 98 and 98 (2026-12-07, one guest alone).
@@ -513,7 +513,8 @@ def slowest(junit, n=SLOWEST):
     """([(seconds, idle seconds, test id)] of the n slowest tests in a junit file, setup and
     teardown included (junit's time is the three together), (seconds, idle) of them all):
     idle is what the guest's CPUs spent waiting (tests/kernel/conftest.py's idle_s,
-    CPU-seconds summed over its CPUs), the host's CPU left to nobody."""
+    CPU-seconds summed over its two vCPUs: about the test's own time where one vCPU was busy
+    throughout, as most tests keep one; twice it where the test only waited on the clock)."""
     cases = []
     for c in ET.parse(junit).iter("testcase"):
         idle = next((float(p.get("value")) for p in c.iter("property") if p.get("name") == "idle_s"), 0.0)
