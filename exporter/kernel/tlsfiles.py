@@ -104,9 +104,13 @@ class TlsProbes:
         wait up to `wait` s for it. True when done."""
         with self._cv:
             self._asked += 1
-            want = self._asked
             self._cv.notify_all()
-            end = time.monotonic() + wait
+        return self.settle(wait)
+
+    def settle(self, wait: float) -> bool:
+        """Wait up to `wait` s for every scan asked for so far. True when done."""
+        with self._cv:
+            want, end = self._asked, time.monotonic() + wait
             while self._done < want and not self._closed:
                 left = end - time.monotonic()
                 if left <= 0:

@@ -163,6 +163,14 @@ class Run:
         if mode:
             assert {st.mechanism for st in self.app.probes.states.values()} == {mech}
             assert self.app.probes.variant == variant
+        self.settle()
+
+    def settle(self):
+        """The TLS files' look that a start or an apply asks for, done: the
+        loader waits for it up to 6 s, and the guests, beside other work on
+        the host, take longer (a test's traffic then runs before the uprobes)."""
+        tls = self.app.probes.tls if self.app.probes else None
+        assert tls is None or tls.settle(emulated(30, 120)), "the look for libssl files goes on"
 
     def counters(self):
         return self.app.counters()
@@ -178,6 +186,7 @@ class Run:
         doc.setdefault("output", {"type": "jsonl", "path": str(self.out), "root": str(self.out.parent)})
         doc["capture"] = {"records": EVERY_KIND, **(doc.get("capture") or {})}
         self.app.apply(config.parse(doc))
+        self.settle()
 
     def finish(self):
         """Stop (last drain, sink flushed) and return the JSON lines."""
