@@ -98,18 +98,14 @@ class TlsProbes:
         return libbpf.call_ptr("bpf_object__find_program_by_name", self.obj, name.encode())
 
     # -- asked by others (never waiting on a file) --
-    def scan(self, wait: float = 0.0) -> bool:
+    def scan(self, wait: float = 0.0, ask: bool = True) -> bool:
         """Attach to every libssl file not yet attached, the system's and the
         running processes', and release those no process maps any more;
-        wait up to `wait` s for it. True when done."""
+        wait up to `wait` s for it (not ask: for those asked so far); True: done."""
         with self._cv:
-            self._asked += 1
-            self._cv.notify_all()
-        return self.settle(wait)
-
-    def settle(self, wait: float) -> bool:
-        """Wait up to `wait` s for every scan asked for so far. True when done."""
-        with self._cv:
+            if ask:
+                self._asked += 1
+                self._cv.notify_all()
             want, end = self._asked, time.monotonic() + wait
             while self._done < want and not self._closed:
                 left = end - time.monotonic()

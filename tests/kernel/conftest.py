@@ -166,11 +166,11 @@ class Run:
         self.settle()
 
     def settle(self):
-        """The TLS files' look that a start or an apply asks for, done: the
+        """The TLS files' look that a start or an apply asked for, done: the
         loader waits for it up to 6 s, and the guests, beside other work on
         the host, take longer (a test's traffic then runs before the uprobes)."""
         tls = self.app.probes.tls if self.app.probes else None
-        assert tls is None or tls.settle(emulated(30, 120)), "the look for libssl files goes on"
+        assert tls is None or tls.scan(emulated(30, 120), ask=False), "the look for libssl files goes on"
 
     def counters(self):
         return self.app.counters()
