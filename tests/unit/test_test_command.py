@@ -69,8 +69,11 @@ def test_guests_are_split_into_lanes_whose_longest_is_shortest():
     assert {g for g, _r, _k in jobs} == set(km.EXPECTED)
     lanes = km.lanes(jobs, 2)
     assert sorted(j for lane in lanes for j in lane) == sorted(jobs)
-    longest = max(sum(km.EXPECTED[g] for g, _r, _k in lane) for lane in lanes)
-    assert longest <= sum(km.EXPECTED.values()) / 2 + min(km.EXPECTED.values())
+    # the guests that mostly wait (PREEMPT_RT's) beside the two lanes, alone in theirs
+    assert len(lanes) == 3 and {g for g, _r, _k in lanes[-1]} == set(km.WAITING)
+    busy = {g: t for g, t in km.EXPECTED.items() if g not in km.WAITING}
+    longest = max(sum(busy[g] for g, _r, _k in lane) for lane in lanes[:-1])
+    assert longest <= sum(busy.values()) / 2 + min(busy.values())
     assert [j for lane in km.lanes(jobs, 1) for j in lane] == sorted(jobs, key=lambda j: -km.EXPECTED[j[0]])
     # a -k of the caller's own is and-ed with the shard's, not replaced (pytest keeps only the last -k)
     assert km.with_k(["-k", "test_dns", "-x"], "tracepoint-") == ["-k", "(test_dns) and (tracepoint-)", "-x"]
