@@ -98,6 +98,14 @@ def _state(s: socket.socket) -> int:
     return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
 
+def in_time_wait(port: int) -> bool:
+    """The local port's socket is a TIME_WAIT one, in this thread's netns: its
+    row's timer is 3 (get_timewait4_sock; st is its substate, as a socket's)."""
+    with open("/proc/thread-self/net/tcp") as f:
+        rows = [l.split() for l in list(f)[1:]]
+    return any(int(r[1].rsplit(":", 1)[1], 16) == port and r[5].startswith("03:") for r in rows)
+
+
 def half_closed(ns: str, then) -> int:
     """The client closes while the server keeps its end open: the client's
     TIME_WAIT socket is a half-closed one (FIN_WAIT2), waiting for the
@@ -123,7 +131,9 @@ def test_a_reset_kills_a_time_wait_socket(nettap_run, mode, ns):
     _skip_unattached(run)
 
     def abort(s):
-        time.sleep(0.05)                           # the client's socket closed (its tw made)
+        # the client's socket closed, its TIME_WAIT socket made as the server's ACK came (a
+        # guest's softirq may come late: data to a FIN_WAIT2 socket is reset, with no TIME_WAIT)
+        wait_for(lambda: in_time_wait(CPORT + 1), timeout=10, what="the client's TIME_WAIT socket")
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sport = half_closed(ns, abort)
     lines, tw = timewait_lines(run, sport)
@@ -134,7 +144,7 @@ def test_a_reset_kills_a_time_wait_socket(nettap_run, mode, ns):
     run = nettap_run({"captures": [{"port": PORT}]})
 
     def data(s):
-        time.sleep(0.05)
+        wait_for(lambda: in_time_wait(CPORT + 1), timeout=10, what="the client's TIME_WAIT socket")
         s.sendall(b"late")
         wait_for(lambda: s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) or _state(s) == 7, timeout=10,
                  what="the client's reset")
