@@ -114,18 +114,20 @@ ARM64_TESTS = ("test_every_send_and_receive_call_byte_exact", "test_port_target_
                "test_the_default_records_of_a_request_on_a_new_connection", "test_compiled_walk_sees_what_libbpf_sees")
 SUBSETS = {name: " or ".join(ARM64_TESTS) for name in ARCHES}
 # Seconds each guest took in CI (boot included): the guests are split into --jobs lanes, each
-# run one guest after another, by the split whose longest lane is shortest. What each took in
-# CI's run at b4d89a4 (2026-12-07; the host's unit, kernel and e2e tests beside the first ones).
-EXPECTED = {"6.1-rt": 464, "6.1-rt.tp": 849, "5.10": 709, "6.12": 651, "6.1": 432, "6.1.tp": 266,
-            "6.1-arm64": 194, "6.12-arm64": 261}
+# run one guest after another, by the split whose longest lane is shortest. What each took in a
+# fresh clone's run at b053240 (2026-12-07; three lanes, WAITING's beside; the host's unit,
+# kernel and e2e tests beside the first guests).
+EXPECTED = {"6.1-rt": 542, "6.1-rt.tp": 950, "5.10": 866, "6.12": 896, "6.1": 523, "6.1.tp": 303,
+            "6.1-arm64": 209, "6.12-arm64": 318}
 # Guests whose tests mostly wait, given a lane of their own beside the --jobs lanes (when there
-# are two or more): PREEMPT_RT's. In the run above its qemu used 210 CPU-s of the host in 464 s
-# and 270 in 849, where 6.12's used 552 in 651. Its tests wait in the kernel: a sample of the
-# guest's stacks found nettap's detaching threads in synchronize_rcu_tasks_trace (each perf-event
-# link's release, perf_event_detach_bpf_prog); of the matrix's configs only RT's has
-# TASKS_TRACE_RCU_READ_MB, whose grace periods wait on the clock rather than on IPIs, and boot
-# parameters (rcupdate.rcu_task_ipi_delay=0, rcu_expedited=1, rcu_normal_after_boot=0) left a
-# test's detach at 3.3 s. Their CPU-light lane overlaps the others instead of following them.
+# are two or more): PREEMPT_RT's. In CI's run at b4d89a4 (two lanes) its qemu used 210 CPU-s of
+# the host in 464 s and 270 in 849, where 6.12's used 552 in 651. Its tests wait in the kernel:
+# a sample of the guest's stacks found nettap's detaching threads in synchronize_rcu_tasks_trace
+# (each perf-event link's release, perf_event_detach_bpf_prog); of the matrix's configs only
+# RT's has TASKS_TRACE_RCU_READ_MB, whose grace periods wait on the clock rather than on IPIs,
+# and boot parameters (rcupdate.rcu_task_ipi_delay=0, rcu_expedited=1, rcu_normal_after_boot=0)
+# left a test's detach at 3.3 s. Their CPU-light lane overlaps the others instead of following
+# them: the test command took 1,697 s where it took 2,106 in two lanes (the stage tables).
 WAITING = ("6.1-rt", "6.1-rt.tp")
 # The whole matrix must end inside CI's 90 minutes, with the host's own run (~9 min) before it:
 # no guest gets more than what is left of this. pytest in the guest is interrupted (SIGINT)
@@ -134,6 +136,7 @@ BUDGET = 4500
 PYTEST_GRACE = 150
 BOOT_ATTEMPTS = 2                      # a guest whose kernel died before the tests started: once more
 GUESTS = []                            # every vng started, to kill on timeout or interrupt
+STOP = threading.Event()               # interrupted: the lanes boot no more guests
 MARK = ".nettap-kernel-matrix"         # marks a /lib/modules/<release> this script created
 ENV = dict(os.environ, DEBIAN_FRONTEND="noninteractive",
            PATH=f"{REPO}/.venv/bin:/usr/sbin:/sbin:{os.environ.get('PATH', '/usr/bin:/bin')}")
@@ -381,6 +384,8 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None, kernel=N
             p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdin=subprocess.DEVNULL, stdout=console,
                                  stderr=subprocess.STDOUT, start_new_session=True)
             GUESTS.append(p)
+            if STOP.is_set():          # interrupted as it started: main's finally may have missed it
+                kill(p)
             try:
                 cpu = wait_cpu(p, max(1.0, timeout - (time.monotonic() - start)))
                 with open(f"{out}/{name}.cpu", "w") as f:
@@ -398,7 +403,8 @@ def boot(name, release, out, timeout, pytest_args, deadline, tree=None, kernel=N
         log_path = f"{out}/{name}.log"
         started = os.path.exists(f"{out}/{name}.release") and os.path.exists(log_path) \
             and os.path.getsize(log_path) > 0
-        if started or attempt == BOOT_ATTEMPTS or timeout - (time.monotonic() - start) < 2 * PYTEST_GRACE:
+        if started or STOP.is_set() or attempt == BOOT_ATTEMPTS \
+                or timeout - (time.monotonic() - start) < 2 * PYTEST_GRACE:
             break
         os.replace(f"{out}/{name}.console.log", f"{out}/{name}.console.{attempt}.log")
         for ext in ("release", "boot", "unpacked", "hold", "log", "rc", "xml"):
@@ -622,6 +628,8 @@ def main():
 
         def run_lane(lane):
             for name, release, k in lane:
+                if STOP.is_set():
+                    return
                 began[name] = time.time()
                 arch = ARCHES.get(name)            # (an arm64 kernel has no shards)
                 try:
@@ -639,6 +647,7 @@ def main():
         for name, release, _k in jobs:
             rows[name] = report_guest(name, release, out, took[name], began.get(name, ""))
     finally:
+        STOP.set()
         for p in GUESTS:               # interrupted: stop the guests before their modules go
             kill(p)
         for d in created:              # leave no kernel of ours behind on the host
