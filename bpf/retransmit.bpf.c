@@ -157,6 +157,19 @@ static __always_inline void segment_submit(struct nettap_segment *r)
 	bpf_ringbuf_submit(r, flags);
 }
 
+/* The segments the kernel counts in an skb it received (tcp_segs_in): its
+ * gso_segs, at least one. A socket's backlog joins segments that came while
+ * its owner held it (tcp_add_backlog, 4.20), GRO those of one burst. */
+static __always_inline __u16 skb_segs(const struct sk_buff *skb)
+{
+	const struct skb_shared_info *shinfo;
+	__u16 segs;
+
+	shinfo = (const void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
+	segs = BPF_CORE_READ(shinfo, gso_segs);
+	return segs ? segs : 1;
+}
+
 /* Every segment an established socket of the node receives passes here: one
  * array read says no while no target has segments on, the connection
  * table's front door for the sockets not captured. */
@@ -200,7 +213,7 @@ int BPF_PROG(tcp_segment, struct sock *sk, struct sk_buff *skb)
 	r->srtt_us = BPF_CORE_READ(tp, srtt_us) >> 3;
 	r->snd_wnd = BPF_CORE_READ(tp, snd_wnd);
 	r->rcv_wnd = BPF_CORE_READ(tp, rcv_wnd);
-	__builtin_memset(r->pad0, 0, sizeof(r->pad0));
+	r->segs = skb_segs(skb);
 	OBS_SOCK(r, sk, false);
 	segment_submit(r);
 	return 0;

@@ -531,7 +531,7 @@ struct NETTAP_RECORD("segment", "segments") nettap_segment {
 	__u32 snd_wnd;	/* the window the peer advertised */
 	__u32 rcv_wnd;	/* the window this socket advertised */
 	struct nettap_ports ports;
-	__u8 pad0[2] NETTAP_JSON("-");
+	__u16 segs; /* segments it stands for (tcpi_segs_in): >1 where the kernel joined them */
 	struct nettap_netns_addrs at;
 };
 

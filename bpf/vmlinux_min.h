@@ -196,8 +196,15 @@ struct sk_buff {
 	unsigned int len;
 	unsigned char *data;
 	unsigned char *head;
+	unsigned int end;	/* skb_shinfo's offset from head (64-bit kernels) */
 	__u16 transport_header; /* offsets from head */
 	__u16 network_header;
+};
+
+/* at skb->head + skb->end: gso_segs, the segments one skb stands for (0 or
+ * 1 for one), as tcp_segs_in counts them */
+struct skb_shared_info {
+	unsigned short gso_segs;
 };
 
 /* UDP's second receive queue (Linux 4.13): a receive takes from it first,

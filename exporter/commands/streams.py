@@ -75,7 +75,8 @@ LIFECYCLE = {
     "probe": lambda r: (f"{'zero-window' if r['probe'] == 'window' else r['probe']} probe sent in {r['state']}: "
                         f"{r['probes_out']} unanswered, the peer's window {r['snd_wnd']} B, "
                         f"RTO {r['rto_jiffies']} jiffies"),
-    "segment": lambda r: (f"segment in: seq {r['seq']}, {r['length']} B; cwnd {r['snd_cwnd']}, "
+    "segment": lambda r: (("segment" if r.get("segs", 1) < 2 else f"{r['segs']} segments, joined,") +
+                          f" in: seq {r['seq']}, {r['length']} B; cwnd {r['snd_cwnd']}, "
                           f"ssthresh {r['ssthresh']}, srtt {r['srtt_us']} us, the peer's window {r['snd_wnd']} B, "
                           f"ours {r['rcv_wnd']} B"),
     "timewait": lambda r: (f"TIME_WAIT socket ({r['substate']}) made, {r['timeout_jiffies']} jiffies to its timeout"

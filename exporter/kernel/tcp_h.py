@@ -437,7 +437,7 @@ STRUCTS = {
         ('family', 52, '__u16', 1, 2, 'family', 'AF_INET or AF_INET6'),
         ('sport', 54, '__u16', 1, 2, '', 'local port'),
         ('dport', 56, '__u16', 1, 2, '', 'remote port'),
-        ('pad0', 58, '__u8', 2, 2, '-', ''),
+        ('segs', 58, '__u16', 1, 2, '', 'segments it stands for (tcpi_segs_in): >1 where the kernel joined them'),
         ('netns', 60, '__u32', 1, 4, '', "inode of the socket's network namespace"),
         ('saddr', 64, '__u8', 16, 16, 'addr', 'local address'),
         ('daddr', 80, '__u8', 16, 16, 'addr', 'remote address'),
