@@ -266,10 +266,12 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 			return 0;
 		}
 	}
-	if (BPF_CORE_READ_BITFIELD_PROBED((struct request_sock *)req, num_timeout))
-		return 0;
+	/* a captured listener's first: a request of another costs one read
+	 * (its ports), a helper call (~50 ns here, bench/probe_cost.py) */
 	cfg = active_config();
 	if (!cfg || !sock_matches(cfg, req, false))
+		return 0;
+	if (BPF_CORE_READ_BITFIELD_PROBED((struct request_sock *)req, num_timeout))
 		return 0;
 	listener_count(BPF_CORE_READ(req, __sk_common.skc_listener), false);
 	if (!sample_keep(cfg, req, false))
