@@ -266,8 +266,8 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 			return 0;
 		}
 	}
-	/* a captured listener's first: a request of another costs one read
-	 * (its ports), a helper call (~50 ns here, bench/probe_cost.py) */
+	/* a captured listener's first: a request of another listener costs
+	 * one read (its ports), a helper call (~52 ns here: bench/steps.py) */
 	cfg = active_config();
 	if (!cfg || !sock_matches(cfg, req, false))
 		return 0;

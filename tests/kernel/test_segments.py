@@ -79,10 +79,11 @@ def test_segments_are_recorded_for_the_targets_that_ask(nettap_run, mode, ns):
     assert segs and {(l["sport"], l["dport"]) for l in segs} <= {(SEG, client), (client, SEG)}, segs
     server = [l for l in segs if l["sport"] == SEG]
     assert sum(l["length"] for l in server) == SENDS * SIZE, server
-    # each send a segment of its own; a line joins those the kernel joined (a
-    # busy socket's backlog), and says how many: tcpi_segs_in's count
-    assert sum(l["segs"] for l in server if l["length"]) == SENDS
-    assert all(l["length"] == SIZE * l["segs"] for l in server if l["length"]), server
+    # each send a segment of its own; a line stands for those the kernel
+    # joined (a busy socket's backlog, where a pure ACK may lead them) and
+    # says how many: tcpi_segs_in's count
+    assert all(l["length"] % SIZE == 0 and l["length"] <= SIZE * l["segs"] for l in server), server
+    assert sum(l["segs"] for l in server if l["length"]) >= SENDS
     answers = [l for l in segs if l["sport"] == client]
     assert sum(l["length"] for l in answers) == ANSWERS, answers
     conn_ids = {l["conn_id"] for l in segs}
