@@ -40,6 +40,17 @@ def stats_fds(pid: int) -> int:
                and os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:bpf-stats")
 
 
+def sorted_view(t, header: str, key, reverse: bool) -> list:
+    """The view's column (key of each row: None left out) once one screen
+    shows header and its rows in that order: a screen read while the view
+    redraws holds old rows under the new header."""
+    def shown():
+        screen = t.screen()
+        col = [key(r) for r in rows(screen) if key(r) is not None]
+        return header in screen and col and col == sorted(col, reverse=reverse) and col
+    return wait_for(shown, timeout=5, what=f"the rows sorted under {header}")
+
+
 def rows(screen: str) -> list:
     """(id, name, type, owner, runs/s or None) of the programs table."""
     out = []
@@ -154,17 +165,13 @@ def test_live_view_shows_rates_sorts_and_quits_with_stats_released(loaded):
         assert "%CPU ▼" in screen                               # the default: most CPU first
 
         t.keys("2")                                              # sort by name, A to Z
-        wait_for(lambda: "NAME ▲" in t.screen(), timeout=5, what="sorted by name")
-        names_shown = [r[1] for r in rows(t.screen())]
-        assert names_shown == sorted(names_shown) and len(set(names_shown)) > 1
+        names_shown = sorted_view(t, "NAME ▲", lambda r: r[1], False)
+        assert len(set(names_shown)) > 1
         t.keys("2")                                              # again: Z to A
-        wait_for(lambda: "NAME ▼" in t.screen(), timeout=5, what="name reversed")
-        names_shown = [r[1] for r in rows(t.screen())]
-        assert names_shown == sorted(names_shown, reverse=True)
+        sorted_view(t, "NAME ▼", lambda r: r[1], True)
         t.keys("5")                                              # runs/s, most first
-        wait_for(lambda: "RUNS/S ▼" in t.screen(), timeout=5, what="sorted by runs/s")
-        runs = [r[4] for r in rows(t.screen()) if r[4] is not None]
-        assert runs == sorted(runs, reverse=True) and runs[0] > 0
+        runs = sorted_view(t, "RUNS/S ▼", lambda r: r[4], True)
+        assert runs[0] > 0
 
         t.keys("q")
         wait_for(lambda: "nettap-top-exit=0" in t.screen(), timeout=10, what="q quits")
