@@ -87,7 +87,9 @@ struct {
 } request_slot SEC(".maps");
 
 /* Entries of request_socks, and CPUs whose slot holds a timer: the timer
- * programs look no further while they are 0. */
+ * programs look no further while they are 0. Written by these programs
+ * alone: user space zeroes them as it empties request_socks, request_slot
+ * and request_listeners, the programs detached (exporter/kernel/followed.py). */
 __u32 requests_tracked SEC(".bss.requests");
 __u32 request_slots_armed SEC(".bss.requests");
 
@@ -240,14 +242,13 @@ static __always_inline __u8 request_cause(void *ctx)
 
 /* A request's timer started: a new request of a captured listener (its
  * first start: no timeout yet) is followed from here; a followed one's
- * start is its handler sending its SYN-ACK again. */
-NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
-SEC("tp_btf/timer_start")
-int BPF_PROG(tcp_request, struct timer_list *timer)
+ * start is its handler sending its SYN-ACK again. fast: the request read
+ * by direct loads (bpf_rdonly_cast, Linux 6.2), else by helper calls. */
+static __always_inline int on_request_start(struct timer_list *timer, const bool fast)
 {
 	struct nettap_capture_config *cfg;
 	struct request_slot *slot;
-	struct request *found, e = {};
+	struct request *found, e;
 	struct sock *req;
 	__u64 key;
 	long left;
@@ -267,15 +268,17 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 		}
 	}
 	/* a captured listener's first: a request of another listener costs
-	 * one read (its ports), a helper call (~52 ns here: bench/steps.py) */
+	 * its ports, two loads (fast) or a helper call (~52 ns here:
+	 * bench/steps.py) */
 	cfg = active_config();
-	if (!cfg || !sock_matches(cfg, req, false))
+	if (!cfg || !sock_matches(cfg, fast ? KCAST(struct sock, key) : req, fast))
 		return 0;
 	if (BPF_CORE_READ_BITFIELD_PROBED((struct request_sock *)req, num_timeout))
 		return 0;
 	listener_count(BPF_CORE_READ(req, __sk_common.skc_listener), false);
 	if (!sample_keep(cfg, req, false))
 		return 0;
+	__builtin_memset(&e, 0, sizeof(e)); /* here: not on every timer's way out */
 	e.made_ns = bpf_ktime_get_ns();
 	e.wants = target_kinds(req, false, false);
 	obs_sock(req, false, &e.ports, &e.at.addrs, &e.at.netns);
@@ -288,6 +291,20 @@ int BPF_PROG(tcp_request, struct timer_list *timer)
 	left = (long)(timer->expires - bpf_jiffies64());
 	request_record(&e, NETTAP_REQ_MADE, left > 0 ? left : 0, 0);
 	return 0;
+}
+
+NETTAP_PROG("probe=tcp_request variant=fast mech=tp_btf records=request")
+SEC("tp_btf/timer_start")
+int BPF_PROG(tcp_request, struct timer_list *timer)
+{
+	return on_request_start(timer, true);
+}
+
+NETTAP_PROG("probe=tcp_request variant=compat mech=tp_btf records=request")
+SEC("tp_btf/timer_start")
+int BPF_PROG(tcp_request_compat, struct timer_list *timer)
+{
+	return on_request_start(timer, false);
 }
 
 /* What a request is dropped as if its timer's function drops it now: its

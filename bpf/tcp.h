@@ -166,24 +166,26 @@
 /* nettap_timewait.event: a captured connection's TIME_WAIT socket made, or
  * how it ended (bpf/timewait.bpf.c tells the early ends by the kernel
  * function that killed it: inet_twsk_deschedule_put's caller) */
-#define NETTAP_TW_MADE	  1 /* made as the connection closed, its timer started */
-#define NETTAP_TW_EXPIRED 2 /* its timer fired: TIME_WAIT's 60 s, or tcp_fin_timeout half-closed */
-#define NETTAP_TW_REUSED  3 /* a new connection took its tuple (a connect, tcp_tw_reuse; a SYN) */
-#define NETTAP_TW_RESET	  4 /* a reset killed it: one received, or one it sent to new data */
-#define NETTAP_TW_PURGED  5 /* its network namespace went away */
-#define NETTAP_TW_KILLED  6 /* killed early by another path */
+#define NETTAP_TW_MADE	    1 /* made as the connection closed, its timer started */
+#define NETTAP_TW_EXPIRED   2 /* its timer fired: TIME_WAIT's 60 s, or tcp_fin_timeout half-closed */
+#define NETTAP_TW_REUSED    3 /* a new connection took its tuple (a connect, tcp_tw_reuse; a SYN) */
+#define NETTAP_TW_RESET	    4 /* a reset killed it: one received, or one it sent to new data */
+#define NETTAP_TW_PURGED    5 /* its network namespace went away */
+#define NETTAP_TW_KILLED    6 /* killed early by another path */
+#define NETTAP_TW_FORGOTTEN 7 /* none: forgotten as a reload detached them (only counted) */
 
 /* nettap_request.outcome: a captured listener's request socket (a SYN
  * received, its SYN-ACK sent) made, or how it ended (bpf/request.bpf.c) */
-#define NETTAP_REQ_MADE	       1 /* made: a SYN received, a SYN-ACK sent */
-#define NETTAP_REQ_ESTABLISHED 2 /* its handshake's ACK came: its socket made and queued */
-#define NETTAP_REQ_TIMEOUT     3 /* no ACK after tcp_synack_retries SYN-ACKs sent again */
-#define NETTAP_REQ_OVERFLOW    4 /* its ACK came while the accept queue was full, then timed out */
-#define NETTAP_REQ_RESET       5 /* a reset (or a segment tcp_check_req refused) ended it */
-#define NETTAP_REQ_CLOSED      6 /* its listener closed */
-#define NETTAP_REQ_KILLED      7 /* ended by another path */
-#define NETTAP_REQ_COOKIE      8 /* none: a socket made from a SYN cookie's ACK */
-#define NETTAP_REQ_LISTEN_DROP 9 /* none: segments the listener dropped (only counted) */
+#define NETTAP_REQ_MADE	       1  /* made: a SYN received, a SYN-ACK sent */
+#define NETTAP_REQ_ESTABLISHED 2  /* its handshake's ACK came: its socket made and queued */
+#define NETTAP_REQ_TIMEOUT     3  /* no ACK after tcp_synack_retries SYN-ACKs sent again */
+#define NETTAP_REQ_OVERFLOW    4  /* its ACK came while the accept queue was full, then timed out */
+#define NETTAP_REQ_RESET       5  /* a reset (or a segment tcp_check_req refused) ended it */
+#define NETTAP_REQ_CLOSED      6  /* its listener closed */
+#define NETTAP_REQ_KILLED      7  /* ended by another path */
+#define NETTAP_REQ_COOKIE      8  /* none: a socket made from a SYN cookie's ACK */
+#define NETTAP_REQ_LISTEN_DROP 9  /* none: segments the listener dropped (only counted) */
+#define NETTAP_REQ_FORGOTTEN   10 /* none: forgotten as a reload detached them (only counted) */
 
 /* nettap_tls_handshake.outcome, from SSL_do_handshake's return: 1, 0, or
  * below 0 (an error, or a non-blocking socket's "want read/write": the

@@ -14,7 +14,7 @@
  * nettap_ksyms). A detach neither due nor a kill is a restart (mod_timer:
  * a FIN or segment into TIME_WAIT), which timer:timer_start follows.
  *
- * Both programs run for every timer of the node: one compare of the
+ * The three programs run for every timer of the node: one compare of the
  * timer's function says no for all but TIME_WAIT sockets' timers, and a
  * count for all but those of captured connections.
  */

@@ -79,7 +79,10 @@ NETTAP_SHARED struct {
 } timewait_socks NETTAP_MAP("prealloc_max=4096") SEC(".maps");
 
 /* Entries of timewait_socks, and of timewait_pending: the timer programs,
- * which run for every timer of the node, look no further while they are 0. */
+ * which run for every timer of the node, look no further while they are 0
+ * (one cache line for both). User space zeroes timewait_tracked as it
+ * empties timewait_socks, its programs detached (a store to it alone,
+ * through the map's memory: exporter/kernel/followed.py). */
 NETTAP_SHARED __u32 timewait_tracked SEC(".bss.timers");
 NETTAP_SHARED __u32 timewait_pending_n SEC(".bss.timers");
 

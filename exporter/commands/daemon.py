@@ -114,8 +114,13 @@ class Nettap:
         return {m: self._insert_failures.sum(i)[""] for i, m in enumerate(tcp_h.MAPS)}
 
     def obs_counts(self) -> list:
-        """The obs_counters rows (NETTAP_OBS_*), summed over CPUs: OBS_ROWS ints."""
-        return self._obs.read(0)
+        """The obs_counters rows (NETTAP_OBS_*), summed over CPUs: OBS_ROWS
+        ints; with what user space counts in rows no program writes (the
+        entries forgotten as their programs detached: kernel/followed.py)."""
+        rows = self._obs.read(0)
+        for row, n in self.probes.forgotten.items():
+            rows[row] += n
+        return rows
 
     def known_map_entries(self) -> Dict[str, int]:
         cur = self.target_maps.current

@@ -18,7 +18,8 @@ MAP = ".data.ksyms"
 # timer function's address is written only while they are attached: tcp_state
 # counts a TIME_WAIT socket not tied to its connection only then).
 TIMEWAIT_PROGRAMS = ("tcp_timewait", "tcp_timewait_end", "tcp_timewait_expire")
-PROGRAMS = TIMEWAIT_PROGRAMS + ("tcp_request", "tcp_request_end", "tcp_request_exit", "tcp_request_state")
+PROGRAMS = TIMEWAIT_PROGRAMS + ("tcp_request", "tcp_request_compat", "tcp_request_end", "tcp_request_exit",
+                             "tcp_request_state")
 HANDLER, DESCHEDULE = "tw_timer_handler", "inet_twsk_deschedule_put"
 # The callers of inet_twsk_deschedule_put, each with the NETTAP_TW_* it kills
 # a TIME_WAIT socket by (0: by its substate, bpf/timewait.bpf.c); the purge

@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 
-from exporter.kernel import arch, dns, gotls, ksyms, libbpf, tcp_h, tls, tlsfiles
+from exporter.kernel import arch, dns, followed, gotls, ksyms, libbpf, tcp_h, tls, tlsfiles
 from exporter.kernel import privileges
 from exporter.kernel import programs as table
 from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
@@ -127,6 +127,7 @@ class Probes:
         self.tls: tlsfiles.TlsProbes | None = None
         self.tls_refused = dict.fromkeys(tls.REASONS, 0)     # libssl files refused, while TLS was ever on
         self.ksyms_tw = None                # struct nettap_ksyms as written: with the TIME_WAIT timer's function?
+        self.forgotten: dict = {}           # obs_counters row -> entries forgotten by a detach (followed.py)
         self.tls_deferred = ok and not tls_now              # loaded at the first set_tls(True)
         self.dns = dns.DnsProbes(self.variant, self.plan.dns, destroy_links)
         self.dns.deferred = self.dns.loaded and not dns_now
@@ -289,9 +290,11 @@ class Probes:
     def set_records(self, records) -> None:
         """capture.records: attach the separate probes a kind of records
         needs, detach those none does (separate.py)."""
-        self.sep.set_records(records, self._attach_links)
+        detached = self.sep.set_records(records, self._attach_links)
         if self.ksyms_tw and not self.separate["tcp_timewait"].attached:
             self._write_ksyms(False)
+        for row, n in followed.forget(detached, self.map_fds, self.map_info, self._path).items():
+            self.forgotten[row] = self.forgotten.get(row, 0) + n
 
     def _write_ksyms(self, timewait: bool) -> None:
         """struct nettap_ksyms, its TIME_WAIT timer's function only while

@@ -87,10 +87,11 @@ class SeparateProbes:
         st.mechanism, st.attached, st.error = mech, True, ""
         self.links[name] = links
 
-    def set_records(self, records, attach_one) -> None:
+    def set_records(self, records, attach_one) -> list:
         """capture.records: attach the probes a kind of records needs, detach
-        those none does (each detach waits out a grace period)."""
+        those none does; returns the probes detached."""
         self.records = None if records is None else frozenset(records)
+        detached = []
         for name in list(self.programs):
             st, wanted = self.states[name], self.wanted(name)
             if wanted and not st.attached:
@@ -98,6 +99,8 @@ class SeparateProbes:
             elif not wanted and st.attached:
                 destroy_links(self.links.pop(name, []))
                 st.mechanism, st.attached, st.error = DISABLED, False, RECORDS_OFF
+                detached.append(name)
+        return detached
 
     def take_links(self) -> list:
         """Every link, handed over to be destroyed (the probes stay as reported)."""

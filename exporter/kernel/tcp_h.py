@@ -98,6 +98,7 @@ TW_REUSED = 3
 TW_RESET = 4
 TW_PURGED = 5
 TW_KILLED = 6
+TW_FORGOTTEN = 7
 REQ_MADE = 1
 REQ_ESTABLISHED = 2
 REQ_TIMEOUT = 3
@@ -107,6 +108,7 @@ REQ_CLOSED = 6
 REQ_KILLED = 7
 REQ_COOKIE = 8
 REQ_LISTEN_DROP = 9
+REQ_FORGOTTEN = 10
 TLS_HS_DONE = 1
 TLS_HS_FAILED = 2
 TLS_HS_NOT_DONE = 3
@@ -128,13 +130,13 @@ NAMES = {
     'LOG': {1: 'read_user_failed', 2: 'conn_table_full', 3: 'inflight_full', 4: 'iov_truncated', 5: 'payload_unreadable'},
     'MAP': {0: 'tls_calls', 1: 'go_tls_calls', 2: 'timewait', 3: 'requests', 4: 'listeners'},
     'PROBE': {0: 'tcp_sendmsg', 1: 'tcp_recvmsg', 2: 'ssl_write', 3: 'ssl_read', 4: 'ssl_handshake', 5: 'dns', 6: 'go_tls_write', 7: 'go_tls_read'},
-    'REQ': {1: 'made', 2: 'established', 3: 'timeout', 4: 'overflow', 5: 'reset', 6: 'closed', 7: 'killed', 8: 'cookie', 9: 'listen_drop'},
+    'REQ': {1: 'made', 2: 'established', 3: 'timeout', 4: 'overflow', 5: 'reset', 6: 'closed', 7: 'killed', 8: 'cookie', 9: 'listen_drop', 10: 'forgotten'},
     'RETRANS': {1: 'rto', 2: 'tlp', 3: 'fast', 4: 'synack'},
     'RING': {0: 'capture_chunks', 1: 'capture_eof', 2: 'logs', 3: 'obs_events', 4: 'dlopen', 5: 'segments', 6: 'dns'},
     'TIMER': {1: 'retransmit', 2: 'keepalive'},
     'TLS_HS': {1: 'done', 2: 'failed', 3: 'not_done'},
     'TRANSPORT': {6: 'tcp', 17: 'udp'},
-    'TW': {1: 'made', 2: 'expired', 3: 'reused', 4: 'reset', 5: 'purged', 6: 'killed'},
+    'TW': {1: 'made', 2: 'expired', 3: 'reused', 4: 'reset', 5: 'purged', 6: 'killed', 7: 'forgotten'},
     'VIA': {1: 'connect', 2: 'first_call', 3: 'accept'},
     'WAKEUP': {1: 'window', 2: 'keepalive'},
 }

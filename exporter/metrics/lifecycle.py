@@ -46,7 +46,8 @@ class LifecycleCollector(Collector):
          "TIME_WAIT sockets of captured connections made (bpf/timewait.bpf.c).", []),
         (CounterMetricFamily, "nettap_tcp_timewait_sockets_ended",
          "TIME_WAIT sockets of captured connections ended, by cause (expired, reused by a new connection, "
-         "reset, purged with their network namespace, killed otherwise).", ["cause"]),
+         "reset, purged with their network namespace, killed otherwise; forgotten: followed when a reload "
+         "detached their programs).", ["cause"]),
         (GaugeMetricFamily, "nettap_tcp_timewait_sockets",
          "TIME_WAIT sockets of captured connections alive now: made less ended.", []),
         (CounterMetricFamily, "nettap_tcp_timewait_sockets_untied",
@@ -59,7 +60,8 @@ class LifecycleCollector(Collector):
          "while the accept queue was full, then timed out; reset; closed: the listener closed; killed); and the "
          "SYNs that made none: cookie, a socket made from a SYN cookie's ACK; listen_drop, the segments the listener "
          "dropped (its sk_drops, read as it makes a request and closes): SYNs its full SYN or accept queue refused, "
-         "and the segments its requests refused (a SYN sent again, an ACK held back or refused, a reset).",
+         "and the segments its requests refused (a SYN sent again, an ACK held back or refused, a reset); "
+         "forgotten: requests followed when a reload detached their programs.",
          ["outcome"]),
         (CounterMetricFamily, "nettap_capture_sampled_out",
          "Sockets a target matched that capture.sample_connections left out, counted as each was decided "

@@ -393,3 +393,47 @@ def test_a_syn_whose_syn_acks_are_dropped_times_out(nettap_run, mode, ns):
     ended = got[port][1]
     assert ended["retransmits"] == 2 and 6500 <= ended["age_ms"] <= 12000, ended
     assert _rows(run) == {"made": 1, "timeout": 1} and took < 12, took
+
+
+def test_a_reload_without_request_records_forgets_those_followed(nettap_run, mode, ns):
+    """A captured listener's request followed (its handshake's ACK dropped),
+    then a reload without request records detaches its programs: what they
+    followed is forgotten (exporter/kernel/followed.py), counted (outcome
+    forgotten) rather than left for a later socket at its address to be
+    taken for, their maps emptied and their counts zeroed. Asked for again,
+    the next request is followed; the forgotten one's end (its ACK let
+    through, to the SYN-ACK sent again) is no line."""
+    from conftest import EVERY_KIND
+    from exporter.kernel import maps
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    doc = {"captures": [{"port": PORT}]}
+    fds, info = run.app.probes.map_fds, run.app.probes.map_info
+    drop(ns, "tcp flags & (syn | ack | rst) == ack")            # every handshake-ending ACK, to PORT
+
+    def scenario():
+        lsn = listener(PORT)
+        lsn.settimeout(10)
+        first = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        wait_for(lambda: _rows(run).get("made") == 1, what="its request made")
+        followed = maps.count(fds["request_socks"], 8)          # and any an earlier test left
+        run.apply({**doc, "capture": {"records": [k for k in EVERY_KIND if k != "request"]}})
+        size = info[".bss.requests"][2]
+        after = (_rows(run), maps.count(fds["request_socks"], 8), maps.count(fds["request_listeners"], 8),
+                 maps.lookup(fds[".bss.requests"], bytes(4), size) == bytes(size))
+        run.apply(doc)
+        subprocess.run(["nft", "delete", "table", "inet", "nettap_test"], check=True)
+        second = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        for _ in range(2):                                       # the first's, as its ACK comes
+            lsn.accept()[0].close()
+        ports = [s.getsockname()[1] for s in (first, second)]
+        for s in (first, second, lsn):
+            s.close()
+        return followed, after, ports
+    followed, after, (first, second) = in_netns(ns, scenario)
+    assert followed >= 1
+    assert after == ({"made": 1, "forgotten": followed}, 0, 0, True), after
+    lines, got = requests(run)
+    assert [l["outcome"] for l in got.get(first, [])] == ["made"], got
+    assert [l["outcome"] for l in got.get(second, [])] == ["made", "established"], got
+    assert _rows(run) == {"made": 2, "established": 1, "forgotten": followed}

@@ -251,6 +251,16 @@ def test_time_wait_sockets_of_connections_closing_at_once_are_all_tied(nettap_ru
     assert _tw_rows(run) == {"made": 40, "purged": 40}
 
 
+def close_in(ns: str, port: int) -> None:
+    """A connection from port to PORT, in ns, closed client first: its
+    TIME_WAIT socket (60 s) left there."""
+    def scenario():
+        lsn = listener(PORT)
+        close_client_first(lsn, connect_from(port))
+        lsn.close()
+    in_netns(ns, scenario)
+
+
 def test_a_reload_without_time_wait_records_counts_none_untied(nettap_run, mode):
     """capture.records without timewait detaches the TIME_WAIT programs: a
     captured connection closing through TIME_WAIT then is neither followed
@@ -261,25 +271,51 @@ def test_a_reload_without_time_wait_records_counts_none_untied(nettap_run, mode)
     run = nettap_run({"captures": [{"port": PORT}]})
     _skip_unattached(run)
     doc = {"captures": [{"port": PORT}]}
-
-    def one(ns, port):
-        def scenario():
-            lsn = listener(PORT)
-            close_client_first(lsn, connect_from(port))
-            lsn.close()
-        in_netns(ns, scenario)
     with own_netns() as mine:
         run.apply({**doc, "capture": {"records": [k for k in EVERY_KIND if k != "timewait"]}})
         assert not run.app.probes.separate["tcp_timewait"].attached
-        one(mine, CPORT + 3)
+        close_in(mine, CPORT + 3)
         run.apply(doc)
         assert run.app.probes.separate["tcp_timewait"].attached
-        one(mine, CPORT + 4)
+        close_in(mine, CPORT + 4)
     wait_for(lambda: _tw_rows(run).get("purged"), timeout=30, what="the namespace's TIME_WAIT socket purged")
     lines, tw = timewait_lines(run, CPORT + 4)
     assert [l["event"] for l in tw] == ["made", "purged"], tw
     assert not [l for l in lines if l["type"] == "timewait" and l["sport"] == CPORT + 3]
     assert _tw_rows(run) == {"made": 1, "purged": 1}
+
+
+def test_a_reload_without_time_wait_records_forgets_those_followed(nettap_run, mode):
+    """A captured connection's TIME_WAIT socket followed (60 s), then a
+    reload without timewait records detaches its programs: what they
+    followed is forgotten (exporter/kernel/followed.py), counted (cause
+    forgotten) rather than left alive for ever, their map emptied and their
+    count zeroed; asked for again, the next one is followed from there."""
+    from conftest import EVERY_KIND
+    from exporter.kernel import followed, maps
+    run = nettap_run({"captures": [{"port": PORT}]})
+    _skip_unattached(run)
+    doc = {"captures": [{"port": PORT}]}
+    fds, info = run.app.probes.map_fds, run.app.probes.map_info
+    with own_netns() as mine:
+        close_in(mine, CPORT + 6)
+        wait_for(lambda: _tw_rows(run).get("made") == 1, what="its TIME_WAIT socket made")
+        known = maps.count(fds["timewait_socks"], 8)        # and any an earlier test left
+        assert known >= 1
+        run.apply({**doc, "capture": {"records": [k for k in EVERY_KIND if k != "timewait"]}})
+        assert _tw_rows(run) == {"made": 1, "forgotten": known}
+        assert maps.count(fds["timewait_socks"], 8) == 0
+        (off, _), = followed.var_offsets(run.app.probes._path, [(".bss.timers", "timewait_tracked")]).values()
+        value = maps.lookup(fds[".bss.timers"], bytes(4), info[".bss.timers"][2])
+        assert value[off:off + 4] == bytes(4)                   # timewait_tracked 0
+        run.apply(doc)
+        close_in(mine, CPORT + 7)
+    wait_for(lambda: _tw_rows(run).get("purged"), timeout=30, what="the namespace's TIME_WAIT socket purged")
+    lines, tw = timewait_lines(run, CPORT + 7)
+    assert [l["event"] for l in tw] == ["made", "purged"], tw
+    first = [l["event"] for l in lines if l["type"] == "timewait" and l["sport"] == CPORT + 6]
+    assert first == ["made"], first
+    assert _tw_rows(run) == {"made": 2, "forgotten": known, "purged": 1}
 
 
 def test_tcp_tw_reuse_takes_a_time_wait_socket_for_a_port_the_kernel_picks(nettap_run, mode, ns):
