@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -276,17 +277,18 @@ for t in ts: t.join()
 def _attach_empty(app, empty_obj: str, pairs: dict):
     """The empty programs of pairs (nettap program -> empty program) loaded
     and attached beside the loaded nettap ones; returns (obj, links, fds)."""
-    names = [short for short in pairs if short in app.probes.prog_fds]
+    # the loaded programs: the variant's names (tcp_request_compat), others shared by both
+    names = {short: full for short in pairs for full in (short, f"{short}_compat") if full in app.probes.prog_fds}
     obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
     for pname, prog in loader.object_programs(obj):
         libbpf.call("bpf_program__set_autoload", prog, pname in {pairs[s] for s in names})
     libbpf.call("bpf_object__load", obj)
     links, fds = [], {}
-    for short in names:
+    for short, full in names.items():
         p = libbpf.call_ptr("bpf_object__find_program_by_name", obj, pairs[short].encode())
         links.append(libbpf.call_ptr("bpf_program__attach", p))
         fds[f"empty {short}"] = libbpf.call("bpf_program__fd", p)
-        fds[f"nettap {short}"] = app.probes.prog_fds[short]
+        fds[f"nettap {short}"] = app.probes.prog_fds[full]
     return obj, links, fds
 
 
@@ -333,26 +335,146 @@ def closings(port: int, n: int) -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def measure_closing(variant: str, empty_obj: str, n: int) -> dict:
-    """case -> {program: (nettap ns, empty ns, runs)} of the TIME_WAIT and
-    request programs (their records asked for, so that they are attached)
-    for connections closed client first: to a port nettap does not capture
-    (their request sockets, TIME_WAIT sockets and state changes are the
-    programs' own kinds, each told no: the goal's case), then to one it does."""
-    captured, other = Server(), Server()
-    app = Nettap(config.parse({"captures": [{"port": captured.port}], "output": {"type": "none"},
-                               "capture": {"records": ["timewait", "request"]}}), variant=variant)
-    obj, links, fds = _attach_empty(app, empty_obj, CLOSING_EMPTY)
-    rows = {}
+# Attached before nettap on each tracepoint of the closing and expiring
+# cases (bench/empty.bpf.c): the first program on a tracepoint pays ~21 ns
+# a run more than those after it, whichever it is (bench/steps.py's lead);
+# with these first, neither nettap's program nor its empty one is.
+LEADS = ("empty_lead_start", "empty_lead_cancel", "empty_lead_expire_entry", "empty_lead_expire_exit",
+         "empty_lead_state")
+
+
+def attach_leads(empty_obj: str):
+    """The lead programs loaded and attached; returns (obj, links)."""
+    obj = libbpf.call_ptr("bpf_object__open_file", empty_obj.encode(), None)
+    for pname, prog in loader.object_programs(obj):
+        libbpf.call("bpf_program__set_autoload", prog, pname in LEADS)
+    libbpf.call("bpf_object__load", obj)
+    links = [libbpf.call_ptr("bpf_program__attach",
+                             libbpf.call_ptr("bpf_object__find_program_by_name", obj, name.encode()))
+             for name in LEADS]
+    return obj, links
+
+
+def release_leads(lead) -> None:
+    obj, links = lead
+    for link in links:
+        libbpf.lib().bpf_link__destroy(link)
+    libbpf.lib().bpf_object__close(obj)
+
+
+def median_rows(rounds: list) -> dict:
+    """{program: (nettap ns, empty ns, runs)}, each the median of the rounds'
+    (a run the host stopped the vCPU in, ~1 ms, lifts one round's mean)."""
+    return {short: tuple(statistics.median(r[short][i] for r in rounds) for i in range(3)) for short in rounds[0]}
+
+
+def closing_rounds(variant: str, empty_obj: str, captures: list, cases, workload, rounds: int) -> dict:
+    """case -> {program: (nettap ns, empty ns, runs)}: nettap (captures; its
+    TIME_WAIT and request records asked for, so that those programs are
+    attached) after the leads, the empty programs after it; each case's
+    workload(*args) run rounds times, the median of them."""
+    lead = attach_leads(empty_obj)
     try:
-        for case, port in (("closed first, not captured", other.port), ("closed first, captured", captured.port)):
-            before = own_program_stats(fds)
-            closings(port, n)
-            time.sleep(0.5)                     # the servers' closes
-            rows[case] = _rows(delta(own_program_stats(fds), before), fds)
+        app = Nettap(config.parse({"captures": captures, "output": {"type": "none"},
+                                   "capture": {"records": ["timewait", "request"]}}), variant=variant)
+        obj, links, fds = _attach_empty(app, empty_obj, CLOSING_EMPTY)
+        rows = {}
+        try:
+            for case, args in cases:
+                each = []
+                for _ in range(rounds):
+                    before = own_program_stats(fds)
+                    workload(*args)
+                    each.append(_rows(delta(own_program_stats(fds), before), fds))
+                rows[case] = median_rows(each)
+        finally:
+            release(links, obj, app)
     finally:
-        release(links, obj, app)
+        release_leads(lead)
     return rows
+
+
+def measure_closing(variant: str, empty_obj: str, n: int, rounds: int = 3) -> dict:
+    """The TIME_WAIT and request programs (closing_rounds) for connections
+    closed client first: to a port nettap does not capture (their request
+    sockets, TIME_WAIT sockets and state changes are the programs' own
+    kinds, each told no: the goal's case), then to one it does (the rounds
+    of the first case first: none of its sockets followed)."""
+    captured, other = Server(), Server()
+
+    def workload(port: int) -> None:
+        closings(port, n)
+        time.sleep(0.5)                         # the servers' closes
+    return closing_rounds(variant, empty_obj, [{"port": captured.port}],
+                          (("closed first, not captured", (other.port,)), ("closed first, captured", (captured.port,))),
+                          workload, rounds)
+
+
+# The expiring case's workload, in a network namespace (tcp_fin_timeout 1,
+# tcp_synack_retries 1, the handshakes' last ACKs to the request ports
+# dropped): listeners on a TIME_WAIT port and a request port; n connections
+# to the first closed at once (the client's socket, its FIN acknowledged but
+# the peer's never sent, a TIME_WAIT socket in FIN_WAIT2 that expires after
+# tcp_fin_timeout: 1 s), n to the second held open (each a request socket
+# whose SYN-ACK is sent once again at 1 s and that times out at 3 s); "ready",
+# then, on a line, the held ones reset (SO_LINGER 0: the RST passes).
+EXPIRING_CLIENT = r"""
+import socket, struct, sys
+tw_port, req_port, n = (int(a) for a in sys.argv[1:])
+lsn = [socket.create_server(("127.0.0.1", p), backlog=4096) for p in (tw_port, req_port)]
+for _ in range(n):
+    socket.create_connection(("127.0.0.1", tw_port)).close()
+held = [socket.create_connection(("127.0.0.1", req_port)) for _ in range(n)]
+print("ready", flush=True)
+sys.stdin.readline()
+for s in held:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+"""
+
+
+def _expiring_ns(name: str, req_ports) -> None:
+    """The expiring case's network namespace: loopback up, the sysctls, the rule."""
+    from pyroute2 import NetNS, netns
+    netns.create(name)
+    with NetNS(name) as handle:
+        handle.link("set", index=handle.link_lookup(ifname="lo")[0], state="up")
+    for k, v in (("net.ipv4.tcp_fin_timeout", 1), ("net.ipv4.tcp_synack_retries", 1)):
+        subprocess.run(["ip", "netns", "exec", name, "sysctl", "-qw", f"{k}={v}"], check=True)
+    ports = ", ".join(str(p) for p in req_ports)
+    rules = (f"table inet nettap_bench {{ chain in {{ type filter hook input priority 0; policy accept;\n"
+             f" tcp dport {{ {ports} }} tcp flags & (syn | ack | rst) == ack drop\n }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=rules.encode(), check=True)
+
+
+def _expire(name: str, tw_port: int, req_port: int, n: int) -> None:
+    """One round of EXPIRING_CLIENT in the namespace: until its timers have fired."""
+    client = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", EXPIRING_CLIENT,
+                               str(tw_port), str(req_port), str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "ready"
+        time.sleep(4.5)                         # 1 s of TIME_WAIT, 3 s to a request's timeout
+        client.communicate("go\n", timeout=60)
+    finally:
+        client.kill()
+        client.wait()
+
+
+def measure_expiring(variant: str, empty_obj: str, n: int, rounds: int = 3) -> dict:
+    """The TIME_WAIT and request programs (closing_rounds) as their own kinds
+    of timer expire (EXPIRING_CLIENT: n TIME_WAIT sockets expiring, n
+    requests timing out), on ports nettap does not capture, then on ports it
+    does."""
+    from pyroute2 import netns
+    name = f"nettap-bench-exp-{os.getpid()}"
+    try:
+        _expiring_ns(name, [9311, 9321])
+        return closing_rounds(variant, empty_obj, [{"port": 9320}, {"port": 9321}],
+                              (("expiring, not captured", (9310, 9311)), ("expiring, captured", (9320, 9321))),
+                              lambda tw_port, req_port: _expire(name, tw_port, req_port, n), rounds)
+    finally:
+        netns.remove(name)
 
 
 def measure_lossy(variant: str, empty_obj: str, n: int) -> dict:
@@ -627,9 +749,11 @@ def print_dns(n: int, queries: int, results: list) -> None:
           + (f": {'met' if all(verdicts) else 'NOT met'} by every program that ran)" if verdicts else ")"))
 
 
-def print_lifecycle(n: int, results: list) -> None:
+def print_lifecycle(n: int, results: list, expiring: int) -> None:
     print(f"\nlifecycle programs (ns per run; {n:,} connections and {n:,} refused connects per case; the "
-          "lossy cases: connections of 20 KB each on a loopback that drops a fifth of the packets)")
+          "lossy cases: connections of 20 KB each on a loopback that drops a fifth of the packets; closed first: "
+          f"{n:,} connections; expiring: {expiring:,} TIME_WAIT and {expiring:,} request sockets; those two the "
+          "median of 3 rounds)")
     for variant, rows in results:
         print(f"\n{variant + ' variant':36s} {'program':>21s} {'runs':>8s} {'empty':>7s} {'nettap':>7s} {'ratio':>6s}")
         for case, progs in rows.items():
@@ -679,6 +803,10 @@ def run_lifecycle(a, sections: set, empty_obj: str, lifecycle: list, skipped: li
             lifecycle.append((variant, measure_closing(variant, empty_obj, a.connections)))
         except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
             skipped.append(f"closing, {variant}: {e}")
+        try:
+            lifecycle.append((variant, measure_expiring(variant, empty_obj, a.expiring)))
+        except (features.Unsupported, OSError, subprocess.CalledProcessError) as e:
+            skipped.append(f"expiring, {variant}: {e}")
 
 
 def main() -> None:
@@ -691,6 +819,8 @@ def main() -> None:
     ap.add_argument("--tls-rounds", type=int, default=15, help="rounds of the TLS cases (interleaved)")
     ap.add_argument("--keepalive-sockets", type=int, default=400,
                     help="sockets with a keepalive a second per timer case (tcp_timer, tcp_timer_exit)")
+    ap.add_argument("--expiring", type=int, default=1000,
+                    help="TIME_WAIT sockets and request sockets per expiring case (the closing section)")
     ap.add_argument("--lossy-connections", type=int, default=320,
                     help="connections per case on the lossy loopback (tcp_retransmit, tcp_synack_retransmit)")
     ap.add_argument("--dns-calls", type=int, default=200000,
@@ -758,7 +888,7 @@ def main() -> None:
           + f"kernel {os.uname().release}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
     print_sends(results)
     if sections & {"lifecycle", "closing"}:
-        print_lifecycle(a.connections, lifecycle)
+        print_lifecycle(a.connections, lifecycle, a.expiring)
     if "tls" in sections:
         tls_cost.print_tls(a.tls_calls, a.tls_rounds, tls_results)
     if "dns" in sections:
