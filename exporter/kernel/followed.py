@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import mmap
 import os
 import platform
 import time
 
 from exporter.kernel import libbpf, maps, tcp_h
+
+log = logging.getLogger(__name__)
 
 # probe -> (the hash map of what it follows, whose entries are counted
 # forgotten; the other maps it keeps, emptied; its counts, zeroed: each a
@@ -103,18 +106,23 @@ def zero_vars(fd: int, value_size: int, spans) -> None:
 
 def forget(probes, map_fds: dict, map_info: dict, obj_path: str) -> dict:
     """The maps of these probes (just detached) emptied and their counts
-    zeroed; returns {obs_counters row: entries forgotten}."""
+    zeroed; returns {obs_counters row: entries forgotten}. A failure is
+    logged, not raised (the reload goes on): a count not zeroed leaves its
+    programs, attached again, looking further at every timer of their kind."""
     probes = [p for p in probes if p in FOLLOWED]
     if not probes:
         return {}
     grace_period()
-    offsets = var_offsets(obj_path, [v for p in probes for v in FOLLOWED[p][2]])
     out = {}
     for probe in probes:
         table, others, counts = FOLLOWED[probe]
-        out[ROWS[probe]] = _empty(map_fds[table], map_info[table])
-        for name in others:
-            _empty(map_fds[name], map_info[name])
-        for section, name in counts:
-            zero_vars(map_fds[section], map_info[section][2], [offsets[(section, name)]])
+        try:
+            out[ROWS[probe]] = _empty(map_fds[table], map_info[table])
+            for name in others:
+                _empty(map_fds[name], map_info[name])
+            offsets = var_offsets(obj_path, counts)
+            for section, name in counts:
+                zero_vars(map_fds[section], map_info[section][2], [offsets[(section, name)]])
+        except (OSError, ValueError) as e:
+            log.error("probe %s: what its programs followed not all forgotten: %s", probe, e)
     return out

@@ -293,8 +293,9 @@ class Probes:
         detached = self.sep.set_records(records, self._attach_links)
         if self.ksyms_tw and not self.separate["tcp_timewait"].attached:
             self._write_ksyms(False)
-        for row, n in followed.forget(detached, self.map_fds, self.map_info, self._path).items():
-            self.forgotten[row] = self.forgotten.get(row, 0) + n
+        gone = followed.forget(detached, self.map_fds, self.map_info, self._path)
+        # a new dict, not updated in place: scrapes iterate it from other threads
+        self.forgotten = {r: self.forgotten.get(r, 0) + gone.get(r, 0) for r in {*self.forgotten, *gone}}
 
     def _write_ksyms(self, timewait: bool) -> None:
         """struct nettap_ksyms, its TIME_WAIT timer's function only while
