@@ -240,8 +240,9 @@ static __always_inline __u8 request_cause(void *ctx)
 	return 0;
 }
 
-/* A request's timer started: a new request of a captured listener (its
- * first start: no timeout yet) is followed from here; a followed one's
+/* A request's timer started (tcp_request, past its first compare): a new
+ * request of a captured listener (its first start: no timeout yet) is
+ * followed from here; a followed one's
  * start is its handler sending its SYN-ACK again. fast: the request read
  * by direct loads (bpf_rdonly_cast, Linux 6.2), else by helper calls. */
 static __always_inline int on_request_start(struct timer_list *timer, const bool fast)
@@ -253,8 +254,6 @@ static __always_inline int on_request_start(struct timer_list *timer, const bool
 	__u64 key;
 	long left;
 
-	if ((__u64)timer->function != nettap_ksyms.req_timer_handler)
-		return 0;
 	key = timer_req(timer);
 	req = (struct sock *)key;
 	if (requests_tracked) {
@@ -293,18 +292,34 @@ static __always_inline int on_request_start(struct timer_list *timer, const bool
 	return 0;
 }
 
+/* on_request_start's two variants, each a subprogram (timer.bpf.h) */
+static __noinline int request_started(struct timer_list *timer)
+{
+	return on_request_start(timer, true);
+}
+
+static __noinline int request_started_compat(struct timer_list *timer)
+{
+	return on_request_start(timer, false);
+}
+
+/* Every timer of the node started: no for all but requests', here. */
 NETTAP_PROG("probe=tcp_request variant=fast mech=tp_btf records=request")
 SEC("tp_btf/timer_start")
 int BPF_PROG(tcp_request, struct timer_list *timer)
 {
-	return on_request_start(timer, true);
+	if ((__u64)timer->function != nettap_ksyms.req_timer_handler)
+		return 0;
+	return request_started(timer);
 }
 
 NETTAP_PROG("probe=tcp_request variant=compat mech=tp_btf records=request")
 SEC("tp_btf/timer_start")
 int BPF_PROG(tcp_request_compat, struct timer_list *timer)
 {
-	return on_request_start(timer, false);
+	if ((__u64)timer->function != nettap_ksyms.req_timer_handler)
+		return 0;
+	return request_started_compat(timer);
 }
 
 /* What a request is dropped as if its timer's function drops it now: its
@@ -327,11 +342,10 @@ static __always_inline __u8 request_dropped_as(const struct request_sock *req)
 	return NETTAP_REQ_OVERFLOW;
 }
 
-/* A followed request's timer detached: ended early (request_cause), or
- * about to fire, kept in this CPU's slot for tcp_request_exit. */
-NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
-SEC("tp_btf/timer_cancel")
-int BPF_PROG(tcp_request_end, struct timer_list *timer)
+/* A request's timer detached (tcp_request_end, past its first compare):
+ * a followed one ended early (request_cause), or about to fire, kept in
+ * this CPU's slot for tcp_request_exit. */
+static __noinline int request_detached(void *ctx, const struct timer_list *timer)
 {
 	const struct request_sock *req;
 	struct request_slot *slot;
@@ -339,8 +353,6 @@ int BPF_PROG(tcp_request_end, struct timer_list *timer)
 	long left;
 	__u8 outcome;
 
-	if ((__u64)timer->function != nettap_ksyms.req_timer_handler || !requests_tracked)
-		return 0;
 	key = timer_req(timer);
 	if (!bpf_map_lookup_elem(&request_socks, &key))
 		return 0;
@@ -370,18 +382,26 @@ int BPF_PROG(tcp_request_end, struct timer_list *timer)
 	return 0;
 }
 
-/* The timer's function returned: a followed request it did not start
- * again is dropped. */
+/* Every timer of the node detached: no for all but requests' while one is
+ * followed, here; the rest is request_detached (timer.bpf.h). */
 NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
-SEC("tp_btf/timer_expire_exit")
-int BPF_PROG(tcp_request_exit, struct timer_list *timer)
+SEC("tp_btf/timer_cancel")
+int BPF_PROG(tcp_request_end, struct timer_list *timer)
+{
+	if ((__u64)timer->function != nettap_ksyms.req_timer_handler || !requests_tracked)
+		return 0;
+	return request_detached(ctx, timer);
+}
+
+/* A timer's function returned while a slot is armed (tcp_request_exit,
+ * past its first compare): a followed request it did not start again is
+ * dropped. */
+static __noinline int request_timer_returned(const struct timer_list *timer)
 {
 	struct request_slot *slot;
 	__u8 rearmed, outcome;
 	__u64 req;
 
-	if (!request_slots_armed)
-		return 0;
 	slot = request_slot_get();
 	if (!slot || !slot->timer)
 		return 0;
@@ -405,6 +425,17 @@ int BPF_PROG(tcp_request_exit, struct timer_list *timer)
 	return 0;
 }
 
+/* Every timer function of the node returned: no while no slot is armed,
+ * here; the rest is request_timer_returned (timer.bpf.h). */
+NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
+SEC("tp_btf/timer_expire_exit")
+int BPF_PROG(tcp_request_exit, struct timer_list *timer)
+{
+	if (!request_slots_armed)
+		return 0;
+	return request_timer_returned(timer);
+}
+
 /* ring obs_events: a captured listener's socket made from a SYN cookie (no
  * request socket: made and ended at once). Its peer is the child's, which
  * kernels before Linux 6.x set after this state change (0 then). */
@@ -419,19 +450,15 @@ static __always_inline void cookie_made(const struct sock *sk)
 	request_record(&e, NETTAP_REQ_COOKIE, 0, 0);
 }
 
-/* A socket changed state: a captured listener's own life (its drops counted
- * from its listen to its close), and a captured listener's child born from
- * a SYN cookie (cookie_v4_check or cookie_v6_check on the stack: a child
- * made from a request socket is born in tcp_check_req). Every other state
- * change of the node stops at the first compare. */
-NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(tcp_request_state, const struct sock *sk, int oldstate, int newstate)
+/* A listener's state changed (tcp_request_state, past its first compare):
+ * a captured listener's own life (its drops counted from its listen to its
+ * close), and a captured listener's child born from a SYN cookie
+ * (cookie_v4_check or cookie_v6_check on the stack: a child made from a
+ * request socket is born in tcp_check_req). */
+static __noinline int listener_changed(void *ctx, const struct sock *sk, int newstate)
 {
 	struct nettap_capture_config *cfg;
 
-	if (oldstate != TCP_LISTEN_STATE && newstate != TCP_LISTEN_STATE)
-		return 0;
 	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
 	if (newstate == TCP_CLOSE_STATE) { /* a listener closed: no filter, its entry says */
@@ -447,4 +474,16 @@ int BPF_PROG(tcp_request_state, const struct sock *sk, int oldstate, int newstat
 		 sample_keep(cfg, (struct sock *)sk, false))
 		cookie_made(sk);
 	return 0;
+}
+
+/* A socket changed state: every change of the node that is no listener's
+ * stops at the first compare, here; the rest is listener_changed
+ * (timer.bpf.h). */
+NETTAP_PROG("probe=tcp_request mech=tp_btf records=request")
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(tcp_request_state, const struct sock *sk, int oldstate, int newstate)
+{
+	if (oldstate != TCP_LISTEN_STATE && newstate != TCP_LISTEN_STATE)
+		return 0;
+	return listener_changed(ctx, sk, newstate);
 }

@@ -10,6 +10,13 @@
 #include <bpf/bpf_tracing.h>
 #include "obs.bpf.h"
 
+/* The timer programs run for every timer of the node and say no to all
+ * but nettap's at their first compare. Where what follows is long, it is a
+ * subprogram (__noinline): the program's exit then follows the compare (the
+ * JIT puts its epilogue at the first exit), so a no touches the program's
+ * first lines only, not a line ~400-700 instructions on (a no on a CPU that
+ * had been idle took ~2.8x an empty program's run: docs/benchmarks.md). */
+
 /* The socket a timer_list is a member of: the timer's address less the
  * member's offset (CO-RE). A BTF pointer less a constant stays one. */
 #define TIMER_OWNER(timer, type, member) \

@@ -100,18 +100,14 @@ static __always_inline __u8 kill_cause(void *ctx, const void *tw)
 	return 0;
 }
 
-/* A TIME_WAIT socket's timer started: as it is made (tied to its
- * connection where that is captured: timewait_made), or again (a followed
- * one's expiry moves). */
-NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
-SEC("tp_btf/timer_start")
-int BPF_PROG(tcp_timewait, struct timer_list *timer)
+/* A TIME_WAIT socket's timer started (tcp_timewait, past its first
+ * compare): as it is made (tied to its connection where that is captured:
+ * timewait_made), or again (a followed one's expiry moves). */
+static __noinline int timewait_started(const struct timer_list *timer)
 {
 	struct timewait *e;
 	__u64 tw;
 
-	if ((__u64)timer->function != nettap_ksyms.tw_timer_handler)
-		return 0;
 	tw = timer_tw(timer);
 	if (timewait_tracked) {
 		e = bpf_map_lookup_elem(&timewait_socks, &tw);
@@ -125,37 +121,46 @@ int BPF_PROG(tcp_timewait, struct timer_list *timer)
 	return 0;
 }
 
-/* A followed TIME_WAIT socket ended: counted, its record, forgotten. */
-static __always_inline void timewait_end(__u64 tw, __u8 cause, long left)
+/* Every timer of the node started: no for all but TIME_WAIT sockets',
+ * here; the rest is timewait_started (timer.bpf.h). */
+NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
+SEC("tp_btf/timer_start")
+int BPF_PROG(tcp_timewait, struct timer_list *timer)
+{
+	if ((__u64)timer->function != nettap_ksyms.tw_timer_handler)
+		return 0;
+	return timewait_started(timer);
+}
+
+/* A followed TIME_WAIT socket ended: counted, its record, forgotten. A
+ * subprogram (timer.bpf.h). */
+static __noinline int timewait_end(__u64 tw, __u8 cause, long left)
 {
 	struct timewait *found, e;
 
 	found = bpf_map_lookup_elem(&timewait_socks, &tw);
 	if (!found)
-		return;
+		return 0;
 	e = *found;
 	if (bpf_map_delete_elem(&timewait_socks, &tw)) /* another CPU's end */
-		return;
+		return 0;
 	__sync_fetch_and_add(&timewait_tracked, -1);
 	obs_count(NETTAP_OBS_TIMEWAIT + cause);
 	timewait_record((const void *)tw, &e, cause, left > 0 ? left : 0,
 			(bpf_ktime_get_ns() - e.made_ns) / 1000000);
+	return 0;
 }
 
-/* A TIME_WAIT socket's timer detached: a followed one killed early
- * (kill_cause). A detach that is no kill is the wheel's as it fires it
- * (tcp_timewait_expire follows) or a restart (timer_start follows). */
-NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
-SEC("tp_btf/timer_cancel")
-int BPF_PROG(tcp_timewait_end, struct timer_list *timer)
+/* A TIME_WAIT socket's timer detached (tcp_timewait_end, past its first
+ * compare): a followed one killed early (kill_cause). A detach that is no
+ * kill is the wheel's as it fires it (tcp_timewait_expire follows) or a
+ * restart (timer_start follows). */
+static __noinline int timewait_detached(void *ctx, const struct timer_list *timer)
 {
 	__u64 tw;
 	long left;
 	__u8 cause;
 
-	/* the count first: no timer's memory read while none is followed */
-	if (!timewait_tracked || (__u64)timer->function != nettap_ksyms.tw_timer_handler)
-		return 0;
 	tw = timer_tw(timer);
 	if (!bpf_map_lookup_elem(&timewait_socks, &tw))
 		return 0;
@@ -170,6 +175,18 @@ int BPF_PROG(tcp_timewait_end, struct timer_list *timer)
 	return 0;
 }
 
+/* Every timer of the node detached: the first compare says no for all but
+ * followed TIME_WAIT sockets', here (the count first: no timer's memory read
+ * while none is followed); the rest is timewait_detached (timer.bpf.h). */
+NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
+SEC("tp_btf/timer_cancel")
+int BPF_PROG(tcp_timewait_end, struct timer_list *timer)
+{
+	if (!timewait_tracked || (__u64)timer->function != nettap_ksyms.tw_timer_handler)
+		return 0;
+	return timewait_detached(ctx, timer);
+}
+
 /* The wheel runs a TIME_WAIT socket's timer function: a followed one
  * expired (tw_timer_handler kills it now). */
 NETTAP_PROG("probe=tcp_timewait mech=tp_btf records=timewait")
@@ -178,6 +195,5 @@ int BPF_PROG(tcp_timewait_expire, struct timer_list *timer)
 {
 	if (!timewait_tracked || (__u64)timer->function != nettap_ksyms.tw_timer_handler)
 		return 0;
-	timewait_end(timer_tw(timer), NETTAP_TW_EXPIRED, 0);
-	return 0;
+	return timewait_end(timer_tw(timer), NETTAP_TW_EXPIRED, 0);
 }
