@@ -33,16 +33,26 @@ def test_the_guests_select_every_test_under_tests_kernel():
 def test_a_kernels_shards_select_each_of_its_tests_once():
     km = _script("kernel_matrix")
     everything = _collect(*km.GUEST_SELECTION)
+    kernels = {n for n, _, _ in km.KERNELS}
+
+    def selected(name):
+        """What the guests of kernel name run: its shards' selections, or every test."""
+        shards = km.SHARDS.get(name)
+        return set().union(*(_collect(*km.GUEST_SELECTION, *km.with_k([], k)) for _g, k in shards)) \
+            if shards else everything
+
     for name, shards in km.SHARDS.items():
         picked = [_collect(*km.GUEST_SELECTION, *km.with_k([], k)) for _g, k in shards]
-        left = set()
-        if name in km.LEFT_TO:      # run by another kernel's guests (the same release): none of them a capture test
-            other, k = km.LEFT_TO[name]
+        lefts = []
+        for other, k in km.LEFT_TO.get(name, []):     # run by another kernel's guests: none a capture test
             left = _collect(*km.GUEST_SELECTION, *km.with_k([], k))
-            assert left and not any("[" in t and ("-compat" in t or "-fast" in t) for t in left), name
-            assert other in {n for n, _, _ in km.KERNELS} and other not in km.LEFT_TO, name
-        assert all(picked) and sum(len(p) for p in picked) + len(left) == len(everything), name
-        assert set().union(left, *picked) == everything, name
+            assert left and not any("[" in t and ("-compat" in t or "-fast" in t) for t in left), (name, k)
+            assert other in kernels and other != name and left <= selected(other), (name, other)
+            lefts.append(left)
+        assert all(picked)
+        assert sum(len(p) for p in picked) + sum(len(l) for l in lefts) == len(everything), name
+        assert set().union(*lefts, *picked) == everything, name
+    assert set(km.LEFT_TO) <= set(km.SHARDS)
 
 
 def test_the_arm64_guests_run_every_named_test_and_a_test_of_each_probe_family():
@@ -70,9 +80,10 @@ def test_guests_are_split_into_lanes_whose_longest_is_shortest():
     lanes = km.lanes(jobs, 2)
     assert sorted(j for lane in lanes for j in lane) == sorted(jobs)
     # the guests that mostly wait (PREEMPT_RT's) beside the two lanes, alone in theirs
-    assert len(lanes) == 3 and {g for g, _r, _k in lanes[-1]} == set(km.WAITING)
+    assert len(lanes) == 2 + km.WAITING_LANES
+    assert {g for lane in lanes[2:] for g, _r, _k in lane} == set(km.WAITING)
     busy = {g: t for g, t in km.EXPECTED.items() if g not in km.WAITING}
-    longest = max(sum(busy[g] for g, _r, _k in lane) for lane in lanes[:-1])
+    longest = max(sum(busy[g] for g, _r, _k in lane) for lane in lanes[:2])
     assert longest <= sum(busy.values()) / 2 + min(busy.values())
     assert [j for lane in km.lanes(jobs, 1) for j in lane] == sorted(jobs, key=lambda j: -km.EXPECTED[j[0]])
     # a -k of the caller's own is and-ed with the shard's, not replaced (pytest keeps only the last -k)
