@@ -50,6 +50,24 @@ class bpf_prog_load_opts(Structure):
     ]
 
 
+class bpf_object_open_opts(Structure):
+    """``struct bpf_object_open_opts`` of libbpf 1.1 (bpf/libbpf.h), up to
+    ``kernel_log_level``; ``sz`` tells libbpf how much of it we pass."""
+
+    _fields_ = [
+        ("sz", c_size_t),
+        ("object_name", c_char_p),
+        ("relaxed_maps", c_bool),
+        ("pin_root_path", c_char_p),
+        ("_attach_prog_fd", c_uint32),          # __u32 :32, the removed attach_prog_fd
+        ("kconfig", c_char_p),
+        ("btf_custom_path", c_char_p),
+        ("kernel_log_buf", c_char_p),
+        ("kernel_log_size", c_size_t),
+        ("kernel_log_level", c_uint32),
+    ]
+
+
 class bpf_test_run_opts(Structure):
     """``struct bpf_test_run_opts`` of libbpf (bpf/bpf.h), up to ``duration``."""
 

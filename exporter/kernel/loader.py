@@ -21,7 +21,7 @@ import os
 from exporter.kernel import arch, dns, followed, gotls, ksyms, libbpf, tcp_h, tls, tlsfiles
 from exporter.kernel import privileges
 from exporter.kernel import programs as table
-from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs
+from exporter.kernel.objects import configure, destroy_links, object_maps, object_programs, open_object
 from exporter.kernel.mechanisms import (CALL_PROBES, DISABLED, UNSUPPORTED, Plan, ProbeState, ensure_tracefs,
                                         plan, programs_for)
 from exporter.kernel.separate import LIFECYCLE, SEPARATE, SeparateProbes, separate_programs  # noqa: F401
@@ -144,7 +144,7 @@ class Probes:
             raise
 
     def _open(self, path: str, ring_sizes: dict, want: dict | None = None) -> None:
-        self.obj = libbpf.call_ptr("bpf_object__open_file", path.encode(), None)
+        self.obj = open_object(path)
         configure(self.obj, self.plan.features, self.variant,
                   self._wanted_programs() if want is None else want, ring_sizes)
         tls.prepare(self.obj, self.tls_mech)
@@ -350,7 +350,7 @@ class Probes:
         lb = libbpf.lib()
         obj = 0
         try:
-            obj = libbpf.call_ptr("bpf_object__open_file", self._path.encode(), None)
+            obj = open_object(self._path)
             configure(obj, self.plan.features, self.variant, dict.fromkeys(programs, probe), self._ring_sizes)
             tls.prepare(obj, self.tls_mech)
             for name, m in object_maps(obj):

@@ -5,9 +5,11 @@ created and how), and destroying links, shared by the loader
 (exporter/kernel/dns.py)."""
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 
-from exporter.kernel import features, libbpf
+from exporter.kernel import features, libbpf, privileges
 from exporter.kernel.programs_h import MAPS
 
 BPF_MAP_TYPE_HASH = 1
@@ -61,6 +63,26 @@ def configure(obj: int, feats: list, variant: str, want, ring_sizes: dict) -> No
             libbpf.call("bpf_map__set_initial_value", m, settings, len(settings))
         if name in ring_sizes:
             libbpf.call("bpf_map__set_max_entries", m, ring_sizes[name])
+
+
+VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
+
+
+def open_object(path: str) -> int:
+    """bpf_object__open_file, with vmlinux's BTF as the CO-RE target where
+    this process may not list the kernel's BTF objects. A type vmlinux lacks
+    (a newer kernel's: struct numa_drop_counters, which the request programs
+    read where it exists) libbpf also looks for in the modules' BTF, and
+    listing those (BPF_BTF_GET_NEXT_ID) needs CAP_SYS_ADMIN: without it
+    libbpf 1.1 fails the whole load ("failed to iterate BTF objects"), for a
+    subprogram too, which it relocates whichever programs load. With
+    btf_custom_path it looks in vmlinux's alone (every type nettap reads is
+    vmlinux's), parsing that BTF once more per object (~6 ms here)."""
+    opts = None
+    if not privileges.current()[0] & privileges.mask_of(("CAP_SYS_ADMIN",)) and os.path.exists(VMLINUX_BTF):
+        opts = libbpf.bpf_object_open_opts(sz=ctypes.sizeof(libbpf.bpf_object_open_opts),
+                                           btf_custom_path=VMLINUX_BTF.encode())
+    return libbpf.call_ptr("bpf_object__open_file", path.encode(), ctypes.byref(opts) if opts else None)
 
 
 def destroy_links(links) -> None:
